@@ -1,0 +1,13 @@
+# Third-party dependencies, all from Debian packages (scripts/deps installs them).
+find_package(Threads REQUIRED)
+find_package(absl REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+if(STASH_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(STASH_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()
+find_program(STASH_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)

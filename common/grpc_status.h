@@ -1,0 +1,21 @@
+// The gRPC edge maps stash::Status one to one (the codes share their numbers).
+#ifndef STASH_COMMON_GRPC_STATUS_H_
+#define STASH_COMMON_GRPC_STATUS_H_
+
+#include <grpcpp/support/status.h>
+
+#include "stash/status.h"
+
+namespace stash {
+
+inline grpc::Status ToGrpcStatus(const Status& status) {
+  return {static_cast<grpc::StatusCode>(status.code()), status.message()};
+}
+
+inline Status FromGrpcStatus(const grpc::Status& status) {
+  return {static_cast<StatusCode>(status.error_code()), status.error_message()};
+}
+
+}  // namespace stash
+
+#endif  // STASH_COMMON_GRPC_STATUS_H_

@@ -1,0 +1,63 @@
+// stashd's knobs: one table (name, env var, default, unit, help), read from flags, then
+// STASHD_<NAME>, then the default. Flags win.
+#ifndef STASH_DAEMON_CONFIG_H_
+#define STASH_DAEMON_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "stash/status.h"
+
+namespace stash::daemon {
+
+enum class BackendChoice { kAuto, kHost, kCuda };
+
+const char* BackendChoiceName(BackendChoice choice);
+
+// The effective configuration of one daemon. Every field has its knob in config.cc's table.
+struct DaemonConfig {
+  std::string socket;                       // "" = resolve (flag > $STASHD_SOCKET > default)
+  BackendChoice backend = BackendChoice::kAuto;
+  uint64_t pool_bytes = 1ULL << 30;         // per GPU (per simulated GPU on the host backend)
+  uint64_t page_bytes = 256ULL << 10;       // power of two, 4 KiB .. 1 GiB
+  uint64_t host_tier_bytes = 1ULL << 30;    // 0 = no host tier
+  uint32_t devices = 1;                     // host backend: simulated GPUs, one pool each
+  std::string log_level = "info";
+  std::string listen;                       // "" = no TCP; else HOST:PORT, stats only
+  uint32_t copy_threads = 2;                // threads that split one large copy (>= 1)
+  uint32_t max_inflight = 4096;             // queued requests per session before
+                                            // RESOURCE_EXHAUSTED
+
+  // One row per knob, for GetConfig and the start-up log: name, value, source, help.
+  struct Entry {
+    std::string name;
+    std::string value;
+    std::string source;  // "default", "env" or "flag"
+    std::string help;
+  };
+  std::vector<Entry> entries;
+};
+
+// What ParseCommandLine decided.
+struct CommandLine {
+  enum class Action { kRun, kHelp, kVersion, kPrintConfig };
+  Action action = Action::kRun;
+  DaemonConfig config;
+};
+
+// Parses argv (abseil flags; `--pool-bytes` and `--pool_bytes` both work) and the STASHD_*
+// environment. INVALID_ARGUMENT names the knob, the value and what is allowed. Call once per
+// process: abseil flags are process-wide.
+StatusOr<CommandLine> ParseCommandLine(int argc, char** argv);
+
+// The --help text: every knob with its default, unit and env var.
+std::string UsageText();
+
+// Checks the cross-knob rules (page size a power of two and <= pool size, ...) and fills
+// `entries`. ParseCommandLine calls it; tests that build a DaemonConfig by hand call it too.
+Status ValidateConfig(DaemonConfig& config);
+
+}  // namespace stash::daemon
+
+#endif  // STASH_DAEMON_CONFIG_H_

@@ -1,0 +1,223 @@
+#include "daemon/core.h"
+
+#include "common/bytes.h"
+#include "common/logging.h"
+#include "common/macros.h"
+#include "common/random.h"
+#include "common/version.h"
+
+namespace stash::daemon {
+namespace {
+namespace v1 = stash::v1;
+}  // namespace
+
+DaemonCore::DaemonCore(const DaemonConfig& config, v1::Backend backend, std::string socket_path)
+    : config_(config),
+      backend_(backend),
+      socket_path_(std::move(socket_path)),
+      start_(std::chrono::steady_clock::now()) {
+  limits_.backend = backend;
+  limits_.max_inflight = config.max_inflight;
+}
+
+StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& config,
+                                                         v1::Backend backend,
+                                                         std::string socket_path) {
+  if (backend != v1::BACKEND_HOST) {
+    return UnimplementedError(
+        "the cuda backend is not built into this stashd yet: run with --backend=host");
+  }
+  std::unique_ptr<DaemonCore> core(new DaemonCore(config, backend, std::move(socket_path)));
+  const uint64_t page = config.page_bytes;
+  for (uint32_t d = 0; d < config.devices; ++d) {
+    STASH_ASSIGN_OR_RETURN(auto tier, Tier::Create("gpu" + std::to_string(d), static_cast<int>(d),
+                                                   page, config.pool_bytes / page));
+    core->device_tiers_.push_back(std::move(tier));
+  }
+  if (config.host_tier_bytes > 0) {
+    STASH_ASSIGN_OR_RETURN(core->host_tier_,
+                           Tier::Create("host", -1, page, config.host_tier_bytes / page));
+  }
+  core->workers_ = std::make_unique<CopyWorkers>(config.copy_threads);
+  for (uint32_t d = 0; d < config.devices; ++d) {
+    core->pools_.push_back(std::make_unique<Pool>(static_cast<int>(d),
+                                                  core->device_tiers_[d].get(),
+                                                  core->host_tier_.get(), core->workers_.get(),
+                                                  &core->counters_));
+  }
+  return core;
+}
+
+DaemonCore::~DaemonCore() { Stop(); }
+
+void DaemonCore::Stop() {
+  for (auto& pool : pools_) pool->Stop();
+}
+
+StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hello,
+                                                           ResponseSink* sink,
+                                                           v1::Welcome* welcome) {
+  STASH_RETURN_IF_ERROR(CheckHello(hello, backend_, static_cast<int>(pools_.size())));
+  SessionInfo info;
+  info.id = RandomHex(16);
+  info.rank = hello.rank();
+  info.pid = hello.pid();
+  info.pool = hello.device();
+  info.label = hello.label();
+  info.client_version = hello.client_version();
+  info.allow_host_spill = hello.allow_host_spill();
+  auto session = std::make_shared<Session>(info, sink, &counters_.rejected);
+  {
+    absl::MutexLock lock(&mu_);
+    sessions_[info.id] = session;
+  }
+  counters_.sessions_total.fetch_add(1, std::memory_order_relaxed);
+
+  const Tier& tier = *device_tiers_[static_cast<size_t>(info.pool)];
+  welcome->set_session_id(info.id);
+  welcome->set_backend(backend_);
+  welcome->set_page_bytes(config_.page_bytes);
+  welcome->set_pool_pages(tier.pages());
+  welcome->set_host_tier_pages(host_tier_ != nullptr ? host_tier_->pages() : 0);
+  const uint64_t pool_bytes = tier.pages() * config_.page_bytes;
+  const uint64_t host_bytes =
+      host_tier_ != nullptr && info.allow_host_spill ? host_tier_->pages() * config_.page_bytes : 0;
+  welcome->set_max_stash_bytes(std::max(pool_bytes, host_bytes));
+  welcome->set_max_inflight_requests(config_.max_inflight);
+  welcome->set_daemon_version(kVersion);
+  welcome->set_pool(info.pool);
+  Log("rpc")->info("session {} started: rank {}, pid {}, pool {}, label '{}', client {}", info.id,
+                   info.rank, info.pid, info.pool, info.label, info.client_version);
+  return session;
+}
+
+void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
+                               v1::SessionRequest request) {
+  const auto received = std::chrono::steady_clock::now();
+  Status status = AdmitRequest(request, *session, limits_);
+  if (!status.ok()) {
+    Log("rpc")->debug("session {}: request {} rejected: {}", session->info().id,
+                      request.request_id(), status.ToString());
+    v1::SessionResponse r;
+    r.set_request_id(request.request_id());
+    r.set_code(static_cast<int>(status.code()));
+    r.set_message(status.message());
+    session->Send(std::move(r));
+    return;
+  }
+  pools_[static_cast<size_t>(session->info().pool)]->Enqueue(session, std::move(request),
+                                                             received);
+}
+
+void DaemonCore::CloseSession(const std::shared_ptr<Session>& session) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (sessions_.erase(session->info().id) == 0) return;  // closed already
+  }
+  pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session);
+}
+
+v1::SessionStats DaemonCore::SessionRow(Session& s) {
+  const SessionInfo& info = s.info();
+  SessionCounters& c = s.counters();
+  v1::SessionStats row;
+  row.set_session_id(info.id);
+  row.set_rank(info.rank);
+  row.set_pid(info.pid);
+  row.set_pool(info.pool);
+  row.set_label(info.label);
+  row.set_age_s(s.AgeSeconds());
+  row.set_stashes(c.stashes.load());
+  row.set_reloads(c.reloads.load());
+  row.set_releases(c.releases.load());
+  row.set_bytes_stashed(c.bytes_stashed.load());
+  row.set_bytes_reloaded(c.bytes_reloaded.load());
+  row.set_spills(c.spills.load());
+  row.set_overflows(c.overflows.load());
+  row.set_rejected(c.rejected.load());
+  row.set_stashes_live(c.stashes_live.load());
+  row.set_pages_live(c.pages_live.load());
+  row.set_requests_inflight(c.inflight.load());
+  row.set_step_overflow(c.step_overflow.load());
+  row.set_step_spilled(c.step_spilled.load());
+  row.set_memories(c.memories.load());
+  return row;
+}
+
+v1::GetStatsResponse DaemonCore::Stats() {
+  v1::GetStatsResponse out;
+  v1::DaemonStats* d = out.mutable_daemon();
+  d->set_version(kVersion);
+  d->set_backend(backend_);
+  d->set_uptime_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  d->set_sessions_total(counters_.sessions_total.load());
+  d->set_stashes(counters_.stashes.load());
+  d->set_reloads(counters_.reloads.load());
+  d->set_releases(counters_.releases.load());
+  d->set_bytes_stashed(counters_.bytes_stashed.load());
+  d->set_bytes_reloaded(counters_.bytes_reloaded.load());
+  d->set_spills(counters_.spills.load());
+  d->set_overflows(counters_.overflows.load());
+  d->set_rejected(counters_.rejected.load());
+  d->set_stash_latency_p50_us(counters_.stash_latency_us.Quantile(0.5));
+  d->set_stash_latency_p99_us(counters_.stash_latency_us.Quantile(0.99));
+  d->set_stash_copy_gbps(counters_.stash_copy.Gbps());
+  d->set_reload_copy_gbps(counters_.reload_copy.Gbps());
+
+  auto add_tier = [&](const Tier& tier) {
+    const TierSnapshot snap = tier.Snapshot();
+    v1::TierStats* t = out.add_tiers();
+    t->set_name(snap.name);
+    t->set_pool(snap.pool);
+    t->set_page_bytes(snap.page_bytes);
+    t->set_pages_total(snap.pages_total);
+    t->set_pages_used(snap.pages_used);
+    t->set_pages_free(snap.pages_total - snap.pages_used);
+    t->set_pages_high_water(snap.pages_high_water);
+    t->set_bytes_stashed(snap.bytes_stashed);
+    t->set_stashes_live(snap.stashes_live);
+  };
+  for (const auto& tier : device_tiers_) add_tier(*tier);
+  if (host_tier_ != nullptr) add_tier(*host_tier_);
+
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, s] : sessions_) live.push_back(s);
+  }
+  d->set_sessions_live(live.size());
+  std::sort(live.begin(), live.end(), [](const auto& a, const auto& b) {
+    return std::tie(a->info().rank, a->info().id) < std::tie(b->info().rank, b->info().id);
+  });
+  for (auto& s : live) *out.add_sessions() = SessionRow(*s);
+  return out;
+}
+
+v1::ListSessionsResponse DaemonCore::ListSessions() {
+  v1::ListSessionsResponse out;
+  v1::GetStatsResponse stats = Stats();
+  for (auto& row : *stats.mutable_sessions()) *out.add_sessions() = std::move(row);
+  return out;
+}
+
+v1::GetConfigResponse DaemonCore::Config() const {
+  v1::GetConfigResponse out;
+  for (const DaemonConfig::Entry& e : config_.entries) {
+    v1::ConfigEntry* entry = out.add_entries();
+    entry->set_name(e.name);
+    entry->set_value(e.value);
+    entry->set_source(e.source);
+    entry->set_help(e.help);
+  }
+  out.set_backend(backend_);
+  out.set_socket(socket_path_);
+  out.set_pools(static_cast<uint32_t>(pools_.size()));
+  out.set_page_bytes(config_.page_bytes);
+  out.set_pool_pages(device_tiers_.empty() ? 0 : device_tiers_[0]->pages());
+  out.set_host_tier_pages(host_tier_ != nullptr ? host_tier_->pages() : 0);
+  out.set_version(kVersion);
+  return out;
+}
+
+}  // namespace stash::daemon

@@ -1,0 +1,84 @@
+// The daemon without its transport: tiers, pools, sessions and stats. The gRPC handlers
+// (service.cc) convert requests and call this; tests can drive it directly.
+#ifndef STASH_DAEMON_CORE_H_
+#define STASH_DAEMON_CORE_H_
+
+#include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/synchronization/mutex.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/admit.h"
+#include "daemon/config.h"
+#include "daemon/copy_workers.h"
+#include "daemon/pool.h"
+#include "daemon/session.h"
+#include "daemon/stats.h"
+#include "daemon/tier.h"
+#include "stash/status.h"
+#include "stash/v1/stash.pb.h"
+
+namespace stash::daemon {
+
+// Thread-safe.
+class DaemonCore {
+ public:
+  // Allocates every tier once (addresses never move) and starts one queue per pool.
+  // `backend` is the resolved backend (host here; cuda comes with the CUDA backend).
+  static StatusOr<std::unique_ptr<DaemonCore>> Create(const DaemonConfig& config,
+                                                      stash::v1::Backend backend,
+                                                      std::string socket_path);
+  DaemonCore(const DaemonCore&) = delete;
+  DaemonCore& operator=(const DaemonCore&) = delete;
+  ~DaemonCore();
+
+  // Starts a session for a Hello; fills `welcome`. Responses go to `sink` until CloseSession.
+  StatusOr<std::shared_ptr<Session>> OpenSession(const stash::v1::Hello& hello,
+                                                 ResponseSink* sink,
+                                                 stash::v1::Welcome* welcome);
+
+  // Admits one post-Hello request and queues it, or answers it at once with its error.
+  void HandleRequest(const std::shared_ptr<Session>& session, stash::v1::SessionRequest request);
+
+  // The stream ended: cancels queued work, returns pages, closes mappings (asynchronously, on
+  // the pool's queue, behind the request running now).
+  void CloseSession(const std::shared_ptr<Session>& session);
+
+  stash::v1::GetStatsResponse Stats();
+  stash::v1::ListSessionsResponse ListSessions();
+  stash::v1::GetConfigResponse Config() const;
+
+  // Stops the pool queues (after their running request and queued teardowns).
+  void Stop();
+
+  stash::v1::Backend backend() const { return backend_; }
+
+ private:
+  DaemonCore(const DaemonConfig& config, stash::v1::Backend backend, std::string socket_path);
+
+  stash::v1::SessionStats SessionRow(Session& s);
+
+  // Never change after Create().
+  const DaemonConfig config_;
+  const stash::v1::Backend backend_;
+  const std::string socket_path_;
+  const std::chrono::steady_clock::time_point start_;
+  AdmitLimits limits_;
+  std::vector<std::unique_ptr<Tier>> device_tiers_;
+  std::unique_ptr<Tier> host_tier_;  // null = no host tier
+  std::unique_ptr<CopyWorkers> workers_;
+  std::vector<std::unique_ptr<Pool>> pools_;
+
+  DaemonCounters counters_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace stash::daemon
+
+#endif  // STASH_DAEMON_CORE_H_

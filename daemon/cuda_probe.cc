@@ -1,0 +1,30 @@
+// The one place the daemon asks the CUDA runtime anything before the CUDA backend exists.
+#include "daemon/daemon.h"
+
+#if defined(STASH_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace stash::daemon {
+
+bool CudaDeviceAnswers(std::string* why) {
+#if defined(STASH_HAVE_CUDA)
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
+    return false;
+  }
+  if (count == 0) {
+    *why = "cudaGetDeviceCount found no device";
+    return false;
+  }
+  *why = std::to_string(count) + " CUDA device(s)";
+  return true;
+#else
+  *why = "this stashd was built without CUDA (STASH_ENABLE_CUDA=OFF)";
+  return false;
+#endif
+}
+
+}  // namespace stash::daemon

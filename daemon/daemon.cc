@@ -1,0 +1,256 @@
+#include "daemon/daemon.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/bytes.h"
+#include "common/logging.h"
+#include "common/macros.h"
+#include "common/socket_path.h"
+#include "common/sys.h"
+#include "common/version.h"
+#include "daemon/core.h"
+#include "daemon/service.h"
+
+namespace stash::daemon {
+namespace {
+
+namespace v1 = stash::v1;
+
+std::string DirOf(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Creates the socket's directory (and parents) when missing; a directory created here gets mode
+// 0770 and the `stashd` group when that group exists.
+Status PrepareSocketDir(const std::string& dir, gid_t group) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      return FailedPreconditionError("socket directory " + dir + " exists but is not a directory");
+    }
+    return Status::Ok();
+  }
+  if (dir != "/" && dir != ".") STASH_RETURN_IF_ERROR(PrepareSocketDir(DirOf(dir), group));
+  if (mkdir(dir.c_str(), 0770) != 0 && errno != EEXIST) {
+    return ErrnoStatus("cannot create socket directory " + dir);
+  }
+  chmod(dir.c_str(), 0770);  // mkdir's mode is filtered by the umask
+  if (group != static_cast<gid_t>(-1)) {
+    if (chown(dir.c_str(), static_cast<uid_t>(-1), group) != 0) {
+      Log("main")->warn("cannot give {} to group stashd: {}", dir, std::strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
+// Whether something accepts connections on the Unix socket at `path`.
+bool SocketIsLive(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  int rc = 0;
+  STASH_SYSCALL_RETRY(rc, connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)));
+  close(fd);
+  return rc == 0;
+}
+
+gid_t StashdGroup() {
+  struct group* g = getgrnam("stashd");
+  return g != nullptr ? g->gr_gid : static_cast<gid_t>(-1);
+}
+
+}  // namespace
+
+struct Daemon::Impl {
+  std::string socket_path;
+  std::string lock_path;
+  int lock_fd = -1;
+  std::unique_ptr<DaemonCore> core;
+  std::unique_ptr<StashServiceImpl> service;
+  std::unique_ptr<StashServiceImpl> tcp_service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<grpc::Server> tcp_server;
+  absl::Mutex mu;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+
+  ~Impl() {
+    if (lock_fd >= 0) close(lock_fd);
+  }
+};
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Daemon::~Daemon() { Shutdown(); }
+
+const std::string& Daemon::socket_path() const { return impl_->socket_path; }
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
+  auto log = Log("main");
+  auto impl = std::make_unique<Impl>();
+
+  // Backend.
+  v1::Backend backend = v1::BACKEND_HOST;
+  std::string why;
+  const bool gpu = CudaDeviceAnswers(&why);
+  switch (config.backend) {
+    case BackendChoice::kHost:
+      log->info("backend host (asked for; CUDA probe: {})", why);
+      break;
+    case BackendChoice::kCuda:
+      if (!gpu) {
+        return FailedPreconditionError("--backend=cuda but no CUDA device answers (" + why +
+                                       "): run on a GPU node or use --backend=host");
+      }
+      return UnimplementedError("--backend=cuda: " + why +
+                                " answered, but this stashd has no cuda backend yet; use "
+                                "--backend=host");
+    case BackendChoice::kAuto:
+      if (gpu) {
+        log->warn("backend auto picked host: {} answered, but this stashd has no cuda backend "
+                  "yet",
+                  why);
+      } else {
+        log->info("backend auto picked host: no CUDA device answered ({})", why);
+      }
+      break;
+  }
+
+  // Socket: directory, single-daemon lock, stale file.
+  impl->socket_path = DaemonSocketPath(config.socket);
+  if (impl->socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return InvalidArgumentError("socket path " + impl->socket_path + " is longer than " +
+                                std::to_string(sizeof(sockaddr_un::sun_path) - 1) +
+                                " bytes, the Unix socket limit: pick a shorter --socket");
+  }
+  const gid_t group = StashdGroup();
+  STASH_RETURN_IF_ERROR(PrepareSocketDir(DirOf(impl->socket_path), group));
+  impl->lock_path = impl->socket_path + ".lock";
+  impl->lock_fd = open(impl->lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660);
+  if (impl->lock_fd < 0) return ErrnoStatus("cannot open lock file " + impl->lock_path);
+  const std::string busy = "another stashd is already serving on " + impl->socket_path +
+                           ": stop it first, or start this one with another --socket";
+  if (flock(impl->lock_fd, LOCK_EX | LOCK_NB) != 0) return FailedPreconditionError(busy);
+  struct stat st {};
+  if (lstat(impl->socket_path.c_str(), &st) == 0) {
+    if (SocketIsLive(impl->socket_path)) return FailedPreconditionError(busy);
+    if (!S_ISSOCK(st.st_mode)) {
+      return FailedPreconditionError(impl->socket_path +
+                                     " exists and is not a socket: remove it or pick another "
+                                     "--socket");
+    }
+    log->info("replacing stale socket {} (no daemon behind it)", impl->socket_path);
+    unlink(impl->socket_path.c_str());
+  }
+
+  // Tiers and queues.
+  STASH_ASSIGN_OR_RETURN(impl->core, DaemonCore::Create(config, backend, impl->socket_path));
+
+  // gRPC: the service, health and reflection.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  impl->service = std::make_unique<StashServiceImpl>(impl->core.get(), true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(GrpcUnixTarget(impl->socket_path), grpc::InsecureServerCredentials());
+  builder.RegisterService(impl->service.get());
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr) {
+    return UnavailableError("gRPC could not listen on " + impl->socket_path +
+                            " (see the log above): check the directory's permissions");
+  }
+  chmod(impl->socket_path.c_str(), 0660);
+  if (group != static_cast<gid_t>(-1)) {
+    if (chown(impl->socket_path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+      log->warn("cannot give {} to group stashd: {}", impl->socket_path, std::strerror(errno));
+    }
+  }
+  impl->server->GetHealthCheckService()->SetServingStatus(true);
+
+  if (!config.listen.empty()) {
+    impl->tcp_service = std::make_unique<StashServiceImpl>(impl->core.get(), false);
+    grpc::ServerBuilder tcp;
+    int port = 0;
+    tcp.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+    tcp.RegisterService(impl->tcp_service.get());
+    impl->tcp_server = tcp.BuildAndStart();
+    if (impl->tcp_server == nullptr || port == 0) {
+      impl->server->Shutdown();
+      return UnavailableError("cannot listen on --listen=" + config.listen +
+                              ": is the port free and the address local?");
+    }
+    impl->tcp_server->GetHealthCheckService()->SetServingStatus(true);
+    log->info("serving read-only stats on tcp {}", config.listen);
+  }
+
+  log->info("stashd {} serving on {} (backend {}, {} pool(s) of {}, page {}, host tier {})",
+            kVersion, impl->socket_path, backend == v1::BACKEND_CUDA ? "cuda" : "host",
+            config.devices, FormatBytes(config.pool_bytes / config.page_bytes * config.page_bytes),
+            FormatBytes(config.page_bytes),
+            config.host_tier_bytes == 0 ? std::string("none") : FormatBytes(config.host_tier_bytes));
+  for (const DaemonConfig::Entry& e : config.entries) {
+    log->info("config {} = {} ({})", e.name, e.value.empty() ? "\"\"" : e.value, e.source);
+  }
+  return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
+}
+
+void Daemon::Shutdown() {
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+  }
+  auto log = Log("main");
+  log->info("shutting down: ending sessions");
+  impl_->server->GetHealthCheckService()->SetServingStatus(false);
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  if (impl_->tcp_server != nullptr) impl_->tcp_server->Shutdown(deadline);
+  impl_->server->Shutdown(deadline);
+  impl_->server->Wait();
+  impl_->core->Stop();
+  unlink(impl_->socket_path.c_str());
+  unlink(impl_->lock_path.c_str());
+  log->info("stopped; removed {}", impl_->socket_path);
+}
+
+int RunDaemon(const DaemonConfig& config) {
+  // Block the stop signals in every thread the daemon starts; this thread waits for them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = Daemon::Start(config);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "stashd: %s\n", daemon.status().message().c_str());
+    return 1;
+  }
+  int sig = 0;
+  while (sigwait(&stop, &sig) != 0) {
+  }
+  Log("main")->info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*daemon)->Shutdown();
+  return 0;
+}
+
+}  // namespace stash::daemon

@@ -1,0 +1,170 @@
+#include "daemon/service.h"
+
+#include <absl/base/thread_annotations.h>
+#include <absl/synchronization/mutex.h>
+
+#include <deque>
+
+#include "common/grpc_status.h"
+#include "common/logging.h"
+
+namespace stash::daemon {
+namespace {
+
+namespace v1 = stash::v1;
+
+// One session stream. Reads are serialized by gRPC; responses come from pool workers through
+// Send() and go out one write at a time, in order.
+class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>,
+                             public ResponseSink {
+ public:
+  explicit SessionReactor(DaemonCore* core) : core_(core) { StartRead(&request_); }
+
+  void Send(v1::SessionResponse response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      outbox_.push_back(std::move(response));
+      if (writing_) return;
+      writing_ = true;
+      current_ = std::move(outbox_.front());
+      outbox_.pop_front();
+    }
+    StartWrite(&current_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client closed its side or the connection broke: the lease ends here.
+      if (session_ != nullptr) core_->CloseSession(session_);
+      EndAfterWrites(grpc::Status::OK);
+      return;
+    }
+    if (session_ == nullptr) {
+      if (!request_.has_hello()) {
+        EndAfterWrites(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                    "the first request of a session must be Hello"));
+        return;
+      }
+      v1::SessionResponse response;
+      response.set_request_id(request_.request_id());
+      auto session = core_->OpenSession(request_.hello(), this, response.mutable_welcome());
+      if (!session.ok()) {
+        EndAfterWrites(ToGrpcStatus(session.status()));
+        return;
+      }
+      session_ = std::move(session).value();
+      Send(std::move(response));
+    } else {
+      core_->HandleRequest(session_, std::move(request_));
+    }
+    request_.Clear();
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool next = false;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok) outbox_.clear();  // the stream is broken; the read side ends the session
+      if (!outbox_.empty()) {
+        current_ = std::move(outbox_.front());
+        outbox_.pop_front();
+        next = true;
+      } else {
+        writing_ = false;
+        finish = ending_ && !finished_;
+        if (finish) finished_ = true;
+      }
+    }
+    if (next) {
+      StartWrite(&current_);
+    } else if (finish) {
+      Finish(end_status_);
+    }
+  }
+
+  void OnDone() override {
+    if (session_ != nullptr) {
+      core_->CloseSession(session_);
+      session_->DetachSink();
+    }
+    delete this;
+  }
+
+ private:
+  // Finishes the stream with `status` once the queued responses are written.
+  void EndAfterWrites(grpc::Status status) {
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      ending_ = true;
+      end_status_ = std::move(status);
+      if (!writing_ && !finished_) {
+        finished_ = true;
+        finish = true;
+      }
+    }
+    if (finish) Finish(end_status_);
+  }
+
+  DaemonCore* const core_;
+  v1::SessionRequest request_;          // read side only
+  std::shared_ptr<Session> session_;    // set by Hello, read side only
+
+  absl::Mutex mu_;
+  std::deque<v1::SessionResponse> outbox_ ABSL_GUARDED_BY(mu_);
+  v1::SessionResponse current_;         // the response being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status end_status_;
+};
+
+class RejectSession final : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+ public:
+  RejectSession() {
+    Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "sessions are served only on the Unix socket; the TCP listener is "
+                        "read-only (stats)"));
+  }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* StashServiceImpl::Session(
+    grpc::CallbackServerContext* /*context*/) {
+  if (!allow_sessions_) return new RejectSession();
+  return new SessionReactor(core_);
+}
+
+grpc::ServerUnaryReactor* StashServiceImpl::GetStats(grpc::CallbackServerContext* context,
+                                                     const v1::GetStatsRequest* /*request*/,
+                                                     v1::GetStatsResponse* response) {
+  *response = core_->Stats();
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StashServiceImpl::ListSessions(
+    grpc::CallbackServerContext* context, const v1::ListSessionsRequest* /*request*/,
+    v1::ListSessionsResponse* response) {
+  *response = core_->ListSessions();
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StashServiceImpl::GetConfig(grpc::CallbackServerContext* context,
+                                                      const v1::GetConfigRequest* /*request*/,
+                                                      v1::GetConfigResponse* response) {
+  *response = core_->Config();
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace stash::daemon

@@ -1,0 +1,34 @@
+#include "daemon/session.h"
+
+namespace stash::daemon {
+
+Session::Session(SessionInfo info, ResponseSink* sink, std::atomic<uint64_t>* daemon_rejected)
+    : info_(std::move(info)),
+      start_(std::chrono::steady_clock::now()),
+      daemon_rejected_(daemon_rejected),
+      sink_(sink) {}
+
+double Session::AgeSeconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void Session::Send(stash::v1::SessionResponse response) {
+  if (response.code() != 0) {
+    counters_.rejected.fetch_add(1, std::memory_order_relaxed);
+    if (daemon_rejected_ != nullptr) daemon_rejected_->fetch_add(1, std::memory_order_relaxed);
+  }
+  absl::MutexLock lock(&sink_mu_);
+  if (sink_ != nullptr) sink_->Send(std::move(response));
+}
+
+void Session::DetachSink() {
+  absl::MutexLock lock(&sink_mu_);
+  sink_ = nullptr;
+}
+
+void Session::ForgetTicket(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  live_tickets_.erase(ticket);
+}
+
+}  // namespace stash::daemon

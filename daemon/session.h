@@ -1,0 +1,142 @@
+// One connected rank: its identity, its limits, its stashes, and its counters. The session's
+// stream is the lease on everything it holds (DESIGN.md §7).
+#ifndef STASH_DAEMON_SESSION_H_
+#define STASH_DAEMON_SESSION_H_
+
+#include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/synchronization/mutex.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/shm.h"
+#include "stash/status.h"
+#include "stash/v1/stash.pb.h"
+
+namespace stash::daemon {
+
+class Tier;
+
+// Where responses go: the session's stream. Send never blocks.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  virtual void Send(stash::v1::SessionResponse response) = 0;
+};
+
+// What the receive path knows of a live ticket, to validate Reload before it is queued.
+struct TicketShape {
+  uint64_t row_bytes = 0;
+  uint64_t max_rows = 0;
+};
+
+// One stash held in a tier. Touched only by the session's pool worker.
+struct StashRecord {
+  Tier* tier = nullptr;
+  std::vector<uint64_t> page_record;  // page id of each page slot
+  uint64_t rows = 0;
+  uint64_t bytes = 0;
+  uint64_t row_bytes = 0;
+  uint64_t max_rows = 0;
+};
+
+// A registered client allocation as the pool worker sees it: mapped, or why it is not.
+struct ClientMemory {
+  std::unique_ptr<SharedMemory> mapping;  // null when opening failed
+  Status open_status;
+  uint64_t bytes = 0;
+};
+
+// Counters of one session; all monotonic except the *_live and *_inflight gauges.
+struct SessionCounters {
+  std::atomic<uint64_t> stashes{0};
+  std::atomic<uint64_t> reloads{0};
+  std::atomic<uint64_t> releases{0};
+  std::atomic<uint64_t> bytes_stashed{0};
+  std::atomic<uint64_t> bytes_reloaded{0};
+  std::atomic<uint64_t> spills{0};
+  std::atomic<uint64_t> overflows{0};
+  std::atomic<uint64_t> rejected{0};
+  std::atomic<uint64_t> stashes_live{0};
+  std::atomic<uint64_t> pages_live{0};
+  std::atomic<uint64_t> inflight{0};
+  std::atomic<uint64_t> memories{0};
+  std::atomic<bool> step_overflow{false};
+  std::atomic<bool> step_spilled{false};
+};
+
+// Identity fixed by Hello.
+struct SessionInfo {
+  std::string id;  // 32 hex characters, unguessable
+  int64_t rank = -1;
+  int64_t pid = 0;
+  int pool = 0;
+  std::string label;
+  std::string client_version;
+  bool allow_host_spill = true;
+};
+
+class Session {
+ public:
+  // `sink` receives responses until DetachSink(); `daemon_rejected` (may be null) counts this
+  // session's non-OK responses daemon-wide too.
+  Session(SessionInfo info, ResponseSink* sink, std::atomic<uint64_t>* daemon_rejected);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const SessionInfo& info() const { return info_; }
+  SessionCounters& counters() { return counters_; }
+  double AgeSeconds() const;
+
+  // Sends a response if the stream is still there; drops it otherwise. Counts non-OK codes.
+  void Send(stash::v1::SessionResponse response);
+  // The stream is gone: later responses are dropped.
+  void DetachSink();
+
+  // Receive-path state (validation before queueing), guarded by the session's mutex because the
+  // pool worker also forgets tickets whose stash did not take.
+  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  absl::flat_hash_map<uint64_t, uint64_t>& declared_memories() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return declared_memories_;
+  }
+  absl::flat_hash_map<uint64_t, TicketShape>& live_tickets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return live_tickets_;
+  }
+  void ForgetTicket(uint64_t ticket);
+
+  // Worker-side state: touched only by the session's pool worker thread.
+  absl::flat_hash_map<uint64_t, ClientMemory>& memories() { return memories_; }
+  absl::flat_hash_map<uint64_t, StashRecord>& stashes() { return stashes_; }
+
+  // Set once the stream ended; the pool drops the session's queued work.
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+  void MarkClosed() { closed_.store(true, std::memory_order_release); }
+
+ private:
+  // Never change after construction.
+  const SessionInfo info_;
+  const std::chrono::steady_clock::time_point start_;
+  std::atomic<uint64_t>* const daemon_rejected_;  // non-owning, may be null
+
+  SessionCounters counters_;
+  std::atomic<bool> closed_{false};
+
+  absl::Mutex sink_mu_;
+  ResponseSink* sink_ ABSL_GUARDED_BY(sink_mu_);  // non-owning; null once the stream is gone
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, uint64_t> declared_memories_ ABSL_GUARDED_BY(mu_);  // id -> bytes
+  absl::flat_hash_map<uint64_t, TicketShape> live_tickets_ ABSL_GUARDED_BY(mu_);
+
+  absl::flat_hash_map<uint64_t, ClientMemory> memories_;
+  absl::flat_hash_map<uint64_t, StashRecord> stashes_;
+};
+
+}  // namespace stash::daemon
+
+#endif  // STASH_DAEMON_SESSION_H_

@@ -1,0 +1,61 @@
+// Daemon-wide counters and the recent latency and throughput windows.
+#ifndef STASH_DAEMON_STATS_H_
+#define STASH_DAEMON_STATS_H_
+
+#include <absl/base/thread_annotations.h>
+#include <absl/synchronization/mutex.h>
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace stash::daemon {
+
+// A fixed window of the most recent samples. Thread-safe.
+class SampleWindow {
+ public:
+  explicit SampleWindow(size_t capacity = 4096) : capacity_(capacity) {}
+  void Add(double value);
+  // The q-quantile (0..1) of the window; 0 when empty.
+  double Quantile(double q) const;
+
+ private:
+  const size_t capacity_;
+  mutable absl::Mutex mu_;
+  std::vector<double> samples_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Bytes over copy time for the most recent copies. Thread-safe.
+class ThroughputWindow {
+ public:
+  explicit ThroughputWindow(size_t capacity = 4096) : capacity_(capacity) {}
+  void Add(uint64_t bytes, double seconds);
+  // GB/s (1e9 bytes per second) over the window; 0 when empty.
+  double Gbps() const;
+
+ private:
+  const size_t capacity_;
+  mutable absl::Mutex mu_;
+  std::vector<std::pair<uint64_t, double>> samples_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+struct DaemonCounters {
+  std::atomic<uint64_t> sessions_total{0};
+  std::atomic<uint64_t> stashes{0};
+  std::atomic<uint64_t> reloads{0};
+  std::atomic<uint64_t> releases{0};
+  std::atomic<uint64_t> bytes_stashed{0};
+  std::atomic<uint64_t> bytes_reloaded{0};
+  std::atomic<uint64_t> spills{0};
+  std::atomic<uint64_t> overflows{0};
+  std::atomic<uint64_t> rejected{0};
+  SampleWindow stash_latency_us;
+  ThroughputWindow stash_copy;
+  ThroughputWindow reload_copy;
+};
+
+}  // namespace stash::daemon
+
+#endif  // STASH_DAEMON_STATS_H_

@@ -1,0 +1,241 @@
+// The paging rules of stashd, in one place for both machines (DESIGN.md §5).
+//
+// Plain descriptors and STASH_HOST_DEVICE functions: g++ compiles them for the host backend and
+// nvcc for the CUDA kernels, so the host tests pin exactly the semantics the GPU runs.
+//
+// The model (research/domain.md §2):
+//  - A tier (a GPU pool or the host tier) is `capacity` pages of `page_bytes` bytes.
+//  - Its free pages form a ring: `ids[capacity]` holds page ids; allocation reads ids at
+//    (head + i) mod capacity and advances head; freeing writes ids at (tail + i) mod capacity and
+//    advances tail. Free pages = tail - head. Head and tail are 64-bit and only grow.
+//  - A stash of `bytes` bytes takes PagesFor(bytes) consecutive ring slots starting at the head
+//    it saw; its page record remembers which page id holds each page slot of the stash.
+//  - The copy reads the ring at a *snapshot* of the head. The new head is published only after
+//    every worker of the copy has read the old one (upstream's in-place head race).
+//  - Everything is 64-bit: production pools are 18-20 GiB per rank.
+#ifndef STASH_KERNELS_PAGING_H_
+#define STASH_KERNELS_PAGING_H_
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define STASH_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define STASH_HOST_DEVICE inline
+#endif
+
+namespace stash::kernels {
+
+// A circular free list of page ids. Non-owning: `ids` points into memory the tier owns.
+struct alignas(16) PageRing {
+  uint64_t* ids;      // `capacity` page ids; a permutation of [0, capacity) at rest
+  uint64_t capacity;  // pages in the tier; 0 = the tier does not exist
+  uint64_t head;      // next slot to allocate from (monotonic)
+  uint64_t tail;      // next slot to free into (monotonic); free pages = tail - head
+};
+static_assert(sizeof(PageRing) == 32, "PageRing is shared with device code");
+
+// Where a stash goes. The numbers match stash.v1.Tier.
+enum class Placement : uint32_t {
+  kDevice = 1,        // the session's own pool
+  kHost = 2,          // the host tier
+  kOverflow = 3,      // nothing taken: no tier has the pages, or rows > max_rows
+  kInvalidCount = 4,  // the count read from memory was negative: a bad request, nothing taken
+};
+
+// The decision for one stash, made once (thread 0 on a GPU, the queue worker on the host).
+struct alignas(16) StashPlan {
+  Placement placement;
+  uint32_t reserved;
+  uint64_t rows;   // count / divisor (also on overflow: what the count said)
+  uint64_t bytes;  // rows * row_bytes; 0 unless placed
+  uint64_t pages;  // PagesFor(bytes); 0 unless placed
+  uint64_t head;   // the chosen tier's head snapshot the copy reads page ids at
+};
+static_assert(sizeof(StashPlan) == 48, "StashPlan is shared with device code");
+
+// One stash's bytes inside a tier.
+struct alignas(16) PagedSpan {
+  uint8_t* tier_base;     // first byte of page 0 of the tier
+  uint64_t page_bytes;    // power of two
+  uint64_t* page_record;  // PagesFor(bytes) entries: the page id holding each page slot
+  uint64_t bytes;         // payload bytes of the stash
+};
+static_assert(sizeof(PagedSpan) == 32, "PagedSpan is shared with device code");
+
+// Pages needed for `bytes` bytes (0 for 0 bytes).
+STASH_HOST_DEVICE uint64_t PagesFor(uint64_t bytes, uint64_t page_bytes) {
+  return (bytes + page_bytes - 1) / page_bytes;
+}
+
+// Free pages in a ring.
+STASH_HOST_DEVICE uint64_t RingFree(const PageRing& ring) { return ring.tail - ring.head; }
+
+// The page id at ring slot `head + slot`.
+STASH_HOST_DEVICE uint64_t RingPageAt(const PageRing& ring, uint64_t head, uint64_t slot) {
+  return ring.ids[(head + slot) % ring.capacity];
+}
+
+// Puts page id `id` back at ring slot `tail + slot`.
+STASH_HOST_DEVICE void RingReturnAt(PageRing& ring, uint64_t tail, uint64_t slot, uint64_t id) {
+  ring.ids[(tail + slot) % ring.capacity] = id;
+}
+
+// The page slot of byte `offset` of a stash, and the byte inside that page.
+STASH_HOST_DEVICE uint64_t PageSlotOf(uint64_t offset, uint64_t page_bytes) {
+  return offset / page_bytes;
+}
+STASH_HOST_DEVICE uint64_t OffsetInPage(uint64_t offset, uint64_t page_bytes) {
+  return offset & (page_bytes - 1);
+}
+
+// Address of byte `offset` of a stash whose page ids are in `span.page_record`.
+STASH_HOST_DEVICE uint8_t* SpanByte(const PagedSpan& span, uint64_t offset) {
+  const uint64_t id = span.page_record[PageSlotOf(offset, span.page_bytes)];
+  return span.tier_base + id * span.page_bytes + OffsetInPage(offset, span.page_bytes);
+}
+
+// Decides where a stash goes. `count` is the raw count (as read from memory), `divisor` 1 or 32
+// (0 means 1). The own pool wins when it has the pages; else the host tier when `host` is
+// non-null and has them; else overflow. rows > max_rows is overflow: rows are compared, not
+// pages, so an overrun inside the last page is caught too. Zero rows place a stash of 0 pages
+// in the own pool.
+STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t max_rows,
+                                      uint64_t row_bytes, uint64_t page_bytes,
+                                      const PageRing& device, const PageRing* host) {
+  StashPlan plan{};
+  if (count < 0) {
+    plan.placement = Placement::kInvalidCount;
+    return plan;
+  }
+  plan.rows = static_cast<uint64_t>(count) / (divisor == 0 ? 1u : divisor);
+  if (plan.rows > max_rows) {
+    plan.placement = Placement::kOverflow;
+    return plan;
+  }
+  const uint64_t bytes = plan.rows * row_bytes;
+  const uint64_t pages = PagesFor(bytes, page_bytes);
+  if (RingFree(device) >= pages) {
+    plan.placement = Placement::kDevice;
+    plan.head = device.head;
+  } else if (host != nullptr && host->capacity > 0 && RingFree(*host) >= pages) {
+    plan.placement = Placement::kHost;
+    plan.head = host->head;
+  } else {
+    plan.placement = Placement::kOverflow;
+    return plan;
+  }
+  plan.bytes = bytes;
+  plan.pages = pages;
+  return plan;
+}
+
+// Copies `n` bytes. On a GPU: 16-byte vectors while both sides are 16-byte aligned, then a byte
+// loop for the ragged tail (and for everything when either side is unaligned). On the host: one
+// memcpy, which handles any alignment with the C library's widest loop.
+STASH_HOST_DEVICE void CopyBytes(uint8_t* dst, const uint8_t* src, uint64_t n) {
+#if defined(__CUDA_ARCH__)
+  const bool aligned = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) &
+                        15u) == 0;
+  uint64_t done = 0;
+  if (aligned) {
+    const uint64_t vec_bytes = n & ~uint64_t{15};
+    for (uint64_t i = 0; i < vec_bytes; i += 16) {
+      *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+    }
+    done = vec_bytes;
+  }
+  for (uint64_t i = done; i < n; ++i) dst[i] = src[i];
+#else
+  if (n > 0) std::memcpy(dst, src, n);
+#endif
+}
+
+// Stash copy of page slots [first_slot, end_slot) of a stash planned at ring head `head`:
+// records each slot's page id and copies that page's bytes from `src` (the stash's byte 0).
+// Workers may split a stash by page slots; none of them moves the ring's head. Slots at or past
+// PagesFor(span.bytes) are ignored, so a worker may be handed a range sized for the static max.
+STASH_HOST_DEVICE void StashPages(const uint8_t* src, const PageRing& ring, uint64_t head,
+                                  const PagedSpan& span, uint64_t first_slot, uint64_t end_slot) {
+  for (uint64_t slot = first_slot; slot < end_slot && slot * span.page_bytes < span.bytes;
+       ++slot) {
+    const uint64_t id = RingPageAt(ring, head, slot);
+    span.page_record[slot] = id;
+    const uint64_t begin = slot * span.page_bytes;
+    const uint64_t end = begin + span.page_bytes < span.bytes ? begin + span.page_bytes : span.bytes;
+    CopyBytes(span.tier_base + id * span.page_bytes, src + begin, end - begin);
+  }
+}
+
+// Reload copy of page slots [first_slot, end_slot) of a stash into `dst` (the stash's byte 0).
+// Slots at or past PagesFor(span.bytes) are ignored.
+STASH_HOST_DEVICE void PopPages(uint8_t* dst, const PagedSpan& span, uint64_t first_slot,
+                                uint64_t end_slot) {
+  for (uint64_t slot = first_slot; slot < end_slot && slot * span.page_bytes < span.bytes;
+       ++slot) {
+    const uint64_t begin = slot * span.page_bytes;
+    const uint64_t end = begin + span.page_bytes < span.bytes ? begin + span.page_bytes : span.bytes;
+    CopyBytes(dst + begin, span.tier_base + span.page_record[slot] * span.page_bytes,
+              end - begin);
+  }
+}
+
+// The GPU's unit of work: one 16-byte vector of a stash, bytes [16 v, min(16 v + 16, bytes)).
+// page_bytes is a power of two >= 16, so a vector never straddles two pages.
+inline constexpr uint64_t kVectorBytes = 16;
+
+// Vectors covering `bytes` bytes (the last one ragged when bytes % 16 != 0).
+STASH_HOST_DEVICE uint64_t VectorsFor(uint64_t bytes) {
+  return (bytes + kVectorBytes - 1) / kVectorBytes;
+}
+
+// Stash copy of vector `v` of a stash planned at ring head `head` (vectors at or past
+// VectorsFor(span.bytes) do nothing). Each vector reads its page id from the ring itself; the
+// first vector of a page slot also writes the slot's page record entry. Same bytes as
+// StashPages, at a grain a GPU thread can take.
+STASH_HOST_DEVICE void StashVector(const uint8_t* src, const PageRing& ring, uint64_t head,
+                                   const PagedSpan& span, uint64_t v) {
+  const uint64_t begin = v * kVectorBytes;
+  if (begin >= span.bytes) return;
+  const uint64_t slot = PageSlotOf(begin, span.page_bytes);
+  const uint64_t in_page = OffsetInPage(begin, span.page_bytes);
+  const uint64_t id = RingPageAt(ring, head, slot);
+  if (in_page == 0) span.page_record[slot] = id;
+  const uint64_t n = span.bytes - begin < kVectorBytes ? span.bytes - begin : kVectorBytes;
+  CopyBytes(span.tier_base + id * span.page_bytes + in_page, src + begin, n);
+}
+
+// Reload copy of vector `v` of a stash into `dst` (vectors past the stash do nothing).
+STASH_HOST_DEVICE void PopVector(uint8_t* dst, const PagedSpan& span, uint64_t v) {
+  const uint64_t begin = v * kVectorBytes;
+  if (begin >= span.bytes) return;
+  const uint64_t n = span.bytes - begin < kVectorBytes ? span.bytes - begin : kVectorBytes;
+  CopyBytes(dst + begin, SpanByte(span, begin), n);
+}
+
+// Writes zeros to bytes [begin, end) of `dst` (the zero_tail of a reload).
+STASH_HOST_DEVICE void ZeroBytes(uint8_t* dst, uint64_t begin, uint64_t end) {
+#if defined(__CUDA_ARCH__)
+  uint64_t i = begin;
+  if ((reinterpret_cast<uintptr_t>(dst + i) & 15u) == 0) {
+    for (; i + 16 <= end; i += 16) *reinterpret_cast<uint4*>(dst + i) = make_uint4(0, 0, 0, 0);
+  }
+  for (; i < end; ++i) dst[i] = 0;
+#else
+  if (end > begin) std::memset(dst + begin, 0, end - begin);
+#endif
+}
+
+// Returns a stash's pages to the ring at slots [tail, tail + pages), in page-slot order. The
+// caller publishes tail += pages afterwards.
+STASH_HOST_DEVICE void ReturnPages(PageRing& ring, uint64_t tail, const uint64_t* page_record,
+                                   uint64_t first_slot, uint64_t end_slot) {
+  for (uint64_t slot = first_slot; slot < end_slot; ++slot) {
+    RingReturnAt(ring, tail, slot, page_record[slot]);
+  }
+}
+
+}  // namespace stash::kernels
+
+#endif  // STASH_KERNELS_PAGING_H_
