@@ -1,0 +1,199 @@
+// The C ABI over stash::Client (stash/c_api.h).
+#include "stash/c_api.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "common/version.h"
+#include "stash/client.h"
+
+struct stash_client {
+  std::unique_ptr<stash::Client> client;
+};
+struct stash_buffer {
+  std::unique_ptr<stash::HostBuffer> buffer;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+int Fail(const stash::Status& status) {
+  g_last_error = status.ToString();
+  return static_cast<int>(status.code());
+}
+
+int Fail(stash::StatusCode code, const std::string& message) {
+  return Fail(stash::Status(code, message));
+}
+
+void Fill(const stash::Completion& c, stash_completion_t* out) {
+  if (out == nullptr) return;
+  std::memset(out, 0, sizeof(*out));
+  out->ticket = c.ticket;
+  out->tier = static_cast<int32_t>(c.tier);
+  out->rows = c.rows;
+  out->bytes = c.bytes;
+  out->pages = c.pages;
+  out->latency_us = c.latency_us;
+  out->step_overflow = c.step_overflow ? 1 : 0;
+  out->step_spilled = c.step_spilled ? 1 : 0;
+}
+
+#define STASH_C_REQUIRE(cond, what) \
+  if (!(cond)) return Fail(stash::StatusCode::kInvalidArgument, what)
+
+}  // namespace
+
+extern "C" {
+
+const char* stash_last_error(void) { return g_last_error.c_str(); }
+const char* stash_version(void) { return stash::kVersion; }
+
+int stash_client_open(const char* socket, int device, int64_t rank, const char* label,
+                      int allow_host_spill, int64_t connect_timeout_ms, stash_client_t** out) {
+  STASH_C_REQUIRE(out != nullptr, "stash_client_open: out is NULL");
+  stash::Options options;
+  options.socket = socket != nullptr ? socket : "";
+  options.device = device;
+  options.rank = rank;
+  options.label = label != nullptr ? label : "";
+  options.allow_host_spill = allow_host_spill != 0;
+  if (connect_timeout_ms > 0) options.connect_timeout_ms = connect_timeout_ms;
+  auto client = stash::Client::Open(options);
+  if (!client.ok()) return Fail(client.status());
+  *out = new stash_client{std::move(client).value()};
+  return 0;
+}
+
+void stash_client_close(stash_client_t* client) { delete client; }
+
+int stash_buffer_alloc(uint64_t bytes, stash_buffer_t** out) {
+  STASH_C_REQUIRE(out != nullptr, "stash_buffer_alloc: out is NULL");
+  auto buffer = stash::HostBuffer::Allocate(bytes);
+  if (!buffer.ok()) return Fail(buffer.status());
+  *out = new stash_buffer{std::move(buffer).value()};
+  return 0;
+}
+
+void stash_buffer_free(stash_buffer_t* buffer) { delete buffer; }
+void* stash_buffer_data(const stash_buffer_t* buffer) { return buffer->buffer->data(); }
+uint64_t stash_buffer_size(const stash_buffer_t* buffer) { return buffer->buffer->size(); }
+
+void stash_event_signal(stash_buffer_t* buffer, uint64_t offset, uint64_t value) {
+  stash::SignalEvent({buffer->buffer.get(), offset, value});
+}
+
+int stash_event_wait(stash_buffer_t* buffer, uint64_t offset, uint64_t value,
+                     int64_t timeout_ms) {
+  return stash::WaitEvent({buffer->buffer.get(), offset, value}, timeout_ms) ? 1 : 0;
+}
+
+int stash_stash(stash_client_t* client, const stash_stash_args_t* args, uint64_t* ticket) {
+  STASH_C_REQUIRE(client != nullptr && args != nullptr && ticket != nullptr,
+                  "stash_stash: client, args and ticket must not be NULL");
+  STASH_C_REQUIRE(args->source != nullptr, "stash_stash: args->source is NULL");
+  stash::StashArgs a;
+  a.source = args->source->buffer.get();
+  a.offset = args->offset;
+  a.row_bytes = args->row_bytes;
+  a.max_rows = args->max_rows;
+  a.count.value = args->count_value;
+  a.count.buffer = args->count_buffer != nullptr ? args->count_buffer->buffer.get() : nullptr;
+  a.count.offset = args->count_offset;
+  a.count.divisor = args->divisor == 0 ? 1 : args->divisor;
+  if (args->ready_buffer != nullptr) {
+    a.ready = {args->ready_buffer->buffer.get(), args->ready_offset, args->ready_value};
+  }
+  a.layer = args->layer;
+  a.microbatch = args->microbatch;
+  if (args->name != nullptr) a.name = args->name;
+  auto t = client->client->Stash(a);
+  if (!t.ok()) return Fail(t.status());
+  *ticket = *t;
+  return 0;
+}
+
+int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destination,
+                 uint64_t offset, int zero_tail, uint64_t* op) {
+  STASH_C_REQUIRE(client != nullptr && destination != nullptr && op != nullptr,
+                  "stash_reload: client, destination and op must not be NULL");
+  stash::ReloadArgs a;
+  a.ticket = ticket;
+  a.destination = destination->buffer.get();
+  a.offset = offset;
+  a.zero_tail = zero_tail != 0;
+  auto id = client->client->Reload(a);
+  if (!id.ok()) return Fail(id.status());
+  *op = *id;
+  return 0;
+}
+
+int stash_release(stash_client_t* client, uint64_t ticket, uint64_t* op) {
+  STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_release: NULL argument");
+  auto id = client->client->Release(ticket);
+  if (!id.ok()) return Fail(id.status());
+  *op = *id;
+  return 0;
+}
+
+int stash_begin_step(stash_client_t* client, uint64_t step, uint64_t* op) {
+  STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_begin_step: NULL argument");
+  auto id = client->client->BeginStep(step);
+  if (!id.ok()) return Fail(id.status());
+  *op = *id;
+  return 0;
+}
+
+int stash_wait(stash_client_t* client, uint64_t op, int64_t timeout_ms, stash_completion_t* out) {
+  STASH_C_REQUIRE(client != nullptr, "stash_wait: client is NULL");
+  auto c = client->client->Wait(op, timeout_ms);
+  if (!c.ok()) return Fail(c.status());
+  Fill(*c, out);
+  return 0;
+}
+
+int stash_poll(stash_client_t* client, uint64_t op, stash_completion_t* out) {
+  STASH_C_REQUIRE(client != nullptr, "stash_poll: client is NULL");
+  auto c = client->client->Poll(op);
+  if (!c.has_value()) return -1;
+  if (!c->ok()) return Fail(c->status());
+  Fill(**c, out);
+  return 0;
+}
+
+int stash_step_flags(stash_client_t* client, int* overflow, int* spilled) {
+  STASH_C_REQUIRE(client != nullptr, "stash_step_flags: client is NULL");
+  const stash::StepFlags flags = client->client->CurrentStepFlags();
+  if (overflow != nullptr) *overflow = flags.overflow ? 1 : 0;
+  if (spilled != nullptr) *spilled = flags.spilled ? 1 : 0;
+  return 0;
+}
+
+int stash_get_stats(stash_client_t* client, stash_stats_t* out) {
+  STASH_C_REQUIRE(client != nullptr && out != nullptr, "stash_get_stats: NULL argument");
+  auto s = client->client->Stats();
+  if (!s.ok()) return Fail(s.status());
+  std::memset(out, 0, sizeof(*out));
+  out->page_bytes = s->page_bytes;
+  out->pool_pages_total = s->pool_pages_total;
+  out->pool_pages_used = s->pool_pages_used;
+  out->pool_pages_high_water = s->pool_pages_high_water;
+  out->host_pages_total = s->host_pages_total;
+  out->host_pages_used = s->host_pages_used;
+  out->host_pages_high_water = s->host_pages_high_water;
+  out->stashes = s->stashes;
+  out->reloads = s->reloads;
+  out->releases = s->releases;
+  out->bytes_stashed = s->bytes_stashed;
+  out->bytes_reloaded = s->bytes_reloaded;
+  out->spills = s->spills;
+  out->overflows = s->overflows;
+  out->rejected = s->rejected;
+  out->stashes_live = s->stashes_live;
+  out->pages_live = s->pages_live;
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,546 @@
+#include "stash/client.h"
+
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/grpc_status.h"
+#include "common/host_event.h"
+#include "common/random.h"
+#include "common/shm.h"
+#include "common/socket_path.h"
+#include "common/version.h"
+#include "stash/v1/stash.grpc.pb.h"
+
+namespace stash {
+namespace {
+
+namespace v1 = stash::v1;
+
+Tier FromProtoTier(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_DEVICE: return Tier::kDevice;
+    case v1::TIER_HOST: return Tier::kHost;
+    case v1::TIER_OVERFLOW: return Tier::kOverflow;
+    default: return Tier::kUnspecified;
+  }
+}
+
+std::string NoDaemon(const std::string& socket, const std::string& detail) {
+  return "no stashd answers on " + socket + " (" + detail + "): start it with 'stashd --socket=" +
+         socket + "' or point STASHD_SOCKET at a running one";
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// HostBuffer and events
+
+struct HostBuffer::Rep {
+  std::unique_ptr<SharedMemory> memory;
+  uint64_t id = 0;
+};
+
+HostBuffer::HostBuffer(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
+HostBuffer::~HostBuffer() = default;
+
+StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
+  auto memory = SharedMemory::Create(bytes);
+  if (!memory.ok()) return memory.status();
+  auto rep = std::make_unique<Rep>();
+  rep->memory = std::move(memory).value();
+  rep->id = RandomNonZeroU64();
+  return std::unique_ptr<HostBuffer>(new HostBuffer(std::move(rep)));
+}
+
+uint8_t* HostBuffer::data() const { return rep_->memory->data(); }
+uint64_t HostBuffer::size() const { return rep_->memory->size(); }
+uint64_t HostBuffer::id() const { return rep_->id; }
+const std::string& HostBuffer::handle() const { return rep_->memory->name(); }
+
+namespace {
+uint64_t* CounterOf(const EventPoint& point) {
+  return reinterpret_cast<uint64_t*>(point.buffer->data() + point.offset);
+}
+}  // namespace
+
+void SignalEvent(const EventPoint& point) {
+  if (point.buffer == nullptr) return;
+  EventSignal(CounterOf(point), point.value);
+}
+
+bool WaitEvent(const EventPoint& point, int64_t timeout_ms) {
+  if (point.buffer == nullptr) return true;
+  const auto timeout = timeout_ms < 0 ? std::chrono::nanoseconds(std::chrono::hours(24 * 365))
+                                      : std::chrono::nanoseconds(std::chrono::milliseconds(timeout_ms));
+  return EventWait(CounterOf(point), point.value, timeout);
+}
+
+const char* TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice: return "device";
+    case Tier::kHost: return "host";
+    case Tier::kOverflow: return "overflow";
+    case Tier::kUnspecified: break;
+  }
+  return "unspecified";
+}
+
+// ------------------------------------------------------------------------------------------------
+// The session stream
+
+struct Client::Impl final : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+  struct Pending {
+    Completion::Kind kind = Completion::Kind::kStash;
+    uint64_t epoch = 0;            // the step it was sent in
+    uint64_t memory_id = 0;        // register ops
+    bool internal = false;         // nobody waits: register / unregister bookkeeping
+    bool answered = false;
+    Status status;
+    Completion completion;
+  };
+
+  // Never change after Open().
+  std::string socket;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::StashService::Stub> stub;
+  v1::Welcome welcome;
+
+  grpc::ClientContext context;
+  v1::SessionResponse incoming;  // read side only
+  v1::SessionRequest writing_now;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<v1::SessionRequest> outbox;  // guarded by mu
+  bool writing = false;                   // guarded by mu
+  bool broken = false;                    // guarded by mu
+  Status broken_status;                   // guarded by mu
+  bool done = false;                      // guarded by mu: OnDone ran
+  std::unordered_map<uint64_t, Pending> pending;  // guarded by mu
+  std::unordered_set<uint64_t> registered;        // buffer ids; guarded by mu
+  uint64_t epoch = 0;                             // guarded by mu
+  StepFlags flags;                                // guarded by mu
+  bool welcomed = false;                          // guarded by mu
+
+  // Queues requests in order; the caller's lock is held. Returns whether a write must start.
+  bool QueueLocked(std::vector<v1::SessionRequest>& requests) {
+    for (auto& r : requests) outbox.push_back(std::move(r));
+    if (writing || outbox.empty()) return false;
+    writing = true;
+    writing_now = std::move(outbox.front());
+    outbox.pop_front();
+    return true;
+  }
+
+  // Adds a RegisterMemory for `buffer` unless it is registered (lock held).
+  void RegisterLocked(const HostBuffer* buffer, std::vector<v1::SessionRequest>& out) {
+    if (buffer == nullptr || registered.count(buffer->id()) != 0) return;
+    registered.insert(buffer->id());
+    v1::SessionRequest r;
+    r.set_request_id(RandomNonZeroU64());
+    v1::RegisterMemory* reg = r.mutable_register_memory();
+    reg->set_memory_id(buffer->id());
+    reg->set_kind(v1::MEMORY_KIND_HOST_SHM);
+    reg->set_handle(buffer->handle());
+    reg->set_bytes(buffer->size());
+    Pending p;
+    p.kind = Completion::Kind::kRegister;
+    p.memory_id = buffer->id();
+    p.internal = true;
+    pending.emplace(r.request_id(), p);
+    out.push_back(std::move(r));
+  }
+
+  // Sends `request` (after registering the buffers it names that are new to the session) and
+  // tracks it as `kind`. Returns the request id.
+  StatusOr<uint64_t> Submit(v1::SessionRequest request, Completion::Kind kind,
+                            std::initializer_list<const HostBuffer*> buffers) {
+    uint64_t id = 0;
+    bool start = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (broken) return broken_status;
+      std::vector<v1::SessionRequest> batch;
+      for (const HostBuffer* b : buffers) RegisterLocked(b, batch);
+      if (request.request_id() == 0) request.set_request_id(RandomNonZeroU64());
+      while (pending.count(request.request_id()) != 0) request.set_request_id(RandomNonZeroU64());
+      id = request.request_id();
+      if (request.has_stash()) request.mutable_stash()->set_ticket(id);  // ticket == request id
+      Pending p;
+      p.kind = kind;
+      p.epoch = epoch;
+      pending.emplace(id, p);
+      batch.push_back(std::move(request));
+      start = QueueLocked(batch);
+    }
+    if (start) StartWrite(&writing_now);
+    return id;
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool next = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (ok && !outbox.empty()) {
+        writing_now = std::move(outbox.front());
+        outbox.pop_front();
+        next = true;
+      } else {
+        writing = false;
+        if (!ok) outbox.clear();  // the stream is gone; OnDone says why
+      }
+    }
+    if (next) StartWrite(&writing_now);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!broken) {
+        broken = true;
+        broken_status = UnavailableError("stashd on " + socket + " ended the session");
+      }
+      cv.notify_all();
+      return;
+    }
+    Dispatch(incoming);
+    incoming.Clear();
+    StartRead(&incoming);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!welcomed && !status.ok()) {
+      // The daemon refused the Hello: its status says why.
+      broken = true;
+      broken_status = FromGrpcStatus(status);
+    } else if (!broken || !status.ok()) {
+      broken = true;
+      broken_status = UnavailableError(
+          "stashd on " + socket + " went away" +
+          (status.ok() ? std::string() : ": " + status.error_message()) +
+          "; your buffers are untouched, reconnect when it is back");
+    }
+    done = true;
+    cv.notify_all();
+  }
+
+  void Dispatch(const v1::SessionResponse& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = pending.find(r.request_id());
+    if (it == pending.end()) return;  // an answer nobody tracks (cannot happen with our ids)
+    Pending& p = it->second;
+    if (r.has_welcome()) {
+      welcome = r.welcome();
+      welcomed = true;
+    }
+    p.status = Status(static_cast<StatusCode>(r.code()), r.message());
+    Completion& c = p.completion;
+    c.kind = p.kind;
+    switch (r.kind_case()) {
+      case v1::SessionResponse::kStash:
+        c.ticket = r.stash().ticket();
+        c.tier = FromProtoTier(r.stash().tier());
+        c.rows = r.stash().rows();
+        c.bytes = r.stash().bytes();
+        c.pages = r.stash().pages();
+        c.latency_us = r.stash().latency_us();
+        if (p.epoch == epoch) {
+          if (c.tier == Tier::kOverflow) flags.overflow = true;
+          if (c.tier == Tier::kHost) flags.spilled = true;
+        }
+        break;
+      case v1::SessionResponse::kReload:
+        c.ticket = r.reload().ticket();
+        c.tier = FromProtoTier(r.reload().tier());
+        c.rows = r.reload().rows();
+        c.bytes = r.reload().bytes();
+        c.latency_us = r.reload().latency_us();
+        break;
+      case v1::SessionResponse::kRelease:
+        c.ticket = r.release().ticket();
+        c.pages = r.release().pages();
+        break;
+      case v1::SessionResponse::kBeginStep:
+        c.step_overflow = r.begin_step().overflow();
+        c.step_spilled = r.begin_step().spilled();
+        break;
+      default:
+        break;
+    }
+    if (p.internal) {
+      if (p.kind == Completion::Kind::kRegister && !p.status.ok()) registered.erase(p.memory_id);
+      pending.erase(it);
+      return;
+    }
+    p.answered = true;
+    cv.notify_all();
+  }
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->socket = ClientSocketPath(options.socket);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  impl->channel = grpc::CreateCustomChannel(GrpcUnixTarget(impl->socket),
+                                            grpc::InsecureChannelCredentials(), args);
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
+  if (!impl->channel->WaitForConnected(deadline)) {
+    return UnavailableError(NoDaemon(impl->socket, "connect timed out"));
+  }
+  impl->stub = v1::StashService::NewStub(impl->channel);
+
+  Impl* raw = impl.get();
+  raw->stub->async()->Session(&raw->context, raw);
+  raw->StartRead(&raw->incoming);
+  raw->AddHold();
+  raw->StartCall();
+
+  v1::SessionRequest hello;
+  hello.set_request_id(RandomNonZeroU64());
+  v1::Hello* h = hello.mutable_hello();
+  h->set_rank(options.rank);
+  h->set_device(options.device);
+  h->set_backend(v1::BACKEND_HOST);
+  h->set_pid(getpid());
+  h->set_client_version(kVersion);
+  h->set_label(options.label);
+  h->set_allow_host_spill(options.allow_host_spill);
+  const uint64_t hello_id = hello.request_id();
+
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lock(raw->mu);
+    Impl::Pending p;
+    p.kind = Completion::Kind::kRegister;  // Hello: only `answered` and the Welcome matter
+    raw->pending.emplace(hello_id, p);
+    std::vector<v1::SessionRequest> batch;
+    batch.push_back(std::move(hello));
+    start = raw->QueueLocked(batch);
+  }
+  if (start) raw->StartWrite(&raw->writing_now);
+
+  // From here the destructor cleans up the stream whatever happens.
+  auto client = std::unique_ptr<Client>(new Client(std::move(impl)));
+  std::unique_lock<std::mutex> lock(raw->mu);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
+  const bool settled = raw->cv.wait_until(lock, until, [&] {
+    return raw->welcomed || raw->broken;
+  });
+  if (!settled) return UnavailableError(NoDaemon(raw->socket, "no answer to Hello"));
+  if (!raw->welcomed) return raw->broken_status;
+  if (!raw->pending[hello_id].status.ok()) return raw->pending[hello_id].status;
+  raw->pending.erase(hello_id);
+  lock.unlock();
+  return client;
+}
+
+Client::~Client() {
+  impl_->context.TryCancel();
+  impl_->RemoveHold();
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->done; });
+}
+
+namespace {
+
+Status CheckEvent(const EventPoint& e, const char* what) {
+  if (e.buffer == nullptr) return Status::Ok();
+  if (e.offset % 8 != 0 || e.offset + 8 > e.buffer->size()) {
+    return InvalidArgumentError(std::string(what) + " offset " + std::to_string(e.offset) +
+                                " must be 8-byte aligned and inside its buffer (" +
+                                std::to_string(e.buffer->size()) + " bytes)");
+  }
+  return Status::Ok();
+}
+
+void SetEvent(const EventPoint& e, v1::EventRef* out) {
+  out->mutable_counter()->set_memory_id(e.buffer->id());
+  out->mutable_counter()->set_offset(e.offset);
+  out->set_value(e.value);
+}
+
+}  // namespace
+
+StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
+  if (args.source == nullptr) return InvalidArgumentError("stash needs a source buffer");
+  if (args.row_bytes == 0 || args.max_rows == 0) {
+    return InvalidArgumentError("stash needs row_bytes > 0 and max_rows > 0");
+  }
+  if (args.max_rows > UINT64_MAX / args.row_bytes ||
+      args.offset > args.source->size() ||
+      args.max_rows * args.row_bytes > args.source->size() - args.offset) {
+    return InvalidArgumentError("stash source [offset, offset + max_rows * row_bytes) runs past "
+                                "the end of its buffer (" +
+                                std::to_string(args.source->size()) + " bytes)");
+  }
+  if (Status st = CheckEvent(args.ready, "ready event"); !st.ok()) return st;
+  if (Status st = CheckEvent(args.done, "done event"); !st.ok()) return st;
+  v1::SessionRequest r;
+  r.set_request_id(RandomNonZeroU64());
+  v1::Stash* s = r.mutable_stash();
+  s->set_ticket(r.request_id());  // the ticket is the stash's request id: one name to Wait on
+  s->mutable_source()->set_memory_id(args.source->id());
+  s->mutable_source()->set_offset(args.offset);
+  s->set_row_bytes(args.row_bytes);
+  s->set_max_rows(args.max_rows);
+  if (args.count.buffer != nullptr) {
+    s->mutable_count()->mutable_reference()->set_memory_id(args.count.buffer->id());
+    s->mutable_count()->mutable_reference()->set_offset(args.count.offset);
+  } else {
+    s->mutable_count()->set_value(args.count.value);
+  }
+  s->mutable_count()->set_divisor(args.count.divisor == 0 ? 1 : args.count.divisor);
+  if (args.ready.buffer != nullptr) SetEvent(args.ready, s->mutable_ready());
+  if (args.done.buffer != nullptr) SetEvent(args.done, s->mutable_done());
+  s->set_layer(args.layer);
+  s->set_microbatch(args.microbatch);
+  s->set_name(args.name);
+  // The ticket must not change inside Submit: a collision with a pending id is astronomically
+  // unlikely, and Submit keeps the id when it is free.
+  return impl_->Submit(std::move(r), Completion::Kind::kStash,
+                       {args.source, args.count.buffer, args.ready.buffer, args.done.buffer});
+}
+
+StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
+  if (args.destination == nullptr) return InvalidArgumentError("reload needs a destination buffer");
+  if (args.ticket == 0) return InvalidArgumentError("reload needs the ticket Stash returned");
+  if (Status st = CheckEvent(args.ready, "ready event"); !st.ok()) return st;
+  if (Status st = CheckEvent(args.done, "done event"); !st.ok()) return st;
+  v1::SessionRequest r;
+  v1::Reload* rl = r.mutable_reload();
+  rl->set_ticket(args.ticket);
+  rl->mutable_destination()->set_memory_id(args.destination->id());
+  rl->mutable_destination()->set_offset(args.offset);
+  rl->set_zero_tail(args.zero_tail);
+  if (args.ready.buffer != nullptr) SetEvent(args.ready, rl->mutable_ready());
+  if (args.done.buffer != nullptr) SetEvent(args.done, rl->mutable_done());
+  return impl_->Submit(std::move(r), Completion::Kind::kReload,
+                       {args.destination, args.ready.buffer, args.done.buffer});
+}
+
+StatusOr<uint64_t> Client::Release(uint64_t ticket) {
+  v1::SessionRequest r;
+  r.mutable_release()->set_ticket(ticket);
+  return impl_->Submit(std::move(r), Completion::Kind::kRelease, {});
+}
+
+StatusOr<uint64_t> Client::BeginStep(uint64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    ++impl_->epoch;
+    impl_->flags = StepFlags{};
+  }
+  v1::SessionRequest r;
+  r.mutable_begin_step()->set_step(step);
+  return impl_->Submit(std::move(r), Completion::Kind::kBeginStep, {});
+}
+
+StatusOr<uint64_t> Client::Unregister(const HostBuffer& buffer) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->registered.erase(buffer.id()) == 0) {
+      return NotFoundError("this buffer was never used with this session");
+    }
+  }
+  v1::SessionRequest r;
+  r.mutable_unregister_memory()->set_memory_id(buffer.id());
+  return impl_->Submit(std::move(r), Completion::Kind::kUnregister, {});
+}
+
+StatusOr<Completion> Client::Wait(uint64_t op, int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  auto it = impl_->pending.find(op);
+  if (it == impl_->pending.end()) {
+    return NotFoundError("operation " + std::to_string(op) +
+                         " is not pending: unknown here, or its answer was already handed out");
+  }
+  auto ready = [&] { return impl_->pending[op].answered || impl_->broken; };
+  if (timeout_ms < 0) {
+    impl_->cv.wait(lock, ready);
+  } else if (!impl_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
+    return DeadlineExceededError("operation " + std::to_string(op) + " not answered within " +
+                                 std::to_string(timeout_ms) + " ms");
+  }
+  Impl::Pending p = std::move(impl_->pending[op]);
+  impl_->pending.erase(op);
+  if (!p.answered) return impl_->broken_status;
+  if (!p.status.ok()) return p.status;
+  return p.completion;
+}
+
+std::optional<StatusOr<Completion>> Client::Poll(uint64_t op) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->pending.find(op);
+    if (it != impl_->pending.end() && !it->second.answered && !impl_->broken) return std::nullopt;
+  }
+  return Wait(op, 0);
+}
+
+StepFlags Client::CurrentStepFlags() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->flags;
+}
+
+StatusOr<SessionStats> Client::Stats() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetStatsResponse response;
+  grpc::Status status = impl_->stub->GetStats(&ctx, v1::GetStatsRequest(), &response);
+  if (!status.ok()) {
+    return UnavailableError("stats from stashd on " + impl_->socket + ": " +
+                            status.error_message());
+  }
+  SessionStats out;
+  out.session_id = impl_->welcome.session_id();
+  out.pool = impl_->welcome.pool();
+  out.page_bytes = impl_->welcome.page_bytes();
+  for (const v1::TierStats& t : response.tiers()) {
+    if (t.pool() == out.pool) {
+      out.pool_pages_total = t.pages_total();
+      out.pool_pages_used = t.pages_used();
+      out.pool_pages_high_water = t.pages_high_water();
+    } else if (t.pool() < 0) {
+      out.host_pages_total = t.pages_total();
+      out.host_pages_used = t.pages_used();
+      out.host_pages_high_water = t.pages_high_water();
+    }
+  }
+  for (const v1::SessionStats& s : response.sessions()) {
+    if (s.session_id() != out.session_id) continue;
+    out.stashes = s.stashes();
+    out.reloads = s.reloads();
+    out.releases = s.releases();
+    out.bytes_stashed = s.bytes_stashed();
+    out.bytes_reloaded = s.bytes_reloaded();
+    out.spills = s.spills();
+    out.overflows = s.overflows();
+    out.rejected = s.rejected();
+    out.stashes_live = s.stashes_live();
+    out.pages_live = s.pages_live();
+  }
+  return out;
+}
+
+const std::string& Client::session_id() const { return impl_->welcome.session_id(); }
+uint64_t Client::page_bytes() const { return impl_->welcome.page_bytes(); }
+uint64_t Client::pool_pages() const { return impl_->welcome.pool_pages(); }
+uint64_t Client::host_tier_pages() const { return impl_->welcome.host_tier_pages(); }
+const std::string& Client::socket() const { return impl_->socket; }
+
+}  // namespace stash

@@ -1,0 +1,113 @@
+/* The C ABI of libstash_client.so: the same operations as stash/client.h, for Python (ctypes)
+ * and other languages.
+ *
+ * Conventions: functions return 0 on success or a status code (the numbers of stash::StatusCode
+ * and google.rpc.Code: 3 INVALID_ARGUMENT, 5 NOT_FOUND, 14 UNAVAILABLE, ...); the message of the
+ * last failure on the calling thread is stash_last_error(). Handles are opaque; every *_open /
+ * *_alloc has its *_close / *_free. All functions are thread-safe.
+ */
+#ifndef STASH_C_API_H_
+#define STASH_C_API_H_
+
+#include <stdint.h>
+
+#include "stash/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct stash_client stash_client_t;
+typedef struct stash_buffer stash_buffer_t;
+
+/* Where a stash went (stash_completion_t.tier). */
+enum { STASH_TIER_DEVICE = 1, STASH_TIER_HOST = 2, STASH_TIER_OVERFLOW = 3 };
+
+/* The message of the last failing call on this thread ("" when none). Valid until the next
+ * failing call on this thread. */
+STASH_EXPORT const char* stash_last_error(void);
+/* The library version, e.g. "0.1.0". */
+STASH_EXPORT const char* stash_version(void);
+
+/* Opens a session. socket: NULL or "" = $STASHD_SOCKET or the default. device: the simulated
+ * GPU on the host backend. rank: -1 = unknown. label: may be NULL. */
+STASH_EXPORT int stash_client_open(const char* socket, int device, int64_t rank,
+                                   const char* label, int allow_host_spill,
+                                   int64_t connect_timeout_ms, stash_client_t** out);
+/* Ends the session; the daemon returns its pages. NULL is fine. */
+STASH_EXPORT void stash_client_close(stash_client_t* client);
+
+/* Shared memory the daemon can open (host backend). */
+STASH_EXPORT int stash_buffer_alloc(uint64_t bytes, stash_buffer_t** out);
+STASH_EXPORT void stash_buffer_free(stash_buffer_t* buffer);
+STASH_EXPORT void* stash_buffer_data(const stash_buffer_t* buffer);
+STASH_EXPORT uint64_t stash_buffer_size(const stash_buffer_t* buffer);
+
+/* Events: an 8-byte counter at buffer + offset that is signalled once it reaches value. */
+STASH_EXPORT void stash_event_signal(stash_buffer_t* buffer, uint64_t offset, uint64_t value);
+/* 1 when reached, 0 on timeout (timeout_ms -1 = forever). */
+STASH_EXPORT int stash_event_wait(stash_buffer_t* buffer, uint64_t offset, uint64_t value,
+                                  int64_t timeout_ms);
+
+typedef struct stash_stash_args {
+  stash_buffer_t* source; /* required */
+  uint64_t offset;
+  uint64_t row_bytes;
+  uint64_t max_rows;
+  uint64_t count_value;         /* used when count_buffer is NULL */
+  stash_buffer_t* count_buffer; /* int64 at count_buffer + count_offset, read at copy time */
+  uint64_t count_offset;
+  uint32_t divisor;             /* 0 or 1: data; 32: MXFP8 columnwise scale_inv */
+  uint32_t layer;
+  uint32_t microbatch;
+  uint32_t reserved;
+  stash_buffer_t* ready_buffer; /* NULL = ready now */
+  uint64_t ready_offset;
+  uint64_t ready_value;
+  const char* name; /* may be NULL */
+} stash_stash_args_t;
+
+typedef struct stash_completion {
+  uint64_t ticket;
+  int32_t tier; /* STASH_TIER_* for stash and reload, 0 otherwise */
+  int32_t reserved;
+  uint64_t rows;
+  uint64_t bytes;
+  uint64_t pages;
+  uint64_t latency_us;
+  int32_t step_overflow; /* begin_step: the previous step's flags */
+  int32_t step_spilled;
+} stash_completion_t;
+
+/* Queues a stash; *ticket is its name and the operation to wait on. */
+STASH_EXPORT int stash_stash(stash_client_t* client, const stash_stash_args_t* args,
+                             uint64_t* ticket);
+/* Queues a reload into destination + offset (must hold max_rows rows). */
+STASH_EXPORT int stash_reload(stash_client_t* client, uint64_t ticket,
+                              stash_buffer_t* destination, uint64_t offset, int zero_tail,
+                              uint64_t* op);
+STASH_EXPORT int stash_release(stash_client_t* client, uint64_t ticket, uint64_t* op);
+STASH_EXPORT int stash_begin_step(stash_client_t* client, uint64_t step, uint64_t* op);
+/* Blocks until op is answered (timeout_ms -1 = forever). Returns the daemon's status code. */
+STASH_EXPORT int stash_wait(stash_client_t* client, uint64_t op, int64_t timeout_ms,
+                            stash_completion_t* out);
+/* Like stash_wait without blocking: returns -1 while op is in flight. */
+STASH_EXPORT int stash_poll(stash_client_t* client, uint64_t op, stash_completion_t* out);
+STASH_EXPORT int stash_step_flags(stash_client_t* client, int* overflow, int* spilled);
+
+typedef struct stash_stats {
+  uint64_t page_bytes;
+  uint64_t pool_pages_total, pool_pages_used, pool_pages_high_water;
+  uint64_t host_pages_total, host_pages_used, host_pages_high_water;
+  uint64_t stashes, reloads, releases;
+  uint64_t bytes_stashed, bytes_reloaded;
+  uint64_t spills, overflows, rejected;
+  uint64_t stashes_live, pages_live;
+} stash_stats_t;
+STASH_EXPORT int stash_get_stats(stash_client_t* client, stash_stats_t* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STASH_C_API_H_ */

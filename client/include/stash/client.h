@@ -1,0 +1,197 @@
+// The stashd client library: one session with the node's stash daemon.
+//
+// A training rank opens one Client, allocates the buffers it wants to stash from HostBuffer
+// (host backend: POSIX shared memory the daemon maps), and for every marked activation:
+//
+//   auto ticket = client->Stash(args);          // returns at once; the daemon copies
+//   auto done = client->Wait(*ticket);          // the daemon confirmed: the source may be reused
+//   ...backward...
+//   auto op = client->Reload({*ticket, &dest, 0, /*zero_tail=*/true});
+//   client->Wait(*op);                          // dest holds the rows again; pages returned
+//
+// A client keeps its activation until the daemon confirms the copy: on OVERFLOW nothing was
+// taken and the caller keeps using its own buffer. When the daemon goes away, every pending and
+// later call fails fast with UNAVAILABLE and a message naming the socket; the caller's buffers
+// are never touched by the library.
+//
+// Thread safety: every method may be called from any thread at the same time. Only Wait (and
+// Open, Stats) block; they block on the daemon's answer, never on another caller.
+#ifndef STASH_CLIENT_H_
+#define STASH_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "stash/export.h"
+#include "stash/options.h"
+#include "stash/status.h"
+
+namespace stash {
+
+// Memory the daemon can read and write: on the host backend, a POSIX shared-memory region this
+// library created. Not copyable; freeing it unmaps it here (a daemon that still has it
+// registered keeps its own mapping until the client unregisters it or the session ends).
+class STASH_EXPORT HostBuffer {
+ public:
+  // Allocates `bytes` (> 0) bytes, zero-filled, 64-byte aligned (page aligned in fact).
+  static StatusOr<std::unique_ptr<HostBuffer>> Allocate(uint64_t bytes);
+
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
+
+  uint8_t* data() const;
+  uint64_t size() const;
+  // A process-unique id; the session registers the buffer under it on first use.
+  uint64_t id() const;
+  // The handle the daemon opens (the shm name).
+  const std::string& handle() const;
+
+ private:
+  struct Rep;
+  explicit HostBuffer(std::unique_ptr<Rep> rep);
+  std::unique_ptr<Rep> rep_;
+};
+
+// A host-backend event: an 8-byte counter inside a HostBuffer, "signalled" once it reaches a
+// value. Signal raises it; the daemon (or WaitEvent) waits for it.
+struct EventPoint {
+  const HostBuffer* buffer = nullptr;  // null = no event
+  uint64_t offset = 0;                 // 8-byte aligned
+  uint64_t value = 0;
+};
+// Raises the counter to point.value and wakes waiters in every process.
+STASH_EXPORT void SignalEvent(const EventPoint& point);
+// Blocks until the counter reaches point.value or `timeout_ms` passes (-1 = forever).
+STASH_EXPORT bool WaitEvent(const EventPoint& point, int64_t timeout_ms);
+
+// How many rows of a stashed buffer are valid.
+struct RowCount {
+  // Either a value known now...
+  uint64_t value = 0;
+  // ...or, when `buffer` is set, a little-endian int64 at buffer + offset, read by the daemon
+  // only when the copy runs (after `ready`): the sync-free case.
+  const HostBuffer* buffer = nullptr;
+  uint64_t offset = 0;
+  // rows = count / divisor: 1 for data, 32 for MXFP8 columnwise scale_inv.
+  uint32_t divisor = 1;
+};
+
+struct StashArgs {
+  const HostBuffer* source = nullptr;  // required; row 0 at source->data() + offset
+  uint64_t offset = 0;
+  uint64_t row_bytes = 0;  // > 0
+  uint64_t max_rows = 0;   // > 0; [offset, offset + max_rows * row_bytes) must fit the buffer
+  RowCount count;
+  EventPoint ready;  // the daemon copies only after this; default: ready now
+  EventPoint done;   // signalled by the daemon after the copy; default: none
+  // Tags for stats and logs.
+  uint32_t layer = 0;
+  uint32_t microbatch = 0;
+  std::string name;
+};
+
+// Where a stash went.
+enum class Tier { kUnspecified = 0, kDevice = 1, kHost = 2, kOverflow = 3 };
+STASH_EXPORT const char* TierName(Tier tier);
+
+struct ReloadArgs {
+  uint64_t ticket = 0;
+  const HostBuffer* destination = nullptr;  // must hold max_rows * row_bytes of the stash
+  uint64_t offset = 0;
+  bool zero_tail = false;  // write zeros to rows [rows, max_rows)
+  EventPoint ready;        // the daemon writes only after this; default: now
+  EventPoint done;         // signalled after the copy; default: none
+};
+
+// The daemon's answer to one operation.
+struct Completion {
+  enum class Kind { kStash, kReload, kRelease, kBeginStep, kRegister, kUnregister };
+  Kind kind = Kind::kStash;
+  uint64_t ticket = 0;      // stash, reload, release
+  Tier tier = Tier::kUnspecified;  // stash: where it went (kOverflow: nothing taken); reload: from
+  uint64_t rows = 0;        // stash, reload: valid rows
+  uint64_t bytes = 0;       // stash, reload: payload bytes copied
+  uint64_t pages = 0;       // stash: pages held; release: pages returned
+  uint64_t latency_us = 0;  // stash, reload: receipt to copy done, in the daemon
+  bool step_overflow = false;  // begin_step: the previous step's flags
+  bool step_spilled = false;
+};
+
+struct StepFlags {
+  bool overflow = false;  // a stash of this step overflowed (its source stayed with the caller)
+  bool spilled = false;   // a stash of this step went to the host tier
+};
+
+// A snapshot of the daemon's view of this session and its pool.
+struct SessionStats {
+  std::string session_id;
+  int pool = 0;
+  uint64_t page_bytes = 0;
+  uint64_t pool_pages_total = 0, pool_pages_used = 0, pool_pages_high_water = 0;
+  uint64_t host_pages_total = 0, host_pages_used = 0, host_pages_high_water = 0;
+  uint64_t stashes = 0, reloads = 0, releases = 0;
+  uint64_t bytes_stashed = 0, bytes_reloaded = 0;
+  uint64_t spills = 0, overflows = 0, rejected = 0;
+  uint64_t stashes_live = 0, pages_live = 0;
+};
+
+class STASH_EXPORT Client {
+ public:
+  // Connects (socket from options, $STASHD_SOCKET, or the default) and says Hello.
+  // UNAVAILABLE when no daemon answers (the message names the socket and how to start one);
+  // FAILED_PRECONDITION / INVALID_ARGUMENT when the daemon refuses the Hello (other backend,
+  // device out of range).
+  static StatusOr<std::unique_ptr<Client>> Open(const Options& options);
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  // Ends the session: the daemon drops queued work and returns every page this session holds.
+  ~Client();
+
+  // Queues a stash and returns its ticket at once. Buffers named for the first time are
+  // registered with the daemon first (pipelined). INVALID_ARGUMENT for arguments that cannot be
+  // sent; UNAVAILABLE when the daemon is gone. Errors the daemon finds come from Wait.
+  StatusOr<uint64_t> Stash(const StashArgs& args);
+
+  // Queues a reload; returns the operation id to Wait on.
+  StatusOr<uint64_t> Reload(const ReloadArgs& args);
+  // Queues dropping a stash without copying it back; returns the operation id.
+  StatusOr<uint64_t> Release(uint64_t ticket);
+  // Queues a new step: clears the step flags (here at once, in the daemon in queue order).
+  StatusOr<uint64_t> BeginStep(uint64_t step);
+  // Tells the daemon to close its mapping of `buffer` before the caller frees it.
+  StatusOr<uint64_t> Unregister(const HostBuffer& buffer);
+
+  // Blocks until operation `op` (a ticket from Stash, or an id from the others) is answered, or
+  // `timeout_ms` passes (-1 = forever: DEADLINE_EXCEEDED otherwise). Returns the daemon's
+  // answer or its error status; each answer is handed out once (NOT_FOUND after that).
+  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms = -1);
+  // Like Wait but never blocks: nullopt while the operation is in flight.
+  std::optional<StatusOr<Completion>> Poll(uint64_t op);
+
+  // The flags of the current step, as far as answers have arrived.
+  StepFlags CurrentStepFlags() const;
+
+  // Asks the daemon for this session's counters and its pool usage (a unary RPC).
+  StatusOr<SessionStats> Stats();
+
+  // The session id the daemon gave, and the pool geometry from its Welcome.
+  const std::string& session_id() const;
+  uint64_t page_bytes() const;
+  uint64_t pool_pages() const;
+  uint64_t host_tier_pages() const;
+  const std::string& socket() const;
+
+  struct Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stash
+
+#endif  // STASH_CLIENT_H_

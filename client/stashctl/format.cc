@@ -1,0 +1,270 @@
+#include "client/stashctl/format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "common/bytes.h"
+
+namespace stash::stashctl {
+namespace {
+
+std::string Printf(const char* format, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), format, value);
+  return buf;
+}
+
+std::string Num(uint64_t value) { return std::to_string(value); }
+
+// "-" for values a client left unset or unknown (rank -1, an empty label).
+std::string RankText(int64_t rank) { return rank < 0 ? "-" : std::to_string(rank); }
+std::string OrDash(const std::string& text) { return text.empty() ? "-" : text; }
+
+std::string StepFlags(const v1::SessionStats& s) {
+  if (s.step_overflow() && s.step_spilled()) return "overflow,spilled";
+  if (s.step_overflow()) return "overflow";
+  if (s.step_spilled()) return "spilled";
+  return "-";
+}
+
+// Control characters become '?'; everything else (UTF-8 included) passes.
+std::string Sanitize(std::string text) {
+  for (char& ch : text) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (byte < 0x20 || byte == 0x7f) ch = '?';
+  }
+  return text;
+}
+
+std::string Pad(const std::string& text, size_t width, Table::Align align) {
+  const size_t have = DisplayWidth(text);
+  if (have >= width) return text;
+  const std::string fill(width - have, ' ');
+  return align == Table::Align::kLeft ? text + fill : fill + text;
+}
+
+// The session table; `with_identity` adds the session id prefix and age (`stashctl sessions`,
+// where the table is all there is and the width is free).
+std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
+                         bool with_identity) {
+  using A = Table::Align;
+  std::vector<Table::Column> columns;
+  if (with_identity) columns.push_back({"SESSION", A::kLeft});
+  columns.insert(columns.end(),
+                 {{"RANK", A::kRight}, {"PID", A::kRight}, {"POOL", A::kRight}, {"LABEL", A::kLeft}});
+  if (with_identity) columns.push_back({"AGE", A::kRight});
+  columns.insert(columns.end(), {{"STASHES", A::kRight},
+                                 {"RELOADS", A::kRight},
+                                 {"BYTES", A::kRight},
+                                 {"SPILLS", A::kRight},
+                                 {"OVERFLOWS", A::kRight},
+                                 {"REJECTED", A::kRight},
+                                 {"LIVE PAGES", A::kRight},
+                                 {"STEP", A::kLeft}});
+  Table table(std::move(columns));
+  for (const v1::SessionStats& s : sessions) {
+    std::vector<std::string> row;
+    // Eight hex characters tell sessions apart and match the daemon's log lines.
+    if (with_identity) row.push_back(OrDash(s.session_id().substr(0, 8)));
+    row.push_back(RankText(s.rank()));
+    row.push_back(std::to_string(s.pid()));
+    row.push_back(std::to_string(s.pool()));
+    row.push_back(OrDash(s.label()));
+    if (with_identity) row.push_back(FormatDuration(s.age_s()));
+    row.push_back(Num(s.stashes()));
+    row.push_back(Num(s.reloads()));
+    row.push_back(FormatBytes(s.bytes_stashed()));
+    row.push_back(Num(s.spills()));
+    row.push_back(Num(s.overflows()));
+    row.push_back(Num(s.rejected()));
+    row.push_back(Num(s.pages_live()));
+    row.push_back(StepFlags(s));
+    table.AddRow(std::move(row));
+  }
+  return table.Render();
+}
+
+}  // namespace
+
+std::string UsageBar(uint64_t used, uint64_t total, int width) {
+  width = std::max(width, 1);
+  const auto cells = static_cast<uint64_t>(width);
+  uint64_t filled = 0;
+  std::string percent = "-%";
+  if (total > 0) {
+    used = std::min(used, total);
+    // long double keeps used * cells exact for any page count a pool can have.
+    filled = static_cast<uint64_t>(static_cast<long double>(used) * cells / total);
+    const auto pct = static_cast<uint64_t>(static_cast<long double>(used) * 100 / total);
+    if (used > 0 && filled == 0) filled = 1;
+    percent = (used > 0 && pct == 0) ? "<1%" : std::to_string(pct) + "%";
+  }
+  std::string bar = "[";
+  bar.append(filled, '#');
+  bar.append(cells - filled, '.');
+  bar += "] ";
+  bar += Pad(percent, 4, Table::Align::kRight);
+  return bar;
+}
+
+std::string FormatDuration(double seconds) {
+  if (!(seconds > 0)) return "0s";  // also NaN
+  const auto s = static_cast<uint64_t>(seconds);
+  char buf[48];
+  if (s < 60) {
+    std::snprintf(buf, sizeof(buf), "%llus", static_cast<unsigned long long>(s));
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof(buf), "%llum %02llus", static_cast<unsigned long long>(s / 60),
+                  static_cast<unsigned long long>(s % 60));
+  } else if (s < 86400) {
+    std::snprintf(buf, sizeof(buf), "%lluh %02llum", static_cast<unsigned long long>(s / 3600),
+                  static_cast<unsigned long long>(s % 3600 / 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%llud %02lluh", static_cast<unsigned long long>(s / 86400),
+                  static_cast<unsigned long long>(s % 86400 / 3600));
+  }
+  return buf;
+}
+
+std::string FormatLatencyUs(double us, bool valid) {
+  if (!valid || !std::isfinite(us) || us < 0) return "-";
+  return Printf(us < 10 ? "%.1f us" : "%.0f us", us);
+}
+
+std::string FormatGbps(double gbps) {
+  if (!std::isfinite(gbps) || gbps <= 0) return "-";
+  return Printf(gbps < 10 ? "%.2f GB/s" : "%.1f GB/s", gbps);
+}
+
+std::string BackendName(v1::Backend backend) {
+  switch (backend) {
+    case v1::BACKEND_HOST: return "host";
+    case v1::BACKEND_CUDA: return "cuda";
+    default: return "unspecified";
+  }
+}
+
+size_t DisplayWidth(std::string_view text) {
+  size_t width = 0;
+  for (char ch : text) {
+    // Count every byte that is not a UTF-8 continuation byte (10xxxxxx).
+    if ((static_cast<unsigned char>(ch) & 0xC0) != 0x80) ++width;
+  }
+  return width;
+}
+
+Table::Table(std::vector<Column> columns) : columns_(std::move(columns)) {}
+
+void Table::AddRow(std::vector<std::string> cells) {
+  cells.resize(columns_.size());
+  for (std::string& cell : cells) cell = Sanitize(std::move(cell));
+  rows_.push_back(std::move(cells));
+}
+
+std::string Table::Render() const {
+  std::vector<size_t> widths(columns_.size(), 0);
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    widths[c] = DisplayWidth(columns_[c].header);
+    for (const auto& row : rows_) widths[c] = std::max(widths[c], DisplayWidth(row[c]));
+  }
+  std::string out;
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string text;
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      if (c > 0) text += "  ";
+      // Headers follow their column's alignment so they sit over the numbers.
+      const Align align = columns_[c].align;
+      const bool last = c + 1 == columns_.size();
+      if (last && align == Align::kLeft) {
+        text += cells[c];
+      } else {
+        text += Pad(cells[c], widths[c], align);
+      }
+    }
+    while (!text.empty() && text.back() == ' ') text.pop_back();
+    out += text;
+    out += '\n';
+  };
+  std::vector<std::string> headers;
+  headers.reserve(columns_.size());
+  for (const Column& column : columns_) headers.push_back(column.header);
+  line(headers);
+  for (const auto& row : rows_) line(row);
+  return out;
+}
+
+std::string RenderStats(const v1::GetStatsResponse& stats) {
+  const v1::DaemonStats& d = stats.daemon();
+  std::string out;
+  out += "stashd " + OrDash(d.version()) + "  backend " + BackendName(d.backend()) + "  up " +
+         FormatDuration(d.uptime_s()) + "  sessions " + Num(d.sessions_live()) + " live / " +
+         Num(d.sessions_total()) + " total\n";
+  out += "stashes " + Num(d.stashes()) + "  reloads " + Num(d.reloads()) + "  releases " +
+         Num(d.releases()) + "  stashed " + FormatBytes(d.bytes_stashed()) + "  reloaded " +
+         FormatBytes(d.bytes_reloaded()) + "\n";
+  out += "spills " + Num(d.spills()) + "  overflows " + Num(d.overflows()) + "  rejected " +
+         Num(d.rejected()) + "\n";
+  const bool measured = d.stashes() > 0;
+  out += "stash latency p50 " + FormatLatencyUs(d.stash_latency_p50_us(), measured) + "  p99 " +
+         FormatLatencyUs(d.stash_latency_p99_us(), measured) + "  copy: stash " +
+         FormatGbps(d.stash_copy_gbps()) + "  reload " + FormatGbps(d.reload_copy_gbps()) + "\n";
+
+  using A = Table::Align;
+  Table tiers({{"TIER", A::kLeft},
+               {"USAGE", A::kLeft},
+               {"PAGES", A::kRight},
+               {"USED / TOTAL", A::kRight},
+               {"PAYLOAD", A::kRight},
+               {"HIGH-WATER", A::kRight},
+               {"LIVE STASHES", A::kRight}});
+  for (const v1::TierStats& t : stats.tiers()) {
+    tiers.AddRow({t.name(), UsageBar(t.pages_used(), t.pages_total()),
+                  Num(t.pages_used()) + "/" + Num(t.pages_total()),
+                  FormatBytes(t.pages_used() * t.page_bytes()) + " / " +
+                      FormatBytes(t.pages_total() * t.page_bytes()),
+                  FormatBytes(t.bytes_stashed()), Num(t.pages_high_water()),
+                  Num(t.stashes_live())});
+  }
+  out += "\n";
+  out += tiers.Render();
+  out += "\n";
+  if (stats.sessions().empty()) {
+    out += "no sessions connected\n";
+  } else {
+    out += SessionTable(stats.sessions(), /*with_identity=*/false);
+  }
+  return out;
+}
+
+std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions) {
+  if (sessions.empty()) return "no sessions connected\n";
+  return SessionTable(sessions, /*with_identity=*/true);
+}
+
+std::string RenderConfig(const v1::GetConfigResponse& config) {
+  std::string out;
+  out += "stashd " + OrDash(config.version()) + "  backend " + BackendName(config.backend()) +
+         "  socket " + OrDash(config.socket()) + "\n";
+  const uint64_t page = config.page_bytes();
+  out += "pools " + std::to_string(config.pools()) + " x " +
+         FormatBytes(config.pool_pages() * page) + " (" + Num(config.pool_pages()) +
+         " pages of " + FormatBytes(page) + ")  host tier ";
+  if (config.host_tier_pages() == 0) {
+    out += "none\n";
+  } else {
+    out += FormatBytes(config.host_tier_pages() * page) + " (" + Num(config.host_tier_pages()) +
+           " pages)\n";
+  }
+  using A = Table::Align;
+  Table knobs({{"KNOB", A::kLeft}, {"VALUE", A::kLeft}, {"SOURCE", A::kLeft}, {"HELP", A::kLeft}});
+  for (const v1::ConfigEntry& e : config.entries()) {
+    knobs.AddRow({e.name(), e.value().empty() ? "\"\"" : e.value(), e.source(), e.help()});
+  }
+  out += "\n";
+  out += knobs.Render();
+  return out;
+}
+
+}  // namespace stash::stashctl

@@ -1,0 +1,74 @@
+// How stashctl shows the daemon's replies to people: aligned tables, usage bars, sizes, rates.
+// Pure functions of the reply messages, so tests check them without a daemon.
+#ifndef STASH_CLIENT_STASHCTL_FORMAT_H_
+#define STASH_CLIENT_STASHCTL_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "stash/v1/stash.pb.h"
+
+namespace stash::stashctl {
+
+// "[#######.............]  35%": `width` cells between the brackets, then the percentage right
+// aligned in four characters. Rounds down, so the bar is full and "100%" shows only when
+// used == total; any use at all shows at least one '#' and "<1%" rather than "0%". total == 0
+// shows an empty bar and "  -%".
+std::string UsageBar(uint64_t used, uint64_t total, int width = 20);
+
+// "12s", "5m 03s", "2h 07m", "3d 04h": the two largest units, for uptimes and session ages.
+std::string FormatDuration(double seconds);
+
+// "41 us", "3.2 us"; "-" when `valid` is false (nothing measured yet).
+std::string FormatLatencyUs(double us, bool valid);
+
+// "12.4 GB/s" (1e9 bytes per second); "-" when zero (nothing measured yet).
+std::string FormatGbps(double gbps);
+
+// "host", "cuda" or "unspecified".
+std::string BackendName(v1::Backend backend);
+
+// A text table: a header row, then rows, columns separated by two spaces and padded to the
+// widest cell. Numbers read best right-aligned, names left-aligned. Control characters in cells
+// (a client chooses its own label) are shown as '?', so a cell cannot move the cursor. The last
+// column is not padded, so no line ends in spaces.
+class Table {
+ public:
+  enum class Align { kLeft, kRight };
+  struct Column {
+    std::string header;
+    Align align = Align::kLeft;
+  };
+
+  explicit Table(std::vector<Column> columns);
+
+  // A row with one cell per column; missing cells are empty, extra cells are dropped.
+  void AddRow(std::vector<std::string> cells);
+
+  size_t rows() const { return rows_.size(); }
+
+  // The header line and one line per row, each ending in '\n'.
+  std::string Render() const;
+
+ private:
+  std::vector<Column> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// The width a terminal gives `text`: one cell per UTF-8 code point.
+size_t DisplayWidth(std::string_view text);
+
+// The daemon lines, the tier table and the session table of `stashctl stats`.
+std::string RenderStats(const v1::GetStatsResponse& stats);
+
+// The session table alone (`stashctl sessions`); a line saying there are none when empty.
+std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions);
+
+// The daemon's identity, pools and geometry, then the knob table (`stashctl config`).
+std::string RenderConfig(const v1::GetConfigResponse& config);
+
+}  // namespace stash::stashctl
+
+#endif  // STASH_CLIENT_STASHCTL_FORMAT_H_
