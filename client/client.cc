@@ -130,6 +130,7 @@ struct Client::Impl final : public grpc::ClientBidiReactor<v1::SessionRequest, v
   uint64_t epoch = 0;                             // guarded by mu
   StepFlags flags;                                // guarded by mu
   bool welcomed = false;                          // guarded by mu
+  bool hold_removed = false;                      // guarded by mu
 
   // Queues requests in order; the caller's lock is held. Returns whether a write must start.
   bool QueueLocked(std::vector<v1::SessionRequest>& requests) {
@@ -342,7 +343,15 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
     return raw->welcomed || raw->broken;
   });
   if (!settled) return UnavailableError(NoDaemon(raw->socket, "no answer to Hello"));
-  if (!raw->welcomed) return raw->broken_status;
+  if (!raw->welcomed) {
+    // Refused: the stream's final status (delivered once our hold is gone) says why.
+    raw->hold_removed = true;
+    lock.unlock();
+    raw->RemoveHold();
+    lock.lock();
+    raw->cv.wait(lock, [&] { return raw->done; });
+    return raw->broken_status;
+  }
   if (!raw->pending[hello_id].status.ok()) return raw->pending[hello_id].status;
   raw->pending.erase(hello_id);
   lock.unlock();
@@ -351,8 +360,13 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
 
 Client::~Client() {
   impl_->context.TryCancel();
-  impl_->RemoveHold();
   std::unique_lock<std::mutex> lock(impl_->mu);
+  if (!impl_->hold_removed) {
+    impl_->hold_removed = true;
+    lock.unlock();
+    impl_->RemoveHold();
+    lock.lock();
+  }
   impl_->cv.wait(lock, [&] { return impl_->done; });
 }
 

@@ -1,0 +1,550 @@
+// The data path end to end: the real stashd, the real client library, real processes.
+#include <signal.h>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "stash/client.h"
+#include "stash/v1/stash.grpc.pb.h"
+#include "tests/integration/harness.h"
+
+namespace stash {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::BinDir;
+using testing::DaemonProcess;
+using testing::Process;
+using testing::TimeScale;
+
+constexpr uint64_t kPage = 64 << 10;  // the tests' page size: small pools, many pages
+
+std::unique_ptr<Client> Connect(const DaemonProcess& d, bool allow_spill = true, int device = 0) {
+  Options o;
+  o.socket = d.socket();
+  o.allow_host_spill = allow_spill;
+  o.device = device;
+  auto c = Client::Open(o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+std::unique_ptr<HostBuffer> Buffer(uint64_t bytes) {
+  auto b = HostBuffer::Allocate(bytes);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return std::move(b).value();
+}
+
+void FillRandom(HostBuffer& b, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (uint64_t i = 0; i < b.size(); ++i) b.data()[i] = static_cast<uint8_t>(rng());
+}
+
+stash::v1::GetStatsResponse DaemonStats(const DaemonProcess& d) {
+  auto channel = grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials());
+  auto stub = stash::v1::StashService::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+  stash::v1::GetStatsResponse r;
+  const grpc::Status s = stub->GetStats(&ctx, {}, &r);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return r;
+}
+
+uint64_t PagesUsed(const stash::v1::GetStatsResponse& r) {
+  uint64_t used = 0;
+  for (const auto& t : r.tiers()) used += t.pages_used();
+  return used;
+}
+
+// Polls until every tier is back to all-free, up to `limit`; returns whether it got there.
+bool PagesReturnWithin(const DaemonProcess& d, milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  do {
+    if (PagesUsed(DaemonStats(d)) == 0) return true;
+    std::this_thread::sleep_for(milliseconds(5));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return false;
+}
+
+StashArgs Args(const HostBuffer& src, uint64_t row_bytes, uint64_t max_rows, uint64_t rows) {
+  StashArgs a;
+  a.source = &src;
+  a.row_bytes = row_bytes;
+  a.max_rows = max_rows;
+  a.count.value = rows;
+  return a;
+}
+
+class Datapath : public ::testing::Test {
+ protected:
+  void StartDaemon(std::vector<std::string> flags) {
+    flags.push_back("--page-bytes=64KiB");
+    flags.push_back("--log-level=warn");
+    daemon_ = std::make_unique<DaemonProcess>(flags);
+    ASSERT_TRUE(daemon_->Ready()) << daemon_->process().Stderr();
+  }
+  void TearDown() override {
+    if (daemon_ != nullptr && daemon_->process().running()) {
+      EXPECT_EQ(daemon_->process().StopWith(SIGTERM, seconds(5 * TimeScale())), 0)
+          << daemon_->process().Stderr();
+    }
+  }
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(Datapath, StashThenReloadIsByteExactForEveryShape) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=0"});
+  auto client = Connect(*daemon_);
+  ASSERT_NE(client, nullptr);
+  struct Shape {
+    uint64_t row_bytes, max_rows, rows;
+  };
+  // One page, a ragged tail (row bytes not a multiple of 16), many pages, zero rows, all rows.
+  const Shape shapes[] = {{256, 64, 64},   {7, 1000, 999},     {4096, 300, 257},
+                          {512, 128, 0},   {7168, 64, 33},     {2048, 1024, 1024},
+                          {3, 5, 1},       {65536, 3, 2}};
+  uint32_t seed = 1;
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE("row_bytes " + std::to_string(s.row_bytes) + " rows " + std::to_string(s.rows));
+    auto src = Buffer(s.row_bytes * s.max_rows);
+    FillRandom(*src, seed++);
+    std::vector<uint8_t> expect(src->data(), src->data() + src->size());
+    auto ticket = client->Stash(Args(*src, s.row_bytes, s.max_rows, s.rows));
+    ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+    auto stashed = client->Wait(*ticket);
+    ASSERT_TRUE(stashed.ok()) << stashed.status().ToString();
+    EXPECT_EQ(stashed->tier, Tier::kDevice);
+    EXPECT_EQ(stashed->rows, s.rows);
+    EXPECT_EQ(stashed->bytes, s.rows * s.row_bytes);
+    EXPECT_EQ(stashed->pages, (s.rows * s.row_bytes + kPage - 1) / kPage);
+    std::memset(src->data(), 0xee, src->size());  // the caller's copy is gone
+
+    auto dst = Buffer(s.row_bytes * s.max_rows);
+    std::memset(dst->data(), 0xcd, dst->size());
+    auto op = client->Reload({*ticket, dst.get(), 0, /*zero_tail=*/true, {}, {}});
+    ASSERT_TRUE(op.ok());
+    auto reloaded = client->Wait(*op);
+    ASSERT_TRUE(reloaded.ok()) << reloaded.status().ToString();
+    EXPECT_EQ(reloaded->rows, s.rows);
+    const uint64_t valid = s.rows * s.row_bytes;
+    EXPECT_EQ(std::memcmp(dst->data(), expect.data(), valid), 0);
+    for (uint64_t i = valid; i < dst->size(); ++i) ASSERT_EQ(dst->data()[i], 0) << "byte " << i;
+  }
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 0u);
+}
+
+TEST_F(Datapath, ReloadWithoutZeroTailLeavesTheTailAlone) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(100 * 64);
+  FillRandom(*src, 7);
+  auto ticket = client->Stash(Args(*src, 64, 100, 40));
+  ASSERT_TRUE(client->Wait(*ticket).ok());
+  auto dst = Buffer(100 * 64);
+  std::memset(dst->data(), 0xab, dst->size());
+  auto op = client->Reload({*ticket, dst.get(), 0, false, {}, {}});
+  ASSERT_TRUE(client->Wait(*op).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), 40 * 64), 0);
+  for (uint64_t i = 40 * 64; i < dst->size(); ++i) ASSERT_EQ(dst->data()[i], 0xab);
+}
+
+TEST_F(Datapath, CountReferenceIsReadOnlyWhenTheCopyRuns) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(256 * 128);
+  FillRandom(*src, 3);
+  auto meta = Buffer(4096);  // [0]: the int64 count, [8]: the ready counter
+  const int64_t garbage = 9999;
+  std::memcpy(meta->data(), &garbage, 8);
+  StashArgs a = Args(*src, 128, 256, 0);
+  a.count.buffer = meta.get();
+  a.count.offset = 0;
+  a.ready = {meta.get(), 8, 1};
+  auto ticket = client->Stash(a);
+  ASSERT_TRUE(ticket.ok());
+  // The producer finishes: it writes the count, then records ready.
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_FALSE(client->Poll(*ticket).has_value()) << "the daemon copied before ready";
+  const int64_t count = 96;
+  std::memcpy(meta->data(), &count, 8);
+  SignalEvent({meta.get(), 8, 1});
+  auto done = client->Wait(*ticket);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(done->rows, 96u);
+  EXPECT_EQ(done->bytes, 96u * 128);
+}
+
+TEST_F(Datapath, DivisorTurnsTokenCountIntoScaleRows) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto scale = Buffer(2048 * 16);  // max_tokens 512 -> 16 scale rows of 2048 bytes
+  FillRandom(*scale, 5);
+  StashArgs a = Args(*scale, 2048, 16, 256);
+  a.count.divisor = 32;
+  auto ticket = client->Stash(a);
+  auto done = client->Wait(*ticket);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->rows, 8u);
+  EXPECT_EQ(done->bytes, 8u * 2048);
+}
+
+TEST_F(Datapath, DoneEventIsSignalledAfterTheCopy) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(1 << 20);
+  FillRandom(*src, 11);
+  auto events = Buffer(4096);
+  StashArgs a = Args(*src, 1024, 1024, 1024);
+  a.done = {events.get(), 0, 1};
+  auto ticket = client->Stash(a);
+  ASSERT_TRUE(WaitEvent({events.get(), 0, 1}, 10000 * TimeScale()));
+  auto dst = Buffer(1 << 20);
+  ReloadArgs r{*ticket, dst.get(), 0, false, {}, {events.get(), 8, 1}};
+  ASSERT_TRUE(client->Reload(r).ok());
+  // A stream-ordered consumer waits on the event, not on the answer.
+  ASSERT_TRUE(WaitEvent({events.get(), 8, 1}, 10000 * TimeScale()));
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), src->size()), 0);
+}
+
+TEST_F(Datapath, FullPoolSpillsWholeStashToHostTier) {
+  StartDaemon({"--pool-bytes=1MiB", "--host-tier-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto a = Buffer(768 << 10);
+  auto b = Buffer(768 << 10);
+  FillRandom(*a, 1);
+  FillRandom(*b, 2);
+  auto ta = client->Stash(Args(*a, 1024, 768, 768));
+  auto da = client->Wait(*ta);
+  ASSERT_TRUE(da.ok());
+  EXPECT_EQ(da->tier, Tier::kDevice);
+  EXPECT_FALSE(client->CurrentStepFlags().spilled);
+  auto tb = client->Stash(Args(*b, 1024, 768, 768));  // 12 pages; only 4 left in the pool
+  auto db = client->Wait(*tb);
+  ASSERT_TRUE(db.ok());
+  EXPECT_EQ(db->tier, Tier::kHost);
+  EXPECT_TRUE(client->CurrentStepFlags().spilled);
+  const auto stats = DaemonStats(*daemon_);
+  ASSERT_EQ(stats.tiers_size(), 2);
+  EXPECT_EQ(stats.tiers(0).pages_used(), 12u);  // only stash a in the pool: whole-stash spill
+  EXPECT_EQ(stats.tiers(1).pages_used(), 12u);
+  auto out = Buffer(768 << 10);
+  ASSERT_TRUE(client->Wait(*client->Reload({*tb, out.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(out->data(), b->data(), b->size()), 0);
+  ASSERT_TRUE(client->Wait(*client->Reload({*ta, out.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(out->data(), a->data(), a->size()), 0);
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 0u);
+}
+
+TEST_F(Datapath, OverflowTakesNothingAndTheClientKeepsItsBuffer) {
+  StartDaemon({"--pool-bytes=512KiB", "--host-tier-bytes=0"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(1 << 20);
+  FillRandom(*src, 9);
+  std::vector<uint8_t> before(src->data(), src->data() + src->size());
+  auto t = client->Stash(Args(*src, 1024, 1024, 1024));
+  auto done = client->Wait(*t);
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->tier, Tier::kOverflow);
+  EXPECT_EQ(done->pages, 0u);
+  EXPECT_TRUE(client->CurrentStepFlags().overflow);
+  EXPECT_EQ(std::memcmp(src->data(), before.data(), before.size()), 0);
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 0u);
+  // Nothing is stored under the ticket.
+  auto dst = Buffer(1 << 20);
+  auto r = client->Reload({*t, dst.get(), 0, false, {}, {}});
+  ASSERT_TRUE(r.ok());
+  auto reloaded = client->Wait(*r);
+  EXPECT_EQ(reloaded.status().code(), StatusCode::kNotFound) << reloaded.status().ToString();
+  // A later stash that fits still goes in.
+  auto small = client->Stash(Args(*src, 1024, 1024, 100));
+  auto sd = client->Wait(*small);
+  ASSERT_TRUE(sd.ok());
+  EXPECT_EQ(sd->tier, Tier::kDevice);
+}
+
+TEST_F(Datapath, RowsAboveMaxRowsOverflowEvenWhenPagesWouldFit) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(128 * 16);
+  auto meta = Buffer(4096);
+  const int64_t count = 66;  // max_rows 65: the same page would hold it
+  std::memcpy(meta->data(), &count, 8);
+  StashArgs a = Args(*src, 16, 65, 0);
+  a.count.buffer = meta.get();
+  auto done = client->Wait(*client->Stash(a));
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->tier, Tier::kOverflow);
+  EXPECT_EQ(done->rows, 66u);
+}
+
+TEST_F(Datapath, NegativeCountIsRejectedAndNothingTaken) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(4096);
+  auto meta = Buffer(4096);
+  const int64_t count = -5;
+  std::memcpy(meta->data(), &count, 8);
+  StashArgs a = Args(*src, 16, 256, 0);
+  a.count.buffer = meta.get();
+  auto done = client->Wait(*client->Stash(a));
+  EXPECT_EQ(done.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(done.status().message().find("-5"), std::string::npos) << done.status().message();
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 0u);
+}
+
+TEST_F(Datapath, BeginStepReportsThePreviousStepAndClearsFlags) {
+  StartDaemon({"--pool-bytes=256KiB", "--host-tier-bytes=256KiB"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(1 << 20);
+  auto a = client->Wait(*client->Stash(Args(*src, 1024, 1024, 200)));  // 4 pages: device
+  auto b = client->Wait(*client->Stash(Args(*src, 1024, 1024, 200)));  // host
+  auto c = client->Wait(*client->Stash(Args(*src, 1024, 1024, 1024)));  // overflow
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(b->tier, Tier::kHost);
+  EXPECT_EQ(c->tier, Tier::kOverflow);
+  auto begun = client->Wait(*client->BeginStep(2));
+  ASSERT_TRUE(begun.ok());
+  EXPECT_TRUE(begun->step_overflow);
+  EXPECT_TRUE(begun->step_spilled);
+  EXPECT_FALSE(client->CurrentStepFlags().overflow);
+  EXPECT_FALSE(client->CurrentStepFlags().spilled);
+  auto again = client->Wait(*client->BeginStep(3));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->step_overflow);
+  EXPECT_FALSE(again->step_spilled);
+}
+
+TEST_F(Datapath, ReleaseReturnsPagesWithoutCopying) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(1 << 20);
+  auto t = client->Stash(Args(*src, 1024, 1024, 1024));
+  ASSERT_TRUE(client->Wait(*t).ok());
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 16u);
+  auto released = client->Wait(*client->Release(*t));
+  ASSERT_TRUE(released.ok());
+  EXPECT_EQ(released->pages, 16u);
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 0u);
+  // The ticket is gone now.
+  EXPECT_EQ(client->Wait(*client->Release(*t)).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(Datapath, PipelinedRequestsNeedNoWaitInBetween) {
+  StartDaemon({"--pool-bytes=16MiB"});
+  auto client = Connect(*daemon_);
+  constexpr int kLayers = 12;
+  std::vector<std::unique_ptr<HostBuffer>> src, dst;
+  std::vector<uint64_t> tickets;
+  for (int l = 0; l < kLayers; ++l) {
+    src.push_back(Buffer(256 << 10));
+    dst.push_back(Buffer(256 << 10));
+    FillRandom(*src.back(), 100 + l);
+    tickets.push_back(*client->Stash(Args(*src.back(), 512, 512, 100 + 30 * l)));
+  }
+  std::vector<uint64_t> ops;
+  for (int l = kLayers - 1; l >= 0; --l) {
+    ops.push_back(*client->Reload({tickets[l], dst[l].get(), 0, true, {}, {}}));
+  }
+  for (uint64_t op : ops) ASSERT_TRUE(client->Wait(op).ok());
+  for (int l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(client->Wait(tickets[l]).ok());
+    EXPECT_EQ(std::memcmp(dst[l]->data(), src[l]->data(), (100 + 30 * l) * 512), 0) << l;
+  }
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 0u);
+}
+
+TEST_F(Datapath, TicketOfAnotherSessionIsNotFound) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto alice = Connect(*daemon_);
+  auto bob = Connect(*daemon_);
+  auto src = Buffer(64 << 10);
+  auto t = alice->Stash(Args(*src, 64, 1024, 1024));
+  ASSERT_TRUE(alice->Wait(*t).ok());
+  auto dst = Buffer(64 << 10);
+  auto stolen = bob->Wait(*bob->Reload({*t, dst.get(), 0, false, {}, {}}));
+  EXPECT_EQ(stolen.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(bob->Wait(*bob->Release(*t)).status().code(), StatusCode::kNotFound);
+  // Alice's stash is intact.
+  ASSERT_TRUE(alice->Wait(*alice->Reload({*t, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), src->size()), 0);
+}
+
+TEST_F(Datapath, SessionsOnDifferentDevicesUseTheirOwnPools) {
+  StartDaemon({"--devices=2", "--pool-bytes=1MiB"});
+  auto c0 = Connect(*daemon_, true, 0);
+  auto c1 = Connect(*daemon_, true, 1);
+  auto src = Buffer(512 << 10);
+  ASSERT_TRUE(c0->Wait(*c0->Stash(Args(*src, 1024, 512, 512))).ok());
+  ASSERT_TRUE(c1->Wait(*c1->Stash(Args(*src, 1024, 256, 256))).ok());
+  const auto stats = DaemonStats(*daemon_);
+  EXPECT_EQ(stats.tiers(0).pages_used(), 8u);
+  EXPECT_EQ(stats.tiers(1).pages_used(), 4u);
+  Options bad;
+  bad.socket = daemon_->socket();
+  bad.device = 2;
+  auto refused = Client::Open(bad);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("out of range"), std::string::npos);
+}
+
+TEST_F(Datapath, StatsAddUp) {
+  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(1 << 20);
+  auto dst = Buffer(1 << 20);
+  uint64_t bytes = 0;
+  std::vector<uint64_t> tickets;
+  for (int i = 1; i <= 5; ++i) {
+    auto t = client->Stash(Args(*src, 1000, 1000, 100 * i));
+    ASSERT_TRUE(client->Wait(*t).ok());
+    bytes += 100 * i * 1000;
+    tickets.push_back(*t);
+  }
+  ASSERT_TRUE(client->Wait(*client->Reload({tickets[0], dst.get(), 0, false, {}, {}})).ok());
+  ASSERT_TRUE(client->Wait(*client->Release(tickets[1])).ok());
+  auto over = client->Wait(*client->Stash(Args(*src, 1000, 1000, 100000)));  // rows > max
+  ASSERT_TRUE(over.ok());
+  auto stats = DaemonStats(*daemon_);
+  EXPECT_EQ(stats.daemon().stashes(), 5u);
+  EXPECT_EQ(stats.daemon().bytes_stashed(), bytes);
+  EXPECT_EQ(stats.daemon().reloads(), 1u);
+  EXPECT_EQ(stats.daemon().bytes_reloaded(), 100u * 1000);
+  EXPECT_EQ(stats.daemon().releases(), 1u);
+  EXPECT_EQ(stats.daemon().overflows(), 1u);
+  ASSERT_EQ(stats.sessions_size(), 1);
+  const auto& s = stats.sessions(0);
+  EXPECT_EQ(s.stashes(), 5u);
+  EXPECT_EQ(s.stashes_live(), 3u);
+  EXPECT_EQ(s.pages_live(), stats.tiers(0).pages_used());
+  EXPECT_EQ(stats.tiers(0).pages_used() + stats.tiers(0).pages_free(),
+            stats.tiers(0).pages_total());
+  EXPECT_EQ(stats.tiers(0).bytes_stashed(), 300u * 1000 + 400u * 1000 + 500u * 1000);
+  EXPECT_GE(stats.tiers(0).pages_high_water(), stats.tiers(0).pages_used());
+  // Client::Stats sees the same.
+  auto mine = client->Stats();
+  ASSERT_TRUE(mine.ok());
+  EXPECT_EQ(mine->stashes, 5u);
+  EXPECT_EQ(mine->pool_pages_used, stats.tiers(0).pages_used());
+  client.reset();  // the session ends: everything returns
+  EXPECT_TRUE(PagesReturnWithin(*daemon_, milliseconds(1000 * TimeScale())));
+}
+
+// The lease: a client killed with SIGKILL in the middle of a stash loses its pages within 1 s,
+// and another client goes on.
+TEST_F(Datapath, PagesReturnWithinOneSecondWhenAClientIsKilled) {
+  StartDaemon({"--pool-bytes=64MiB"});
+  auto survivor = Connect(*daemon_);
+  auto src = Buffer(1 << 20);
+  FillRandom(*src, 21);
+  auto kept = survivor->Stash(Args(*src, 1024, 1024, 1024));
+  ASSERT_TRUE(survivor->Wait(*kept).ok());
+
+  for (const char* mode : {"hold", "midstash"}) {
+    SCOPED_TRACE(mode);
+    Process victim;
+    ASSERT_TRUE(victim.Start({BinDir() + "/tests/integration/stash-test-client",
+                              daemon_->socket(), mode, std::to_string(32 << 20)},
+                             daemon_->dir() + "/victim-" + mode));
+    // Wait for it to say it stashed (or queued).
+    const auto deadline = std::chrono::steady_clock::now() + seconds(10 * TimeScale());
+    while (victim.Stdout().empty() && std::chrono::steady_clock::now() < deadline) {
+      ASSERT_TRUE(victim.running()) << victim.Stderr();
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    ASSERT_FALSE(victim.Stdout().empty());
+    if (std::string(mode) == "hold") {
+      EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 16u + 512u);
+    }
+    victim.StopWith(SIGKILL, seconds(5));
+    // Back to only the survivor's 16 pages within 1 s.
+    const auto limit = std::chrono::steady_clock::now() + milliseconds(1000 * TimeScale());
+    uint64_t used = 0;
+    do {
+      used = PagesUsed(DaemonStats(*daemon_));
+      if (used == 16) break;
+      std::this_thread::sleep_for(milliseconds(5));
+    } while (std::chrono::steady_clock::now() < limit);
+    EXPECT_EQ(used, 16u);
+    // The survivor goes on.
+    auto t = survivor->Stash(Args(*src, 1024, 1024, 512));
+    ASSERT_TRUE(survivor->Wait(*t).ok());
+    ASSERT_TRUE(survivor->Wait(*survivor->Release(*t)).ok());
+  }
+  auto dst = Buffer(1 << 20);
+  ASSERT_TRUE(survivor->Wait(*survivor->Reload({*kept, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), src->size()), 0);
+  EXPECT_EQ(DaemonStats(*daemon_).daemon().sessions_live(), 1u);
+}
+
+// The daemon killed while clients wait: they fail fast, nothing hangs, buffers untouched.
+TEST_F(Datapath, ClientsFailFastWhenTheDaemonDies) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(64 << 10);
+  FillRandom(*src, 4);
+  std::vector<uint8_t> before(src->data(), src->data() + src->size());
+  auto events = Buffer(4096);
+  StashArgs a = Args(*src, 64, 1024, 1024);
+  a.ready = {events.get(), 0, 1};  // never signalled: the daemon holds it
+  auto t = client->Stash(a);
+  ASSERT_TRUE(t.ok());
+  std::thread killer([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    daemon_->process().StopWith(SIGKILL, seconds(5));
+  });
+  auto waited = client->Wait(*t, 30000);
+  killer.join();
+  EXPECT_EQ(waited.status().code(), StatusCode::kUnavailable) << waited.status().ToString();
+  EXPECT_NE(waited.status().message().find(daemon_->socket()), std::string::npos);
+  auto later = client->Stash(Args(*src, 64, 1024, 1));
+  EXPECT_EQ(later.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(std::memcmp(src->data(), before.data(), before.size()), 0);
+}
+
+TEST_F(Datapath, OpenFailsWithAClearMessageWhenNoDaemonAnswers) {
+  testing::TempDir dir;
+  Options o;
+  o.socket = dir.path() + "/nobody.sock";
+  o.connect_timeout_ms = 300;
+  auto c = Client::Open(o);
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find(o.socket), std::string::npos);
+  EXPECT_NE(c.status().message().find("stashd --socket="), std::string::npos);
+}
+
+TEST_F(Datapath, ManyThreadsShareOneClient) {
+  StartDaemon({"--pool-bytes=32MiB", "--copy-threads=2"});
+  auto client = Connect(*daemon_);
+  constexpr int kThreads = 4;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      auto src = Buffer(128 << 10);
+      auto dst = Buffer(128 << 10);
+      for (int i = 0; i < 20; ++i) {
+        FillRandom(*src, th * 1000 + i);
+        auto t = client->Stash(Args(*src, 128, 1024, 1000 - i));
+        if (!t.ok() || !client->Wait(*t).ok()) ++failures;
+        auto r = client->Reload({*t, dst.get(), 0, true, {}, {}});
+        if (!r.ok() || !client->Wait(*r).ok()) ++failures;
+        if (std::memcmp(dst->data(), src->data(), (1000 - i) * 128) != 0) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 0u);
+}
+
+}  // namespace
+}  // namespace stash
