@@ -52,8 +52,9 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
   using A = Table::Align;
   std::vector<Table::Column> columns;
   if (with_identity) columns.push_back({"SESSION", A::kLeft});
-  columns.insert(columns.end(),
-                 {{"RANK", A::kRight}, {"PID", A::kRight}, {"POOL", A::kRight}, {"LABEL", A::kLeft}});
+  columns.insert(
+      columns.end(),
+      {{"RANK", A::kRight}, {"PID", A::kRight}, {"POOL", A::kRight}, {"LABEL", A::kLeft}});
   if (with_identity) columns.push_back({"AGE", A::kRight});
   columns.insert(columns.end(), {{"STASHES", A::kRight},
                                  {"RELOADS", A::kRight},
@@ -130,7 +131,10 @@ std::string FormatDuration(double seconds) {
 
 std::string FormatLatencyUs(double us, bool valid) {
   if (!valid || !std::isfinite(us) || us < 0) return "-";
-  return Printf(us < 10 ? "%.1f us" : "%.0f us", us);
+  if (us < 10) return Printf("%.1f us", us);
+  if (us < 10e3) return Printf("%.0f us", us);
+  if (us < 10e6) return Printf("%.1f ms", us / 1e3);
+  return Printf("%.1f s", us / 1e6);
 }
 
 std::string FormatGbps(double gbps) {
@@ -140,9 +144,12 @@ std::string FormatGbps(double gbps) {
 
 std::string BackendName(v1::Backend backend) {
   switch (backend) {
-    case v1::BACKEND_HOST: return "host";
-    case v1::BACKEND_CUDA: return "cuda";
-    default: return "unspecified";
+    case v1::BACKEND_HOST:
+      return "host";
+    case v1::BACKEND_CUDA:
+      return "cuda";
+    default:
+      return "unspecified";
   }
 }
 
@@ -249,8 +256,8 @@ std::string RenderConfig(const v1::GetConfigResponse& config) {
          "  socket " + OrDash(config.socket()) + "\n";
   const uint64_t page = config.page_bytes();
   out += "pools " + std::to_string(config.pools()) + " x " +
-         FormatBytes(config.pool_pages() * page) + " (" + Num(config.pool_pages()) +
-         " pages of " + FormatBytes(page) + ")  host tier ";
+         FormatBytes(config.pool_pages() * page) + " (" + Num(config.pool_pages()) + " pages of " +
+         FormatBytes(page) + ")  host tier ";
   if (config.host_tier_pages() == 0) {
     out += "none\n";
   } else {

@@ -21,7 +21,7 @@ std::string UsageBar(uint64_t used, uint64_t total, int width = 20);
 // "12s", "5m 03s", "2h 07m", "3d 04h": the two largest units, for uptimes and session ages.
 std::string FormatDuration(double seconds);
 
-// "41 us", "3.2 us"; "-" when `valid` is false (nothing measured yet).
+// "3.2 us", "41 us", "503.4 ms", "12.0 s"; "-" when `valid` is false (nothing measured yet).
 std::string FormatLatencyUs(double us, bool valid);
 
 // "12.4 GB/s" (1e9 bytes per second); "-" when zero (nothing measured yet).

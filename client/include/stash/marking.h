@@ -86,7 +86,7 @@ enum class SavedKind : uint32_t {
 
 // The caller's description of one saved input. Build one with the factories below, or fill the
 // fields: a field that autograd saved as None stays absent (the default).
-struct SavedInputView {
+struct STASH_EXPORT SavedInputView {
   SavedKind kind = SavedKind::kAbsent;
 
   // The static token budget of the layer (T_max, HybridEP's num_permuted_tokens): the row count

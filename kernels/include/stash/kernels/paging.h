@@ -181,6 +181,19 @@ STASH_HOST_DEVICE void PopPages(uint8_t* dst, const PagedSpan& span, uint64_t fi
   }
 }
 
+// Writes zeros to bytes [begin, end) of `dst` (the zero_tail of a reload).
+STASH_HOST_DEVICE void ZeroBytes(uint8_t* dst, uint64_t begin, uint64_t end) {
+#if defined(__CUDA_ARCH__)
+  uint64_t i = begin;
+  if ((reinterpret_cast<uintptr_t>(dst + i) & 15u) == 0) {
+    for (; i + 16 <= end; i += 16) *reinterpret_cast<uint4*>(dst + i) = make_uint4(0, 0, 0, 0);
+  }
+  for (; i < end; ++i) dst[i] = 0;
+#else
+  if (end > begin) std::memset(dst + begin, 0, end - begin);
+#endif
+}
+
 // The GPU's unit of work: one 16-byte vector of a stash, bytes [16 v, min(16 v + 16, bytes)).
 // page_bytes is a power of two >= 16, so a vector never straddles two pages.
 inline constexpr uint64_t kVectorBytes = 16;
@@ -214,25 +227,37 @@ STASH_HOST_DEVICE void PopVector(uint8_t* dst, const PagedSpan& span, uint64_t v
   CopyBytes(dst + begin, SpanByte(span, begin), n);
 }
 
-// Writes zeros to bytes [begin, end) of `dst` (the zero_tail of a reload).
-STASH_HOST_DEVICE void ZeroBytes(uint8_t* dst, uint64_t begin, uint64_t end) {
-#if defined(__CUDA_ARCH__)
-  uint64_t i = begin;
-  if ((reinterpret_cast<uintptr_t>(dst + i) & 15u) == 0) {
-    for (; i + 16 <= end; i += 16) *reinterpret_cast<uint4*>(dst + i) = make_uint4(0, 0, 0, 0);
-  }
-  for (; i < end; ++i) dst[i] = 0;
-#else
-  if (end > begin) std::memset(dst + begin, 0, end - begin);
-#endif
-}
-
 // Returns a stash's pages to the ring at slots [tail, tail + pages), in page-slot order. The
 // caller publishes tail += pages afterwards.
 STASH_HOST_DEVICE void ReturnPages(PageRing& ring, uint64_t tail, const uint64_t* page_record,
                                    uint64_t first_slot, uint64_t end_slot) {
   for (uint64_t slot = first_slot; slot < end_slot; ++slot) {
     RingReturnAt(ring, tail, slot, page_record[slot]);
+  }
+}
+
+// One GPU work item of a reload (or release) of the stash `span` from `ring`: vector `v` of
+// [0, zero_tail ? max_bytes : span.bytes). It copies its part of the stash into `dst` (PopVector),
+// writes zeros over its part at or past span.bytes when `zero_tail`, and if it is the first
+// vector of a page slot returns that slot's page at ring slot `tail` + slot. `dst` nullptr =
+// release: only the pages go back (zero_tail is ignored). The caller publishes
+// tail += pages after every vector is done. Same effect as PopPages + ZeroBytes + ReturnPages.
+STASH_HOST_DEVICE void ReloadVector(uint8_t* dst, const PagedSpan& span, PageRing& ring,
+                                    uint64_t tail, uint64_t max_bytes, bool zero_tail,
+                                    uint64_t v) {
+  const uint64_t begin = v * kVectorBytes;
+  if (begin < span.bytes) {
+    if (dst != nullptr) PopVector(dst, span, v);
+    if (OffsetInPage(begin, span.page_bytes) == 0) {
+      const uint64_t slot = PageSlotOf(begin, span.page_bytes);
+      ReturnPages(ring, tail, span.page_record, slot, slot + 1);
+    }
+  }
+  if (zero_tail && dst != nullptr) {
+    // The part of this vector at or past the stash's end (a ragged last vector has both).
+    const uint64_t zero_begin = begin > span.bytes ? begin : span.bytes;
+    const uint64_t zero_end = begin + kVectorBytes < max_bytes ? begin + kVectorBytes : max_bytes;
+    if (zero_begin < zero_end) ZeroBytes(dst, zero_begin, zero_end);
   }
 }
 
