@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Slurm TaskProlog (slurm.conf: TaskProlog=/etc/slurm/stashd-task-prolog.sh): tells every task
+# of the job where its stashd is. Slurm runs it as the job's user before each task and sets
+# the variables of the "export NAME=value" lines it prints in the task's environment.
+#
+# With a per-job daemon (started by prolog.sh) it exports that daemon's socket. Otherwise it
+# prints nothing: the client library's default, /run/stashd/stashd.sock, is the node-wide
+# service's socket.
+set -euo pipefail
+
+# STASH_SLURM_JOB_ROOT may be moved there, for prolog.sh and epilog.sh alike.
+# (STASH_SLURM_DEFAULTS names another file, for tests.)
+defaults=${STASH_SLURM_DEFAULTS:-/etc/default/stashd}
+if [[ -r "$defaults" ]]; then
+  # shellcheck source=/dev/null
+  . "$defaults"
+fi
+
+job_root=${STASH_SLURM_JOB_ROOT:-/run/stashd-jobs}
+job_id=${SLURM_JOB_ID:?SLURM_JOB_ID is not set: run this as a Slurm TaskProlog}
+socket=$job_root/$job_id/stashd.sock
+
+if [[ -S "$socket" ]]; then
+  echo "export STASHD_SOCKET=$socket"
+fi
+exit 0
