@@ -136,8 +136,8 @@ STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t 
 // memcpy, which handles any alignment with the C library's widest loop.
 STASH_HOST_DEVICE void CopyBytes(uint8_t* dst, const uint8_t* src, uint64_t n) {
 #if defined(__CUDA_ARCH__)
-  const bool aligned = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) &
-                        15u) == 0;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0;
   uint64_t done = 0;
   if (aligned) {
     const uint64_t vec_bytes = n & ~uint64_t{15};
@@ -158,12 +158,12 @@ STASH_HOST_DEVICE void CopyBytes(uint8_t* dst, const uint8_t* src, uint64_t n) {
 // PagesFor(span.bytes) are ignored, so a worker may be handed a range sized for the static max.
 STASH_HOST_DEVICE void StashPages(const uint8_t* src, const PageRing& ring, uint64_t head,
                                   const PagedSpan& span, uint64_t first_slot, uint64_t end_slot) {
-  for (uint64_t slot = first_slot; slot < end_slot && slot * span.page_bytes < span.bytes;
-       ++slot) {
+  for (uint64_t slot = first_slot; slot < end_slot && slot * span.page_bytes < span.bytes; ++slot) {
     const uint64_t id = RingPageAt(ring, head, slot);
     span.page_record[slot] = id;
     const uint64_t begin = slot * span.page_bytes;
-    const uint64_t end = begin + span.page_bytes < span.bytes ? begin + span.page_bytes : span.bytes;
+    const uint64_t end =
+        begin + span.page_bytes < span.bytes ? begin + span.page_bytes : span.bytes;
     CopyBytes(span.tier_base + id * span.page_bytes, src + begin, end - begin);
   }
 }
@@ -172,12 +172,11 @@ STASH_HOST_DEVICE void StashPages(const uint8_t* src, const PageRing& ring, uint
 // Slots at or past PagesFor(span.bytes) are ignored.
 STASH_HOST_DEVICE void PopPages(uint8_t* dst, const PagedSpan& span, uint64_t first_slot,
                                 uint64_t end_slot) {
-  for (uint64_t slot = first_slot; slot < end_slot && slot * span.page_bytes < span.bytes;
-       ++slot) {
+  for (uint64_t slot = first_slot; slot < end_slot && slot * span.page_bytes < span.bytes; ++slot) {
     const uint64_t begin = slot * span.page_bytes;
-    const uint64_t end = begin + span.page_bytes < span.bytes ? begin + span.page_bytes : span.bytes;
-    CopyBytes(dst + begin, span.tier_base + span.page_record[slot] * span.page_bytes,
-              end - begin);
+    const uint64_t end =
+        begin + span.page_bytes < span.bytes ? begin + span.page_bytes : span.bytes;
+    CopyBytes(dst + begin, span.tier_base + span.page_record[slot] * span.page_bytes, end - begin);
   }
 }
 
@@ -243,8 +242,7 @@ STASH_HOST_DEVICE void ReturnPages(PageRing& ring, uint64_t tail, const uint64_t
 // release: only the pages go back (zero_tail is ignored). The caller publishes
 // tail += pages after every vector is done. Same effect as PopPages + ZeroBytes + ReturnPages.
 STASH_HOST_DEVICE void ReloadVector(uint8_t* dst, const PagedSpan& span, PageRing& ring,
-                                    uint64_t tail, uint64_t max_bytes, bool zero_tail,
-                                    uint64_t v) {
+                                    uint64_t tail, uint64_t max_bytes, bool zero_tail, uint64_t v) {
   const uint64_t begin = v * kVectorBytes;
   if (begin < span.bytes) {
     if (dst != nullptr) PopVector(dst, span, v);
