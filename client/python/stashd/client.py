@@ -1,0 +1,282 @@
+"""Client: one session with the node's stash daemon (stash/client.h, through the C ABI)."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+import os
+from typing import Optional, Tuple, Union
+
+from stashd import _lib
+from stashd.buffer import Buffer
+from stashd.errors import UNAVAILABLE, error_for
+
+# A count of valid tokens: a value known now, or (buffer, offset) of an int64 the daemon reads
+# when the copy runs (the sync-free case).
+Count = Union[int, Tuple[Buffer, int]]
+# An event: (buffer, offset, value): the daemon waits until the counter at offset reaches value.
+Event = Tuple[Buffer, int, int]
+
+
+class Tier(enum.IntEnum):
+    """Where a stash went (stash_completion_t.tier)."""
+
+    NONE = 0      # not a stash or reload answer
+    DEVICE = 1    # the rank's own pool
+    HOST = 2      # the daemon's host tier (spilled)
+    OVERFLOW = 3  # nothing was taken: the caller keeps its data
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """The daemon's answer to one operation."""
+
+    ticket: int
+    tier: Tier        # stash: where it went; reload: where it came from
+    rows: int         # stash, reload: valid rows
+    bytes: int        # stash, reload: payload bytes copied
+    pages: int        # stash: pages held; release: pages returned
+    latency_us: int   # stash, reload: receipt to copy done, in the daemon
+    step_overflow: bool  # begin_step: the previous step's flags
+    step_spilled: bool
+
+    @property
+    def overflowed(self) -> bool:
+        """True when a stash took nothing: keep using the source."""
+        return self.tier == Tier.OVERFLOW
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFlags:
+    overflow: bool  # a stash of this step overflowed (its source stayed with the caller)
+    spilled: bool   # a stash of this step went to the host tier
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """This session's counters and its pool's usage (pool fields cover every session)."""
+
+    page_bytes: int
+    pool_pages_total: int
+    pool_pages_used: int
+    pool_pages_high_water: int
+    host_pages_total: int
+    host_pages_used: int
+    host_pages_high_water: int
+    stashes: int
+    reloads: int
+    releases: int
+    bytes_stashed: int
+    bytes_reloaded: int
+    spills: int
+    overflows: int
+    rejected: int
+    stashes_live: int
+    pages_live: int
+
+    @property
+    def pages_used(self) -> int:
+        """Pages in use in the pool and the host tier together."""
+        return self.pool_pages_used + self.host_pages_used
+
+
+def version() -> str:
+    """The loaded libstash_client.so's version, e.g. "0.1.0"."""
+    return _lib.lib().stash_version().decode()
+
+
+def _timeout(timeout_ms: Optional[float]) -> int:
+    return -1 if timeout_ms is None else max(0, int(timeout_ms))
+
+
+class Client:
+    """One session with the daemon. Use connect() to make one.
+
+    Every method may be called from any thread at once, except close(), which must not race
+    with other calls. Methods that queue work (stash, reload, release, begin_step) wait for the
+    daemon's answer by default and return a Completion; with wait=False they return the
+    operation id (for a stash: its ticket) to pass to wait() or poll(). Each answer is handed
+    out once. Errors raise StashError (Unavailable when the daemon is gone).
+    """
+
+    def __init__(self, handle: int, socket: Optional[str]):
+        self._lib = _lib.lib()
+        self._handle: Optional[int] = handle
+        self.socket = socket
+        self._extensions: dict = {}  # per-client state of integrations (stashd.torch)
+
+    # --- Lifetime ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """Ends the session: the daemon returns every page it holds for it. Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            self._lib.stash_client_close(handle)
+        for ext in list(self._extensions.values()):
+            closer = getattr(ext, "close", None)
+            if closer is not None:
+                closer()
+        self._extensions.clear()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return f"<stashd.Client socket={self.socket!r}{' closed' if self.closed else ''}>"
+
+    def _h(self) -> int:
+        if self._handle is None:
+            raise error_for(UNAVAILABLE, "stashd: this client is closed")
+        return self._handle
+
+    def _check(self, code: int) -> None:
+        if code != 0:
+            raise error_for(code, _lib.last_error())
+
+    # --- Data path --------------------------------------------------------------------------
+
+    def stash(self, source: Buffer, *, row_bytes: int, max_rows: int, count: Count,
+              offset: int = 0, divisor: int = 1, layer: int = 0, microbatch: int = 0,
+              name: Optional[str] = None, ready: Optional[Event] = None, wait: bool = True,
+              timeout_ms: Optional[float] = None) -> Union[Completion, int]:
+        """Stashes the valid row prefix of source[offset : offset + max_rows * row_bytes).
+
+        count: valid tokens, an int or (buffer, offset) of an int64 read when the copy runs;
+        rows = count // divisor (1 for data, 32 for an MXFP8 columnwise scale_inv). ready: the
+        daemon copies only after this event (default: now). The source must stay unchanged
+        until the answer arrives; on OVERFLOW (completion.overflowed) nothing was taken.
+        Returns the Completion (wait=True) or the ticket (wait=False).
+        """
+        args = _lib.StashArgs()
+        args.source = source.handle
+        args.offset = int(offset)
+        args.row_bytes = int(row_bytes)
+        args.max_rows = int(max_rows)
+        if isinstance(count, tuple):
+            count_buffer, count_offset = count
+            args.count_buffer = count_buffer.handle
+            args.count_offset = int(count_offset)
+        else:
+            count = int(count)
+            if count < 0:
+                raise ValueError(f"stashd: count must be >= 0, got {count}")
+            args.count_value = count
+        args.divisor = int(divisor)
+        args.layer = int(layer)
+        args.microbatch = int(microbatch)
+        if ready is not None:
+            ready_buffer, ready_offset, ready_value = ready
+            args.ready_buffer = ready_buffer.handle
+            args.ready_offset = int(ready_offset)
+            args.ready_value = int(ready_value)
+        if name:
+            args.name = name.encode()
+        ticket = ctypes.c_uint64()
+        self._check(self._lib.stash_stash(self._h(), ctypes.byref(args), ctypes.byref(ticket)))
+        return self.wait(ticket.value, timeout_ms) if wait else ticket.value
+
+    def reload(self, ticket: int, destination: Buffer, *, offset: int = 0,
+               zero_tail: bool = False, wait: bool = True,
+               timeout_ms: Optional[float] = None) -> Union[Completion, int]:
+        """Copies a stash back into destination[offset:] (room for max_rows rows) and returns
+        its pages. zero_tail: also write zeros to rows [rows, max_rows). The ticket is spent.
+        NOT_FOUND (from the answer) for a ticket that is not a live stash of this session."""
+        op = ctypes.c_uint64()
+        self._check(self._lib.stash_reload(self._h(), int(ticket), destination.handle,
+                                           int(offset), 1 if zero_tail else 0, ctypes.byref(op)))
+        return self.wait(op.value, timeout_ms) if wait else op.value
+
+    def release(self, ticket: int, *, wait: bool = True,
+                timeout_ms: Optional[float] = None) -> Union[Completion, int]:
+        """Drops a stash without copying it back; its pages return."""
+        op = ctypes.c_uint64()
+        self._check(self._lib.stash_release(self._h(), int(ticket), ctypes.byref(op)))
+        return self.wait(op.value, timeout_ms) if wait else op.value
+
+    def begin_step(self, step: int, *, wait: bool = True,
+                   timeout_ms: Optional[float] = None) -> Union[Completion, int]:
+        """Starts a training step: clears the step flags. The Completion carries the previous
+        step's flags (step_overflow, step_spilled)."""
+        op = ctypes.c_uint64()
+        self._check(self._lib.stash_begin_step(self._h(), int(step), ctypes.byref(op)))
+        return self.wait(op.value, timeout_ms) if wait else op.value
+
+    def wait(self, op: int, timeout_ms: Optional[float] = None) -> Completion:
+        """Blocks until op is answered (DeadlineExceeded after timeout_ms; None = forever)."""
+        out = _lib.CompletionStruct()
+        self._check(self._lib.stash_wait(self._h(), int(op), _timeout(timeout_ms),
+                                         ctypes.byref(out)))
+        return _completion(out)
+
+    def poll(self, op: int) -> Optional[Completion]:
+        """The answer to op if it has arrived, else None; never blocks."""
+        out = _lib.CompletionStruct()
+        code = self._lib.stash_poll(self._h(), int(op), ctypes.byref(out))
+        if code == -1:
+            return None
+        self._check(code)
+        return _completion(out)
+
+    # --- State ------------------------------------------------------------------------------
+
+    def step_flags(self) -> StepFlags:
+        """The current step's flags, as far as answers have arrived."""
+        overflow, spilled = ctypes.c_int(), ctypes.c_int()
+        self._check(self._lib.stash_step_flags(self._h(), ctypes.byref(overflow),
+                                               ctypes.byref(spilled)))
+        return StepFlags(bool(overflow.value), bool(spilled.value))
+
+    def stats(self) -> Stats:
+        """This session's counters and its pool's usage (one round trip to the daemon)."""
+        out = _lib.StatsStruct()
+        self._check(self._lib.stash_get_stats(self._h(), ctypes.byref(out)))
+        return Stats(**{name: int(getattr(out, name)) for name in _lib.STATS_FIELDS})
+
+
+def _completion(c: "_lib.CompletionStruct") -> Completion:
+    try:
+        tier = Tier(c.tier)
+    except ValueError:
+        tier = Tier.NONE
+    return Completion(ticket=int(c.ticket), tier=tier, rows=int(c.rows), bytes=int(c.bytes),
+                      pages=int(c.pages), latency_us=int(c.latency_us),
+                      step_overflow=bool(c.step_overflow), step_spilled=bool(c.step_spilled))
+
+
+def connect(socket: Optional[str] = None, device: int = 0, rank: int = -1, label: str = "",
+            allow_host_spill: bool = True, connect_timeout_ms: int = 5000) -> Client:
+    """Opens a session with the daemon.
+
+    socket: the daemon's Unix socket; None = $STASHD_SOCKET, else the default
+    (/run/stashd/stashd.sock, or the per-user fallback). device: this rank's GPU (the simulated
+    pool on the host backend). rank: -1 = unknown. label: shown by `stashctl sessions`.
+    allow_host_spill: False makes a full pool overflow instead of spilling to the host tier.
+    Raises Unavailable, naming the socket, when no daemon answers within connect_timeout_ms.
+    """
+    lib = _lib.lib()
+    handle = _lib.c_client_p()
+    code = lib.stash_client_open(socket.encode() if socket else None, int(device), int(rank),
+                                 label.encode() if label else None,
+                                 1 if allow_host_spill else 0, int(connect_timeout_ms),
+                                 ctypes.byref(handle))
+    shown = socket or os.environ.get("STASHD_SOCKET") or "the default socket"
+    if code != 0:
+        message = _lib.last_error()
+        if shown not in message:
+            message = f"{message} (socket: {shown})"
+        raise error_for(code, message)
+    return Client(handle.value, shown)
