@@ -85,8 +85,7 @@ void stash_event_signal(stash_buffer_t* buffer, uint64_t offset, uint64_t value)
   stash::SignalEvent({buffer->buffer.get(), offset, value});
 }
 
-int stash_event_wait(stash_buffer_t* buffer, uint64_t offset, uint64_t value,
-                     int64_t timeout_ms) {
+int stash_event_wait(stash_buffer_t* buffer, uint64_t offset, uint64_t value, int64_t timeout_ms) {
   return stash::WaitEvent({buffer->buffer.get(), offset, value}, timeout_ms) ? 1 : 0;
 }
 

@@ -18,6 +18,7 @@
 #include "common/shm.h"
 #include "common/socket_path.h"
 #include "common/version.h"
+#include "common/write_queue.h"
 #include "stash/v1/stash.grpc.pb.h"
 
 namespace stash {
@@ -27,16 +28,21 @@ namespace v1 = stash::v1;
 
 Tier FromProtoTier(v1::Tier tier) {
   switch (tier) {
-    case v1::TIER_DEVICE: return Tier::kDevice;
-    case v1::TIER_HOST: return Tier::kHost;
-    case v1::TIER_OVERFLOW: return Tier::kOverflow;
-    default: return Tier::kUnspecified;
+    case v1::TIER_DEVICE:
+      return Tier::kDevice;
+    case v1::TIER_HOST:
+      return Tier::kHost;
+    case v1::TIER_OVERFLOW:
+      return Tier::kOverflow;
+    default:
+      return Tier::kUnspecified;
   }
 }
 
 std::string NoDaemon(const std::string& socket, const std::string& detail) {
-  return "no stashd answers on " + socket + " (" + detail + "): start it with 'stashd --socket=" +
-         socket + "' or point STASHD_SOCKET at a running one";
+  return "no stashd answers on " + socket + " (" + detail +
+         "): start it with 'stashd --socket=" + socket +
+         "' or point STASHD_SOCKET at a running one";
 }
 
 }  // namespace
@@ -79,17 +85,22 @@ void SignalEvent(const EventPoint& point) {
 
 bool WaitEvent(const EventPoint& point, int64_t timeout_ms) {
   if (point.buffer == nullptr) return true;
-  const auto timeout = timeout_ms < 0 ? std::chrono::nanoseconds(std::chrono::hours(24 * 365))
-                                      : std::chrono::nanoseconds(std::chrono::milliseconds(timeout_ms));
+  const auto timeout = timeout_ms < 0
+                           ? std::chrono::nanoseconds(std::chrono::hours(24 * 365))
+                           : std::chrono::nanoseconds(std::chrono::milliseconds(timeout_ms));
   return EventWait(CounterOf(point), point.value, timeout);
 }
 
 const char* TierName(Tier tier) {
   switch (tier) {
-    case Tier::kDevice: return "device";
-    case Tier::kHost: return "host";
-    case Tier::kOverflow: return "overflow";
-    case Tier::kUnspecified: break;
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kOverflow:
+      return "overflow";
+    case Tier::kUnspecified:
+      break;
   }
   return "unspecified";
 }
@@ -97,12 +108,13 @@ const char* TierName(Tier tier) {
 // ------------------------------------------------------------------------------------------------
 // The session stream
 
-struct Client::Impl final : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+struct Client::Impl final
+    : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionResponse> {
   struct Pending {
     Completion::Kind kind = Completion::Kind::kStash;
-    uint64_t epoch = 0;            // the step it was sent in
-    uint64_t memory_id = 0;        // register ops
-    bool internal = false;         // nobody waits: register / unregister bookkeeping
+    uint64_t epoch = 0;      // the step it was sent in
+    uint64_t memory_id = 0;  // register ops
+    bool internal = false;   // nobody waits: register / unregister bookkeeping
     bool answered = false;
     Status status;
     Completion completion;
@@ -116,15 +128,13 @@ struct Client::Impl final : public grpc::ClientBidiReactor<v1::SessionRequest, v
 
   grpc::ClientContext context;
   v1::SessionResponse incoming;  // read side only
-  v1::SessionRequest writing_now;
+  WriteQueue<v1::SessionRequest> writes{[this](const v1::SessionRequest* r) { StartWrite(r); }};
 
   mutable std::mutex mu;
   std::condition_variable cv;
-  std::deque<v1::SessionRequest> outbox;  // guarded by mu
-  bool writing = false;                   // guarded by mu
-  bool broken = false;                    // guarded by mu
-  Status broken_status;                   // guarded by mu
-  bool done = false;                      // guarded by mu: OnDone ran
+  bool broken = false;                            // guarded by mu
+  Status broken_status;                           // guarded by mu
+  bool done = false;                              // guarded by mu: OnDone ran
   std::unordered_map<uint64_t, Pending> pending;  // guarded by mu
   std::unordered_set<uint64_t> registered;        // buffer ids; guarded by mu
   uint64_t epoch = 0;                             // guarded by mu
@@ -132,14 +142,11 @@ struct Client::Impl final : public grpc::ClientBidiReactor<v1::SessionRequest, v
   bool welcomed = false;                          // guarded by mu
   bool hold_removed = false;                      // guarded by mu
 
-  // Queues requests in order; the caller's lock is held. Returns whether a write must start.
-  bool QueueLocked(std::vector<v1::SessionRequest>& requests) {
-    for (auto& r : requests) outbox.push_back(std::move(r));
-    if (writing || outbox.empty()) return false;
-    writing = true;
-    writing_now = std::move(outbox.front());
-    outbox.pop_front();
-    return true;
+  // Queues requests in order (lock held, so batches of different threads stay apart). Returns
+  // whether the caller must Kick the writer after unlocking; false with `accepted` false when
+  // the stream is gone.
+  bool QueueLocked(std::vector<v1::SessionRequest>& requests, bool* accepted) {
+    return writes.Enqueue(requests, accepted);
   }
 
   // Adds a RegisterMemory for `buffer` unless it is registered (lock held).
@@ -181,27 +188,18 @@ struct Client::Impl final : public grpc::ClientBidiReactor<v1::SessionRequest, v
       p.epoch = epoch;
       pending.emplace(id, p);
       batch.push_back(std::move(request));
-      start = QueueLocked(batch);
+      bool accepted = true;
+      start = QueueLocked(batch, &accepted);
+      if (!accepted) {
+        pending.erase(id);
+        return UnavailableError("stashd on " + socket + " went away");
+      }
     }
-    if (start) StartWrite(&writing_now);
+    if (start) writes.Kick();
     return id;
   }
 
-  void OnWriteDone(bool ok) override {
-    bool next = false;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (ok && !outbox.empty()) {
-        writing_now = std::move(outbox.front());
-        outbox.pop_front();
-        next = true;
-      } else {
-        writing = false;
-        if (!ok) outbox.clear();  // the stream is gone; OnDone says why
-      }
-    }
-    if (next) StartWrite(&writing_now);
-  }
+  void OnWriteDone(bool ok) override { writes.OnWriteDone(ok); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -226,10 +224,10 @@ struct Client::Impl final : public grpc::ClientBidiReactor<v1::SessionRequest, v
       broken_status = FromGrpcStatus(status);
     } else if (!broken || !status.ok()) {
       broken = true;
-      broken_status = UnavailableError(
-          "stashd on " + socket + " went away" +
-          (status.ok() ? std::string() : ": " + status.error_message()) +
-          "; your buffers are untouched, reconnect when it is back");
+      broken_status =
+          UnavailableError("stashd on " + socket + " went away" +
+                           (status.ok() ? std::string() : ": " + status.error_message()) +
+                           "; your buffers are untouched, reconnect when it is back");
     }
     done = true;
     cv.notify_all();
@@ -293,6 +291,9 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
   auto impl = std::make_unique<Impl>();
   impl->socket = ClientSocketPath(options.socket);
+  if (access(impl->socket.c_str(), F_OK) != 0) {
+    return UnavailableError(NoDaemon(impl->socket, "no such socket"));
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   impl->channel = grpc::CreateCustomChannel(GrpcUnixTarget(impl->socket),
@@ -330,18 +331,18 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
     raw->pending.emplace(hello_id, p);
     std::vector<v1::SessionRequest> batch;
     batch.push_back(std::move(hello));
-    start = raw->QueueLocked(batch);
+    bool accepted = true;
+    start = raw->QueueLocked(batch, &accepted);
   }
-  if (start) raw->StartWrite(&raw->writing_now);
+  if (start) raw->writes.Kick();
 
   // From here the destructor cleans up the stream whatever happens.
   auto client = std::unique_ptr<Client>(new Client(std::move(impl)));
   std::unique_lock<std::mutex> lock(raw->mu);
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
-  const bool settled = raw->cv.wait_until(lock, until, [&] {
-    return raw->welcomed || raw->broken;
-  });
+  const bool settled =
+      raw->cv.wait_until(lock, until, [&] { return raw->welcomed || raw->broken; });
   if (!settled) return UnavailableError(NoDaemon(raw->socket, "no answer to Hello"));
   if (!raw->welcomed) {
     // Refused: the stream's final status (delivered once our hold is gone) says why.
@@ -395,12 +396,12 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
   if (args.row_bytes == 0 || args.max_rows == 0) {
     return InvalidArgumentError("stash needs row_bytes > 0 and max_rows > 0");
   }
-  if (args.max_rows > UINT64_MAX / args.row_bytes ||
-      args.offset > args.source->size() ||
+  if (args.max_rows > UINT64_MAX / args.row_bytes || args.offset > args.source->size() ||
       args.max_rows * args.row_bytes > args.source->size() - args.offset) {
-    return InvalidArgumentError("stash source [offset, offset + max_rows * row_bytes) runs past "
-                                "the end of its buffer (" +
-                                std::to_string(args.source->size()) + " bytes)");
+    return InvalidArgumentError(
+        "stash source [offset, offset + max_rows * row_bytes) runs past "
+        "the end of its buffer (" +
+        std::to_string(args.source->size()) + " bytes)");
   }
   if (Status st = CheckEvent(args.ready, "ready event"); !st.ok()) return st;
   if (Status st = CheckEvent(args.done, "done event"); !st.ok()) return st;

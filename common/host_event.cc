@@ -18,9 +18,8 @@ uint64_t EventValue(const uint64_t* counter) { return __atomic_load_n(counter, _
 
 void EventSignal(uint64_t* counter, uint64_t value) {
   uint64_t seen = __atomic_load_n(counter, __ATOMIC_RELAXED);
-  while (seen < value &&
-         !__atomic_compare_exchange_n(counter, &seen, value, /*weak=*/true, __ATOMIC_RELEASE,
-                                      __ATOMIC_RELAXED)) {
+  while (seen < value && !__atomic_compare_exchange_n(counter, &seen, value, /*weak=*/true,
+                                                      __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
   }
   // Shared (not FUTEX_PRIVATE) so waiters in other processes wake.
   syscall(SYS_futex, LowWord(counter), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
@@ -38,8 +37,7 @@ bool EventWait(uint64_t* counter, uint64_t value, std::chrono::nanoseconds timeo
     ts.tv_sec = static_cast<time_t>(left.count() / 1000000000);
     ts.tv_nsec = static_cast<long>(left.count() % 1000000000);
     // Returns at once (EAGAIN) if the low word changed since `seen` was read.
-    syscall(SYS_futex, LowWord(counter), FUTEX_WAIT, static_cast<uint32_t>(seen), &ts, nullptr,
-            0);
+    syscall(SYS_futex, LowWord(counter), FUTEX_WAIT, static_cast<uint32_t>(seen), &ts, nullptr, 0);
   }
 }
 

@@ -57,9 +57,9 @@ struct Voidify {
 }  // namespace stash::internal
 
 // Aborts with the expression, the place and the streamed reason when `cond` is false.
-#define STASH_CHECK(cond)                      \
-  (cond) ? (void)0                             \
-         : ::stash::internal::Voidify() &      \
+#define STASH_CHECK(cond)                 \
+  (cond) ? (void)0                        \
+         : ::stash::internal::Voidify() & \
                ::stash::internal::CheckFailure(#cond, __FILE__, __LINE__).stream()
 
 #endif  // STASH_COMMON_MACROS_H_

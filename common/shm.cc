@@ -61,9 +61,9 @@ StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Open(const std::string& na
   }
   if (static_cast<uint64_t>(st.st_size) < bytes) {
     close(fd);
-    return FailedPreconditionError("shared memory " + name + " has " +
-                                   std::to_string(st.st_size) + " bytes, less than the " +
-                                   std::to_string(bytes) + " registered");
+    return FailedPreconditionError("shared memory " + name + " has " + std::to_string(st.st_size) +
+                                   " bytes, less than the " + std::to_string(bytes) +
+                                   " registered");
   }
   auto mapped = MapFd(fd, bytes, 0);
   close(fd);
@@ -92,6 +92,11 @@ StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateAnonymous(const std:
 SharedMemory::~SharedMemory() {
   munmap(data_, size_);
   Unlink();
+}
+
+void SharedMemory::ForceUnlink() {
+  if (!name_.empty()) shm_unlink(name_.c_str());
+  owner_ = false;
 }
 
 void SharedMemory::Unlink() {

@@ -38,8 +38,11 @@ class SharedMemory {
   // The shm name ("" for anonymous regions).
   const std::string& name() const { return name_; }
 
-  // Removes the name so no further process can open it; existing mappings stay valid.
+  // Removes the name so no further process can open it; existing mappings stay valid. Only
+  // the creator's object does this; ForceUnlink does it for an opened one too (the daemon, when
+  // the process that created the memory is gone).
   void Unlink();
+  void ForceUnlink();
 
  private:
   SharedMemory(std::string name, uint8_t* data, uint64_t size, bool owner)

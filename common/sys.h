@@ -26,11 +26,11 @@ Status ErrnoStatus(const std::string& what, int err = errno);
 
 // Runs a syscall (retrying EINTR); on -1 returns ErrnoStatus("<expr text>") from the enclosing
 // function.
-#define STASH_SYSCALL(expr)                                           \
-  do {                                                                \
-    long stash_sys_rc_;                                               \
-    STASH_SYSCALL_RETRY(stash_sys_rc_, static_cast<long>(expr));      \
-    if (stash_sys_rc_ == -1) return ::stash::ErrnoStatus(#expr);      \
+#define STASH_SYSCALL(expr)                                      \
+  do {                                                           \
+    long stash_sys_rc_;                                          \
+    STASH_SYSCALL_RETRY(stash_sys_rc_, static_cast<long>(expr)); \
+    if (stash_sys_rc_ == -1) return ::stash::ErrnoStatus(#expr); \
   } while (false)
 
 #endif  // STASH_COMMON_SYS_H_

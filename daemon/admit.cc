@@ -15,9 +15,12 @@ std::string Hex(uint64_t v) {
 
 const char* BackendName(v1::Backend b) {
   switch (b) {
-    case v1::BACKEND_HOST: return "host";
-    case v1::BACKEND_CUDA: return "cuda";
-    default: return "unspecified";
+    case v1::BACKEND_HOST:
+      return "host";
+    case v1::BACKEND_CUDA:
+      return "cuda";
+    default:
+      return "unspecified";
   }
 }
 
@@ -40,9 +43,8 @@ Status CheckRange(Session& s, const v1::MemoryRef& ref, uint64_t len, const char
   if (ref.offset() > size || len > size - ref.offset()) {
     return InvalidArgumentError(std::string(what) + " [" + std::to_string(ref.offset()) + ", " +
                                 std::to_string(ref.offset()) + " + " + std::to_string(len) +
-                                ") runs past the end of memory " +
-                                std::to_string(ref.memory_id()) + " (" + std::to_string(size) +
-                                " bytes)");
+                                ") runs past the end of memory " + std::to_string(ref.memory_id()) +
+                                " (" + std::to_string(size) + " bytes)");
   }
   return Status::Ok();
 }
@@ -68,8 +70,7 @@ Status CheckEvent(Session& s, const v1::EventRef& ev, v1::Backend backend, const
   }
   if (ev.counter().offset() % 8 != 0) {
     return InvalidArgumentError(std::string(what) + " counter offset " +
-                                std::to_string(ev.counter().offset()) +
-                                " is not 8-byte aligned");
+                                std::to_string(ev.counter().offset()) + " is not 8-byte aligned");
   }
   return CheckRange(s, ev.counter(), 8, what);
 }
@@ -82,10 +83,10 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
   const v1::MemoryKind want =
       limits.backend == v1::BACKEND_CUDA ? v1::MEMORY_KIND_CUDA_IPC : v1::MEMORY_KIND_HOST_SHM;
   if (reg.kind() != want) {
-    return FailedPreconditionError(
-        std::string("this daemon runs the ") + BackendName(limits.backend) +
-        " backend and takes only " + v1::MemoryKind_Name(want) + " memory, not " +
-        v1::MemoryKind_Name(reg.kind()));
+    return FailedPreconditionError(std::string("this daemon runs the ") +
+                                   BackendName(limits.backend) + " backend and takes only " +
+                                   v1::MemoryKind_Name(want) + " memory, not " +
+                                   v1::MemoryKind_Name(reg.kind()));
   }
   if (s.declared_memories().contains(reg.memory_id())) {
     return AlreadyExistsError("memory " + std::to_string(reg.memory_id()) +
@@ -173,6 +174,10 @@ Status AdmitReload(const v1::Reload& rl, Session& s, const AdmitLimits& limits)
 }  // namespace
 
 Status CheckHello(const v1::Hello& hello, v1::Backend backend, int pools) {
+  if (hello.backend() == v1::BACKEND_UNSPECIFIED) {
+    return FailedPreconditionError(std::string("Hello names no backend: set Hello.backend to ") +
+                                   v1::Backend_Name(backend) + ", the backend this daemon runs");
+  }
   if (hello.backend() != backend) {
     return FailedPreconditionError(std::string("this daemon runs the ") + BackendName(backend) +
                                    " backend but the client speaks " +
@@ -196,7 +201,7 @@ Status AdmitRequest(const v1::SessionRequest& request, Session& session,
                                   " requests in flight, the limit (--max-inflight): wait for "
                                   "completions before sending more");
   }
-  absl::MutexLock lock(&session.mu());
+  MutexLock lock(&session.mu());
   switch (request.kind_case()) {
     case v1::SessionRequest::kHello:
       return FailedPreconditionError("this session already said Hello");
@@ -227,8 +232,9 @@ Status AdmitRequest(const v1::SessionRequest& request, Session& session,
     case v1::SessionRequest::KIND_NOT_SET:
       break;
   }
-  return InvalidArgumentError("request has no kind: set one of register_memory, stash, "
-                              "reload, release, begin_step, unregister_memory");
+  return InvalidArgumentError(
+      "request has no kind: set one of register_memory, stash, "
+      "reload, release, begin_step, unregister_memory");
 }
 
 }  // namespace stash::daemon

@@ -12,8 +12,8 @@ namespace stash::daemon {
 
 struct AdmitLimits {
   stash::v1::Backend backend = stash::v1::BACKEND_HOST;
-  uint32_t max_inflight = 4096;      // queued requests per session
-  uint64_t max_memories = 1 << 16;   // registered allocations per session
+  uint32_t max_inflight = 4096;     // queued requests per session
+  uint64_t max_memories = 1 << 16;  // registered allocations per session
 };
 
 // Checks one post-Hello request against the session's registered memory and live tickets.

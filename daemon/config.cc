@@ -108,8 +108,10 @@ const Knob kKnobs[] = {
     {"log_level", "LEVEL", "trace, debug, info, warn, error, critical or off",
      [](std::string_view v, DaemonConfig* c) {
        auto level = ParseLogLevel(v);
-       if (!level.ok()) return InvalidArgumentError("must be one of trace, debug, info, warn, "
-                                                    "error, critical, off");
+       if (!level.ok())
+         return InvalidArgumentError(
+             "must be one of trace, debug, info, warn, "
+             "error, critical, off");
        c->log_level = std::string(v);
        return Status::Ok();
      }},
@@ -127,8 +129,9 @@ const Knob kKnobs[] = {
        std::string port = colon == std::string::npos ? addr : addr.substr(colon + 1);
        uint64_t port_num = 0;
        if (!ParseUint(port, 1, 65535, &port_num).ok()) {
-         return InvalidArgumentError("must be HOST:PORT with a port from 1 to 65535, e.g. "
-                                     "127.0.0.1:7070");
+         return InvalidArgumentError(
+             "must be HOST:PORT with a port from 1 to 65535, e.g. "
+             "127.0.0.1:7070");
        }
        if (host.empty()) host = "127.0.0.1";
        c->listen = host + ":" + port;
@@ -162,7 +165,8 @@ std::string Dashed(std::string_view name) {
 
 std::string EnvName(std::string_view name) {
   std::string out = "STASHD_";
-  for (char ch : name) out.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
+  for (char ch : name)
+    out.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
   return out;
 }
 
@@ -202,9 +206,12 @@ std::string DefaultOf(const Knob& knob) {
 
 const char* BackendChoiceName(BackendChoice choice) {
   switch (choice) {
-    case BackendChoice::kAuto: return "auto";
-    case BackendChoice::kHost: return "host";
-    case BackendChoice::kCuda: return "cuda";
+    case BackendChoice::kAuto:
+      return "auto";
+    case BackendChoice::kHost:
+      return "host";
+    case BackendChoice::kCuda:
+      return "cuda";
   }
   return "auto";
 }
@@ -248,16 +255,19 @@ std::string Named(const DaemonConfig& config, std::string_view name, uint64_t va
 Status ValidateConfig(DaemonConfig& config) {
   const uint64_t page = config.page_bytes;
   if (page < (4ULL << 10) || page > (1ULL << 30) || (page & (page - 1)) != 0) {
-    return InvalidArgumentError(Named(config, "page_bytes", page) + ": must be a power of two from 4KiB to 1GiB, e.g. 256KiB");
+    return InvalidArgumentError(Named(config, "page_bytes", page) +
+                                ": must be a power of two from 4KiB to 1GiB, e.g. 256KiB");
   }
   if (config.pool_bytes < page) {
-    return InvalidArgumentError(Named(config, "pool_bytes", config.pool_bytes) + ": must hold at least one page (--page-bytes=" +
-                                std::to_string(page) + ")");
+    return InvalidArgumentError(
+        Named(config, "pool_bytes", config.pool_bytes) +
+        ": must hold at least one page (--page-bytes=" + std::to_string(page) + ")");
   }
   if (config.host_tier_bytes != 0 && config.host_tier_bytes < page) {
     return InvalidArgumentError(Named(config, "host_tier_bytes", config.host_tier_bytes) +
                                 ": must be 0 (no host tier) or hold at least one page "
-                                "(--page-bytes=" + std::to_string(page) + ")");
+                                "(--page-bytes=" +
+                                std::to_string(page) + ")");
   }
   return Status::Ok();
 }

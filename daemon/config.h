@@ -17,17 +17,17 @@ const char* BackendChoiceName(BackendChoice choice);
 
 // The effective configuration of one daemon. Every field has its knob in config.cc's table.
 struct DaemonConfig {
-  std::string socket;                       // "" = resolve (flag > $STASHD_SOCKET > default)
+  std::string socket;  // "" = resolve (flag > $STASHD_SOCKET > default)
   BackendChoice backend = BackendChoice::kAuto;
-  uint64_t pool_bytes = 1ULL << 30;         // per GPU (per simulated GPU on the host backend)
-  uint64_t page_bytes = 256ULL << 10;       // power of two, 4 KiB .. 1 GiB
-  uint64_t host_tier_bytes = 1ULL << 30;    // 0 = no host tier
-  uint32_t devices = 1;                     // host backend: simulated GPUs, one pool each
+  uint64_t pool_bytes = 1ULL << 30;       // per GPU (per simulated GPU on the host backend)
+  uint64_t page_bytes = 256ULL << 10;     // power of two, 4 KiB .. 1 GiB
+  uint64_t host_tier_bytes = 1ULL << 30;  // 0 = no host tier
+  uint32_t devices = 1;                   // host backend: simulated GPUs, one pool each
   std::string log_level = "info";
-  std::string listen;                       // "" = no TCP; else HOST:PORT, stats only
-  uint32_t copy_threads = 2;                // threads that split one large copy (>= 1)
-  uint32_t max_inflight = 4096;             // queued requests per session before
-                                            // RESOURCE_EXHAUSTED
+  std::string listen;            // "" = no TCP; else HOST:PORT, stats only
+  uint32_t copy_threads = 2;     // threads that split one large copy (>= 1)
+  uint32_t max_inflight = 4096;  // queued requests per session before
+                                 // RESOURCE_EXHAUSTED
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.
   struct Entry {

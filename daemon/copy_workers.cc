@@ -3,8 +3,8 @@
 namespace stash::daemon {
 
 struct Latch {
-  absl::Mutex mu;
-  absl::CondVar cv;
+  Mutex mu;
+  CondVar cv;
   uint64_t left ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -14,7 +14,7 @@ CopyWorkers::CopyWorkers(uint32_t threads) : threads_(threads == 0 ? 1 : threads
 
 CopyWorkers::~CopyWorkers() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     cv_.SignalAll();
   }
@@ -25,14 +25,14 @@ void CopyWorkers::Run() {
   while (true) {
     Job job{};
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       while (jobs_.empty() && !stopping_) cv_.Wait(&mu_);
       if (jobs_.empty()) return;
       job = jobs_.front();
       jobs_.pop_front();
     }
     (*job.fn)(job.begin, job.end);
-    absl::MutexLock lock(&job.latch->mu);
+    MutexLock lock(&job.latch->mu);
     if (--job.latch->left == 0) job.latch->cv.Signal();
   }
 }
@@ -51,11 +51,11 @@ void CopyWorkers::ParallelFor(uint64_t n, uint64_t min_part,
   parts = (n + per - 1) / per;  // every part non-empty
   Latch latch;
   {
-    absl::MutexLock lock(&latch.mu);
+    MutexLock lock(&latch.mu);
     latch.left = parts - 1;
   }
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (uint64_t p = 1; p < parts; ++p) {
       const uint64_t begin = p * per;
       const uint64_t end = begin + per < n ? begin + per : n;
@@ -64,7 +64,7 @@ void CopyWorkers::ParallelFor(uint64_t n, uint64_t min_part,
     cv_.SignalAll();
   }
   fn(0, per);
-  absl::MutexLock lock(&latch.mu);
+  MutexLock lock(&latch.mu);
   while (latch.left > 0) latch.cv.Wait(&latch.mu);
 }
 

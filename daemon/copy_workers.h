@@ -3,7 +3,7 @@
 #define STASH_DAEMON_COPY_WORKERS_H_
 
 #include <absl/base/thread_annotations.h>
-#include <absl/synchronization/mutex.h>
+#include "common/mutex.h"
 
 #include <cstdint>
 #include <deque>
@@ -39,8 +39,8 @@ class CopyWorkers {
   void Run();
 
   const uint32_t threads_;
-  absl::Mutex mu_;
-  absl::CondVar cv_;
+  Mutex mu_;
+  CondVar cv_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> helpers_;

@@ -40,8 +40,7 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
   }
   core->workers_ = std::make_unique<CopyWorkers>(config.copy_threads);
   for (uint32_t d = 0; d < config.devices; ++d) {
-    core->pools_.push_back(std::make_unique<Pool>(static_cast<int>(d),
-                                                  core->device_tiers_[d].get(),
+    core->pools_.push_back(std::make_unique<Pool>(static_cast<int>(d), core->device_tiers_[d].get(),
                                                   core->host_tier_.get(), core->workers_.get(),
                                                   &core->counters_));
   }
@@ -68,7 +67,7 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   info.allow_host_spill = hello.allow_host_spill();
   auto session = std::make_shared<Session>(info, sink, &counters_.rejected);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     sessions_[info.id] = session;
   }
   counters_.sessions_total.fetch_add(1, std::memory_order_relaxed);
@@ -105,13 +104,12 @@ void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
     session->Send(std::move(r));
     return;
   }
-  pools_[static_cast<size_t>(session->info().pool)]->Enqueue(session, std::move(request),
-                                                             received);
+  pools_[static_cast<size_t>(session->info().pool)]->Enqueue(session, std::move(request), received);
 }
 
 void DaemonCore::CloseSession(const std::shared_ptr<Session>& session) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (sessions_.erase(session->info().id) == 0) return;  // closed already
   }
   pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session);
@@ -149,8 +147,7 @@ v1::GetStatsResponse DaemonCore::Stats() {
   v1::DaemonStats* d = out.mutable_daemon();
   d->set_version(kVersion);
   d->set_backend(backend_);
-  d->set_uptime_s(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  d->set_uptime_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   d->set_sessions_total(counters_.sessions_total.load());
   d->set_stashes(counters_.stashes.load());
   d->set_reloads(counters_.reloads.load());
@@ -183,7 +180,7 @@ v1::GetStatsResponse DaemonCore::Stats() {
 
   std::vector<std::shared_ptr<Session>> live;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (auto& [id, s] : sessions_) live.push_back(s);
   }
   d->set_sessions_live(live.size());

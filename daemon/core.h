@@ -5,7 +5,7 @@
 
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
-#include <absl/synchronization/mutex.h>
+#include "common/mutex.h"
 
 #include <chrono>
 #include <memory>
@@ -37,8 +37,7 @@ class DaemonCore {
   ~DaemonCore();
 
   // Starts a session for a Hello; fills `welcome`. Responses go to `sink` until CloseSession.
-  StatusOr<std::shared_ptr<Session>> OpenSession(const stash::v1::Hello& hello,
-                                                 ResponseSink* sink,
+  StatusOr<std::shared_ptr<Session>> OpenSession(const stash::v1::Hello& hello, ResponseSink* sink,
                                                  stash::v1::Welcome* welcome);
 
   // Admits one post-Hello request and queues it, or answers it at once with its error.
@@ -75,7 +74,7 @@ class DaemonCore {
 
   DaemonCounters counters_;
 
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
 };
 

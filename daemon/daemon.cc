@@ -89,7 +89,7 @@ struct Daemon::Impl {
   std::unique_ptr<StashServiceImpl> tcp_service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> tcp_server;
-  absl::Mutex mu;
+  Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
 
   ~Impl() {
@@ -125,9 +125,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                                 "--backend=host");
     case BackendChoice::kAuto:
       if (gpu) {
-        log->warn("backend auto picked host: {} answered, but this stashd has no cuda backend "
-                  "yet",
-                  why);
+        log->warn(
+            "backend auto picked host: {} answered, but this stashd has no cuda backend "
+            "yet",
+            why);
       } else {
         log->info("backend auto picked host: no CUDA device answered ({})", why);
       }
@@ -146,6 +147,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   impl->lock_path = impl->socket_path + ".lock";
   impl->lock_fd = open(impl->lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660);
   if (impl->lock_fd < 0) return ErrnoStatus("cannot open lock file " + impl->lock_path);
+  fchmod(impl->lock_fd, 0660);  // the umask may have narrowed it
   const std::string busy = "another stashd is already serving on " + impl->socket_path +
                            ": stop it first, or start this one with another --socket";
   if (flock(impl->lock_fd, LOCK_EX | LOCK_NB) != 0) return FailedPreconditionError(busy);
@@ -172,7 +174,11 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   builder.AddListeningPort(GrpcUnixTarget(impl->socket_path), grpc::InsecureServerCredentials());
   builder.RegisterService(impl->service.get());
   builder.SetMaxReceiveMessageSize(16 << 20);
+  // The socket is born 0660 (its mode is the access control): a chmod after bind would leave a
+  // window in which clients connect to a socket with the umask's mode.
+  const mode_t old_umask = umask(0117);
   impl->server = builder.BuildAndStart();
+  umask(old_umask);
   if (impl->server == nullptr) {
     return UnavailableError("gRPC could not listen on " + impl->socket_path +
                             " (see the log above): check the directory's permissions");
@@ -201,11 +207,12 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     log->info("serving read-only stats on tcp {}", config.listen);
   }
 
-  log->info("stashd {} serving on {} (backend {}, {} pool(s) of {}, page {}, host tier {})",
-            kVersion, impl->socket_path, backend == v1::BACKEND_CUDA ? "cuda" : "host",
-            config.devices, FormatBytes(config.pool_bytes / config.page_bytes * config.page_bytes),
-            FormatBytes(config.page_bytes),
-            config.host_tier_bytes == 0 ? std::string("none") : FormatBytes(config.host_tier_bytes));
+  log->info(
+      "stashd {} serving on {} (backend {}, {} pool(s) of {}, page {}, host tier {})", kVersion,
+      impl->socket_path, backend == v1::BACKEND_CUDA ? "cuda" : "host", config.devices,
+      FormatBytes(config.pool_bytes / config.page_bytes * config.page_bytes),
+      FormatBytes(config.page_bytes),
+      config.host_tier_bytes == 0 ? std::string("none") : FormatBytes(config.host_tier_bytes));
   for (const DaemonConfig::Entry& e : config.entries) {
     log->info("config {} = {} ({})", e.name, e.value.empty() ? "\"\"" : e.value, e.source);
   }
@@ -214,7 +221,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
 
 void Daemon::Shutdown() {
   {
-    absl::MutexLock lock(&impl_->mu);
+    MutexLock lock(&impl_->mu);
     if (impl_->stopped) return;
     impl_->stopped = true;
   }

@@ -1,6 +1,9 @@
 #include "daemon/pool.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "common/host_event.h"
@@ -76,7 +79,7 @@ Pool::~Pool() { Stop(); }
 void Pool::Enqueue(std::shared_ptr<Session> session, v1::SessionRequest request,
                    Clock::time_point received) {
   session->counters().inflight.fetch_add(1, std::memory_order_relaxed);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   queue_.push_back(Op{std::move(session), std::move(request), received, false});
   cv_.Signal();
 }
@@ -84,7 +87,7 @@ void Pool::Enqueue(std::shared_ptr<Session> session, v1::SessionRequest request,
 void Pool::CloseSession(const std::shared_ptr<Session>& session) {
   session->MarkClosed();
   session->DetachSink();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const auto before = queue_.size();
   queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
                               [&](const Op& op) { return op.session == session; }),
@@ -96,7 +99,7 @@ void Pool::CloseSession(const std::shared_ptr<Session>& session) {
 
 void Pool::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (stopping_ && !worker_.joinable()) return;
     stopping_ = true;
     cv_.Signal();
@@ -118,7 +121,7 @@ void Pool::Run() {
   while (true) {
     Op op;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       bool found = false;
       while (!found) {
         if (queue_.empty()) {
@@ -149,7 +152,7 @@ void Pool::Run() {
             queue_.clear();
             continue;
           }
-          cv_.WaitWithTimeout(&mu_, absl::FromChrono(backoff));
+          cv_.WaitWithTimeout(&mu_, backoff);
           backoff = std::min(backoff * 2, std::chrono::microseconds(1000));
         }
       }
@@ -208,9 +211,9 @@ void Pool::DoRegister(Session& s, const v1::SessionRequest& req) {
   if (!status.ok()) {
     Log("ipc")->warn("session {}: cannot open memory {}: {}", s.info().id, reg.memory_id(),
                      status.ToString());
-    s.Send(Reply(req.request_id(), Status(status.code(), "cannot open memory " +
-                                                            std::to_string(reg.memory_id()) +
-                                                            ": " + status.message())));
+    s.Send(Reply(req.request_id(),
+                 Status(status.code(), "cannot open memory " + std::to_string(reg.memory_id()) +
+                                           ": " + status.message())));
     return;
   }
   s.counters().memories.fetch_add(1, std::memory_order_relaxed);
@@ -279,8 +282,8 @@ void Pool::DoStash(Session& s, const v1::SessionRequest& req, Clock::time_point 
       record.rows = plan.rows;
       record.bytes = plan.bytes;
       record.page_record.resize(plan.pages);
-      const kernels::PagedSpan span{chosen->base(), chosen->page_bytes(),
-                                    record.page_record.data(), plan.bytes};
+      const kernels::PagedSpan span{chosen->base(), chosen->page_bytes(), record.page_record.data(),
+                                    plan.bytes};
       const kernels::PageRing& ring = chosen->ring();
       const uint8_t* source = *src;
       const uint64_t min_slots = std::max<uint64_t>(1, kSplitBytes / chosen->page_bytes());
@@ -340,7 +343,7 @@ void Pool::DoStash(Session& s, const v1::SessionRequest& req, Clock::time_point 
 void Pool::FreeStash(Session& s, StashRecord& record) {
   Tier* tier = record.tier;
   {
-    absl::MutexLock lock(&tier->mu());
+    MutexLock lock(&tier->mu());
     kernels::ReturnPages(tier->ring(), tier->ring().tail, record.page_record.data(), 0,
                          record.page_record.size());
     tier->PublishFree(record.page_record.size(), record.bytes);
@@ -369,7 +372,7 @@ void Pool::DoReload(Session& s, const v1::SessionRequest& req, Clock::time_point
   Tier* tier = record.tier;
   const auto copy_start = Clock::now();
   {
-    absl::MutexLock lock(&tier->mu());
+    MutexLock lock(&tier->mu());
     const kernels::PagedSpan span{tier->base(), tier->page_bytes(), record.page_record.data(),
                                   record.bytes};
     uint8_t* destination = *dst;
@@ -444,6 +447,15 @@ void Pool::DoTeardown(Session& s) {
   }
   const size_t stashes = s.stashes().size();
   s.stashes().clear();
+  // A client that died cannot unlink the shared memory it created: do it for it, or the names
+  // would stay in /dev/shm until reboot. A live client (it merely closed the session) keeps them.
+  const bool client_gone =
+      s.info().pid > 0 && kill(static_cast<pid_t>(s.info().pid), 0) != 0 && errno == ESRCH;
+  if (client_gone) {
+    for (auto& [id, memory] : s.memories()) {
+      if (memory.mapping != nullptr) memory.mapping->ForceUnlink();
+    }
+  }
   s.memories().clear();  // unmaps
   s.counters().memories.store(0, std::memory_order_relaxed);
   Log("pool")->info("session {} (rank {}, pid {}) ended: returned {} stashes, {} pages",

@@ -8,7 +8,7 @@
 #define STASH_DAEMON_POOL_H_
 
 #include <absl/base/thread_annotations.h>
-#include <absl/synchronization/mutex.h>
+#include "common/mutex.h"
 
 #include <chrono>
 #include <deque>
@@ -77,8 +77,8 @@ class Pool {
   CopyWorkers* const workers_;
   DaemonCounters* const counters_;
 
-  absl::Mutex mu_;
-  absl::CondVar cv_;
+  Mutex mu_;
+  CondVar cv_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread worker_;

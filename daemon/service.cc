@@ -1,12 +1,10 @@
 #include "daemon/service.h"
 
-#include <absl/base/thread_annotations.h>
-#include <absl/synchronization/mutex.h>
-
-#include <deque>
+#include <mutex>
 
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/write_queue.h"
 
 namespace stash::daemon {
 namespace {
@@ -15,23 +13,18 @@ namespace v1 = stash::v1;
 
 // One session stream. Reads are serialized by gRPC; responses come from pool workers through
 // Send() and go out one write at a time, in order.
-class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>,
-                             public ResponseSink {
+class SessionReactor final
+    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>,
+      public ResponseSink {
  public:
-  explicit SessionReactor(DaemonCore* core) : core_(core) { StartRead(&request_); }
-
-  void Send(v1::SessionResponse response) override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_) return;
-      outbox_.push_back(std::move(response));
-      if (writing_) return;
-      writing_ = true;
-      current_ = std::move(outbox_.front());
-      outbox_.pop_front();
-    }
-    StartWrite(&current_);
+  explicit SessionReactor(DaemonCore* core)
+      : core_(core),
+        writes_([this](const v1::SessionResponse* r) { StartWrite(r); },
+                [this] { MaybeFinish(); }) {
+    StartRead(&request_);
   }
+
+  void Send(v1::SessionResponse response) override { writes_.Push(std::move(response)); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -62,28 +55,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionRequest, 
     StartRead(&request_);
   }
 
-  void OnWriteDone(bool ok) override {
-    bool next = false;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!ok) outbox_.clear();  // the stream is broken; the read side ends the session
-      if (!outbox_.empty()) {
-        current_ = std::move(outbox_.front());
-        outbox_.pop_front();
-        next = true;
-      } else {
-        writing_ = false;
-        finish = ending_ && !finished_;
-        if (finish) finished_ = true;
-      }
-    }
-    if (next) {
-      StartWrite(&current_);
-    } else if (finish) {
-      Finish(end_status_);
-    }
-  }
+  void OnWriteDone(bool ok) override { writes_.OnWriteDone(ok); }
 
   void OnDone() override {
     if (session_ != nullptr) {
@@ -94,35 +66,40 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionRequest, 
   }
 
  private:
-  // Finishes the stream with `status` once the queued responses are written.
+  // Finishes the stream with `status` once the write in flight (if any) is done. Responses not
+  // yet written are dropped: nobody is reading them.
   void EndAfterWrites(grpc::Status status) {
-    bool finish = false;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       ending_ = true;
       end_status_ = std::move(status);
-      if (!writing_ && !finished_) {
-        finished_ = true;
-        finish = true;
-      }
     }
-    if (finish) Finish(end_status_);
+    writes_.Close();
+    MaybeFinish();
+  }
+
+  void MaybeFinish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!ending_ || finished_ || writes_.busy()) return;
+      finished_ = true;
+    }
+    Finish(end_status_);
   }
 
   DaemonCore* const core_;
-  v1::SessionRequest request_;          // read side only
-  std::shared_ptr<Session> session_;    // set by Hello, read side only
+  v1::SessionRequest request_;        // read side only
+  std::shared_ptr<Session> session_;  // set by Hello, read side only
+  WriteQueue<v1::SessionResponse> writes_;
 
-  absl::Mutex mu_;
-  std::deque<v1::SessionResponse> outbox_ ABSL_GUARDED_BY(mu_);
-  v1::SessionResponse current_;         // the response being written
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool ending_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::mutex mu_;
+  bool ending_ = false;    // guarded by mu_
+  bool finished_ = false;  // guarded by mu_
   grpc::Status end_status_;
 };
 
-class RejectSession final : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+class RejectSession final
+    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
  public:
   RejectSession() {
     Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
@@ -149,9 +126,9 @@ grpc::ServerUnaryReactor* StashServiceImpl::GetStats(grpc::CallbackServerContext
   return reactor;
 }
 
-grpc::ServerUnaryReactor* StashServiceImpl::ListSessions(
-    grpc::CallbackServerContext* context, const v1::ListSessionsRequest* /*request*/,
-    v1::ListSessionsResponse* response) {
+grpc::ServerUnaryReactor* StashServiceImpl::ListSessions(grpc::CallbackServerContext* context,
+                                                         const v1::ListSessionsRequest* /*request*/,
+                                                         v1::ListSessionsResponse* response) {
   *response = core_->ListSessions();
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

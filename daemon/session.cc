@@ -17,17 +17,17 @@ void Session::Send(stash::v1::SessionResponse response) {
     counters_.rejected.fetch_add(1, std::memory_order_relaxed);
     if (daemon_rejected_ != nullptr) daemon_rejected_->fetch_add(1, std::memory_order_relaxed);
   }
-  absl::MutexLock lock(&sink_mu_);
+  MutexLock lock(&sink_mu_);
   if (sink_ != nullptr) sink_->Send(std::move(response));
 }
 
 void Session::DetachSink() {
-  absl::MutexLock lock(&sink_mu_);
+  MutexLock lock(&sink_mu_);
   sink_ = nullptr;
 }
 
 void Session::ForgetTicket(uint64_t ticket) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   live_tickets_.erase(ticket);
 }
 

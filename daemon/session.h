@@ -5,7 +5,7 @@
 
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
-#include <absl/synchronization/mutex.h>
+#include "common/mutex.h"
 
 #include <atomic>
 #include <chrono>
@@ -100,7 +100,7 @@ class Session {
 
   // Receive-path state (validation before queueing), guarded by the session's mutex because the
   // pool worker also forgets tickets whose stash did not take.
-  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   absl::flat_hash_map<uint64_t, uint64_t>& declared_memories() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return declared_memories_;
   }
@@ -126,10 +126,10 @@ class Session {
   SessionCounters counters_;
   std::atomic<bool> closed_{false};
 
-  absl::Mutex sink_mu_;
+  Mutex sink_mu_;
   ResponseSink* sink_ ABSL_GUARDED_BY(sink_mu_);  // non-owning; null once the stream is gone
 
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<uint64_t, uint64_t> declared_memories_ ABSL_GUARDED_BY(mu_);  // id -> bytes
   absl::flat_hash_map<uint64_t, TicketShape> live_tickets_ ABSL_GUARDED_BY(mu_);
 

@@ -5,7 +5,7 @@
 namespace stash::daemon {
 
 void SampleWindow::Add(double value) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (samples_.size() < capacity_) {
     samples_.push_back(value);
   } else {
@@ -17,17 +17,18 @@ void SampleWindow::Add(double value) {
 double SampleWindow::Quantile(double q) const {
   std::vector<double> copy;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     copy = samples_;
   }
   if (copy.empty()) return 0;
-  const size_t k = std::min(copy.size() - 1, static_cast<size_t>(q * static_cast<double>(copy.size())));
+  const size_t k =
+      std::min(copy.size() - 1, static_cast<size_t>(q * static_cast<double>(copy.size())));
   std::nth_element(copy.begin(), copy.begin() + static_cast<std::ptrdiff_t>(k), copy.end());
   return copy[k];
 }
 
 void ThroughputWindow::Add(uint64_t bytes, double seconds) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (samples_.size() < capacity_) {
     samples_.emplace_back(bytes, seconds);
   } else {
@@ -37,7 +38,7 @@ void ThroughputWindow::Add(uint64_t bytes, double seconds) {
 }
 
 double ThroughputWindow::Gbps() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   double bytes = 0;
   double seconds = 0;
   for (const auto& [b, s] : samples_) {

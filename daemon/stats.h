@@ -3,7 +3,7 @@
 #define STASH_DAEMON_STATS_H_
 
 #include <absl/base/thread_annotations.h>
-#include <absl/synchronization/mutex.h>
+#include "common/mutex.h"
 
 #include <atomic>
 #include <cstdint>
@@ -21,7 +21,7 @@ class SampleWindow {
 
  private:
   const size_t capacity_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::vector<double> samples_ ABSL_GUARDED_BY(mu_);
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -36,7 +36,7 @@ class ThroughputWindow {
 
  private:
   const size_t capacity_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::vector<std::pair<uint64_t, double>> samples_ ABSL_GUARDED_BY(mu_);
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -5,7 +5,7 @@
 namespace stash::daemon {
 
 StatusOr<std::unique_ptr<Tier>> Tier::Create(std::string name, int pool, uint64_t page_bytes,
-                                              uint64_t pages) {
+                                             uint64_t pages) {
   if (pages == 0) return InvalidArgumentError("tier " + name + " has no pages");
   auto memory = SharedMemory::CreateAnonymous("stashd-" + name, pages * page_bytes);
   if (!memory.ok()) {
@@ -48,7 +48,7 @@ void Tier::PublishFree(uint64_t pages, uint64_t bytes) {
 }
 
 bool Tier::RingIsPermutation() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<bool> seen(pages_, false);
   for (uint64_t slot = ring_.head; slot < ring_.tail; ++slot) {
     const uint64_t id = kernels::RingPageAt(ring_, 0, slot);

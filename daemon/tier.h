@@ -3,7 +3,7 @@
 #define STASH_DAEMON_TIER_H_
 
 #include <absl/base/thread_annotations.h>
-#include <absl/synchronization/mutex.h>
+#include "common/mutex.h"
 
 #include <atomic>
 #include <cstdint>
@@ -47,7 +47,7 @@ class Tier {
   uint64_t pages() const { return pages_; }
   uint8_t* base() const { return memory_->data(); }
 
-  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   kernels::PageRing& ring() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ring_; }
 
   // Publishes a ring change made under mu(): head advanced by `pages` for a stash of `bytes`.
@@ -73,7 +73,7 @@ class Tier {
   const std::unique_ptr<SharedMemory> memory_;
   std::vector<uint64_t> ids_;  // the ring's storage; touched only under mu_
 
-  absl::Mutex mu_;
+  Mutex mu_;
   kernels::PageRing ring_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> pages_used_{0};

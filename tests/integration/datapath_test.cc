@@ -109,9 +109,8 @@ TEST_F(Datapath, StashThenReloadIsByteExactForEveryShape) {
     uint64_t row_bytes, max_rows, rows;
   };
   // One page, a ragged tail (row bytes not a multiple of 16), many pages, zero rows, all rows.
-  const Shape shapes[] = {{256, 64, 64},   {7, 1000, 999},     {4096, 300, 257},
-                          {512, 128, 0},   {7168, 64, 33},     {2048, 1024, 1024},
-                          {3, 5, 1},       {65536, 3, 2}};
+  const Shape shapes[] = {{256, 64, 64},  {7, 1000, 999},     {4096, 300, 257}, {512, 128, 0},
+                          {7168, 64, 33}, {2048, 1024, 1024}, {3, 5, 1},        {65536, 3, 2}};
   uint32_t seed = 1;
   for (const Shape& s : shapes) {
     SCOPED_TRACE("row_bytes " + std::to_string(s.row_bytes) + " rows " + std::to_string(s.rows));
@@ -305,8 +304,8 @@ TEST_F(Datapath, BeginStepReportsThePreviousStepAndClearsFlags) {
   StartDaemon({"--pool-bytes=256KiB", "--host-tier-bytes=256KiB"});
   auto client = Connect(*daemon_);
   auto src = Buffer(1 << 20);
-  auto a = client->Wait(*client->Stash(Args(*src, 1024, 1024, 200)));  // 4 pages: device
-  auto b = client->Wait(*client->Stash(Args(*src, 1024, 1024, 200)));  // host
+  auto a = client->Wait(*client->Stash(Args(*src, 1024, 1024, 200)));   // 4 pages: device
+  auto b = client->Wait(*client->Stash(Args(*src, 1024, 1024, 200)));   // host
   auto c = client->Wait(*client->Stash(Args(*src, 1024, 1024, 1024)));  // overflow
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(b->tier, Tier::kHost);
@@ -451,8 +450,8 @@ TEST_F(Datapath, PagesReturnWithinOneSecondWhenAClientIsKilled) {
   for (const char* mode : {"hold", "midstash"}) {
     SCOPED_TRACE(mode);
     Process victim;
-    ASSERT_TRUE(victim.Start({BinDir() + "/tests/integration/stash-test-client",
-                              daemon_->socket(), mode, std::to_string(32 << 20)},
+    ASSERT_TRUE(victim.Start({BinDir() + "/tests/integration/stash-test-client", daemon_->socket(),
+                              mode, std::to_string(32 << 20)},
                              daemon_->dir() + "/victim-" + mode));
     // Wait for it to say it stashed (or queued).
     const auto deadline = std::chrono::steady_clock::now() + seconds(10 * TimeScale());

@@ -31,9 +31,9 @@ STASH_EXPORT const char* stash_version(void);
 
 /* Opens a session. socket: NULL or "" = $STASHD_SOCKET or the default. device: the simulated
  * GPU on the host backend. rank: -1 = unknown. label: may be NULL. */
-STASH_EXPORT int stash_client_open(const char* socket, int device, int64_t rank,
-                                   const char* label, int allow_host_spill,
-                                   int64_t connect_timeout_ms, stash_client_t** out);
+STASH_EXPORT int stash_client_open(const char* socket, int device, int64_t rank, const char* label,
+                                   int allow_host_spill, int64_t connect_timeout_ms,
+                                   stash_client_t** out);
 /* Ends the session; the daemon returns its pages. NULL is fine. */
 STASH_EXPORT void stash_client_close(stash_client_t* client);
 
@@ -57,7 +57,7 @@ typedef struct stash_stash_args {
   uint64_t count_value;         /* used when count_buffer is NULL */
   stash_buffer_t* count_buffer; /* int64 at count_buffer + count_offset, read at copy time */
   uint64_t count_offset;
-  uint32_t divisor;             /* 0 or 1: data; 32: MXFP8 columnwise scale_inv */
+  uint32_t divisor; /* 0 or 1: data; 32: MXFP8 columnwise scale_inv */
   uint32_t layer;
   uint32_t microbatch;
   uint32_t reserved;
@@ -83,9 +83,8 @@ typedef struct stash_completion {
 STASH_EXPORT int stash_stash(stash_client_t* client, const stash_stash_args_t* args,
                              uint64_t* ticket);
 /* Queues a reload into destination + offset (must hold max_rows rows). */
-STASH_EXPORT int stash_reload(stash_client_t* client, uint64_t ticket,
-                              stash_buffer_t* destination, uint64_t offset, int zero_tail,
-                              uint64_t* op);
+STASH_EXPORT int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destination,
+                              uint64_t offset, int zero_tail, uint64_t* op);
 STASH_EXPORT int stash_release(stash_client_t* client, uint64_t ticket, uint64_t* op);
 STASH_EXPORT int stash_begin_step(stash_client_t* client, uint64_t step, uint64_t* op);
 /* Blocks until op is answered (timeout_ms -1 = forever). Returns the daemon's status code. */

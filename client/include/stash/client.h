@@ -110,13 +110,13 @@ struct ReloadArgs {
 struct Completion {
   enum class Kind { kStash, kReload, kRelease, kBeginStep, kRegister, kUnregister };
   Kind kind = Kind::kStash;
-  uint64_t ticket = 0;      // stash, reload, release
+  uint64_t ticket = 0;             // stash, reload, release
   Tier tier = Tier::kUnspecified;  // stash: where it went (kOverflow: nothing taken); reload: from
-  uint64_t rows = 0;        // stash, reload: valid rows
-  uint64_t bytes = 0;       // stash, reload: payload bytes copied
-  uint64_t pages = 0;       // stash: pages held; release: pages returned
-  uint64_t latency_us = 0;  // stash, reload: receipt to copy done, in the daemon
-  bool step_overflow = false;  // begin_step: the previous step's flags
+  uint64_t rows = 0;               // stash, reload: valid rows
+  uint64_t bytes = 0;              // stash, reload: payload bytes copied
+  uint64_t pages = 0;              // stash: pages held; release: pages returned
+  uint64_t latency_us = 0;         // stash, reload: receipt to copy done, in the daemon
+  bool step_overflow = false;      // begin_step: the previous step's flags
   bool step_spilled = false;
 };
 
