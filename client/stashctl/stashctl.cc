@@ -1,0 +1,604 @@
+#include "client/stashctl/stashctl.h"
+
+#include <absl/flags/flag.h>
+#include <absl/flags/marshalling.h>
+#include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <ctime>
+#include <memory>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+#include "client/stashctl/format.h"
+#include "client/stashctl/health.grpc.pb.h"
+#include "common/grpc_status.h"
+#include "common/socket_path.h"
+#include "common/version.h"
+#include "stash/v1/stash.grpc.pb.h"
+
+// The flags: abseil holds their types and defaults. Their names carry a `stashctl_` prefix because
+// abseil flags are process-wide and the daemon library defines `socket` too: a test or tool that
+// links both must still link. The command line spells them without the prefix (kFlags), and
+// ParseCommandLine parses values into Options with abseil's parsers without setting the flags, so
+// it keeps no state between calls (and abseil prints nothing).
+ABSL_FLAG(std::string, stashctl_socket, "", "Unix socket of the daemon");
+ABSL_FLAG(std::string, stashctl_target, "", "HOST:PORT of a read-only TCP listener");
+ABSL_FLAG(bool, stashctl_json, false, "print JSON");
+ABSL_FLAG(double, stashctl_watch, 0, "refresh period, seconds");
+ABSL_FLAG(int64_t, stashctl_count, 0, "frames to print with --watch");
+ABSL_FLAG(double, stashctl_timeout, 2, "deadline per request, seconds");
+
+namespace stash::stashctl {
+namespace {
+
+// A period or deadline: positive and at most a day (longer is a typo, and must fit the waits).
+bool SecondsOk(double seconds) { return std::isfinite(seconds) && seconds > 0 && seconds <= 86400; }
+
+// Parses `value` into `*dst` with abseil's parser for T; false on a bad value.
+template <typename T>
+bool Parse(std::string_view value, T* dst) {
+  std::string error;
+  return absl::ParseFlag(absl::string_view(value.data(), value.size()), dst, &error);
+}
+
+struct FlagSpec {
+  const char* name;        // as typed, with underscores; the abseil flag is stashctl_<name>
+  const char* value_name;  // how --help shows the value; nullptr for a switch
+  const char* help;        // for --help
+  const char* expect;      // what a valid value looks like, for the error line
+  bool (*apply)(std::string_view value, Options* options);  // false on a bad value
+};
+
+const FlagSpec kFlags[] = {
+    {"socket", "PATH",
+     "Unix socket of the daemon. Default: $STASHD_SOCKET, else /run/stashd/stashd.sock, else "
+     "$XDG_RUNTIME_DIR/stashd/stashd.sock (or /tmp/stashd-<uid>/stashd.sock) when that exists",
+     "a socket path, e.g. --socket=/run/stashd/stashd.sock",
+     [](std::string_view v, Options* o) { return !v.empty() && Parse(v, &o->socket); }},
+    {"target", "HOST:PORT",
+     "Reach a daemon's read-only TCP listener (stashd --listen) instead of the Unix socket",
+     "HOST:PORT, e.g. --target=127.0.0.1:7070",
+     [](std::string_view v, Options* o) {
+       const auto colon = v.rfind(':');
+       return colon != std::string_view::npos && colon + 1 < v.size() &&
+              v.substr(0, 5) != "unix:" && Parse(v, &o->target);
+     }},
+    {"json", nullptr,
+     "Print the reply as one JSON object for scripts (proto field names, every field present; "
+     "64-bit counters are strings, as proto3 JSON has them)",
+     "true or false", [](std::string_view v, Options* o) { return Parse(v, &o->json); }},
+    {"watch", "SECONDS",
+     "Refresh every SECONDS (fractions allowed) until Ctrl-C. A terminal is cleared between "
+     "frames; a pipe gets frames separated by a blank line (with --json: one object per line)",
+     "a number of seconds > 0, e.g. --watch=2",
+     [](std::string_view v, Options* o) { return Parse(v, &o->watch_s) && SecondsOk(o->watch_s); }},
+    {"count", "N", "With --watch: stop after N frames. Default: until Ctrl-C",
+     "a whole number >= 1, e.g. --count=10",
+     [](std::string_view v, Options* o) { return Parse(v, &o->count) && o->count >= 1; }},
+    {"timeout", "SECONDS", "How long to wait for the daemon's answer to each request. Default: 2",
+     "a number of seconds > 0, e.g. --timeout=5",
+     [](std::string_view v, Options* o) {
+       return Parse(v, &o->timeout_s) && SecondsOk(o->timeout_s);
+     }},
+};
+
+struct CommandSpec {
+  const char* name;
+  Command command;
+  const char* help;
+};
+
+const CommandSpec kCommands[] = {
+    {"stats", Command::kStats,
+     "daemon counters (requests, bytes, latency, copy rate), one row per tier with its usage "
+     "bar, one row per session"},
+    {"sessions", Command::kSessions,
+     "the connected sessions: rank, pid, pool, label, age, counters, live pages, step flags"},
+    {"config", Command::kConfig,
+     "the daemon's effective knobs (value, where it came from, help), backend, socket, pools"},
+    {"health", Command::kHealth,
+     "the gRPC health check: prints SERVING and exits 0, else prints the status and exits 1"},
+};
+
+const FlagSpec* FindFlag(std::string_view name) {
+  for (const FlagSpec& flag : kFlags) {
+    if (name == flag.name) return &flag;
+  }
+  return nullptr;
+}
+
+std::string Dashed(std::string_view name) {
+  std::string out(name);
+  for (char& ch : out) {
+    if (ch == '_') ch = '-';
+  }
+  return out;
+}
+
+// Wraps `text` into lines of at most `width` characters, each starting with `indent`.
+std::string Wrap(std::string_view text, size_t width, const std::string& indent) {
+  std::string out;
+  std::string line;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = text.find(' ', i);
+    if (j == std::string_view::npos) j = text.size();
+    const std::string_view word = text.substr(i, j - i);
+    if (!line.empty() && indent.size() + line.size() + 1 + word.size() > width) {
+      out += indent + line + "\n";
+      line.clear();
+    }
+    if (!line.empty()) line += ' ';
+    line += word;
+    i = j + 1;
+  }
+  if (!line.empty()) out += indent + line + "\n";
+  return out;
+}
+
+std::string SecondsText(double seconds) {
+  std::ostringstream text;
+  text << seconds << "s";
+  return text.str();
+}
+
+Status BadValue(const FlagSpec& flag, std::string_view value) {
+  return InvalidArgumentError("--" + Dashed(flag.name) + "=" + std::string(value) + ": expected " +
+                              flag.expect);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Talking to the daemon
+// ------------------------------------------------------------------------------------------------
+
+// One channel and its stubs. A channel that failed to connect backs off before it tries again,
+// so --watch makes a fresh Connection after a failed frame and sees a restarted daemon at once.
+class Connection {
+ public:
+  explicit Connection(const Options& options)
+      : channel_(grpc::CreateChannel(
+            options.target.empty() ? GrpcUnixTarget(options.socket) : options.target,
+            grpc::InsecureChannelCredentials())),
+        stash_(v1::StashService::NewStub(channel_)),
+        health_(grpc::health::v1::Health::NewStub(channel_)),
+        timeout_(std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::duration<double>(options.timeout_s))) {}
+
+  grpc::Status GetStats(v1::GetStatsResponse* reply) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stash_->GetStats(&context, v1::GetStatsRequest(), reply);
+  }
+  grpc::Status ListSessions(v1::ListSessionsResponse* reply) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stash_->ListSessions(&context, v1::ListSessionsRequest(), reply);
+  }
+  grpc::Status GetConfig(v1::GetConfigResponse* reply) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stash_->GetConfig(&context, v1::GetConfigRequest(), reply);
+  }
+  // The server as a whole (service "").
+  grpc::Status CheckHealth(grpc::health::v1::HealthCheckResponse* reply) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return health_->Check(&context, grpc::health::v1::HealthCheckRequest(), reply);
+  }
+
+ private:
+  void SetDeadline(grpc::ClientContext* context) const {
+    context->set_deadline(std::chrono::system_clock::now() + timeout_);
+  }
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::StashService::Stub> stash_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  std::chrono::milliseconds timeout_;
+};
+
+// The daemon's address as error lines and watch headers show it.
+std::string Where(const Options& options) {
+  return options.target.empty() ? options.socket : "tcp " + options.target;
+}
+
+std::string OneLine(std::string text) {
+  for (char& ch : text) {
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  }
+  return text;
+}
+
+// The one line a failed request prints (without the trailing newline): what happened, and what
+// to do about it.
+std::string ErrorLine(const Options& options, const char* rpc, const grpc::Status& status) {
+  const std::string where = Where(options);
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+      if (options.target.empty()) {
+        struct stat st {};
+        if (stat(options.socket.c_str(), &st) == 0 &&
+            access(options.socket.c_str(), R_OK | W_OK) != 0) {
+          return "stashctl: permission denied on " + where +
+                 ": run as a member of the group that owns it (see ls -l " + where + ")";
+        }
+        return "stashctl: no stashd answers on " + where +
+               ": start it with 'stashd --socket=" + options.socket +
+               "' or point STASHD_SOCKET at a running one";
+      }
+      return "stashctl: no stashd answers on " + where +
+             ": start it with 'stashd --listen=" + options.target + "' or check --target";
+    case grpc::StatusCode::CANCELLED:
+      // What a server that shuts down mid-call answers.
+      return "stashctl: stashd on " + where + " went away during " + rpc + " (stopping?)";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "stashctl: stashd on " + where + " did not answer " + rpc + " within " +
+             SecondsText(options.timeout_s) +
+             ": it may be overloaded or stuck (see its log), or raise --timeout";
+    default:
+      return "stashctl: " + std::string(rpc) + " on " + where +
+             " failed: " + OneLine(FromGrpcStatus(status).ToString());
+  }
+}
+
+std::string ToJson(const google::protobuf::Message& message, bool pretty) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  // Printing a reply we just received cannot fail: every field type has a JSON form.
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (json.empty() || json.back() != '\n') json += '\n';
+  return json;
+}
+
+// One reply, rendered; or the failed request's line.
+struct Frame {
+  bool ok = false;
+  std::string text;  // the reply (ok) or the error line without newline (!ok)
+  int exit_code = kExitOk;
+};
+
+Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
+  Frame frame;
+  auto finish = [&](const char* rpc, const grpc::Status& status,
+                    const google::protobuf::Message& reply, std::string human) {
+    if (!status.ok()) {
+      frame.text = ErrorLine(options, rpc, status);
+      frame.exit_code = kExitFailure;
+      return;
+    }
+    frame.ok = true;
+    frame.text = options.json ? ToJson(reply, pretty_json) : std::move(human);
+  };
+  switch (options.command) {
+    case Command::kStats: {
+      v1::GetStatsResponse reply;
+      grpc::Status status = connection.GetStats(&reply);
+      finish("GetStats", status, reply, status.ok() ? RenderStats(reply) : "");
+      break;
+    }
+    case Command::kSessions: {
+      v1::ListSessionsResponse reply;
+      grpc::Status status = connection.ListSessions(&reply);
+      finish("ListSessions", status, reply, status.ok() ? RenderSessions(reply.sessions()) : "");
+      break;
+    }
+    case Command::kConfig: {
+      v1::GetConfigResponse reply;
+      grpc::Status status = connection.GetConfig(&reply);
+      finish("GetConfig", status, reply, status.ok() ? RenderConfig(reply) : "");
+      break;
+    }
+    case Command::kHealth: {
+      grpc::health::v1::HealthCheckResponse reply;
+      grpc::Status status = connection.CheckHealth(&reply);
+      std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status());
+      if (name.empty()) name = "UNKNOWN(" + std::to_string(reply.status()) + ")";
+      finish("Health/Check", status, reply, name + "\n");
+      if (frame.ok && reply.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+        frame.exit_code = kExitFailure;
+      }
+      break;
+    }
+  }
+  return frame;
+}
+
+// ------------------------------------------------------------------------------------------------
+// --watch: frames until --count or SIGINT
+// ------------------------------------------------------------------------------------------------
+
+// The write end of the pipe the SIGINT handler writes to; -1 when no watch loop runs.
+std::atomic<int> g_sigint_fd{-1};
+
+void OnSigint(int /*signal*/) {
+  const int fd = g_sigint_fd.load();
+  if (fd >= 0) {
+    const char byte = 1;
+    const ssize_t n = write(fd, &byte, 1);  // async-signal-safe; a full pipe already says stop
+    (void)n;
+  }
+}
+
+// Installs the SIGINT handler for its lifetime (self-pipe, so the wait between frames wakes at
+// once) and restores the previous one afterwards.
+class SigintStop {
+ public:
+  SigintStop() {
+    if (pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0) {
+      fds_[0] = fds_[1] = -1;  // no pipe: SIGINT keeps its default action and ends the process
+      return;
+    }
+    // A shell starts background jobs with SIGINT ignored; they keep it so.
+    if (sigaction(SIGINT, nullptr, &previous_) != 0 || previous_.sa_handler == SIG_IGN) return;
+    g_sigint_fd.store(fds_[1]);
+    struct sigaction action {};
+    action.sa_handler = OnSigint;
+    sigemptyset(&action.sa_mask);
+    installed_ = sigaction(SIGINT, &action, nullptr) == 0;
+  }
+  ~SigintStop() {
+    if (installed_) sigaction(SIGINT, &previous_, nullptr);
+    g_sigint_fd.store(-1);
+    for (int fd : fds_) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  SigintStop(const SigintStop&) = delete;
+  SigintStop& operator=(const SigintStop&) = delete;
+
+  // Waits up to `seconds`; true when SIGINT arrived (before or during the wait).
+  bool WaitFor(double seconds) {
+    if (fds_[0] < 0) {
+      // No pipe: sleep; SIGINT keeps its default action.
+      struct timespec ts {};
+      ts.tv_sec = static_cast<time_t>(seconds);
+      ts.tv_nsec = static_cast<long>((seconds - static_cast<double>(ts.tv_sec)) * 1e9);
+      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+      }
+      return false;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      struct pollfd pfd {};
+      pfd.fd = fds_[0];
+      pfd.events = POLLIN;
+      const int ready = poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+      if (ready > 0) return true;
+      if (ready == 0) return false;
+      if (errno != EINTR) return false;  // cannot wait on the pipe: go on watching
+    }
+  }
+
+  // Whether SIGINT arrived, without waiting.
+  bool Requested() { return WaitFor(0); }
+
+ private:
+  int fds_[2] = {-1, -1};
+  bool installed_ = false;
+  struct sigaction previous_ {};
+};
+
+const char* CommandName(Command command) {
+  for (const CommandSpec& spec : kCommands) {
+    if (spec.command == command) return spec.name;
+  }
+  return "stats";
+}
+
+// "Every 2s: stashctl stats on /run/stashd/stashd.sock  2024-05-02 10:11:12"
+std::string WatchHeader(const Options& options) {
+  char when[32] = "";
+  const std::time_t now = std::time(nullptr);
+  struct tm local {};
+  if (localtime_r(&now, &local) != nullptr) {
+    std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &local);
+  }
+  return "Every " + SecondsText(options.watch_s) + ": stashctl " + CommandName(options.command) +
+         " on " + Where(options) + "  " + when + "\n";
+}
+
+int Watch(const Options& options, std::ostream& out, std::ostream& err, bool out_is_tty) {
+  SigintStop stop;
+  auto connection = std::make_unique<Connection>(options);
+  int exit_code = kExitOk;
+  for (int64_t n = 0; options.count == 0 || n < options.count; ++n) {
+    if (n > 0 ? stop.WaitFor(options.watch_s) : stop.Requested()) break;
+    Frame frame = Fetch(*connection, options, /*pretty_json=*/false);
+    exit_code = frame.exit_code;
+    if (!frame.ok) {
+      // A daemon that was never there is a mistake to report at once; one that stops answering
+      // later may be restarting, so keep watching.
+      if (n == 0) {
+        err << frame.text << "\n";
+        return kExitFailure;
+      }
+      connection = std::make_unique<Connection>(options);
+      if (options.json) {
+        err << frame.text << "\n";  // stdout stays one JSON object per line
+        err.flush();
+        continue;
+      }
+      frame.text += " (retrying every " + SecondsText(options.watch_s) + ")\n";
+    }
+    if (options.json) {
+      out << frame.text;
+    } else {
+      if (out_is_tty) {
+        out << "\033[H\033[2J";
+      } else if (n > 0) {
+        out << "\n";
+      }
+      out << WatchHeader(options) << "\n" << frame.text;
+    }
+    out.flush();
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+std::string UsageText() {
+  std::ostringstream out;
+  out << "stashctl: inspect a running stashd, the per-node activation stash daemon.\n\n"
+         "Usage: stashctl COMMAND [flags]\n\n"
+         "Commands:\n";
+  for (const CommandSpec& command : kCommands) {
+    // The name, then the help wrapped in a column of its own.
+    std::string text = Wrap(command.help, 96, std::string(12, ' '));
+    std::string name = command.name;
+    text.replace(2, name.size(), name);
+    out << text;
+  }
+  out << "\nFlags go before or after the command, as --name=value or --name value:\n";
+  for (const FlagSpec& flag : kFlags) {
+    out << "  --" << Dashed(flag.name);
+    if (flag.value_name != nullptr) out << "=" << flag.value_name;
+    out << "\n" << Wrap(std::string(flag.help) + ".", 96, "      ");
+  }
+  out << "  --version\n      Print the version and exit.\n"
+         "  --help\n      Print this text and exit.\n\n"
+         "Examples:\n"
+         "  stashctl stats                              pools, tiers and sessions, once\n"
+         "  stashctl --watch 2 stats                    the same, refreshed every 2 s\n"
+         "  stashctl sessions --socket /tmp/s/s.sock    a daemon on another socket\n"
+         "  STASHD_SOCKET=/tmp/s/s.sock stashctl config\n"
+         "  stashctl config --json | jq '.entries[] | select(.name == \"pool_bytes\")'\n"
+         "  stashctl --target 127.0.0.1:7070 stats      a daemon's read-only TCP listener\n"
+         "  stashctl health || echo 'stashd is down'\n\n"
+         "Exit status: 0 done (health: SERVING); 1 no daemon answers, a request failed, or\n"
+         "health is not SERVING (one line on stderr says which); 2 bad command line.\n";
+  return out.str();
+}
+
+StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
+  CommandLine result;
+  Options& options = result.options;
+  options.socket = absl::GetFlag(FLAGS_stashctl_socket);
+  options.target = absl::GetFlag(FLAGS_stashctl_target);
+  options.json = absl::GetFlag(FLAGS_stashctl_json);
+  options.watch_s = absl::GetFlag(FLAGS_stashctl_watch);
+  options.count = absl::GetFlag(FLAGS_stashctl_count);
+  options.timeout_s = absl::GetFlag(FLAGS_stashctl_timeout);
+  const CommandSpec* command = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h" || arg == "--helpfull" || arg == "help") {
+      result.action = CommandLine::Action::kHelp;
+      return result;
+    }
+    if (arg == "--version") {
+      result.action = CommandLine::Action::kVersion;
+      return result;
+    }
+    if (arg.rfind("--", 0) != 0) {
+      if (arg.size() > 1 && arg[0] == '-') {
+        return InvalidArgumentError("unknown flag '" + arg + "' (see stashctl --help)");
+      }
+      const CommandSpec* found = nullptr;
+      for (const CommandSpec& spec : kCommands) {
+        if (arg == spec.name) found = &spec;
+      }
+      if (found == nullptr) {
+        return InvalidArgumentError("unknown command '" + arg +
+                                    "': expected stats, sessions, config or health (see "
+                                    "stashctl --help)");
+      }
+      if (command != nullptr) {
+        return InvalidArgumentError("one command at a time: got '" + std::string(command->name) +
+                                    "' and '" + arg + "'");
+      }
+      command = found;
+      continue;
+    }
+    const auto eq = arg.find('=');
+    std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    for (char& ch : name) {
+      if (ch == '-') ch = '_';
+    }
+    const FlagSpec* flag = FindFlag(name);
+    if (flag == nullptr) {
+      return InvalidArgumentError("unknown flag '" + arg.substr(0, eq) + "' (see stashctl --help)");
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (flag->value_name == nullptr) {
+      value = "true";  // a switch
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return InvalidArgumentError("flag --" + Dashed(name) + " needs a value: " + flag->expect);
+    }
+    if (!flag->apply(value, &options)) return BadValue(*flag, value);
+  }
+  if (command == nullptr) {
+    return InvalidArgumentError(
+        "no command given: use stats, sessions, config or health (see stashctl --help)");
+  }
+  options.command = command->command;
+  if (options.count > 0 && options.watch_s <= 0) {
+    return InvalidArgumentError("--count counts --watch frames: add --watch=SECONDS");
+  }
+  if (!options.target.empty()) {
+    if (!options.socket.empty()) {
+      return InvalidArgumentError("--socket and --target name two daemons: give one");
+    }
+  } else {
+    options.socket = ClientSocketPath(options.socket);
+  }
+  return result;
+}
+
+int Run(const Options& options, std::ostream& out, std::ostream& err, bool out_is_tty) {
+  if (options.watch_s > 0) return Watch(options, out, err, out_is_tty);
+  Connection connection(options);
+  const Frame frame = Fetch(connection, options, /*pretty_json=*/true);
+  if (!frame.ok) {
+    err << frame.text << "\n";
+    err.flush();
+    return kExitFailure;
+  }
+  out << frame.text;
+  out.flush();
+  return frame.exit_code;
+}
+
+int RunStashctl(int argc, char** argv, std::ostream& out, std::ostream& err, bool out_is_tty) {
+  StatusOr<CommandLine> parsed = ParseCommandLine(argc, argv);
+  if (!parsed.ok()) {
+    err << "stashctl: " << parsed.status().message() << "\n";
+    err.flush();
+    return kExitUsage;
+  }
+  switch (parsed->action) {
+    case CommandLine::Action::kHelp:
+      out << UsageText();
+      out.flush();
+      return kExitOk;
+    case CommandLine::Action::kVersion:
+      out << "stashctl " << kVersion << "\n";
+      out.flush();
+      return kExitOk;
+    case CommandLine::Action::kRun:
+      break;
+  }
+  return Run(parsed->options, out, err, out_is_tty);
+}
+
+}  // namespace stash::stashctl
