@@ -21,13 +21,16 @@
     if (!stash_status_.ok()) return stash_status_; \
   } while (false)
 
-// `lhs = value of StatusOr expr`, or return its Status from the enclosing function.
+// `lhs = value of StatusOr expr`, or return its Status from the enclosing function. `lhs` may be
+// a declaration, so it cannot be parenthesized.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define STASH_ASSIGN_OR_RETURN(lhs, expr) \
   STASH_ASSIGN_OR_RETURN_IMPL_(STASH_CONCAT_(stash_statusor_, __LINE__), lhs, expr)
 #define STASH_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                 \
   if (!tmp.ok()) return tmp.status();                \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 namespace stash::internal {
 
@@ -57,9 +60,12 @@ struct Voidify {
 }  // namespace stash::internal
 
 // Aborts with the expression, the place and the streamed reason when `cond` is false.
+// The replacement cannot be parenthesized: `<< why` must bind to the failure's stream.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define STASH_CHECK(cond)                 \
   (cond) ? (void)0                        \
          : ::stash::internal::Voidify() & \
                ::stash::internal::CheckFailure(#cond, __FILE__, __LINE__).stream()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // STASH_COMMON_MACROS_H_

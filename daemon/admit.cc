@@ -1,17 +1,11 @@
 #include "daemon/admit.h"
 
-#include <cstdio>
+#include "common/text.h"
 
 namespace stash::daemon {
 namespace {
 
 namespace v1 = stash::v1;
-
-std::string Hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 const char* BackendName(v1::Backend b) {
   switch (b) {

@@ -12,6 +12,7 @@
 #include "common/bytes.h"
 #include "common/logging.h"
 #include "common/macros.h"
+#include "common/text.h"
 
 // The flags themselves. Each holds text; the knob table below parses it, so a flag, its
 // environment variable and its default go through one parser and one error message.
@@ -155,39 +156,10 @@ const Knob kKnobs[] = {
      }},
 };
 
-std::string Dashed(std::string_view name) {
-  std::string out(name);
-  for (char& ch : out) {
-    if (ch == '_') ch = '-';
-  }
-  return out;
-}
-
 std::string EnvName(std::string_view name) {
   std::string out = "STASHD_";
   for (char ch : name)
     out.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
-  return out;
-}
-
-// Wraps `text` to lines of at most `width` characters, each starting with `indent`.
-std::string Wrap(std::string_view text, size_t width, const std::string& indent) {
-  std::string out;
-  std::string line;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t j = text.find(' ', i);
-    if (j == std::string_view::npos) j = text.size();
-    const std::string_view word = text.substr(i, j - i);
-    if (!line.empty() && indent.size() + line.size() + 1 + word.size() > width) {
-      out += indent + line + "\n";
-      line.clear();
-    }
-    if (!line.empty()) line += ' ';
-    line += word;
-    i = j + 1;
-  }
-  if (!line.empty()) out += indent + line + "\n";
   return out;
 }
 

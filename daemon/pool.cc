@@ -1,14 +1,14 @@
 #include "daemon/pool.h"
 
-#include <signal.h>
-
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 
 #include "common/host_event.h"
 #include "common/logging.h"
 #include "common/macros.h"
+#include "common/text.h"
 #include "stash/kernels/paging.h"
 
 namespace stash::daemon {
@@ -31,12 +31,6 @@ v1::SessionResponse Reply(uint64_t request_id, const Status& status = Status::Ok
   r.set_code(static_cast<int>(status.code()));
   r.set_message(status.message());
   return r;
-}
-
-std::string Hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 // The mapped bytes of `ref` in the session's memory, or why not. Ranges were checked against the

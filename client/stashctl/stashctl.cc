@@ -24,6 +24,7 @@
 #include "client/stashctl/health.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "common/socket_path.h"
+#include "common/text.h"
 #include "common/version.h"
 #include "stash/v1/stash.grpc.pb.h"
 
@@ -116,35 +117,6 @@ const FlagSpec* FindFlag(std::string_view name) {
     if (name == flag.name) return &flag;
   }
   return nullptr;
-}
-
-std::string Dashed(std::string_view name) {
-  std::string out(name);
-  for (char& ch : out) {
-    if (ch == '_') ch = '-';
-  }
-  return out;
-}
-
-// Wraps `text` into lines of at most `width` characters, each starting with `indent`.
-std::string Wrap(std::string_view text, size_t width, const std::string& indent) {
-  std::string out;
-  std::string line;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t j = text.find(' ', i);
-    if (j == std::string_view::npos) j = text.size();
-    const std::string_view word = text.substr(i, j - i);
-    if (!line.empty() && indent.size() + line.size() + 1 + word.size() > width) {
-      out += indent + line + "\n";
-      line.clear();
-    }
-    if (!line.empty()) line += ' ';
-    line += word;
-    i = j + 1;
-  }
-  if (!line.empty()) out += indent + line + "\n";
-  return out;
 }
 
 std::string SecondsText(double seconds) {

@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "client/stashctl/health.grpc.pb.h"
 #include "stash/v1/stash.grpc.pb.h"
 #include "tests/integration/harness.h"
-#include "tests/integration/protos/health.grpc.pb.h"
 #include "tests/integration/protos/reflection.grpc.pb.h"
 
 namespace stash::testing {

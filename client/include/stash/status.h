@@ -133,7 +133,7 @@ inline Status DeadlineExceededError(std::string m) {
 template <typename T>
 class StatusOr {
  public:
-  StatusOr(const Status& status) : status_(status) {  // NOLINT(google-explicit-constructor)
+  StatusOr(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (status_.ok()) status_ = InternalError("StatusOr constructed from an OK status");
   }
   StatusOr(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
