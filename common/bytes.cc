@@ -33,7 +33,7 @@ StatusOr<uint64_t> ParseBytes(std::string_view text) {
   uint64_t whole = 0;
   bool any_digit = false;
   while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
-    const uint64_t digit = static_cast<uint64_t>(s[i] - '0');
+    const auto digit = static_cast<uint64_t>(s[i] - '0');
     if (whole > (std::numeric_limits<uint64_t>::max() - digit) / 10) {
       return BadSize(text, "too large");
     }
@@ -86,7 +86,7 @@ StatusOr<uint64_t> ParseBytes(std::string_view text) {
   __extension__ using U128 = unsigned __int128;
   const U128 frac_bytes_scaled = static_cast<U128>(frac) * mult;
   if (frac_bytes_scaled % frac_scale != 0) return BadSize(text, "not a whole number of bytes");
-  const uint64_t extra = static_cast<uint64_t>(frac_bytes_scaled / frac_scale);
+  const auto extra = static_cast<uint64_t>(frac_bytes_scaled / frac_scale);
   if (base > std::numeric_limits<uint64_t>::max() - extra) return BadSize(text, "too large");
   return base + extra;
 }
@@ -94,7 +94,7 @@ StatusOr<uint64_t> ParseBytes(std::string_view text) {
 std::string FormatBytes(uint64_t bytes) {
   static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int unit = 0;
-  double value = static_cast<double>(bytes);
+  auto value = static_cast<double>(bytes);
   while (value >= 1024.0 && unit < 5) {
     value /= 1024.0;
     ++unit;

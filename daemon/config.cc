@@ -319,9 +319,8 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
     }
     Status status = knob.apply(value, &config);
     if (!status.ok()) {
-      std::string why = status.message();
       // Size errors already quote the value; say which knob and source it came from.
-      return InvalidArgumentError(shown + ": " + why);
+      return InvalidArgumentError(shown + ": " + status.message());
     }
     config.entries.push_back({knob.name, value, source, knob.help});
   }

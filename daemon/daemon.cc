@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <grp.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,6 +13,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 
 #include "common/bytes.h"

@@ -23,6 +23,8 @@ std::string FloatText(float v) {
 }
 
 // The index of the first element whose bits differ, or -1.
+// Bitwise on purpose: parity means the same bits (NaN payloads and -0.0 included), not ==.
+// NOLINTBEGIN(bugprone-suspicious-memory-comparison)
 int64_t FirstDifference(const std::vector<float>& want, const std::vector<float>& got) {
   if (want.size() != got.size()) return 0;
   if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0) return -1;
@@ -31,6 +33,7 @@ int64_t FirstDifference(const std::vector<float>& want, const std::vector<float>
   }
   return -1;
 }
+// NOLINTEND(bugprone-suspicious-memory-comparison)
 
 std::string Differs(const std::string& element, float got, float want) {
   return element + " = " + FloatText(got) + " but the in-process reference has " + FloatText(want);

@@ -250,13 +250,13 @@ class Launcher {
       sum.assignments += t.assignments;
     }
     if (complete > 0) {
+      const uint64_t stashes = sum.device + sum.host + sum.overflow;
       const uint64_t held = sum.bytes + sum.kept_bytes;
       std::printf(
           "total over %s: %llu stashes: device %llu, host %llu, overflow %llu | "
           "spills=%llu overflows=%llu | dropped %llu of %llu routed pairs | held %s in stashd + "
           "%s kept in ranks vs worst case %s: %s memory saved\n",
-          Count(complete, "rank").c_str(),
-          static_cast<unsigned long long>(sum.device + sum.host + sum.overflow),
+          Count(complete, "rank").c_str(), static_cast<unsigned long long>(stashes),
           static_cast<unsigned long long>(sum.device), static_cast<unsigned long long>(sum.host),
           static_cast<unsigned long long>(sum.overflow),
           static_cast<unsigned long long>(sum.spills),

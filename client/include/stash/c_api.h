@@ -9,6 +9,9 @@
 #ifndef STASH_C_API_H_
 #define STASH_C_API_H_
 
+/* A C header: C++ modernizations do not apply. */
+/* NOLINTBEGIN(modernize-use-using, modernize-deprecated-headers) */
+
 #include <stdint.h>
 
 #include "stash/export.h"
@@ -108,5 +111,7 @@ STASH_EXPORT int stash_get_stats(stash_client_t* client, stash_stats_t* out);
 #ifdef __cplusplus
 }
 #endif
+
+/* NOLINTEND(modernize-use-using, modernize-deprecated-headers) */
 
 #endif /* STASH_C_API_H_ */
