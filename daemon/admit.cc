@@ -92,6 +92,7 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
                                   " registered allocations, the limit: unregister some first");
   }
   s.declared_memories()[reg.memory_id()] = reg.bytes();
+  if (reg.kind() == v1::MEMORY_KIND_HOST_SHM) s.registered_names().push_back(reg.handle());
   return Status::Ok();
 }
 

@@ -1,9 +1,13 @@
 #include "daemon/pool.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "common/host_event.h"
 #include "common/logging.h"
@@ -61,6 +65,19 @@ void SignalDone(Session& s, const v1::EventRef& done) {
   if (ptr.ok()) EventSignal(reinterpret_cast<uint64_t*>(*ptr), done.value());
 }
 
+// Whether process `pid` has exited: no such process, or a zombie its parent has not reaped yet.
+bool ProcessGone(int64_t pid) {
+  if (pid <= 0) return false;
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto paren = line.rfind(')');  // the command name may contain spaces and parentheses
+  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
+  const char state = line[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
 }  // namespace
 
 Pool::Pool(int index, Tier* device, Tier* host, CopyWorkers* workers, DaemonCounters* counters)
@@ -110,6 +127,21 @@ bool Pool::Ready(const Op& op) {
   return EventReached(reinterpret_cast<const uint64_t*>(*ptr), ready->value());
 }
 
+void Pool::SweepOrphans() {
+  const auto now = Clock::now();
+  orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
+                                [&](const Orphan& o) {
+                                  if (ProcessGone(o.pid)) {
+                                    for (const std::string& name : o.names) {
+                                      shm_unlink(name.c_str());
+                                    }
+                                    return true;
+                                  }
+                                  return now >= o.until;
+                                }),
+                 orphans_.end());
+}
+
 void Pool::Run() {
   auto backoff = std::chrono::microseconds(20);
   while (true) {
@@ -118,9 +150,14 @@ void Pool::Run() {
       MutexLock lock(&mu_);
       bool found = false;
       while (!found) {
+        if (!orphans_.empty()) SweepOrphans();
         if (queue_.empty()) {
           if (stopping_) return;
-          cv_.Wait(&mu_);
+          if (orphans_.empty()) {
+            cv_.Wait(&mu_);
+          } else {
+            cv_.WaitWithTimeout(&mu_, std::chrono::milliseconds(20));
+          }
           continue;
         }
         // The first op whose session has no earlier op still waiting for its ready event.
@@ -443,12 +480,23 @@ void Pool::DoTeardown(Session& s) {
   s.stashes().clear();
   // A client that died cannot unlink the shared memory it created: do it for it, or the names
   // would stay in /dev/shm until reboot. A live client (it merely closed the session) keeps them.
-  const bool client_gone =
-      s.info().pid > 0 && kill(static_cast<pid_t>(s.info().pid), 0) != 0 && errno == ESRCH;
-  if (client_gone) {
-    for (auto& [id, memory] : s.memories()) {
-      if (memory.mapping != nullptr) memory.mapping->ForceUnlink();
+  // Only names the client created itself ("/stashd-<its pid>-..."): a session cannot make the
+  // daemon unlink another process's memory.
+  const std::string own_prefix = "/stashd-" + std::to_string(s.info().pid) + "-";
+  std::vector<std::string> names;
+  {
+    MutexLock lock(&s.mu());
+    for (const std::string& name : s.registered_names()) {
+      if (name.rfind(own_prefix, 0) == 0 && name.find('/', 1) == std::string::npos) {
+        names.push_back(name);
+      }
     }
+  }
+  if (!names.empty()) {
+    MutexLock lock(&mu_);
+    orphans_.push_back(
+        Orphan{s.info().pid, std::move(names), Clock::now() + std::chrono::seconds(5)});
+    SweepOrphans();
   }
   s.memories().clear();  // unmaps
   s.counters().memories.store(0, std::memory_order_relaxed);

@@ -13,7 +13,9 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "daemon/copy_workers.h"
 #include "daemon/session.h"
@@ -54,7 +56,17 @@ class Pool {
     bool teardown = false;
   };
 
+  // Shared memory names of a closed session whose process had not exited yet at teardown. The
+  // worker unlinks them once it has (a SIGKILLed client closes its socket before it is a
+  // zombie), or forgets them after a few seconds: a live client unlinks its own.
+  struct Orphan {
+    int64_t pid;
+    std::vector<std::string> names;
+    std::chrono::steady_clock::time_point until;
+  };
+
   void Run();
+  void SweepOrphans() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the op's ready event (if any) is signalled. Worker thread only.
   bool Ready(const Op& op);
   void Execute(Op& op);
@@ -81,6 +93,7 @@ class Pool {
   CondVar cv_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Orphan> orphans_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
 };
 

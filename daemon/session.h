@@ -107,6 +107,11 @@ class Session {
   absl::flat_hash_map<uint64_t, TicketShape>& live_tickets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return live_tickets_;
   }
+  // Shm names of host memory the client registered (admitted, opened or not): the daemon
+  // unlinks them for a client that died.
+  std::vector<std::string>& registered_names() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return registered_names_;
+  }
   void ForgetTicket(uint64_t ticket);
 
   // Worker-side state: touched only by the session's pool worker thread.
@@ -132,6 +137,7 @@ class Session {
   Mutex mu_;
   absl::flat_hash_map<uint64_t, uint64_t> declared_memories_ ABSL_GUARDED_BY(mu_);  // id -> bytes
   absl::flat_hash_map<uint64_t, TicketShape> live_tickets_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> registered_names_ ABSL_GUARDED_BY(mu_);
 
   absl::flat_hash_map<uint64_t, ClientMemory> memories_;
   absl::flat_hash_map<uint64_t, StashRecord> stashes_;
