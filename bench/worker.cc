@@ -1,0 +1,612 @@
+#include "bench/worker.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "bench/ping.h"
+#include "bench/samples.h"
+#include "common/macros.h"
+#include "stash/client.h"
+#include "stash/v1/stash.grpc.pb.h"
+
+namespace stash::bench {
+namespace {
+
+namespace v1 = stash::v1;
+namespace pb = stashbench::v1;
+
+using Flags = std::map<std::string, std::string>;
+
+constexpr int kConnectMs = 10000;
+
+std::string Flag(const Flags& flags, const std::string& name, const std::string& fallback = "") {
+  auto it = flags.find(name);
+  return it == flags.end() ? fallback : it->second;
+}
+uint64_t FlagU64(const Flags& flags, const std::string& name, uint64_t fallback) {
+  const std::string v = Flag(flags, name);
+  return v.empty() ? fallback : std::stoull(v);
+}
+
+// "result key=value ..." on stdout.
+class Result {
+ public:
+  Result& Add(const std::string& key, double value) {
+    out_ << ' ' << key << '=' << value;
+    return *this;
+  }
+  void Print() {
+    std::printf("result%s\n", out_.str().c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  std::ostringstream out_;
+};
+
+int Fail(const Status& status) {
+  std::printf("error %s\n", status.ToString().c_str());
+  std::fflush(stdout);
+  return 1;
+}
+
+StatusOr<std::unique_ptr<Client>> OpenClient(const std::string& socket, int device = 0) {
+  Options options;
+  options.socket = socket;
+  options.device = device;
+  options.allow_host_spill = false;  // a full pool must show, not hide in the host tier
+  options.connect_timeout_ms = kConnectMs;
+  options.label = "stash-bench";
+  return Client::Open(options);
+}
+
+StatusOr<Completion> StashAndWait(Client& client, const StashArgs& args) {
+  STASH_ASSIGN_OR_RETURN(const uint64_t ticket, client.Stash(args));
+  return client.Wait(ticket);
+}
+
+StatusOr<Completion> ReloadAndWait(Client& client, uint64_t ticket, const HostBuffer& dst) {
+  ReloadArgs args;
+  args.ticket = ticket;
+  args.destination = &dst;
+  STASH_ASSIGN_OR_RETURN(const uint64_t op, client.Reload(args));
+  return client.Wait(op);
+}
+
+Status CheckPlaced(const Completion& done, uint64_t want_bytes) {
+  if (done.tier != Tier::kDevice || done.bytes != want_bytes) {
+    return InternalError(std::string("stash went to ") + TierName(done.tier) + " with " +
+                         std::to_string(done.bytes) + " bytes, not the device pool with " +
+                         std::to_string(want_bytes) + ": is --pool-bytes too small?");
+  }
+  return Status::Ok();
+}
+
+StatusOr<v1::DaemonStats> GetDaemonStats(v1::StashService::Stub& stub) {
+  grpc::ClientContext context;
+  v1::GetStatsRequest request;
+  v1::GetStatsResponse response;
+  const grpc::Status s = stub.GetStats(&context, request, &response);
+  if (!s.ok()) return UnavailableError("GetStats: " + s.error_message());
+  return response.daemon();
+}
+
+// Bytes copied in `seconds`, in GB/s (1e9 bytes per second).
+double Gbps(uint64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
+}
+
+// The daemon's copy rate of the copies after a first batch: its window reports bytes/seconds over
+// every copy so far, so the seconds of the first batch (bytes_a at rate_a) are taken out.
+double LaterCopyGbps(uint64_t bytes_a, double gbps_a, uint64_t bytes_b, double gbps_ab) {
+  if (gbps_a <= 0 || gbps_ab <= 0) return 0;
+  const double seconds_a = static_cast<double>(bytes_a) / (gbps_a * 1e9);
+  const double seconds_ab = static_cast<double>(bytes_a + bytes_b) / (gbps_ab * 1e9);
+  return Gbps(bytes_b, seconds_ab - seconds_a);
+}
+
+// ---- copy -----------------------------------------------------------------------------------
+
+Status RunCopy(const Flags& flags) {
+  const std::string socket = Flag(flags, "socket");
+  const uint64_t bytes = FlagU64(flags, "bytes", 64ULL << 20);
+  const uint64_t reps = FlagU64(flags, "reps", 5);
+  constexpr uint64_t kRowBytes = 4096;
+  if (bytes % kRowBytes != 0) return InvalidArgumentError("--bytes must be a multiple of 4096");
+
+  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket));
+  STASH_ASSIGN_OR_RETURN(auto src, HostBuffer::Allocate(bytes));
+  STASH_ASSIGN_OR_RETURN(auto dst, HostBuffer::Allocate(bytes));
+  STASH_ASSIGN_OR_RETURN(auto copy_dst, HostBuffer::Allocate(bytes));
+  // Touch everything here first, so no page fault of ours is timed.
+  for (uint64_t i = 0; i < bytes; i += 8) {
+    const uint64_t v = i * 0x9E3779B97F4A7C15ULL;
+    std::memcpy(src->data() + i, &v, 8);
+  }
+  std::memset(dst->data(), 0, bytes);
+  std::memset(copy_dst->data(), 0, bytes);
+  STASH_ASSIGN_OR_RETURN(auto channel, ConnectUnix(socket, kConnectMs));
+  auto stub = v1::StashService::NewStub(channel);
+
+  StashArgs args;
+  args.source = src.get();
+  args.row_bytes = kRowBytes;
+  args.max_rows = bytes / kRowBytes;
+  args.count.value = args.max_rows;
+
+  // Warm-up: two stashes fill the pool (the bench sizes it to two buffers), so every pool page
+  // and the daemon's mappings of src and dst have been touched once. The first one is "cold".
+  auto t0 = Clock::now();
+  STASH_ASSIGN_OR_RETURN(const Completion a, StashAndWait(*client, args));
+  const double cold_stash_s = SecondsBetween(t0, Clock::now());
+  STASH_RETURN_IF_ERROR(CheckPlaced(a, bytes));
+  STASH_ASSIGN_OR_RETURN(const Completion b, StashAndWait(*client, args));
+  STASH_RETURN_IF_ERROR(CheckPlaced(b, bytes));
+  STASH_ASSIGN_OR_RETURN(Completion unused, ReloadAndWait(*client, a.ticket, *dst));
+  STASH_ASSIGN_OR_RETURN(unused, ReloadAndWait(*client, b.ticket, *dst));
+  (void)unused;
+  std::memcpy(copy_dst->data(), src->data(), bytes);
+  STASH_ASSIGN_OR_RETURN(const v1::DaemonStats warm, GetDaemonStats(*stub));
+
+  std::vector<double> memcpy_s, stash_s, reload_s, stash_daemon_s, reload_daemon_s;
+  for (uint64_t rep = 0; rep < reps; ++rep) {
+    t0 = Clock::now();
+    std::memcpy(copy_dst->data(), src->data(), bytes);
+    memcpy_s.push_back(SecondsBetween(t0, Clock::now()));
+
+    if (rep + 1 == reps) std::memset(dst->data(), 0, bytes);  // the last reload is checked
+    t0 = Clock::now();
+    STASH_ASSIGN_OR_RETURN(const Completion s, StashAndWait(*client, args));
+    stash_s.push_back(SecondsBetween(t0, Clock::now()));
+    STASH_RETURN_IF_ERROR(CheckPlaced(s, bytes));
+    stash_daemon_s.push_back(static_cast<double>(s.latency_us) * 1e-6);
+
+    t0 = Clock::now();
+    STASH_ASSIGN_OR_RETURN(const Completion r, ReloadAndWait(*client, s.ticket, *dst));
+    reload_s.push_back(SecondsBetween(t0, Clock::now()));
+    reload_daemon_s.push_back(static_cast<double>(r.latency_us) * 1e-6);
+  }
+  if (std::memcmp(dst->data(), src->data(), bytes) != 0) {
+    return InternalError("reloaded bytes differ from the stashed ones");
+  }
+  if (std::memcmp(copy_dst->data(), src->data(), bytes) != 0) {
+    return InternalError("memcpy baseline copied wrong bytes");
+  }
+  STASH_ASSIGN_OR_RETURN(const v1::DaemonStats end, GetDaemonStats(*stub));
+
+  const uint64_t warm_bytes = 2 * bytes;
+  const uint64_t rep_bytes = reps * bytes;
+  Result()
+      .Add("memcpy_best_gbps", Gbps(bytes, Min(memcpy_s)))
+      .Add("memcpy_median_gbps", Gbps(bytes, Median(memcpy_s)))
+      .Add("stash_best_gbps", Gbps(bytes, Min(stash_s)))
+      .Add("stash_median_gbps", Gbps(bytes, Median(stash_s)))
+      .Add("reload_best_gbps", Gbps(bytes, Min(reload_s)))
+      .Add("reload_median_gbps", Gbps(bytes, Median(reload_s)))
+      .Add("stash_daemon_median_gbps", Gbps(bytes, Median(stash_daemon_s)))
+      .Add("reload_daemon_median_gbps", Gbps(bytes, Median(reload_daemon_s)))
+      .Add("cold_stash_gbps", Gbps(bytes, cold_stash_s))
+      .Add("getstats_stash_copy_gbps",
+           LaterCopyGbps(warm_bytes, warm.stash_copy_gbps(), rep_bytes, end.stash_copy_gbps()))
+      .Add("getstats_reload_copy_gbps",
+           LaterCopyGbps(warm_bytes, warm.reload_copy_gbps(), rep_bytes, end.reload_copy_gbps()))
+      .Add("getstats_all_stash_copy_gbps", end.stash_copy_gbps())
+      .Print();
+  return Status::Ok();
+}
+
+// ---- latency --------------------------------------------------------------------------------
+
+Status RunLatency(const Flags& flags) {
+  const std::string socket = Flag(flags, "socket");
+  const std::string ping_socket = Flag(flags, "ping-socket");
+  const uint64_t iters = FlagU64(flags, "iters", 2000);
+  const uint64_t rounds = FlagU64(flags, "rounds", 40);
+  const uint64_t warmup = FlagU64(flags, "warmup", 300);
+  constexpr uint64_t kBytes = 4096;
+
+  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket));
+  STASH_ASSIGN_OR_RETURN(auto src, HostBuffer::Allocate(kBytes));
+  STASH_ASSIGN_OR_RETURN(auto dst, HostBuffer::Allocate(kBytes));
+  std::memset(src->data(), 0x5A, kBytes);
+  STASH_ASSIGN_OR_RETURN(auto ping_channel, ConnectUnix(ping_socket, kConnectMs));
+  auto ping = pb::Ping::NewStub(ping_channel);
+  auto pinger = std::make_unique<StreamPinger>(ping.get());
+  STASH_ASSIGN_OR_RETURN(auto daemon_channel, ConnectUnix(socket, kConnectMs));
+  auto daemon = v1::StashService::NewStub(daemon_channel);
+
+  StashArgs args;
+  args.source = src.get();
+  args.row_bytes = kBytes;
+  args.max_rows = 1;
+  args.count.value = 1;
+
+  std::vector<double> submit_us, stash_us, reload_submit_us, reload_us, daemon_stash_us;
+  std::vector<double> ping_us, stream_us, getstats_us;
+  uint64_t ping_id = 0;
+
+  auto unary_ping = [&](std::vector<double>* out) -> Status {
+    grpc::ClientContext context;
+    pb::PingMessage request, reply;
+    request.set_id(++ping_id);
+    const auto t0 = Clock::now();
+    const grpc::Status s = ping->Echo(&context, request, &reply);
+    const auto t1 = Clock::now();
+    if (!s.ok()) return UnavailableError("ping: " + s.error_message());
+    if (out != nullptr) out->push_back(MicrosBetween(t0, t1));
+    return Status::Ok();
+  };
+  auto stream_ping = [&](std::vector<double>* out) -> Status {
+    const auto t0 = Clock::now();
+    if (!pinger->Ping(++ping_id)) return UnavailableError("stream ping broke");
+    if (out != nullptr) out->push_back(MicrosBetween(t0, Clock::now()));
+    return Status::Ok();
+  };
+  auto get_stats = [&](std::vector<double>* out) -> Status {
+    const auto t0 = Clock::now();
+    STASH_ASSIGN_OR_RETURN(const v1::DaemonStats unused, GetDaemonStats(*daemon));
+    (void)unused;
+    if (out != nullptr) out->push_back(MicrosBetween(t0, Clock::now()));
+    return Status::Ok();
+  };
+  auto stash_once = [&](bool record) -> Status {
+    const auto t0 = Clock::now();
+    STASH_ASSIGN_OR_RETURN(const uint64_t ticket, client->Stash(args));
+    const auto t1 = Clock::now();
+    STASH_ASSIGN_OR_RETURN(const Completion s, client->Wait(ticket));
+    const auto t2 = Clock::now();
+    STASH_RETURN_IF_ERROR(CheckPlaced(s, kBytes));
+    ReloadArgs r;
+    r.ticket = ticket;
+    r.destination = dst.get();
+    const auto t3 = Clock::now();
+    STASH_ASSIGN_OR_RETURN(const uint64_t op, client->Reload(r));
+    const auto t4 = Clock::now();
+    STASH_ASSIGN_OR_RETURN(const Completion unused, client->Wait(op));
+    const auto t5 = Clock::now();
+    (void)unused;
+    if (record) {
+      submit_us.push_back(MicrosBetween(t0, t1));
+      stash_us.push_back(MicrosBetween(t0, t2));
+      reload_submit_us.push_back(MicrosBetween(t3, t4));
+      reload_us.push_back(MicrosBetween(t3, t5));
+      daemon_stash_us.push_back(static_cast<double>(s.latency_us));
+    }
+    return Status::Ok();
+  };
+
+  // Eight Stash() calls back to back (a layer's buffers): after the first, a write is usually in
+  // flight, so the call only queues.
+  std::vector<double> burst_submit_us;
+  auto stash_burst = [&](bool record) -> Status {
+    constexpr int kBurst = 8;
+    uint64_t tickets[kBurst];
+    for (int i = 0; i < kBurst; ++i) {
+      const auto t0 = Clock::now();
+      STASH_ASSIGN_OR_RETURN(tickets[i], client->Stash(args));
+      if (record) burst_submit_us.push_back(MicrosBetween(t0, Clock::now()));
+    }
+    for (uint64_t ticket : tickets) {
+      STASH_ASSIGN_OR_RETURN(const Completion s, client->Wait(ticket));
+      STASH_RETURN_IF_ERROR(CheckPlaced(s, kBytes));
+      STASH_ASSIGN_OR_RETURN(const uint64_t op, client->Release(ticket));
+      STASH_ASSIGN_OR_RETURN(const Completion unused, client->Wait(op));
+      (void)unused;
+    }
+    return Status::Ok();
+  };
+
+  for (uint64_t i = 0; i < warmup; ++i) {
+    STASH_RETURN_IF_ERROR(unary_ping(nullptr));
+    STASH_RETURN_IF_ERROR(stream_ping(nullptr));
+    STASH_RETURN_IF_ERROR(stash_once(false));
+  }
+  STASH_RETURN_IF_ERROR(get_stats(nullptr));
+  // Rounds interleave the kinds, so a noisy moment of the machine hits all of them alike.
+  const uint64_t per_round = (iters + rounds - 1) / rounds;
+  for (uint64_t round = 0; round < rounds; ++round) {
+    for (uint64_t i = 0; i < per_round; ++i) STASH_RETURN_IF_ERROR(unary_ping(&ping_us));
+    for (uint64_t i = 0; i < per_round; ++i) STASH_RETURN_IF_ERROR(stash_once(true));
+    for (uint64_t i = 0; i < per_round; ++i) STASH_RETURN_IF_ERROR(stream_ping(&stream_us));
+    for (uint64_t i = 0; i < per_round / 4; ++i) STASH_RETURN_IF_ERROR(get_stats(&getstats_us));
+    for (uint64_t i = 0; i < per_round / 8; ++i) STASH_RETURN_IF_ERROR(stash_burst(true));
+  }
+  if (std::memcmp(dst->data(), src->data(), kBytes) != 0) {
+    return InternalError("reloaded bytes differ from the stashed ones");
+  }
+  pinger.reset();
+  Result()
+      .Add("submit_median_us", Median(submit_us))
+      .Add("submit_p99_us", Quantile(submit_us, 0.99))
+      .Add("stash_median_us", Median(stash_us))
+      .Add("stash_p99_us", Quantile(stash_us, 0.99))
+      .Add("burst_submit_median_us", Median(burst_submit_us))
+      .Add("burst_submit_p99_us", Quantile(burst_submit_us, 0.99))
+      .Add("reload_submit_median_us", Median(reload_submit_us))
+      .Add("reload_median_us", Median(reload_us))
+      .Add("reload_p99_us", Quantile(reload_us, 0.99))
+      .Add("daemon_stash_median_us", Median(daemon_stash_us))
+      .Add("ping_median_us", Median(ping_us))
+      .Add("ping_p99_us", Quantile(ping_us, 0.99))
+      .Add("stream_median_us", Median(stream_us))
+      .Add("stream_p99_us", Quantile(stream_us, 0.99))
+      .Add("getstats_median_us", Median(getstats_us))
+      .Add("getstats_p99_us", Quantile(getstats_us, 0.99))
+      .Add("ping_p10_us", Quantile(ping_us, 0.1))
+      .Add("ping_p90_us", Quantile(ping_us, 0.9))
+      .Add("stash_p10_us", Quantile(stash_us, 0.1))
+      .Add("stash_p90_us", Quantile(stash_us, 0.9))
+      .Add("stream_p10_us", Quantile(stream_us, 0.1))
+      .Add("stream_p90_us", Quantile(stream_us, 0.9))
+      .Add("samples", static_cast<double>(stash_us.size()))
+      .Print();
+  return Status::Ok();
+}
+
+// ---- saturate -------------------------------------------------------------------------------
+
+// Reads "go <milliseconds>" from stdin (after printing "ready").
+StatusOr<double> AwaitGo() {
+  std::printf("ready\n");
+  std::fflush(stdout);
+  std::string word;
+  double ms = 0;
+  if (!(std::cin >> word >> ms) || word != "go")
+    return UnavailableError("stdin closed before \"go\"");
+  return ms / 1000.0;
+}
+
+Status RunSaturateStash(const Flags& flags) {
+  const std::string socket = Flag(flags, "socket");
+  const uint64_t window = FlagU64(flags, "window", 32);
+  constexpr uint64_t kBytes = 4096;
+  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket));
+  STASH_ASSIGN_OR_RETURN(auto src, HostBuffer::Allocate(kBytes));
+  STASH_ASSIGN_OR_RETURN(auto dst, HostBuffer::Allocate(kBytes));
+  StashArgs args;
+  args.source = src.get();
+  args.row_bytes = kBytes;
+  args.max_rows = 1;
+  args.count.value = 1;
+
+  struct InFlight {
+    uint64_t op;
+    bool is_stash;
+  };
+  std::deque<InFlight> queue;
+  uint64_t issued = 0;  // every request sent, warm-up and drain included
+  // Answers of one session come back in order, so waiting on the oldest keeps `window` busy.
+  auto step = [&]() -> Status {
+    const InFlight front = queue.front();
+    queue.pop_front();
+    STASH_ASSIGN_OR_RETURN(const Completion done, client->Wait(front.op));
+    if (front.is_stash) {
+      STASH_RETURN_IF_ERROR(CheckPlaced(done, kBytes));
+      ReloadArgs r;
+      r.ticket = front.op;
+      r.destination = dst.get();
+      STASH_ASSIGN_OR_RETURN(const uint64_t op, client->Reload(r));
+      ++issued;
+      queue.push_back({op, false});
+    } else {
+      STASH_ASSIGN_OR_RETURN(const uint64_t ticket, client->Stash(args));
+      ++issued;
+      queue.push_back({ticket, true});
+    }
+    return Status::Ok();
+  };
+  for (uint64_t i = 0; i < window; ++i) {
+    STASH_ASSIGN_OR_RETURN(const uint64_t ticket, client->Stash(args));
+    ++issued;
+    queue.push_back({ticket, true});
+  }
+  for (int i = 0; i < 500; ++i) STASH_RETURN_IF_ERROR(step());  // warm-up
+
+  STASH_ASSIGN_OR_RETURN(const double seconds, AwaitGo());
+  uint64_t done = 0;
+  const auto t0 = Clock::now();
+  const auto until = t0 + std::chrono::duration<double>(seconds);
+  while (Clock::now() < until) {
+    STASH_RETURN_IF_ERROR(step());
+    ++done;
+  }
+  const double elapsed = SecondsBetween(t0, Clock::now());
+  while (!queue.empty()) {  // drain: every stash is reloaded or released before leaving
+    const InFlight front = queue.front();
+    queue.pop_front();
+    STASH_ASSIGN_OR_RETURN(const Completion c, client->Wait(front.op));
+    if (front.is_stash) {
+      STASH_ASSIGN_OR_RETURN(const uint64_t op, client->Release(c.ticket));
+      ++issued;
+      STASH_ASSIGN_OR_RETURN(const Completion unused, client->Wait(op));
+      (void)unused;
+    }
+  }
+  Result()
+      .Add("ops", static_cast<double>(done))
+      .Add("seconds", elapsed)
+      .Add("issued", static_cast<double>(issued))
+      .Print();
+  return Status::Ok();
+}
+
+// Unary pings, `window` in flight through the callback API.
+Status RunSaturatePing(const Flags& flags) {
+  const std::string socket = Flag(flags, "socket");
+  const uint64_t window = FlagU64(flags, "window", 32);
+  STASH_ASSIGN_OR_RETURN(auto channel, ConnectUnix(socket, kConnectMs));
+  auto stub = pb::Ping::NewStub(channel);
+
+  struct Slot {
+    std::unique_ptr<grpc::ClientContext> context;
+    pb::PingMessage request, reply;
+  };
+  std::vector<Slot> slots(window);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<size_t> finished;  // guarded by mu
+  bool failed = false;           // guarded by mu
+  uint64_t issued = 0;           // every call made, warm-up and drain included
+  auto issue = [&](size_t i) {
+    ++issued;
+    Slot& s = slots[i];
+    s.context = std::make_unique<grpc::ClientContext>();
+    s.request.set_id(i);
+    stub->async()->Echo(s.context.get(), &s.request, &s.reply, [&, i](grpc::Status status) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!status.ok()) failed = true;
+      finished.push_back(i);
+      cv.notify_one();
+    });
+  };
+  // Waits for finished calls, reissues them while `more`; returns how many finished.
+  auto turn = [&](bool more) -> StatusOr<uint64_t> {
+    std::vector<size_t> ready;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return !finished.empty(); });
+      if (failed) return UnavailableError("ping failed");
+      ready.swap(finished);
+    }
+    if (more) {
+      for (size_t i : ready) issue(i);
+    }
+    return ready.size();
+  };
+  for (size_t i = 0; i < window; ++i) issue(i);
+  for (uint64_t warm = 0; warm < 500;) {
+    STASH_ASSIGN_OR_RETURN(const uint64_t n, turn(true));
+    warm += n;
+  }
+  STASH_ASSIGN_OR_RETURN(const double seconds, AwaitGo());
+  uint64_t done = 0;
+  const auto t0 = Clock::now();
+  const auto until = t0 + std::chrono::duration<double>(seconds);
+  while (Clock::now() < until) {
+    STASH_ASSIGN_OR_RETURN(const uint64_t n, turn(true));
+    done += n;
+  }
+  const double elapsed = SecondsBetween(t0, Clock::now());
+  for (uint64_t left = window; left > 0;) {
+    STASH_ASSIGN_OR_RETURN(const uint64_t n, turn(false));
+    left -= n;
+  }
+  Result()
+      .Add("ops", static_cast<double>(done))
+      .Add("seconds", elapsed)
+      .Add("issued", static_cast<double>(issued))
+      .Print();
+  return Status::Ok();
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+struct MemoryBuffer {
+  uint64_t row_bytes;
+  uint32_t divisor;
+};
+
+// Forward then backward through `tokens` (one entry per layer) on one client; returns the
+// pool's high water mark and checks every page came back.
+Status RunMemoryOnPool(Client& client, const HostBuffer& source, const HostBuffer& counts,
+                       const std::vector<uint64_t>& tokens, uint64_t budget,
+                       const std::vector<MemoryBuffer>& buffers, Result& result,
+                       const std::string& prefix) {
+  std::vector<uint64_t> tickets;
+  uint64_t payload = 0;
+  uint64_t pages = 0;
+  // Counts live in shared memory and are read by the daemon when the copy runs (sync-free).
+  for (size_t l = 0; l < tokens.size(); ++l) {
+    const int64_t count = static_cast<int64_t>(tokens[l]);
+    std::memcpy(counts.data() + 8 * l, &count, 8);
+  }
+  for (size_t l = 0; l < tokens.size(); ++l) {
+    for (const MemoryBuffer& b : buffers) {
+      StashArgs args;
+      args.source = &source;
+      args.row_bytes = b.row_bytes;
+      args.max_rows = budget / b.divisor;
+      args.count.buffer = &counts;
+      args.count.offset = 8 * l;
+      args.count.divisor = b.divisor;
+      STASH_ASSIGN_OR_RETURN(const Completion done, StashAndWait(client, args));
+      const uint64_t want = tokens[l] / b.divisor * b.row_bytes;
+      STASH_RETURN_IF_ERROR(CheckPlaced(done, want));
+      payload += done.bytes;
+      pages += done.pages;
+      tickets.push_back(done.ticket);
+    }
+  }
+  STASH_ASSIGN_OR_RETURN(const SessionStats at_peak, client.Stats());
+  for (auto it = tickets.rbegin(); it != tickets.rend(); ++it) {
+    STASH_ASSIGN_OR_RETURN(const Completion unused, ReloadAndWait(client, *it, source));
+    (void)unused;
+  }
+  STASH_ASSIGN_OR_RETURN(const SessionStats after, client.Stats());
+  if (after.pool_pages_used != 0) {
+    return InternalError("pages still in use after every reload: " +
+                         std::to_string(after.pool_pages_used));
+  }
+  result.Add(prefix + "_high_water_pages", static_cast<double>(at_peak.pool_pages_high_water))
+      .Add(prefix + "_pages_at_peak", static_cast<double>(at_peak.pool_pages_used))
+      .Add(prefix + "_stash_pages", static_cast<double>(pages))
+      .Add(prefix + "_payload_bytes", static_cast<double>(payload));
+  return Status::Ok();
+}
+
+Status RunMemory(const Flags& flags) {
+  const std::string socket = Flag(flags, "socket");
+  const uint64_t budget = FlagU64(flags, "budget", 49152);
+  const uint64_t hidden = FlagU64(flags, "hidden", 7168);
+  std::vector<uint64_t> tokens;
+  {
+    std::istringstream in(Flag(flags, "tokens"));
+    std::string item;
+    while (std::getline(in, item, ',')) tokens.push_back(std::stoull(item));
+  }
+  if (tokens.empty()) return InvalidArgumentError("--tokens=t0,t1,... is required");
+  const uint64_t scale_row = (hidden + 127) / 128 * 128;
+  STASH_ASSIGN_OR_RETURN(auto bf16, OpenClient(socket, 0));
+  STASH_ASSIGN_OR_RETURN(auto mxfp8, OpenClient(socket, 1));
+  STASH_ASSIGN_OR_RETURN(auto source, HostBuffer::Allocate(budget * 2 * hidden));
+  STASH_ASSIGN_OR_RETURN(auto counts, HostBuffer::Allocate(8 * tokens.size()));
+  Result result;
+  STASH_RETURN_IF_ERROR(
+      RunMemoryOnPool(*bf16, *source, *counts, tokens, budget, {{2 * hidden, 1}}, result, "bf16"));
+  STASH_RETURN_IF_ERROR(RunMemoryOnPool(*mxfp8, *source, *counts, tokens, budget,
+                                        {{hidden, 1}, {scale_row, 32}}, result, "mxfp8"));
+  result.Print();
+  return Status::Ok();
+}
+
+}  // namespace
+
+int RunWorker(const Flags& flags) {
+  const std::string task = Flag(flags, "task");
+  Status status;
+  if (task == "copy") {
+    status = RunCopy(flags);
+  } else if (task == "latency") {
+    status = RunLatency(flags);
+  } else if (task == "saturate") {
+    status =
+        Flag(flags, "mode", "stash") == "ping" ? RunSaturatePing(flags) : RunSaturateStash(flags);
+  } else if (task == "memory") {
+    status = RunMemory(flags);
+  } else {
+    status = InvalidArgumentError("unknown --task=" + task);
+  }
+  return status.ok() ? 0 : Fail(status);
+}
+
+}  // namespace stash::bench
