@@ -71,23 +71,23 @@ class Daemon {
     std::vector<std::string> argv = {env.options.stashd, "--backend=host", "--socket=" + socket,
                                      "--log-level=warn"};
     argv.insert(argv.end(), flags.begin(), flags.end());
+    std::error_code ignored;
+    std::filesystem::remove(socket, ignored);  // a stale one (--keep-dir) would look ready
     STASH_ASSIGN_OR_RETURN(auto child, Child::Spawn(argv, log));
     if (!WaitForPath(socket, 15000)) {
       return UnavailableError("stashd did not create " + socket + "; its log:" + Tail(log, 10));
     }
-    return std::unique_ptr<Daemon>(new Daemon(std::move(child), socket, log));
+    return std::unique_ptr<Daemon>(new Daemon(std::move(child), socket));
   }
   ~Daemon() { child_->Stop(SIGTERM, 10000); }
   const std::string& socket() const { return socket_; }
-  const std::string& log() const { return log_; }
   pid_t pid() const { return child_->pid(); }
 
  private:
-  Daemon(std::unique_ptr<Child> child, std::string socket, std::string log)
-      : child_(std::move(child)), socket_(std::move(socket)), log_(std::move(log)) {}
+  Daemon(std::unique_ptr<Child> child, std::string socket)
+      : child_(std::move(child)), socket_(std::move(socket)) {}
   std::unique_ptr<Child> child_;
   std::string socket_;
-  std::string log_;
 };
 
 // User + system CPU seconds `pid` has used so far (/proc/<pid>/stat), or -1.
@@ -107,12 +107,10 @@ double CpuSeconds(pid_t pid) {
   return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-StatusOr<Fields> ToFields(const std::string& line) {
+// The numbers of a "result key=value ..." line.
+Fields ToFields(const std::string& line) {
   Fields out;
-  for (const auto& [k, v] : ParseFields(line)) {
-    char* end = nullptr;
-    out[k] = std::strtod(v.c_str(), &end);
-  }
+  for (const auto& [k, v] : ParseFields(line)) out[k] = std::strtod(v.c_str(), nullptr);
   return out;
 }
 
@@ -145,6 +143,8 @@ StatusOr<Fields> RunWorker(Env& env, const std::vector<std::string>& flags) {
 
 // The ping server child (this binary, --role=ping-server).
 StatusOr<std::unique_ptr<Child>> StartPingServer(Env& env, const std::string& socket) {
+  std::error_code ignored;
+  std::filesystem::remove(socket, ignored);
   STASH_ASSIGN_OR_RETURN(
       auto child, Child::Spawn({env.options.self, "--role=ping-server", "--socket=" + socket},
                                env.dir + "/ping.log"));
@@ -429,9 +429,9 @@ Status PhaseMemory(Env& env, std::vector<Row>& rows) {
     const auto buffers = RecipeBuffers(recipe, config.hidden);
     for (const uint64_t page : pages) {
       const PagingResult r = ModelPaging(config, routing, buffers, page);
-      const double peak = static_cast<double>(r.peak_pages_hottest * page);
+      const auto peak = static_cast<double>(r.peak_pages_hottest * page);
       const double frag = peak - static_cast<double>(r.payload_bytes_hottest);
-      const double stat = static_cast<double>(r.static_bytes);
+      const auto stat = static_cast<double>(r.static_bytes);
       rows.push_back({"5",
                       std::string(recipe == "bf16" ? "BF16" : "MXFP8 data + scale_inv") +
                           ", page " + SizeName(page) + ": peak paged, hottest rank (frag)",
@@ -504,6 +504,15 @@ Status PhaseMemory(Env& env, std::vector<Row>& rows) {
 }  // namespace
 
 int RunOrchestrator(const BenchOptions& options) {
+  for (const std::string& binary : {options.stashd, options.paging_bench}) {
+    if (access(binary.c_str(), X_OK) != 0) {
+      std::fprintf(stderr,
+                   "stash-bench: %s is missing: build the stashd and stash-bench-paging targets "
+                   "(or pass --stashd= / --paging-bench=)\n",
+                   binary.c_str());
+      return 1;
+    }
+  }
   Env env;
   env.options = options;
   if (!options.keep_dir.empty()) {
@@ -547,8 +556,8 @@ int RunOrchestrator(const BenchOptions& options) {
          << "; 1-min load average " << Fixed(load_start, 2) << " at start, "
          << Fixed(LoadAverage(), 2) << " at end, on " << sysconf(_SC_NPROCESSORS_ONLN)
          << " cores: other load inflates latencies\n";
-  report << "GB/s = 1e9 bytes/s; ratio = value / baseline (section 4 ring: max/min); "
-            "medians unless a row says otherwise\n\n";
+  report << "GB/s = 1e9 bytes/s; ratio = value / baseline (ring rows: max/min); medians unless "
+            "stated\n\n";
   report << MarkdownTable(rows);
   std::fputs(report.str().c_str(), stdout);
   std::fflush(stdout);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -23,7 +24,7 @@ inline double Quantile(std::vector<double> samples, double q) {
   if (samples.empty()) return 0;
   std::sort(samples.begin(), samples.end());
   const double pos = q * static_cast<double>(samples.size() - 1);
-  return samples[static_cast<size_t>(pos + 0.5)];
+  return samples[static_cast<size_t>(std::llround(pos))];
 }
 inline double Median(const std::vector<double>& samples) { return Quantile(samples, 0.5); }
 inline double Min(const std::vector<double>& samples) {

@@ -291,9 +291,9 @@ Status RunLatency(const Flags& flags) {
   auto stash_burst = [&](bool record) -> Status {
     constexpr int kBurst = 8;
     uint64_t tickets[kBurst];
-    for (int i = 0; i < kBurst; ++i) {
+    for (uint64_t& ticket : tickets) {
       const auto t0 = Clock::now();
-      STASH_ASSIGN_OR_RETURN(tickets[i], client->Stash(args));
+      STASH_ASSIGN_OR_RETURN(ticket, client->Stash(args));
       if (record) burst_submit_us.push_back(MicrosBetween(t0, Clock::now()));
     }
     for (uint64_t ticket : tickets) {
@@ -462,7 +462,7 @@ Status RunSaturatePing(const Flags& flags) {
     Slot& s = slots[i];
     s.context = std::make_unique<grpc::ClientContext>();
     s.request.set_id(i);
-    stub->async()->Echo(s.context.get(), &s.request, &s.reply, [&, i](grpc::Status status) {
+    stub->async()->Echo(s.context.get(), &s.request, &s.reply, [&, i](const grpc::Status& status) {
       std::lock_guard<std::mutex> lock(mu);
       if (!status.ok()) failed = true;
       finished.push_back(i);
@@ -527,7 +527,7 @@ Status RunMemoryOnPool(Client& client, const HostBuffer& source, const HostBuffe
   uint64_t pages = 0;
   // Counts live in shared memory and are read by the daemon when the copy runs (sync-free).
   for (size_t l = 0; l < tokens.size(); ++l) {
-    const int64_t count = static_cast<int64_t>(tokens[l]);
+    const auto count = static_cast<int64_t>(tokens[l]);
     std::memcpy(counts.data() + 8 * l, &count, 8);
   }
   for (size_t l = 0; l < tokens.size(); ++l) {
