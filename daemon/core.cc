@@ -11,6 +11,16 @@ namespace {
 namespace v1 = stash::v1;
 }  // namespace
 
+void AddConfigEntries(const DaemonConfig& config, v1::GetConfigResponse* out) {
+  for (const DaemonConfig::Entry& e : config.entries) {
+    v1::ConfigEntry* entry = out->add_entries();
+    entry->set_name(e.name);
+    entry->set_value(e.value);
+    entry->set_source(e.source);
+    entry->set_help(e.help);
+  }
+}
+
 DaemonCore::DaemonCore(const DaemonConfig& config, v1::Backend backend, std::string socket_path)
     : config_(config),
       backend_(backend),
@@ -200,13 +210,7 @@ v1::ListSessionsResponse DaemonCore::ListSessions() {
 
 v1::GetConfigResponse DaemonCore::Config() const {
   v1::GetConfigResponse out;
-  for (const DaemonConfig::Entry& e : config_.entries) {
-    v1::ConfigEntry* entry = out.add_entries();
-    entry->set_name(e.name);
-    entry->set_value(e.value);
-    entry->set_source(e.source);
-    entry->set_help(e.help);
-  }
+  AddConfigEntries(config_, &out);
   out.set_backend(backend_);
   out.set_socket(socket_path_);
   out.set_pools(static_cast<uint32_t>(pools_.size()));

@@ -24,6 +24,9 @@
 
 namespace stash::daemon {
 
+// The knob rows of `config` as GetConfig reports them (also `stashd --print-config`).
+void AddConfigEntries(const DaemonConfig& config, stash::v1::GetConfigResponse* out);
+
 // Thread-safe.
 class DaemonCore {
  public:

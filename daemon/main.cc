@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "common/version.h"
 #include "daemon/config.h"
+#include "daemon/core.h"
 #include "daemon/daemon.h"
 #include "stash/v1/stash.pb.h"
 
@@ -25,13 +26,7 @@ int main(int argc, char** argv) {
       return 0;
     case d::CommandLine::Action::kPrintConfig: {
       stash::v1::GetConfigResponse config;
-      for (const auto& e : parsed->config.entries) {
-        auto* entry = config.add_entries();
-        entry->set_name(e.name);
-        entry->set_value(e.value);
-        entry->set_source(e.source);
-        entry->set_help(e.help);
-      }
+      d::AddConfigEntries(parsed->config, &config);
       config.set_version(stash::kVersion);
       std::string json;
       google::protobuf::util::JsonPrintOptions options;

@@ -414,11 +414,9 @@ void Pool::DoReload(Session& s, const v1::SessionRequest& req, Clock::time_point
     if (rl.zero_tail()) {
       kernels::ZeroBytes(destination, record.bytes, record.max_rows * record.row_bytes);
     }
-    kernels::ReturnPages(tier->ring(), tier->ring().tail, record.page_record.data(), 0,
-                         record.page_record.size());
-    tier->PublishFree(record.page_record.size(), record.bytes);
   }
   const double copy_seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
+  FreeStash(s, record);  // the copy is done: the pages go back
 
   v1::SessionResponse r = Reply(req.request_id());
   v1::ReloadDone* done = r.mutable_reload();
@@ -429,8 +427,6 @@ void Pool::DoReload(Session& s, const v1::SessionRequest& req, Clock::time_point
   SessionCounters& c = s.counters();
   c.reloads.fetch_add(1, std::memory_order_relaxed);
   c.bytes_reloaded.fetch_add(record.bytes, std::memory_order_relaxed);
-  c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
-  c.pages_live.fetch_sub(record.page_record.size(), std::memory_order_relaxed);
   counters_->reloads.fetch_add(1, std::memory_order_relaxed);
   counters_->bytes_reloaded.fetch_add(record.bytes, std::memory_order_relaxed);
   if (record.bytes > 0) counters_->reload_copy.Add(record.bytes, copy_seconds);
