@@ -1,0 +1,393 @@
+// stash-bench-gpu copy: the paging kernels (LaunchStash / LaunchReload of paging_cuda.h) into a
+// device pool of 256 KiB pages whose free ring holds a permuted page list, against one
+// cudaMemcpyAsync device-to-device of the same bytes, in the same run; plus the host-side cost
+// of one LaunchStash call (what the daemon pays per stash request on the CUDA backend).
+//
+// Timing: every batch of iterations sits behind a Gate, so the events measure the GPU running
+// the work back to back. Each figure is the median over --iters iterations after a warm-up.
+// GB/s = payload bytes / time (a copy reads and writes each byte once; that traffic is not
+// counted twice). Each size is verified once: the reloaded buffer must equal the source, byte
+// for byte.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/gpu/bench_kernels.h"
+#include "bench/gpu/common.h"
+#include "stash/kernels/paging.h"
+#include "stash/kernels/paging_cuda.h"
+
+namespace stash::bench_gpu {
+namespace {
+
+using kernels::LaunchResult;
+using kernels::PageRing;
+using kernels::Placement;
+using kernels::ReloadLaunch;
+using kernels::StashLaunch;
+using kernels::StashPlan;
+
+constexpr uint64_t kPageBytes = 256 * kKiB;
+constexpr uint64_t kRowBytes = 8 * kKiB;  // a 4096-feature bf16 activation row
+constexpr uint64_t kSeed = 1;             // the ring's permutation and the source pattern
+constexpr int kDefaultIters = 20;
+constexpr int kChunk = 16;         // iterations behind one gate
+constexpr int kLaunchCalls = 200;  // LaunchStash calls timed on the host
+constexpr double kTargetRatio = 0.9;
+constexpr int64_t kTargetFromMiB = 64;
+constexpr double kTargetLaunchUs = 20.0;
+
+void CheckLaunch(const LaunchResult& result, const char* what) {
+  if (!result.ok()) {
+    Die(1, std::string(what) + " refused: " + kernels::LaunchStatusName(result.status) + ": " +
+               result.message);
+  }
+}
+
+// Device memory owned for the whole run (freed at exit).
+template <typename T>
+T* DeviceAlloc(uint64_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t error = cudaMalloc(&p, bytes);
+  if (error != cudaSuccess) {
+    Die(1, std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes for the " + what +
+               " failed: " + cudaGetErrorString(error));
+  }
+  return static_cast<T*>(p);
+}
+
+// Everything the stash and reload of one size need.
+struct Rig {
+  uint8_t* pool = nullptr;
+  PageRing* ring = nullptr;
+  uint64_t pages = 0;
+  uint8_t* src = nullptr;
+  uint8_t* dst = nullptr;
+  int64_t* count = nullptr;
+  uint64_t* record = nullptr;
+  StashPlan* plan = nullptr;
+  unsigned long long* mismatches = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+StashLaunch StashArgs(const Rig& rig, uint64_t bytes) {
+  StashLaunch args;
+  args.d_src = rig.src;
+  args.d_count = rig.count;
+  args.max_rows = bytes / kRowBytes;
+  args.row_bytes = kRowBytes;
+  args.page_bytes = kPageBytes;
+  args.device = kernels::CudaTier{rig.ring, rig.pool};
+  args.d_page_record = rig.record;
+  args.d_plan = rig.plan;
+  return args;
+}
+
+ReloadLaunch ReloadArgs(const Rig& rig, uint64_t bytes) {
+  ReloadLaunch args;
+  args.d_dst = rig.dst;
+  args.d_plan = rig.plan;
+  args.d_page_record = rig.record;
+  args.max_rows = bytes / kRowBytes;
+  args.row_bytes = kRowBytes;
+  args.page_bytes = kPageBytes;
+  args.device = kernels::CudaTier{rig.ring, rig.pool};
+  return args;
+}
+
+// One stash and reload of `bytes` into a cleared destination; returns "" when the plan placed
+// it in the pool, the destination equals the source and the ring has every page free again,
+// else what went wrong.
+std::string Verify(const Rig& rig, uint64_t bytes) {
+  BENCH_CUDA(cudaMemsetAsync(rig.dst, 0, bytes, rig.stream));
+  BENCH_CUDA(cudaMemsetAsync(rig.mismatches, 0, sizeof(unsigned long long), rig.stream));
+  CheckLaunch(kernels::LaunchStash(StashArgs(rig, bytes), rig.stream), "LaunchStash");
+  CheckLaunch(kernels::LaunchReload(ReloadArgs(rig, bytes), rig.stream), "LaunchReload");
+  BENCH_CUDA(LaunchCountMismatches(reinterpret_cast<const uint64_t*>(rig.src),
+                                   reinterpret_cast<const uint64_t*>(rig.dst), bytes / 8,
+                                   rig.mismatches, rig.stream));
+  BENCH_CUDA(cudaStreamSynchronize(rig.stream));
+  StashPlan plan{};
+  PageRing ring{};
+  unsigned long long mismatches = 0;
+  BENCH_CUDA(cudaMemcpy(&plan, rig.plan, sizeof(plan), cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(&ring, rig.ring, sizeof(ring), cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(&mismatches, rig.mismatches, sizeof(mismatches), cudaMemcpyDeviceToHost));
+  char why[256];
+  if (plan.placement != Placement::kDevice || plan.bytes != bytes) {
+    std::snprintf(why, sizeof(why),
+                  "plan placement %u bytes %" PRIu64 " (want 1 = device, %" PRIu64 ")",
+                  static_cast<unsigned>(plan.placement), plan.bytes, bytes);
+    return why;
+  }
+  if (mismatches != 0) {
+    std::snprintf(why, sizeof(why), "%llu of %" PRIu64 " 8-byte words of the reload differ",
+                  mismatches, bytes / 8);
+    return why;
+  }
+  if (ring.tail - ring.head != rig.pages) {
+    std::snprintf(why, sizeof(why),
+                  "ring has %" PRIu64 " free pages after the reload, want %" PRIu64,
+                  ring.tail - ring.head, rig.pages);
+    return why;
+  }
+  return "";
+}
+
+// Times `iters` iterations of `phases` enqueued operations, kChunk iterations per gate. Returns
+// each phase's per-iteration milliseconds.
+template <typename Enqueue>
+std::vector<std::vector<double>> TimeGated(Gate& gate, cudaStream_t stream, int iters, int phases,
+                                           Enqueue enqueue) {
+  std::vector<std::vector<double>> ms(static_cast<size_t>(phases));
+  std::vector<cudaEvent_t> events(static_cast<size_t>(kChunk * (phases + 1)));
+  for (cudaEvent_t& e : events) BENCH_CUDA(cudaEventCreate(&e));
+  for (int done = 0; done < iters;) {
+    const int n = std::min(kChunk, iters - done);
+    gate.Block(stream);
+    for (int i = 0; i < n; ++i) {
+      cudaEvent_t* ev = &events[static_cast<size_t>(i) * static_cast<size_t>(phases + 1)];
+      BENCH_CUDA(cudaEventRecord(ev[0], stream));
+      for (int p = 0; p < phases; ++p) {
+        enqueue(p);
+        BENCH_CUDA(cudaEventRecord(ev[p + 1], stream));
+      }
+    }
+    gate.Release();
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    gate.Check();
+    for (int i = 0; i < n; ++i) {
+      const cudaEvent_t* ev = &events[static_cast<size_t>(i) * static_cast<size_t>(phases + 1)];
+      for (int p = 0; p < phases; ++p) ms[p].push_back(ElapsedMs(ev[p], ev[p + 1]));
+    }
+    done += n;
+  }
+  for (cudaEvent_t e : events) BENCH_CUDA(cudaEventDestroy(e));
+  return ms;
+}
+
+double GBps(uint64_t bytes, double ms) { return static_cast<double>(bytes) / (ms * 1e6); }
+
+struct SizeResult {
+  int64_t mib = 0;
+  uint64_t bytes = 0;
+  double memcpy_ms = 0, stash_ms = 0, reload_ms = 0;
+  std::string verify_error;  // "" = verified
+  bool target_applies() const { return mib >= kTargetFromMiB; }
+  double stash_ratio() const { return memcpy_ms / stash_ms; }
+  double reload_ratio() const { return memcpy_ms / reload_ms; }
+};
+
+std::string Verdict(const SizeResult& r, double ratio) {
+  if (!r.target_applies()) return "-";
+  return ratio >= kTargetRatio ? "met" : "MISSED";
+}
+
+}  // namespace
+
+int RunCopy(const Options& options) {
+  const DeviceInfo device = SelectDevice(options.device);
+  const int iters = options.iters > 0 ? options.iters : kDefaultIters;
+  std::vector<int64_t> sizes = options.sizes_mib;
+  const int64_t max_mib = *std::max_element(sizes.begin(), sizes.end());
+  const uint64_t max_bytes = static_cast<uint64_t>(max_mib) * kMiB;
+
+  Rig rig;
+  const uint64_t pool_bytes = 2 * max_bytes;
+  rig.pages = pool_bytes / kPageBytes;
+  rig.pool = DeviceAlloc<uint8_t>(pool_bytes, "page pool");
+  rig.src = DeviceAlloc<uint8_t>(max_bytes, "source");
+  rig.dst = DeviceAlloc<uint8_t>(max_bytes, "destination");
+  auto* ids = DeviceAlloc<uint64_t>(rig.pages * sizeof(uint64_t), "ring ids");
+  rig.ring = DeviceAlloc<PageRing>(sizeof(PageRing), "ring");
+  rig.count = DeviceAlloc<int64_t>(sizeof(int64_t), "count");
+  rig.record = DeviceAlloc<uint64_t>(kernels::PagesFor(max_bytes, kPageBytes) * sizeof(uint64_t),
+                                     "page record");
+  rig.plan = DeviceAlloc<StashPlan>(sizeof(StashPlan), "plan");
+  rig.mismatches = DeviceAlloc<unsigned long long>(sizeof(unsigned long long), "mismatch count");
+  BENCH_CUDA(cudaStreamCreateWithFlags(&rig.stream, cudaStreamNonBlocking));
+
+  // The free ring: every page, in a permuted order (a pool after some traffic).
+  std::vector<uint64_t> host_ids(rig.pages);
+  std::iota(host_ids.begin(), host_ids.end(), uint64_t{0});
+  std::mt19937_64 rng(kSeed);
+  std::shuffle(host_ids.begin(), host_ids.end(), rng);
+  const PageRing host_ring{ids, rig.pages, 0, rig.pages};
+  BENCH_CUDA(
+      cudaMemcpy(ids, host_ids.data(), rig.pages * sizeof(uint64_t), cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(rig.ring, &host_ring, sizeof(host_ring), cudaMemcpyHostToDevice));
+  BENCH_CUDA(LaunchFill(reinterpret_cast<uint64_t*>(rig.src), max_bytes / 8, kSeed, rig.stream));
+  BENCH_CUDA(cudaStreamSynchronize(rig.stream));
+  BENCH_CUDA(cudaDeviceSynchronize());  // the legacy-stream copies above are done too
+
+  std::printf("stash-bench-gpu copy: %s\n", DeviceLine(device).c_str());
+  std::printf(
+      "pool %" PRIu64 " MiB in %" PRIu64 " KiB pages (ring permuted, seed %" PRIu64
+      "), rows of %" PRIu64
+      " bytes, count read "
+      "from device memory;\nmedian of %d iterations after warm-up, GPU time (events behind a "
+      "gate)\n\n",
+      pool_bytes / kMiB, kPageBytes / kKiB, kSeed, kRowBytes, iters);
+
+  Gate gate;
+  std::vector<SizeResult> results;
+  bool all_verified = true;
+  for (const int64_t mib : sizes) {
+    SizeResult r;
+    r.mib = mib;
+    r.bytes = static_cast<uint64_t>(mib) * kMiB;
+    const auto rows = static_cast<int64_t>(r.bytes / kRowBytes);
+    BENCH_CUDA(cudaMemcpyAsync(rig.count, &rows, sizeof(rows), cudaMemcpyHostToDevice, rig.stream));
+    BENCH_CUDA(cudaStreamSynchronize(rig.stream));
+    r.verify_error = Verify(rig, r.bytes);
+    if (!r.verify_error.empty()) {
+      all_verified = false;
+      std::fprintf(stderr, "stash-bench-gpu: copy: VERIFY FAILED at %" PRId64 " MiB: %s\n", mib,
+                   r.verify_error.c_str());
+    }
+    const StashLaunch stash = StashArgs(rig, r.bytes);
+    const ReloadLaunch reload = ReloadArgs(rig, r.bytes);
+    // Warm-up: two of each, untimed.
+    for (int i = 0; i < 2; ++i) {
+      BENCH_CUDA(cudaMemcpyAsync(rig.dst, rig.src, r.bytes, cudaMemcpyDeviceToDevice, rig.stream));
+      CheckLaunch(kernels::LaunchStash(stash, rig.stream), "LaunchStash");
+      CheckLaunch(kernels::LaunchReload(reload, rig.stream), "LaunchReload");
+    }
+    BENCH_CUDA(cudaStreamSynchronize(rig.stream));
+    const auto memcpy_ms = TimeGated(gate, rig.stream, iters, 1, [&](int) {
+      BENCH_CUDA(cudaMemcpyAsync(rig.dst, rig.src, r.bytes, cudaMemcpyDeviceToDevice, rig.stream));
+    });
+    const auto paging_ms = TimeGated(gate, rig.stream, iters, 2, [&](int phase) {
+      if (phase == 0) {
+        CheckLaunch(kernels::LaunchStash(stash, rig.stream), "LaunchStash");
+      } else {
+        CheckLaunch(kernels::LaunchReload(reload, rig.stream), "LaunchReload");
+      }
+    });
+    r.memcpy_ms = Median(memcpy_ms[0]);
+    r.stash_ms = Median(paging_ms[0]);
+    r.reload_ms = Median(paging_ms[1]);
+    results.push_back(r);
+  }
+
+  // The host cost of one LaunchStash call, on the smallest size (it does not depend on the
+  // size: three kernel launches and the argument checks).
+  const uint64_t launch_bytes =
+      static_cast<uint64_t>(*std::min_element(sizes.begin(), sizes.end())) * kMiB;
+  const auto launch_rows = static_cast<int64_t>(launch_bytes / kRowBytes);
+  BENCH_CUDA(cudaMemcpyAsync(rig.count, &launch_rows, sizeof(launch_rows), cudaMemcpyHostToDevice,
+                             rig.stream));
+  BENCH_CUDA(cudaStreamSynchronize(rig.stream));
+  std::vector<double> stash_launch_us;
+  std::vector<double> reload_launch_us;
+  const StashLaunch launch_stash = StashArgs(rig, launch_bytes);
+  const ReloadLaunch launch_reload = ReloadArgs(rig, launch_bytes);
+  for (int i = 0; i < kLaunchCalls; ++i) {
+    const double t0 = NowSeconds();
+    const LaunchResult stashed = kernels::LaunchStash(launch_stash, rig.stream);
+    const double t1 = NowSeconds();
+    const LaunchResult reloaded = kernels::LaunchReload(launch_reload, rig.stream);
+    const double t2 = NowSeconds();
+    CheckLaunch(stashed, "LaunchStash");
+    CheckLaunch(reloaded, "LaunchReload");
+    stash_launch_us.push_back((t1 - t0) * 1e6);
+    reload_launch_us.push_back((t2 - t1) * 1e6);
+    if (i % kChunk == kChunk - 1) BENCH_CUDA(cudaStreamSynchronize(rig.stream));
+  }
+  BENCH_CUDA(cudaStreamSynchronize(rig.stream));
+  const double launch_median = Median(stash_launch_us);
+  const bool launch_met = launch_median <= kTargetLaunchUs;
+
+  // The table.
+  std::printf("%8s | %11s | %10s | %6s | %11s | %6s | %-16s | %s\n", "size MiB", "memcpy GB/s",
+              "stash GB/s", "ratio", "reload GB/s", "ratio", "target (>=0.90x)", "verified");
+  std::printf(
+      "---------+-------------+------------+--------+-------------+--------+------------------+----"
+      "-----\n");
+  double min_stash_ratio = 1e300;
+  double min_reload_ratio = 1e300;
+  bool targets_met = true;
+  std::vector<std::string> size_json;
+  for (const SizeResult& r : results) {
+    const std::string verdict = r.target_applies() ? "stash " + Verdict(r, r.stash_ratio()) +
+                                                         ", reload " + Verdict(r, r.reload_ratio())
+                                                   : "-";
+    std::printf("%8" PRId64 " | %11.1f | %10.1f | %5.2fx | %11.1f | %5.2fx | %-16s | %s\n", r.mib,
+                GBps(r.bytes, r.memcpy_ms), GBps(r.bytes, r.stash_ms), r.stash_ratio(),
+                GBps(r.bytes, r.reload_ms), r.reload_ratio(), verdict.c_str(),
+                r.verify_error.empty() ? "yes" : "NO");
+    if (r.target_applies()) {
+      min_stash_ratio = std::min(min_stash_ratio, r.stash_ratio());
+      min_reload_ratio = std::min(min_reload_ratio, r.reload_ratio());
+      targets_met =
+          targets_met && r.stash_ratio() >= kTargetRatio && r.reload_ratio() >= kTargetRatio;
+    }
+    size_json.push_back(json::Object({
+        {"size_mib", json::Int(r.mib)},
+        {"bytes", json::Int(static_cast<int64_t>(r.bytes))},
+        {"memcpy_us", json::Num(r.memcpy_ms * 1e3)},
+        {"memcpy_gbps", json::Num(GBps(r.bytes, r.memcpy_ms))},
+        {"stash_us", json::Num(r.stash_ms * 1e3)},
+        {"stash_gbps", json::Num(GBps(r.bytes, r.stash_ms))},
+        {"stash_ratio", json::Num(r.stash_ratio())},
+        {"reload_us", json::Num(r.reload_ms * 1e3)},
+        {"reload_gbps", json::Num(GBps(r.bytes, r.reload_ms))},
+        {"reload_ratio", json::Num(r.reload_ratio())},
+        {"target_ratio", r.target_applies() ? json::Num(kTargetRatio) : json::Null()},
+        {"stash_target_met",
+         r.target_applies() ? json::Bool(r.stash_ratio() >= kTargetRatio) : json::Null()},
+        {"reload_target_met",
+         r.target_applies() ? json::Bool(r.reload_ratio() >= kTargetRatio) : json::Null()},
+        {"verified", json::Bool(r.verify_error.empty())},
+        {"verify_error", json::Str(r.verify_error)},
+    }));
+  }
+  const bool have_target_sizes = min_stash_ratio < 1e300;
+  std::printf(
+      "\nLaunchStash host cost (the daemon-side cost per stash request): median %.2f us, p90 "
+      "%.2f us over %d calls; target <= %.0f us: %s\nLaunchReload host cost: median %.2f us\n",
+      launch_median, Percentile(stash_launch_us, 0.9), kLaunchCalls, kTargetLaunchUs,
+      launch_met ? "met" : "MISSED", Median(reload_launch_us));
+  if (gate.timeouts() > 0) {
+    std::printf("warning: %d timing batches ran without their gate (they include launch gaps)\n",
+                gate.timeouts());
+  }
+  if (!all_verified) std::printf("\nVERIFY FAILED: see the messages above\n");
+
+  const std::string report = json::PrettyObject({
+      {"bench", json::Str("copy")},
+      {"device", DeviceJson(device)},
+      {"config", json::Object({{"page_bytes", json::Int(kPageBytes)},
+                               {"pool_bytes", json::Int(static_cast<int64_t>(pool_bytes))},
+                               {"row_bytes", json::Int(kRowBytes)},
+                               {"iters", json::Int(iters)},
+                               {"seed", json::Int(kSeed)},
+                               {"target_ratio", json::Num(kTargetRatio)},
+                               {"target_from_mib", json::Int(kTargetFromMiB)},
+                               {"target_launch_us", json::Num(kTargetLaunchUs)}})},
+      {"sizes", json::Array(size_json)},
+      {"launch", json::Object({{"stash_us", json::Summary(stash_launch_us)},
+                               {"reload_us", json::Summary(reload_launch_us)},
+                               {"calls", json::Int(kLaunchCalls)}})},
+      {"gate_timeouts", json::Int(gate.timeouts())},
+      {"summary", json::Object({{"stash_ratio_min_from_64mib",
+                                 have_target_sizes ? json::Num(min_stash_ratio) : json::Null()},
+                                {"reload_ratio_min_from_64mib",
+                                 have_target_sizes ? json::Num(min_reload_ratio) : json::Null()},
+                                {"ratio_target_met",
+                                 have_target_sizes ? json::Bool(targets_met) : json::Null()},
+                                {"launch_stash_us_median", json::Num(launch_median)},
+                                {"launch_target_met", json::Bool(launch_met)},
+                                {"verified", json::Bool(all_verified)}})},
+      {"ok", json::Bool(all_verified)},
+  });
+  WriteJsonFile(options.json_path, report);
+  return all_verified ? 0 : 1;
+}
+
+}  // namespace stash::bench_gpu
