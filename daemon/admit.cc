@@ -45,23 +45,16 @@ Status CheckRange(Session& s, const v1::MemoryRef& ref, uint64_t len, const char
 
 Status CheckEvent(Session& s, const v1::EventRef& ev, v1::Backend backend, const char* what)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu()) {
+  (void)backend;
   if (ev.has_cuda_ipc_event()) {
-    if (backend != v1::BACKEND_CUDA) {
-      return InvalidArgumentError(std::string(what) +
-                                  " is a CUDA IPC event, but this daemon runs the host backend: "
-                                  "use a host counter event");
-    }
-    if (ev.cuda_ipc_event().size() != 64) {
-      return InvalidArgumentError(std::string(what) + " must be 64 bytes of cudaIpcEventHandle_t");
-    }
-    return Status::Ok();
+    // Both backends order work with counters (docs/design.md, "Events"): an IPC event can be
+    // waited on only after its record was issued, which the trainer cannot know without a round
+    // trip; a counter wait (cuStreamWaitValue64) can be issued at once.
+    return InvalidArgumentError(std::string(what) +
+                                " is a CUDA IPC event; stashd orders work with 64-bit counters "
+                                "in registered host memory on every backend: set EventRef.counter");
   }
   if (!ev.has_counter()) return InvalidArgumentError(std::string(what) + " names no event");
-  if (backend != v1::BACKEND_HOST) {
-    return InvalidArgumentError(std::string(what) +
-                                " is a host counter, but this daemon runs the cuda backend: use "
-                                "a CUDA IPC event");
-  }
   if (ev.counter().offset() % 8 != 0) {
     return InvalidArgumentError(std::string(what) + " counter offset " +
                                 std::to_string(ev.counter().offset()) + " is not 8-byte aligned");
@@ -74,13 +67,20 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
   if (reg.memory_id() == 0) return InvalidArgumentError("memory_id must be nonzero");
   if (reg.bytes() == 0) return InvalidArgumentError("memory bytes must be > 0");
   if (reg.handle().empty()) return InvalidArgumentError("memory handle is empty");
-  const v1::MemoryKind want =
-      limits.backend == v1::BACKEND_CUDA ? v1::MEMORY_KIND_CUDA_IPC : v1::MEMORY_KIND_HOST_SHM;
-  if (reg.kind() != want) {
-    return FailedPreconditionError(std::string("this daemon runs the ") +
-                                   BackendName(limits.backend) + " backend and takes only " +
-                                   v1::MemoryKind_Name(want) + " memory, not " +
-                                   v1::MemoryKind_Name(reg.kind()));
+  // The cuda backend takes device memory (CUDA IPC) and host shared memory (event counters).
+  const bool ok_kind = reg.kind() == v1::MEMORY_KIND_HOST_SHM ||
+                       (limits.backend == v1::BACKEND_CUDA && reg.kind() == v1::MEMORY_KIND_CUDA_IPC);
+  if (!ok_kind) {
+    return FailedPreconditionError(
+        std::string("this daemon runs the ") + BackendName(limits.backend) +
+        " backend and takes only " +
+        (limits.backend == v1::BACKEND_CUDA ? "MEMORY_KIND_CUDA_IPC and MEMORY_KIND_HOST_SHM"
+                                            : "MEMORY_KIND_HOST_SHM") +
+        " memory, not " + v1::MemoryKind_Name(reg.kind()));
+  }
+  if (reg.kind() == v1::MEMORY_KIND_CUDA_IPC && reg.handle().size() != 64) {
+    return InvalidArgumentError("a CUDA IPC memory handle is 64 bytes (cudaIpcMemHandle_t), not " +
+                                std::to_string(reg.handle().size()));
   }
   if (s.declared_memories().contains(reg.memory_id())) {
     return AlreadyExistsError("memory " + std::to_string(reg.memory_id()) +

@@ -5,10 +5,40 @@
 #include "common/macros.h"
 #include "common/random.h"
 #include "common/version.h"
+#include "daemon/host_executor.h"
+#if defined(STASH_HAVE_CUDA)
+#include "daemon/cuda_executor.h"
+#endif
+
+#include <algorithm>
 
 namespace stash::daemon {
 namespace {
 namespace v1 = stash::v1;
+
+std::string UuidText(const std::string& uuid) {
+  static const char* const kHex = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (size_t i = 0; i < uuid.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[static_cast<uint8_t>(uuid[i]) >> 4];
+    out += kHex[static_cast<uint8_t>(uuid[i]) & 15];
+  }
+  return out;
+}
+
+// The pool serving the GPU with `uuid` (16 raw bytes), or why none does.
+StatusOr<int> PoolOfUuid(const std::vector<std::string>& uuids, const std::string& uuid) {
+  for (size_t i = 0; i < uuids.size(); ++i) {
+    if (uuids[i] == uuid) return static_cast<int>(i);
+  }
+  std::string served;
+  for (const std::string& u : uuids) served += (served.empty() ? "" : ", ") + UuidText(u);
+  return FailedPreconditionError("this rank's GPU " + UuidText(uuid) +
+                                 " is not one this stashd serves (" + served +
+                                 "): start stashd with that GPU visible (check "
+                                 "CUDA_VISIBLE_DEVICES and the container's GPU list)");
+}
 }  // namespace
 
 void AddConfigEntries(const DaemonConfig& config, v1::GetConfigResponse* out) {
@@ -33,26 +63,45 @@ DaemonCore::DaemonCore(const DaemonConfig& config, v1::Backend backend, std::str
 StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& config,
                                                          v1::Backend backend,
                                                          std::string socket_path) {
-  if (backend != v1::BACKEND_HOST) {
-    return UnimplementedError(
-        "the cuda backend is not built into this stashd yet: run with --backend=host");
-  }
   std::unique_ptr<DaemonCore> core(new DaemonCore(config, backend, std::move(socket_path)));
   const uint64_t page = config.page_bytes;
-  for (uint32_t d = 0; d < config.devices; ++d) {
-    STASH_ASSIGN_OR_RETURN(auto tier, Tier::Create("gpu" + std::to_string(d), static_cast<int>(d),
-                                                   page, config.pool_bytes / page));
-    core->device_tiers_.push_back(std::move(tier));
+  std::vector<std::unique_ptr<CopyExecutor>> executors;
+  if (backend == v1::BACKEND_CUDA) {
+#if defined(STASH_HAVE_CUDA)
+    STASH_ASSIGN_OR_RETURN(executors, CreateCudaExecutors(config, &core->pool_uuids_));
+#else
+    return UnimplementedError(
+        "this stashd was built without CUDA (STASH_ENABLE_CUDA=OFF): run with --backend=host");
+#endif
+  } else {
+    Tier* host = nullptr;
+    if (config.host_tier_bytes > 0) {
+      STASH_ASSIGN_OR_RETURN(auto tier,
+                             Tier::Create("host", -1, page, config.host_tier_bytes / page));
+      host = tier.get();
+      core->host_backend_tiers_.push_back(std::move(tier));
+    }
+    core->workers_ = std::make_unique<CopyWorkers>(config.copy_threads);
+    for (uint32_t d = 0; d < config.devices; ++d) {
+      STASH_ASSIGN_OR_RETURN(auto tier, Tier::Create("gpu" + std::to_string(d),
+                                                     static_cast<int>(d), page,
+                                                     config.pool_bytes / page));
+      executors.push_back(std::make_unique<HostExecutor>(tier.get(), host, core->workers_.get()));
+      core->host_backend_tiers_.push_back(std::move(tier));
+    }
   }
-  if (config.host_tier_bytes > 0) {
-    STASH_ASSIGN_OR_RETURN(core->host_tier_,
-                           Tier::Create("host", -1, page, config.host_tier_bytes / page));
+  for (size_t d = 0; d < executors.size(); ++d) {
+    core->pools_.push_back(
+        std::make_unique<Pool>(static_cast<int>(d), std::move(executors[d]), &core->counters_));
   }
-  core->workers_ = std::make_unique<CopyWorkers>(config.copy_threads);
-  for (uint32_t d = 0; d < config.devices; ++d) {
-    core->pools_.push_back(std::make_unique<Pool>(static_cast<int>(d), core->device_tiers_[d].get(),
-                                                  core->host_tier_.get(), core->workers_.get(),
-                                                  &core->counters_));
+  // Stats list each tier once: every pool's own, then the spill tiers (shared on host).
+  for (const auto& pool : core->pools_) core->tiers_.push_back(pool->device());
+  for (const auto& pool : core->pools_) {
+    Tier* host = pool->host();
+    if (host != nullptr &&
+        std::find(core->tiers_.begin(), core->tiers_.end(), host) == core->tiers_.end()) {
+      core->tiers_.push_back(host);
+    }
   }
   return core;
 }
@@ -72,6 +121,10 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   info.rank = hello.rank();
   info.pid = hello.pid();
   info.pool = hello.device();
+  if (backend_ == v1::BACKEND_CUDA && !hello.device_uuid().empty()) {
+    // Device indices differ between processes (CUDA_VISIBLE_DEVICES); the UUID does not.
+    STASH_ASSIGN_OR_RETURN(info.pool, PoolOfUuid(pool_uuids_, hello.device_uuid()));
+  }
   info.label = hello.label();
   info.client_version = hello.client_version();
   info.allow_host_spill = hello.allow_host_spill();
@@ -82,15 +135,16 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   }
   counters_.sessions_total.fetch_add(1, std::memory_order_relaxed);
 
-  const Tier& tier = *device_tiers_[static_cast<size_t>(info.pool)];
+  const Pool& pool = *pools_[static_cast<size_t>(info.pool)];
+  const Tier* host_tier = pool.host();
   welcome->set_session_id(info.id);
   welcome->set_backend(backend_);
   welcome->set_page_bytes(config_.page_bytes);
-  welcome->set_pool_pages(tier.pages());
-  welcome->set_host_tier_pages(host_tier_ != nullptr ? host_tier_->pages() : 0);
-  const uint64_t pool_bytes = tier.pages() * config_.page_bytes;
+  welcome->set_pool_pages(pool.device()->pages());
+  welcome->set_host_tier_pages(host_tier != nullptr ? host_tier->pages() : 0);
+  const uint64_t pool_bytes = pool.device()->pages() * config_.page_bytes;
   const uint64_t host_bytes =
-      host_tier_ != nullptr && info.allow_host_spill ? host_tier_->pages() * config_.page_bytes : 0;
+      host_tier != nullptr && info.allow_host_spill ? host_tier->pages() * config_.page_bytes : 0;
   welcome->set_max_stash_bytes(std::max(pool_bytes, host_bytes));
   welcome->set_max_inflight_requests(config_.max_inflight);
   welcome->set_daemon_version(kVersion);
@@ -185,8 +239,7 @@ v1::GetStatsResponse DaemonCore::Stats() {
     t->set_bytes_stashed(snap.bytes_stashed);
     t->set_stashes_live(snap.stashes_live);
   };
-  for (const auto& tier : device_tiers_) add_tier(*tier);
-  if (host_tier_ != nullptr) add_tier(*host_tier_);
+  for (const Tier* tier : tiers_) add_tier(*tier);
 
   std::vector<std::shared_ptr<Session>> live;
   {
@@ -215,8 +268,9 @@ v1::GetConfigResponse DaemonCore::Config() const {
   out.set_socket(socket_path_);
   out.set_pools(static_cast<uint32_t>(pools_.size()));
   out.set_page_bytes(config_.page_bytes);
-  out.set_pool_pages(device_tiers_.empty() ? 0 : device_tiers_[0]->pages());
-  out.set_host_tier_pages(host_tier_ != nullptr ? host_tier_->pages() : 0);
+  out.set_pool_pages(pools_.empty() ? 0 : pools_[0]->device()->pages());
+  const Tier* host = pools_.empty() ? nullptr : pools_[0]->host();
+  out.set_host_tier_pages(host != nullptr ? host->pages() : 0);
   out.set_version(kVersion);
   return out;
 }

@@ -31,7 +31,8 @@ void AddConfigEntries(const DaemonConfig& config, stash::v1::GetConfigResponse* 
 class DaemonCore {
  public:
   // Allocates every tier once (addresses never move) and starts one queue per pool.
-  // `backend` is the resolved backend (host here; cuda comes with the CUDA backend).
+  // `backend` is the resolved backend: host (--devices simulated GPUs in shared memory) or cuda
+  // (one pool per visible GPU).
   static StatusOr<std::unique_ptr<DaemonCore>> Create(const DaemonConfig& config,
                                                       stash::v1::Backend backend,
                                                       std::string socket_path);
@@ -58,6 +59,7 @@ class DaemonCore {
   void Stop();
 
   stash::v1::Backend backend() const { return backend_; }
+  size_t pools() const { return pools_.size(); }
 
  private:
   DaemonCore(const DaemonConfig& config, stash::v1::Backend backend, std::string socket_path);
@@ -70,10 +72,13 @@ class DaemonCore {
   const std::string socket_path_;
   const std::chrono::steady_clock::time_point start_;
   AdmitLimits limits_;
-  std::vector<std::unique_ptr<Tier>> device_tiers_;
-  std::unique_ptr<Tier> host_tier_;  // null = no host tier
+  // Host backend: the tiers and copy threads the pools' executors use (the cuda backend's
+  // executors own their tiers).
+  std::vector<std::unique_ptr<Tier>> host_backend_tiers_;
   std::unique_ptr<CopyWorkers> workers_;
   std::vector<std::unique_ptr<Pool>> pools_;
+  std::vector<std::string> pool_uuids_;  // cuda: the 16-byte UUID of each pool's GPU
+  std::vector<Tier*> tiers_;             // every tier once, pools' own first; for stats
 
   DaemonCounters counters_;
 

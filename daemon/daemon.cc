@@ -120,15 +120,13 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
         return FailedPreconditionError("--backend=cuda but no CUDA device answers (" + why +
                                        "): run on a GPU node or use --backend=host");
       }
-      return UnimplementedError("--backend=cuda: " + why +
-                                " answered, but this stashd has no cuda backend yet; use "
-                                "--backend=host");
+      backend = v1::BACKEND_CUDA;
+      log->info("backend cuda (asked for; {})", why);
+      break;
     case BackendChoice::kAuto:
       if (gpu) {
-        log->warn(
-            "backend auto picked host: {} answered, but this stashd has no cuda backend "
-            "yet",
-            why);
+        backend = v1::BACKEND_CUDA;
+        log->info("backend auto picked cuda: {}", why);
       } else {
         log->info("backend auto picked host: no CUDA device answered ({})", why);
       }
@@ -209,7 +207,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
 
   log->info(
       "stashd {} serving on {} (backend {}, {} pool(s) of {}, page {}, host tier {})", kVersion,
-      impl->socket_path, backend == v1::BACKEND_CUDA ? "cuda" : "host", config.devices,
+      impl->socket_path, backend == v1::BACKEND_CUDA ? "cuda" : "host", impl->core->pools(),
       FormatBytes(config.pool_bytes / config.page_bytes * config.page_bytes),
       FormatBytes(config.page_bytes),
       config.host_tier_bytes == 0 ? std::string("none") : FormatBytes(config.host_tier_bytes));

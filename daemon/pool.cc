@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/host_event.h"
+#include "daemon/tier.h"
 #include "common/logging.h"
 #include "common/macros.h"
 #include "common/text.h"
@@ -20,9 +21,6 @@ namespace {
 
 namespace v1 = stash::v1;
 using Clock = std::chrono::steady_clock;
-
-// Copies of fewer bytes than this run on the pool worker alone.
-constexpr uint64_t kSplitBytes = 4ULL << 20;
 
 uint64_t MicrosSince(Clock::time_point t) {
   return static_cast<uint64_t>(
@@ -53,16 +51,38 @@ StatusOr<uint8_t*> Resolve(Session& s, const v1::MemoryRef& ref) {
   return m.mapping->data() + ref.offset();
 }
 
+// The CPU address of `ref` (ready counters), or null when the memory is not host memory.
+const uint64_t* HostCounter(Session& s, const v1::MemoryRef& ref) {
+  auto it = s.memories().find(ref.memory_id());
+  if (it == s.memories().end() || it->second.mapping == nullptr) return nullptr;
+  const uint8_t* host = it->second.mapping->host();
+  if (host == nullptr) return nullptr;
+  return reinterpret_cast<const uint64_t*>(host + ref.offset());
+}
+
 const v1::EventRef* ReadyOf(const v1::SessionRequest& req) {
   if (req.has_stash() && req.stash().has_ready()) return &req.stash().ready();
   if (req.has_reload() && req.reload().has_ready()) return &req.reload().ready();
   return nullptr;
 }
 
-void SignalDone(Session& s, const v1::EventRef& done) {
-  if (!done.has_counter()) return;
-  auto ptr = Resolve(s, done.counter());
-  if (ptr.ok()) EventSignal(reinterpret_cast<uint64_t*>(*ptr), done.value());
+// A ready event must be readable by the daemon's CPU (Pool::Ready polls it).
+Status CheckReady(Session& s, const v1::EventRef* ready) {
+  if (ready == nullptr || !ready->has_counter()) return Status::Ok();
+  STASH_RETURN_IF_ERROR(Resolve(s, ready->counter()).status());
+  if (HostCounter(s, ready->counter()) == nullptr) {
+    return InvalidArgumentError("the ready event's counter is in device memory " +
+                                std::to_string(ready->counter().memory_id()) +
+                                ": put ready counters in host shared memory (a HostBuffer), "
+                                "which the daemon polls");
+  }
+  return Status::Ok();
+}
+
+const v1::EventRef* DoneOfRequest(const v1::SessionRequest& req) {
+  if (req.has_stash() && req.stash().has_done()) return &req.stash().done();
+  if (req.has_reload() && req.reload().has_done()) return &req.reload().done();
+  return nullptr;
 }
 
 // Whether process `pid` has exited: no such process, or a zombie its parent has not reaped yet.
@@ -80,8 +100,9 @@ bool ProcessGone(int64_t pid) {
 
 }  // namespace
 
-Pool::Pool(int index, Tier* device, Tier* host, CopyWorkers* workers, DaemonCounters* counters)
-    : index_(index), device_(device), host_(host), workers_(workers), counters_(counters) {
+Pool::Pool(int index, std::unique_ptr<CopyExecutor> executor, DaemonCounters* counters)
+    : index_(index), executor_(std::move(executor)), counters_(counters) {
+  executor_->Attach([this](CopyExecutor::Then then) { Post(std::move(then)); });
   worker_ = std::thread([this] { Run(); });
 }
 
@@ -93,6 +114,24 @@ void Pool::Enqueue(std::shared_ptr<Session> session, v1::SessionRequest request,
   MutexLock lock(&mu_);
   queue_.push_back(Op{std::move(session), std::move(request), received, false});
   cv_.Signal();
+}
+
+void Pool::Post(CopyExecutor::Then then) {
+  MutexLock lock(&mu_);
+  completions_.push_back(std::move(then));
+  cv_.Signal();
+}
+
+CopyExecutor::Then Pool::Track(CopyExecutor::Then then) {
+  {
+    MutexLock lock(&mu_);
+    ++outstanding_;
+  }
+  return [this, then = std::move(then)] {
+    then();
+    MutexLock lock(&mu_);
+    --outstanding_;
+  };
 }
 
 void Pool::CloseSession(const std::shared_ptr<Session>& session) {
@@ -122,9 +161,9 @@ bool Pool::Ready(const Op& op) {
   if (op.teardown) return true;
   const v1::EventRef* ready = ReadyOf(op.request);
   if (ready == nullptr || !ready->has_counter()) return true;
-  auto ptr = Resolve(*op.session, ready->counter());
-  if (!ptr.ok()) return true;  // Execute reports the error
-  return EventReached(reinterpret_cast<const uint64_t*>(*ptr), ready->value());
+  const uint64_t* counter = HostCounter(*op.session, ready->counter());
+  if (counter == nullptr) return true;  // Execute reports the error
+  return EventReached(counter, ready->value());
 }
 
 void Pool::SweepOrphans() {
@@ -146,14 +185,15 @@ void Pool::Run() {
   auto backoff = std::chrono::microseconds(20);
   while (true) {
     Op op;
+    std::deque<CopyExecutor::Then> completions;
     {
       MutexLock lock(&mu_);
       bool found = false;
-      while (!found) {
+      while (!found && completions_.empty()) {
         if (!orphans_.empty()) SweepOrphans();
         if (queue_.empty()) {
-          if (stopping_) return;
-          if (orphans_.empty()) {
+          if (stopping_ && outstanding_ == 0) return;
+          if (orphans_.empty() && outstanding_ == 0) {
             cv_.Wait(&mu_);
           } else {
             cv_.WaitWithTimeout(&mu_, std::chrono::milliseconds(20));
@@ -187,14 +227,18 @@ void Pool::Run() {
           backoff = std::min(backoff * 2, std::chrono::microseconds(1000));
         }
       }
+      completions.swap(completions_);
     }
-    backoff = std::chrono::microseconds(20);
-    Execute(op);
+    for (CopyExecutor::Then& then : completions) then();
+    if (op.session != nullptr) {
+      backoff = std::chrono::microseconds(20);
+      Execute(op);
+    }
   }
 }
 
 void Pool::Execute(Op& op) {
-  Session& s = *op.session;
+  const std::shared_ptr<Session>& s = op.session;
   if (op.teardown) {
     DoTeardown(s);
     return;
@@ -202,10 +246,10 @@ void Pool::Execute(Op& op) {
   const v1::SessionRequest& req = op.request;
   switch (req.kind_case()) {
     case v1::SessionRequest::kRegisterMemory:
-      DoRegister(s, req);
+      DoRegister(*s, req);
       break;
     case v1::SessionRequest::kUnregisterMemory:
-      DoUnregister(s, req);
+      DoUnregister(*s, req);
       break;
     case v1::SessionRequest::kStash:
       DoStash(s, req, op.received);
@@ -220,10 +264,10 @@ void Pool::Execute(Op& op) {
       DoBeginStep(s, req);
       break;
     default:
-      s.Send(Reply(req.request_id(), InternalError("request kind reached the pool unvalidated")));
+      s->Send(Reply(req.request_id(), InternalError("request kind reached the pool unvalidated")));
+      s->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
       break;
   }
-  s.counters().inflight.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void Pool::DoRegister(Session& s, const v1::SessionRequest& req) {
@@ -231,7 +275,7 @@ void Pool::DoRegister(Session& s, const v1::SessionRequest& req) {
   const auto start = Clock::now();
   ClientMemory memory;
   memory.bytes = reg.bytes();
-  auto mapping = SharedMemory::Open(reg.handle(), reg.bytes());
+  auto mapping = executor_->Open(reg);
   if (mapping.ok()) {
     memory.mapping = std::move(mapping).value();
   } else {
@@ -239,6 +283,7 @@ void Pool::DoRegister(Session& s, const v1::SessionRequest& req) {
   }
   const Status status = memory.open_status;
   s.memories()[reg.memory_id()] = std::move(memory);
+  s.counters().inflight.fetch_sub(1, std::memory_order_relaxed);
   if (!status.ok()) {
     Log("ipc")->warn("session {}: cannot open memory {}: {}", s.info().id, reg.memory_id(),
                      status.ToString());
@@ -260,87 +305,96 @@ void Pool::DoUnregister(Session& s, const v1::SessionRequest& req) {
     if (it->second.mapping != nullptr) {
       s.counters().memories.fetch_sub(1, std::memory_order_relaxed);
     }
+    // Work in flight may still use the mapping: it closes when the last of it finished.
+    std::shared_ptr<MappedMemory> mapping = std::move(it->second.mapping);
     s.memories().erase(it);
+    if (mapping != nullptr) executor_->Fence(Track([mapping = std::move(mapping)]() mutable {
+      mapping.reset();
+    }));
   }
+  s.counters().inflight.fetch_sub(1, std::memory_order_relaxed);
   s.Send(Reply(req.request_id()));
 }
 
-void Pool::DoStash(Session& s, const v1::SessionRequest& req, Clock::time_point received) {
+DoneSignal Pool::DoneOf(Session& s, const v1::EventRef* done) {
+  if (done == nullptr || !done->has_counter()) return {};
+  auto it = s.memories().find(done->counter().memory_id());
+  if (it == s.memories().end() || it->second.mapping == nullptr) return {};
+  return DoneSignal{it->second.mapping.get(), done->counter().offset(), done->value()};
+}
+
+void Pool::DoStash(const std::shared_ptr<Session>& s, const v1::SessionRequest& req,
+                   Clock::time_point received) {
   const v1::Stash& st = req.stash();
+  const DoneSignal done = DoneOf(*s, DoneOfRequest(req));
   auto fail = [&](const Status& status) {
-    s.ForgetTicket(st.ticket());
-    s.Send(Reply(req.request_id(), status));
+    s->ForgetTicket(st.ticket());
+    executor_->Raise(done);
+    s->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
+    s->Send(Reply(req.request_id(), status));
   };
-  auto src = Resolve(s, st.source());
+  if (Status ready = CheckReady(*s, ReadyOf(req)); !ready.ok()) return fail(ready);
+  auto src = Resolve(*s, st.source());
   if (!src.ok()) return fail(src.status());
 
-  // The count is read only now, after the ready event: the sync-free case.
-  int64_t count = 0;
+  StashWork work;
+  work.source = *src;
+  work.count.divisor = st.count().divisor();
   if (st.count().has_reference()) {
-    auto ptr = Resolve(s, st.count().reference());
+    auto ptr = Resolve(*s, st.count().reference());
     if (!ptr.ok()) return fail(ptr.status());
-    std::memcpy(&count, *ptr, sizeof(count));
+    work.count.data = *ptr;
   } else {
-    count = static_cast<int64_t>(st.count().value());
+    work.count.value = static_cast<int64_t>(st.count().value());
   }
+  work.allow_host_spill = s->info().allow_host_spill;
+  work.done = done;
+  auto record = std::make_shared<StashRecord>();
+  record->row_bytes = st.row_bytes();
+  record->max_rows = st.max_rows();
+  work.record = record.get();
+  // Live from now: a Reload queued behind this stash finds it even before the copy finished.
+  s->stashes()[st.ticket()] = record;
+  const auto submitted = Clock::now();
+  executor_->Stash(work, Track([this, s, req, record, received, submitted] {
+    FinishStash(*s, req, *record, received, submitted);
+  }));
+}
 
-  Tier* host = (s.info().allow_host_spill && host_ != nullptr) ? host_ : nullptr;
-  StashRecord record;
-  record.row_bytes = st.row_bytes();
-  record.max_rows = st.max_rows();
-  kernels::StashPlan plan{};
-  const auto copy_start = Clock::now();
-  {
-    // Lock order: the pool's own tier, then the shared host tier.
-    device_->mu().Lock();
-    if (host != nullptr) host->mu().Lock();
-    plan = kernels::PlanStash(count, st.count().divisor(), st.max_rows(), st.row_bytes(),
-                              device_->page_bytes(), device_->ring(),
-                              host != nullptr ? &host->ring() : nullptr);
-    Tier* chosen = nullptr;
-    if (plan.placement == kernels::Placement::kDevice) {
-      chosen = device_;
-      if (host != nullptr) host->mu().Unlock();
-    } else if (plan.placement == kernels::Placement::kHost) {
-      chosen = host;
-      device_->mu().Unlock();
-    } else {
-      if (host != nullptr) host->mu().Unlock();
-      device_->mu().Unlock();
-    }
-    if (chosen != nullptr) {
-      record.tier = chosen;
-      record.rows = plan.rows;
-      record.bytes = plan.bytes;
-      record.page_record.resize(plan.pages);
-      const kernels::PagedSpan span{chosen->base(), chosen->page_bytes(), record.page_record.data(),
-                                    plan.bytes};
-      const kernels::PageRing& ring = chosen->ring();
-      const uint8_t* source = *src;
-      const uint64_t min_slots = std::max<uint64_t>(1, kSplitBytes / chosen->page_bytes());
-      workers_->ParallelFor(plan.pages, min_slots, [&](uint64_t first, uint64_t end) {
-        kernels::StashPages(source, ring, plan.head, span, first, end);
-      });
-      // Every worker has read the old head: publish the new one.
-      chosen->PublishAlloc(plan.pages, plan.bytes);
-      chosen->mu().Unlock();
-    }
-  }
-  const double copy_seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
-
+void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& record,
+                       Clock::time_point received, Clock::time_point submitted) {
+  const v1::Stash& st = req.stash();
+  const kernels::StashPlan& plan = record.plan;
+  const double copy_seconds = std::chrono::duration<double>(Clock::now() - submitted).count();
   SessionCounters& c = s.counters();
+  c.inflight.fetch_sub(1, std::memory_order_relaxed);
+  if (record.tier == nullptr) {
+    // Nothing taken: the ticket holds no data (a Reload already queued behind it is answered so).
+    auto it = s.stashes().find(st.ticket());
+    if (it != s.stashes().end() && it->second.get() == &record) s.stashes().erase(it);
+    s.ForgetTicket(st.ticket());
+  }
+  if (!record.error.ok()) {
+    s.Send(Reply(req.request_id(), record.error));
+    return;
+  }
   if (plan.placement == kernels::Placement::kInvalidCount) {
-    return fail(InvalidArgumentError(
-        "the row count read from memory " + std::to_string(st.count().reference().memory_id()) +
-        " offset " + std::to_string(st.count().reference().offset()) + " is " +
-        std::to_string(count) + ": counts must be >= 0; nothing was taken"));
+    const std::string where =
+        st.count().has_reference()
+            ? "read from memory " + std::to_string(st.count().reference().memory_id()) +
+                  " offset " + std::to_string(st.count().reference().offset())
+            : "given";
+    s.Send(Reply(req.request_id(),
+                 InvalidArgumentError("the row count " + where + " is " +
+                                      std::to_string(static_cast<int64_t>(plan.rows)) +
+                                      ": counts must be >= 0; nothing was taken")));
+    return;
   }
   v1::SessionResponse r = Reply(req.request_id());
   v1::StashDone* done = r.mutable_stash();
   done->set_ticket(st.ticket());
   done->set_rows(plan.rows);
   if (plan.placement == kernels::Placement::kOverflow) {
-    s.ForgetTicket(st.ticket());
     done->set_tier(v1::TIER_OVERFLOW);
     c.overflows.fetch_add(1, std::memory_order_relaxed);
     c.step_overflow.store(true, std::memory_order_relaxed);
@@ -362,127 +416,144 @@ void Pool::DoStash(Session& s, const v1::SessionRequest& req, Clock::time_point 
       counters_->spills.fetch_add(1, std::memory_order_relaxed);
     }
     if (plan.bytes > 0) counters_->stash_copy.Add(plan.bytes, copy_seconds);
-    s.stashes()[st.ticket()] = std::move(record);
   }
-  if (st.has_done()) SignalDone(s, st.done());
   const uint64_t latency = MicrosSince(received);
   done->set_latency_us(latency);
   counters_->stash_latency_us.Add(static_cast<double>(latency));
   s.Send(std::move(r));
 }
 
-void Pool::FreeStash(Session& s, StashRecord& record) {
-  Tier* tier = record.tier;
-  {
-    MutexLock lock(&tier->mu());
-    kernels::ReturnPages(tier->ring(), tier->ring().tail, record.page_record.data(), 0,
-                         record.page_record.size());
-    tier->PublishFree(record.page_record.size(), record.bytes);
-  }
-  s.counters().stashes_live.fetch_sub(1, std::memory_order_relaxed);
-  s.counters().pages_live.fetch_sub(record.page_record.size(), std::memory_order_relaxed);
-}
-
-void Pool::DoReload(Session& s, const v1::SessionRequest& req, Clock::time_point received) {
+void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest& req,
+                    Clock::time_point received) {
   const v1::Reload& rl = req.reload();
-  auto it = s.stashes().find(rl.ticket());
-  if (it == s.stashes().end()) {
-    s.Send(Reply(req.request_id(),
-                 FailedPreconditionError("ticket " + Hex(rl.ticket()) +
-                                         " holds no data: its stash overflowed or failed, so "
-                                         "the data is still in your source buffer")));
-    return;
+  const DoneSignal done = DoneOf(*s, DoneOfRequest(req));
+  auto fail = [&](const Status& status) {
+    executor_->Raise(done);
+    s->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
+    s->Send(Reply(req.request_id(), status));
+  };
+  if (Status ready = CheckReady(*s, ReadyOf(req)); !ready.ok()) return fail(ready);
+  auto it = s->stashes().find(rl.ticket());
+  if (it == s->stashes().end()) {
+    return fail(FailedPreconditionError("ticket " + Hex(rl.ticket()) +
+                                        " holds no data: its stash overflowed or failed, so "
+                                        "the data is still in your source buffer"));
   }
-  auto dst = Resolve(s, rl.destination());
-  if (!dst.ok()) {
-    // The stash stays: the client may reload it into another buffer.
-    s.Send(Reply(req.request_id(), dst.status()));
-    return;
-  }
-  StashRecord& record = it->second;
-  Tier* tier = record.tier;
-  const auto copy_start = Clock::now();
-  {
-    MutexLock lock(&tier->mu());
-    const kernels::PagedSpan span{tier->base(), tier->page_bytes(), record.page_record.data(),
-                                  record.bytes};
-    uint8_t* destination = *dst;
-    const uint64_t min_slots = std::max<uint64_t>(1, kSplitBytes / tier->page_bytes());
-    workers_->ParallelFor(record.page_record.size(), min_slots, [&](uint64_t first, uint64_t end) {
-      kernels::PopPages(destination, span, first, end);
-    });
-    if (rl.zero_tail()) {
-      kernels::ZeroBytes(destination, record.bytes, record.max_rows * record.row_bytes);
+  auto dst = Resolve(*s, rl.destination());
+  // The stash stays when the destination cannot be used: the client may reload it elsewhere.
+  if (!dst.ok()) return fail(dst.status());
+  std::shared_ptr<StashRecord> record = std::move(it->second);
+  s->stashes().erase(it);
+  ReloadWork work;
+  work.destination = *dst;
+  work.zero_tail = rl.zero_tail();
+  work.done = done;
+  work.record = record.get();
+  const auto submitted = Clock::now();
+  executor_->Reload(work, Track([this, s, req, record, received, submitted] {
+    Session& session = *s;
+    const v1::Reload& reload = req.reload();
+    SessionCounters& c = session.counters();
+    c.inflight.fetch_sub(1, std::memory_order_relaxed);
+    if (record->tier == nullptr) {
+      // Its stash (still in flight when this was submitted) placed nothing.
+      session.Send(Reply(req.request_id(),
+                         FailedPreconditionError("ticket " + Hex(reload.ticket()) +
+                                                 " holds no data: its stash overflowed or failed, "
+                                                 "so the data is still in your source buffer")));
+      return;
     }
-  }
-  const double copy_seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
-  FreeStash(s, record);  // the copy is done: the pages go back
-
-  v1::SessionResponse r = Reply(req.request_id());
-  v1::ReloadDone* done = r.mutable_reload();
-  done->set_ticket(rl.ticket());
-  done->set_rows(record.rows);
-  done->set_bytes(record.bytes);
-  done->set_tier(tier == device_ ? v1::TIER_DEVICE : v1::TIER_HOST);
-  SessionCounters& c = s.counters();
-  c.reloads.fetch_add(1, std::memory_order_relaxed);
-  c.bytes_reloaded.fetch_add(record.bytes, std::memory_order_relaxed);
-  counters_->reloads.fetch_add(1, std::memory_order_relaxed);
-  counters_->bytes_reloaded.fetch_add(record.bytes, std::memory_order_relaxed);
-  if (record.bytes > 0) counters_->reload_copy.Add(record.bytes, copy_seconds);
-  s.stashes().erase(it);
-  if (rl.has_done()) SignalDone(s, rl.done());
-  done->set_latency_us(MicrosSince(received));
-  s.Send(std::move(r));
+    const kernels::StashPlan& plan = record->plan;
+    c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
+    c.pages_live.fetch_sub(plan.pages, std::memory_order_relaxed);
+    c.reloads.fetch_add(1, std::memory_order_relaxed);
+    c.bytes_reloaded.fetch_add(plan.bytes, std::memory_order_relaxed);
+    counters_->reloads.fetch_add(1, std::memory_order_relaxed);
+    counters_->bytes_reloaded.fetch_add(plan.bytes, std::memory_order_relaxed);
+    if (plan.bytes > 0) {
+      counters_->reload_copy.Add(plan.bytes,
+                                 std::chrono::duration<double>(Clock::now() - submitted).count());
+    }
+    v1::SessionResponse r = Reply(req.request_id());
+    v1::ReloadDone* answer = r.mutable_reload();
+    answer->set_ticket(reload.ticket());
+    answer->set_rows(plan.rows);
+    answer->set_bytes(plan.bytes);
+    answer->set_tier(record->tier == executor_->device_tier() ? v1::TIER_DEVICE : v1::TIER_HOST);
+    answer->set_latency_us(MicrosSince(received));
+    session.Send(std::move(r));
+  }));
 }
 
-void Pool::DoRelease(Session& s, const v1::SessionRequest& req) {
+void Pool::DoRelease(const std::shared_ptr<Session>& s, const v1::SessionRequest& req) {
   const uint64_t ticket = req.release().ticket();
-  auto it = s.stashes().find(ticket);
-  if (it == s.stashes().end()) {
-    s.Send(Reply(req.request_id(),
-                 FailedPreconditionError("ticket " + Hex(ticket) +
-                                         " holds no data: its stash overflowed or failed")));
+  auto it = s->stashes().find(ticket);
+  if (it == s->stashes().end()) {
+    s->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
+    s->Send(Reply(req.request_id(),
+                  FailedPreconditionError("ticket " + Hex(ticket) +
+                                          " holds no data: its stash overflowed or failed")));
     return;
   }
-  const uint64_t pages = it->second.page_record.size();
-  FreeStash(s, it->second);
-  s.stashes().erase(it);
-  s.counters().releases.fetch_add(1, std::memory_order_relaxed);
-  counters_->releases.fetch_add(1, std::memory_order_relaxed);
-  v1::SessionResponse r = Reply(req.request_id());
-  r.mutable_release()->set_ticket(ticket);
-  r.mutable_release()->set_pages(pages);
-  s.Send(std::move(r));
+  std::shared_ptr<StashRecord> record = std::move(it->second);
+  s->stashes().erase(it);
+  ReloadWork work;  // no destination: return the pages only
+  work.record = record.get();
+  executor_->Reload(work, Track([this, s, req, record, ticket] {
+    SessionCounters& c = s->counters();
+    c.inflight.fetch_sub(1, std::memory_order_relaxed);
+    if (record->tier == nullptr) {
+      s->Send(Reply(req.request_id(),
+                    FailedPreconditionError("ticket " + Hex(ticket) +
+                                            " holds no data: its stash overflowed or failed")));
+      return;
+    }
+    c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
+    c.pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
+    c.releases.fetch_add(1, std::memory_order_relaxed);
+    counters_->releases.fetch_add(1, std::memory_order_relaxed);
+    v1::SessionResponse r = Reply(req.request_id());
+    r.mutable_release()->set_ticket(ticket);
+    r.mutable_release()->set_pages(record->plan.pages);
+    s->Send(std::move(r));
+  }));
 }
 
-void Pool::DoBeginStep(Session& s, const v1::SessionRequest& req) {
-  SessionCounters& c = s.counters();
-  v1::SessionResponse r = Reply(req.request_id());
-  v1::StepBegun* begun = r.mutable_begin_step();
-  begun->set_overflow(c.step_overflow.exchange(false, std::memory_order_relaxed));
-  begun->set_spilled(c.step_spilled.exchange(false, std::memory_order_relaxed));
-  begun->set_live_stashes(s.stashes().size());
-  s.Send(std::move(r));
+void Pool::DoBeginStep(const std::shared_ptr<Session>& s, const v1::SessionRequest& req) {
+  // Answered after the session's earlier work finished, so the flags include it.
+  executor_->Fence(Track([s, req] {
+    SessionCounters& c = s->counters();
+    c.inflight.fetch_sub(1, std::memory_order_relaxed);
+    v1::SessionResponse r = Reply(req.request_id());
+    v1::StepBegun* begun = r.mutable_begin_step();
+    begun->set_overflow(c.step_overflow.exchange(false, std::memory_order_relaxed));
+    begun->set_spilled(c.step_spilled.exchange(false, std::memory_order_relaxed));
+    begun->set_live_stashes(s->stashes().size());
+    s->Send(std::move(r));
+  }));
 }
 
-void Pool::DoTeardown(Session& s) {
-  uint64_t pages = 0;
-  for (auto& [ticket, record] : s.stashes()) {
-    pages += record.page_record.size();
-    FreeStash(s, record);
+void Pool::DoTeardown(const std::shared_ptr<Session>& s) {
+  const size_t stashes = s->stashes().size();
+  for (auto& [ticket, record] : s->stashes()) {
+    ReloadWork work;  // release
+    work.record = record.get();
+    executor_->Reload(work, Track([s, record = record] {
+      if (record->tier == nullptr) return;
+      s->counters().stashes_live.fetch_sub(1, std::memory_order_relaxed);
+      s->counters().pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
+    }));
   }
-  const size_t stashes = s.stashes().size();
-  s.stashes().clear();
+  s->stashes().clear();
   // A client that died cannot unlink the shared memory it created: do it for it, or the names
   // would stay in /dev/shm until reboot. A live client (it merely closed the session) keeps them.
   // Only names the client created itself ("/stashd-<its pid>-..."): a session cannot make the
   // daemon unlink another process's memory.
-  const std::string own_prefix = "/stashd-" + std::to_string(s.info().pid) + "-";
+  const std::string own_prefix = "/stashd-" + std::to_string(s->info().pid) + "-";
   std::vector<std::string> names;
   {
-    MutexLock lock(&s.mu());
-    for (const std::string& name : s.registered_names()) {
+    MutexLock lock(&s->mu());
+    for (const std::string& name : s->registered_names()) {
       if (name.rfind(own_prefix, 0) == 0 && name.find('/', 1) == std::string::npos) {
         names.push_back(name);
       }
@@ -491,13 +562,16 @@ void Pool::DoTeardown(Session& s) {
   if (!names.empty()) {
     MutexLock lock(&mu_);
     orphans_.push_back(
-        Orphan{s.info().pid, std::move(names), Clock::now() + std::chrono::seconds(5)});
+        Orphan{s->info().pid, std::move(names), Clock::now() + std::chrono::seconds(5)});
     SweepOrphans();
   }
-  s.memories().clear();  // unmaps
-  s.counters().memories.store(0, std::memory_order_relaxed);
-  Log("pool")->info("session {} (rank {}, pid {}) ended: returned {} stashes, {} pages",
-                    s.info().id, s.info().rank, s.info().pid, stashes, pages);
+  // The mappings close once the work in flight (and the releases above) finished.
+  executor_->Fence(Track([s, stashes] {
+    s->memories().clear();  // unmaps
+    s->counters().memories.store(0, std::memory_order_relaxed);
+    Log("pool")->info("session {} (rank {}, pid {}) ended: returned {} stashes", s->info().id,
+                      s->info().rank, s->info().pid, stashes);
+  }));
 }
 
 }  // namespace stash::daemon

@@ -1,9 +1,10 @@
 // One device pool and its serial copy queue (DESIGN.md §4: "one serial copy queue per pool").
 //
-// Requests of the sessions on this pool run one at a time, in the order they arrived per
-// session; a session whose next request waits on a ready event that has not been signalled does
-// not hold up the others. Ring changes happen only here (and in the other pools' queues for the
-// shared host tier, under its mutex).
+// Requests of the sessions on this pool are submitted to the pool's executor one at a time, in
+// the order they arrived per session; a session whose next request waits on a ready event that
+// has not been signalled does not hold up the others. The executor runs them in submission order
+// (host: at once, on this worker; cuda: on the GPU's copy stream) and hands each one's
+// continuation back to this worker, which answers it.
 #ifndef STASH_DAEMON_POOL_H_
 #define STASH_DAEMON_POOL_H_
 
@@ -17,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/copy_workers.h"
+#include "daemon/executor.h"
 #include "daemon/session.h"
 #include "daemon/stats.h"
 #include "daemon/tier.h"
@@ -27,15 +28,15 @@ namespace stash::daemon {
 
 class Pool {
  public:
-  // Non-owning: `device` (this pool's tier), `host` (shared host tier, may be null), `workers`
-  // and `counters` outlive the pool.
-  Pool(int index, Tier* device, Tier* host, CopyWorkers* workers, DaemonCounters* counters);
+  // `counters` (non-owning) outlives the pool.
+  Pool(int index, std::unique_ptr<CopyExecutor> executor, DaemonCounters* counters);
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
   ~Pool();  // Stop()s
 
   int index() const { return index_; }
-  Tier* device() const { return device_; }
+  Tier* device() const { return executor_->device_tier(); }
+  Tier* host() const { return executor_->host_tier(); }
 
   // Queues a validated request of `session` (which must be on this pool).
   void Enqueue(std::shared_ptr<Session> session, stash::v1::SessionRequest request,
@@ -45,8 +46,12 @@ class Pool {
   // returned, mappings closed) behind the request running now, if any.
   void CloseSession(const std::shared_ptr<Session>& session);
 
-  // Finishes the request running now and the queued teardowns, then stops the worker.
+  // Finishes the request running now, the work in flight and the queued teardowns, then stops
+  // the worker.
   void Stop();
+
+  // Runs `then` on the worker thread (the executor's completions). Thread-safe.
+  void Post(CopyExecutor::Then then);
 
  private:
   struct Op {
@@ -72,26 +77,33 @@ class Pool {
   void Execute(Op& op);
   void DoRegister(Session& s, const stash::v1::SessionRequest& req);
   void DoUnregister(Session& s, const stash::v1::SessionRequest& req);
-  void DoStash(Session& s, const stash::v1::SessionRequest& req,
+  void DoStash(const std::shared_ptr<Session>& s, const stash::v1::SessionRequest& req,
                std::chrono::steady_clock::time_point received);
-  void DoReload(Session& s, const stash::v1::SessionRequest& req,
+  void DoReload(const std::shared_ptr<Session>& s, const stash::v1::SessionRequest& req,
                 std::chrono::steady_clock::time_point received);
-  void DoRelease(Session& s, const stash::v1::SessionRequest& req);
-  void DoBeginStep(Session& s, const stash::v1::SessionRequest& req);
-  void DoTeardown(Session& s);
-  // Returns a stash's pages to its tier.
-  void FreeStash(Session& s, StashRecord& record);
+  void DoRelease(const std::shared_ptr<Session>& s, const stash::v1::SessionRequest& req);
+  void DoBeginStep(const std::shared_ptr<Session>& s, const stash::v1::SessionRequest& req);
+  void DoTeardown(const std::shared_ptr<Session>& s);
+  // Answers a stash once the executor finished it.
+  void FinishStash(Session& s, const stash::v1::SessionRequest& req, StashRecord& record,
+                   std::chrono::steady_clock::time_point received,
+                   std::chrono::steady_clock::time_point submitted);
+  // The done event of a request, resolved in the session's memory; none when it has none or its
+  // memory is not open.
+  DoneSignal DoneOf(Session& s, const stash::v1::EventRef* done);
+  // Submits to the executor with `then` wrapped so Stop() waits for it.
+  CopyExecutor::Then Track(CopyExecutor::Then then);
 
   // Never change after construction.
   const int index_;
-  Tier* const device_;
-  Tier* const host_;
-  CopyWorkers* const workers_;
+  const std::unique_ptr<CopyExecutor> executor_;
   DaemonCounters* const counters_;
 
   Mutex mu_;
   CondVar cv_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<CopyExecutor::Then> completions_ ABSL_GUARDED_BY(mu_);
+  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted continuations not yet run
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Orphan> orphans_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;

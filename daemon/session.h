@@ -14,13 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "common/shm.h"
+#include "daemon/executor.h"
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
 
 namespace stash::daemon {
-
-class Tier;
 
 // Where responses go: the session's stream. Send never blocks.
 class ResponseSink {
@@ -35,19 +33,10 @@ struct TicketShape {
   uint64_t max_rows = 0;
 };
 
-// One stash held in a tier. Touched only by the session's pool worker.
-struct StashRecord {
-  Tier* tier = nullptr;
-  std::vector<uint64_t> page_record;  // page id of each page slot
-  uint64_t rows = 0;
-  uint64_t bytes = 0;
-  uint64_t row_bytes = 0;
-  uint64_t max_rows = 0;
-};
-
-// A registered client allocation as the pool worker sees it: mapped, or why it is not.
+// A registered client allocation as the pool worker sees it: mapped, or why it is not. Shared,
+// because work in flight on an asynchronous executor keeps it open until that work finished.
 struct ClientMemory {
-  std::unique_ptr<SharedMemory> mapping;  // null when opening failed
+  std::shared_ptr<MappedMemory> mapping;  // null when opening failed
   Status open_status;
   uint64_t bytes = 0;
 };
@@ -116,7 +105,9 @@ class Session {
 
   // Worker-side state: touched only by the session's pool worker thread.
   absl::flat_hash_map<uint64_t, ClientMemory>& memories() { return memories_; }
-  absl::flat_hash_map<uint64_t, StashRecord>& stashes() { return stashes_; }
+  // Live stashes by ticket, from their Stash until their Reload or Release was submitted. Shared
+  // with the work in flight that fills them in.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<StashRecord>>& stashes() { return stashes_; }
 
   // Set once the stream ended; the pool drops the session's queued work.
   bool closed() const { return closed_.load(std::memory_order_acquire); }
@@ -140,7 +131,7 @@ class Session {
   std::vector<std::string> registered_names_ ABSL_GUARDED_BY(mu_);
 
   absl::flat_hash_map<uint64_t, ClientMemory> memories_;
-  absl::flat_hash_map<uint64_t, StashRecord> stashes_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<StashRecord>> stashes_;
 };
 
 }  // namespace stash::daemon

@@ -17,6 +17,11 @@ StatusOr<std::unique_ptr<Tier>> Tier::Create(std::string name, int pool, uint64_
       new Tier(std::move(name), pool, page_bytes, pages, std::move(memory).value()));
 }
 
+std::unique_ptr<Tier> Tier::CreateAccounting(std::string name, int pool, uint64_t page_bytes,
+                                             uint64_t pages) {
+  return std::unique_ptr<Tier>(new Tier(std::move(name), pool, page_bytes, pages, nullptr));
+}
+
 Tier::Tier(std::string name, int pool, uint64_t page_bytes, uint64_t pages,
            std::unique_ptr<SharedMemory> memory)
     : name_(std::move(name)),
@@ -24,13 +29,22 @@ Tier::Tier(std::string name, int pool, uint64_t page_bytes, uint64_t pages,
       page_bytes_(page_bytes),
       pages_(pages),
       memory_(std::move(memory)),
-      ids_(pages) {
+      ids_(memory_ != nullptr ? pages : 0) {
   std::iota(ids_.begin(), ids_.end(), uint64_t{0});
-  ring_ = kernels::PageRing{ids_.data(), pages, 0, pages};
+  ring_ = kernels::PageRing{ids_.data(), ids_.size(), 0, ids_.size()};
 }
 
 void Tier::PublishAlloc(uint64_t pages, uint64_t bytes) {
   ring_.head += pages;
+  AccountAlloc(pages, bytes);
+}
+
+void Tier::PublishFree(uint64_t pages, uint64_t bytes) {
+  ring_.tail += pages;
+  AccountFree(pages, bytes);
+}
+
+void Tier::AccountAlloc(uint64_t pages, uint64_t bytes) {
   const uint64_t used = pages_used_.fetch_add(pages, std::memory_order_relaxed) + pages;
   uint64_t high = pages_high_water_.load(std::memory_order_relaxed);
   while (used > high &&
@@ -40,8 +54,7 @@ void Tier::PublishAlloc(uint64_t pages, uint64_t bytes) {
   stashes_live_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void Tier::PublishFree(uint64_t pages, uint64_t bytes) {
-  ring_.tail += pages;
+void Tier::AccountFree(uint64_t pages, uint64_t bytes) {
   pages_used_.fetch_sub(pages, std::memory_order_relaxed);
   bytes_stashed_.fetch_sub(bytes, std::memory_order_relaxed);
   stashes_live_.fetch_sub(1, std::memory_order_relaxed);

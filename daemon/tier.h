@@ -29,13 +29,18 @@ struct TierSnapshot {
   uint64_t stashes_live = 0;
 };
 
-// Owns the tier's memory (allocated once: addresses never move) and its page ring. Ring
-// operations and the copies that read the ring happen under `mu`; counters are atomics so stats
-// never wait behind a copy.
+// A host-backend tier owns its memory (allocated once: addresses never move) and its page ring;
+// ring operations and the copies that read the ring happen under `mu`. A CUDA tier's memory and
+// ring live on the device (cuda_executor.cc), and this object only keeps its accounting, updated
+// when the stream's work finished. Counters are atomics so stats never wait behind a copy.
 class Tier {
  public:
-  // `pool` is the device pool index, or -1 for the host tier. `pages` > 0.
+  // A host-backend tier. `pool` is the device pool index, or -1 for the host tier. `pages` > 0.
   static StatusOr<std::unique_ptr<Tier>> Create(std::string name, int pool, uint64_t page_bytes,
+                                                uint64_t pages);
+  // The accounting of a tier whose memory and ring live elsewhere (base() is null, ring() must
+  // not be used).
+  static std::unique_ptr<Tier> CreateAccounting(std::string name, int pool, uint64_t page_bytes,
                                                 uint64_t pages);
 
   Tier(const Tier&) = delete;
@@ -45,7 +50,7 @@ class Tier {
   int pool() const { return pool_; }
   uint64_t page_bytes() const { return page_bytes_; }
   uint64_t pages() const { return pages_; }
-  uint8_t* base() const { return memory_->data(); }
+  uint8_t* base() const { return memory_ != nullptr ? memory_->data() : nullptr; }
 
   Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   kernels::PageRing& ring() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ring_; }
@@ -54,6 +59,11 @@ class Tier {
   void PublishAlloc(uint64_t pages, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes tail advanced by `pages` for a stash of `bytes` that left the tier.
   void PublishFree(uint64_t pages, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Accounting only (a ring that lives elsewhere): a stash of `pages` pages and `bytes` bytes
+  // arrived, or left.
+  void AccountAlloc(uint64_t pages, uint64_t bytes);
+  void AccountFree(uint64_t pages, uint64_t bytes);
 
   // Whether every page id appears exactly once among the free slots (an at-rest invariant);
   // for tests and the debug log.

@@ -175,16 +175,21 @@ TEST_F(Admit, RegisterOfTheOtherBackendsMemoryIsFailedPrecondition) {
   EXPECT_FALSE(MemoryDeclared(3));
 }
 
-TEST(AdmitCuda, RegisterOfHostMemoryOnTheCudaBackendIsFailedPrecondition) {
+TEST(AdmitCuda, TheCudaBackendTakesDeviceAndHostMemoryButNotUnspecified) {
   Session session(SessionInfo{}, nullptr, nullptr);
   AdmitLimits limits;
   limits.backend = v1::BACKEND_CUDA;
-  const Status s = AdmitRequest(Register(1, 1, 4096), session, limits);
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
-  EXPECT_THAT(s.message(), HasSubstr("MEMORY_KIND_CUDA_IPC"));
-  EXPECT_TRUE(AdmitRequest(Register(2, 1, 4096, v1::MEMORY_KIND_CUDA_IPC, std::string(64, 'h')),
+  EXPECT_TRUE(AdmitRequest(Register(1, 1, 4096), session, limits).ok());  // event counters
+  EXPECT_TRUE(AdmitRequest(Register(2, 2, 4096, v1::MEMORY_KIND_CUDA_IPC, std::string(64, 'h')),
                            session, limits)
                   .ok());
+  Status s = AdmitRequest(Register(3, 3, 4096, v1::MEMORY_KIND_UNSPECIFIED), session, limits);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("MEMORY_KIND_CUDA_IPC"));
+  s = AdmitRequest(Register(4, 4, 4096, v1::MEMORY_KIND_CUDA_IPC, std::string(63, 'h')), session,
+                   limits);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("64 bytes"));
 }
 
 TEST_F(Admit, RegisterOfAnIdInUseIsAlreadyExistsAndKeepsTheFirst) {
@@ -329,13 +334,13 @@ TEST_F(Admit, StashWithTooLargeDivisorIsInvalidArgument) {
   EXPECT_TRUE(Check(r).ok());
 }
 
-TEST_F(Admit, StashWithCudaEventOnTheHostBackendIsInvalidArgument) {
+TEST_F(Admit, StashWithCudaIpcEventIsInvalidArgumentNamingCounters) {
   v1::SessionRequest r = Stash(2, kTicket);
   r.mutable_stash()->mutable_ready()->set_cuda_ipc_event(std::string(64, 'e'));
-  EXPECT_REJECTED(Check(r), kInvalidArgument, "host counter");
+  EXPECT_REJECTED(Check(r), kInvalidArgument, "EventRef.counter");
   r = Stash(3, kTicket);
   r.mutable_stash()->mutable_done()->set_cuda_ipc_event(std::string(64, 'e'));
-  EXPECT_REJECTED(Check(r), kInvalidArgument, "host counter");
+  EXPECT_REJECTED(Check(r), kInvalidArgument, "EventRef.counter");
   EXPECT_FALSE(TicketLive(kTicket));
 }
 
@@ -356,7 +361,7 @@ TEST_F(Admit, StashWithBadHostCounterEventIsRejected) {
   EXPECT_TRUE(Check(r).ok());
 }
 
-TEST(AdmitCuda, HostCounterEventOnTheCudaBackendIsInvalidArgument) {
+TEST(AdmitCuda, CountersAreTheEventsOfTheCudaBackendToo) {
   Session session(SessionInfo{}, nullptr, nullptr);
   AdmitLimits limits;
   limits.backend = v1::BACKEND_CUDA;
@@ -364,16 +369,16 @@ TEST(AdmitCuda, HostCounterEventOnTheCudaBackendIsInvalidArgument) {
       AdmitRequest(Register(1, kMem, kMemBytes, v1::MEMORY_KIND_CUDA_IPC, std::string(64, 'h')),
                    session, limits)
           .ok());
-  v1::SessionRequest r = Stash(2, kTicket);
-  r.mutable_stash()->mutable_ready()->mutable_counter()->set_memory_id(kMem);
+  ASSERT_TRUE(AdmitRequest(Register(2, 9, 4096), session, limits).ok());
+  v1::SessionRequest r = Stash(3, kTicket);
+  r.mutable_stash()->mutable_ready()->set_cuda_ipc_event(std::string(64, 'e'));
   Status s = AdmitRequest(r, session, limits);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_THAT(s.message(), HasSubstr("CUDA IPC event"));
-  r.mutable_stash()->mutable_ready()->set_cuda_ipc_event(std::string(10, 'e'));
-  s = AdmitRequest(r, session, limits);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_THAT(s.message(), HasSubstr("64 bytes"));
-  r.mutable_stash()->mutable_ready()->set_cuda_ipc_event(std::string(64, 'e'));
+  EXPECT_THAT(s.message(), HasSubstr("counter"));
+  r.mutable_stash()->mutable_ready()->mutable_counter()->set_memory_id(9);
+  r.mutable_stash()->mutable_ready()->mutable_counter()->set_offset(4088);
+  r.mutable_stash()->mutable_done()->mutable_counter()->set_memory_id(9);
+  r.mutable_stash()->mutable_done()->mutable_counter()->set_offset(8);
   EXPECT_TRUE(AdmitRequest(r, session, limits).ok());
 }
 
@@ -419,11 +424,11 @@ TEST_F(Admit, ReloadIntoUnknownMemoryIsNotFound) {
   EXPECT_TRUE(TicketLive(kTicket));
 }
 
-TEST_F(Admit, ReloadWithCudaEventOnTheHostBackendIsInvalidArgument) {
+TEST_F(Admit, ReloadWithCudaIpcEventIsInvalidArgument) {
   ASSERT_TRUE(Check(Stash(2, kTicket)).ok());
   v1::SessionRequest r = Reload(3, kTicket);
   r.mutable_reload()->mutable_ready()->set_cuda_ipc_event(std::string(64, 'e'));
-  EXPECT_REJECTED(Check(r), kInvalidArgument, "host counter");
+  EXPECT_REJECTED(Check(r), kInvalidArgument, "EventRef.counter");
   EXPECT_TRUE(TicketLive(kTicket));
 }
 

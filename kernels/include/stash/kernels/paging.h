@@ -48,7 +48,8 @@ enum class Placement : uint32_t {
 struct alignas(16) StashPlan {
   Placement placement;
   uint32_t reserved;
-  uint64_t rows;   // count / divisor (also on overflow: what the count said)
+  uint64_t rows;   // count / divisor (also on overflow: what the count said); on
+                   // kInvalidCount the count's own bits, so the answer can quote it
   uint64_t bytes;  // rows * row_bytes; 0 unless placed
   uint64_t pages;  // PagesFor(bytes); 0 unless placed
   uint64_t head;   // the chosen tier's head snapshot the copy reads page ids at
@@ -107,6 +108,7 @@ STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t 
   StashPlan plan{};
   if (count < 0) {
     plan.placement = Placement::kInvalidCount;
+    plan.rows = static_cast<uint64_t>(count);
     return plan;
   }
   plan.rows = static_cast<uint64_t>(count) / (divisor == 0 ? 1u : divisor);

@@ -1,0 +1,63 @@
+// The CUDA driver API, loaded at run time (dlopen "libcuda.so.1"), for the parts of the CUDA
+// backend the runtime API does not cover: pointer attributes and allocation ranges, IPC handles
+// without a runtime context of our own, host registration, and the stream memory operations
+// (cuStreamWriteValue64 / cuStreamWaitValue64) that order work across processes.
+//
+// Loading at run time keeps libcuda out of every binary's link: stashd and libstash_client.so
+// start on machines without a driver (the host backend, CI) and the client library never pins a
+// second CUDA runtime into a PyTorch process. Only built with STASH_ENABLE_CUDA.
+#ifndef STASH_COMMON_CUDA_DRIVER_H_
+#define STASH_COMMON_CUDA_DRIVER_H_
+
+#include <cuda.h>  // types and the versioned entry point names; no symbol is linked
+
+#include <memory>
+#include <string>
+
+#include "stash/status.h"
+
+namespace stash {
+
+// Thread-safe after Get() returned (the table never changes).
+struct CudaDriver {
+  // The process-wide driver: loaded and cuInit(0)ed once. FAILED_PRECONDITION with the dlopen or
+  // cuInit error when there is no usable driver (the message says what to install or check).
+  static StatusOr<const CudaDriver*> Get();
+  // Loads the library at `path` and resolves every entry point, without cuInit (tests load the
+  // toolkit's stub library this way). The error names the missing symbol.
+  static StatusOr<std::unique_ptr<CudaDriver>> Load(const std::string& path);
+
+  // OK, or the call's text, the driver's error name and string.
+  Status Check(CUresult result, const char* expression) const;
+
+  void* library = nullptr;  // the dlopen handle; never closed (the driver is process-wide)
+  decltype(&::cuInit) Init = nullptr;
+  decltype(&::cuGetErrorName) GetErrorName = nullptr;
+  decltype(&::cuGetErrorString) GetErrorString = nullptr;
+  decltype(&::cuDeviceGet) DeviceGet = nullptr;
+  decltype(&::cuDeviceGetCount) DeviceGetCount = nullptr;
+  decltype(&::cuDeviceGetAttribute) DeviceGetAttribute = nullptr;
+  decltype(&::cuDeviceGetUuid) DeviceGetUuid = nullptr;
+  decltype(&::cuCtxGetCurrent) CtxGetCurrent = nullptr;
+  decltype(&::cuCtxGetDevice) CtxGetDevice = nullptr;
+  decltype(&::cuPointerGetAttributes) PointerGetAttributes = nullptr;
+  decltype(&::cuMemGetAddressRange) MemGetAddressRange = nullptr;
+  decltype(&::cuIpcGetMemHandle) IpcGetMemHandle = nullptr;
+  decltype(&::cuMemHostRegister) MemHostRegister = nullptr;
+  decltype(&::cuMemHostUnregister) MemHostUnregister = nullptr;
+  decltype(&::cuMemHostGetDevicePointer) MemHostGetDevicePointer = nullptr;
+  decltype(&::cuStreamWaitValue64) StreamWaitValue64 = nullptr;
+  decltype(&::cuStreamWriteValue64) StreamWriteValue64 = nullptr;
+};
+
+// Returns the driver call's Status from the enclosing function when it failed. `driver` is a
+// `const CudaDriver*`.
+#define STASH_CU_RETURN_IF_ERROR(driver, expr)                                            \
+  do {                                                                                    \
+    const ::stash::Status stash_cu_status_ = (driver)->Check((driver)->expr, #expr);      \
+    if (!stash_cu_status_.ok()) return stash_cu_status_;                                  \
+  } while (0)
+
+}  // namespace stash
+
+#endif  // STASH_COMMON_CUDA_DRIVER_H_

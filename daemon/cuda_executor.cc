@@ -1,0 +1,503 @@
+#include "daemon/cuda_executor.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "common/bytes.h"
+#include "common/cuda_driver.h"
+#include "common/logging.h"
+#include "common/macros.h"
+#include "common/shm.h"
+#include "daemon/range_allocator.h"
+#include "daemon/tier.h"
+#include "stash/kernels/paging_cuda.h"
+
+namespace stash::daemon {
+namespace {
+
+namespace v1 = stash::v1;
+
+Status CudaError(cudaError_t error, const char* expression, const char* file, int line) {
+  return Status(error == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted
+                                                   : StatusCode::kInternal,
+                std::string(expression) + " failed: " + cudaGetErrorName(error) + " (" +
+                    cudaGetErrorString(error) + ") at " + file + ":" + std::to_string(line));
+}
+
+// Every CUDA runtime call of the executor.
+#define STASH_CUDA_RETURN_IF_ERROR(expr)                                  \
+  do {                                                                    \
+    const cudaError_t stash_cuda_error_ = (expr);                         \
+    if (stash_cuda_error_ != cudaSuccess) {                               \
+      return CudaError(stash_cuda_error_, #expr, __FILE__, __LINE__);     \
+    }                                                                     \
+  } while (0)
+
+// Logs a failed clean-up call (destructors cannot return a Status).
+#define STASH_CUDA_LOG_IF_ERROR(expr)                                                       \
+  do {                                                                                      \
+    const cudaError_t stash_cuda_error_ = (expr);                                           \
+    if (stash_cuda_error_ != cudaSuccess) {                                                 \
+      Log("ipc")->warn("{}", CudaError(stash_cuda_error_, #expr, __FILE__, __LINE__).message()); \
+    }                                                                                       \
+  } while (0)
+
+std::string UuidText(const cudaUUID_t& uuid) {
+  static const char* const kHex = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto b = static_cast<uint8_t>(uuid.bytes[i]);
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+// Device memory (cudaMalloc) or pinned mapped host memory (cudaHostAlloc), freed on destruction.
+class CudaBuffer {
+ public:
+  enum class Kind { kDevice, kPinnedMapped };
+  CudaBuffer() = default;
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+  ~CudaBuffer() {
+    if (host_ != nullptr) STASH_CUDA_LOG_IF_ERROR(cudaFreeHost(host_));
+    if (kind_ == Kind::kDevice && device_ != nullptr) STASH_CUDA_LOG_IF_ERROR(cudaFree(device_));
+  }
+
+  Status Allocate(Kind kind, uint64_t bytes) {
+    kind_ = kind;
+    if (kind == Kind::kDevice) {
+      STASH_CUDA_RETURN_IF_ERROR(cudaMalloc(&device_, bytes));
+    } else {
+      STASH_CUDA_RETURN_IF_ERROR(
+          cudaHostAlloc(&host_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+      STASH_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&device_, host_, 0));
+    }
+    return Status::Ok();
+  }
+
+  template <typename T>
+  T* device() const {
+    return static_cast<T*>(device_);
+  }
+  template <typename T>
+  T* host() const {
+    return static_cast<T*>(host_);
+  }
+
+ private:
+  Kind kind_ = Kind::kDevice;
+  void* device_ = nullptr;
+  void* host_ = nullptr;
+};
+
+// A client's cudaMalloc allocation, opened through its IPC handle.
+class IpcMemory final : public MappedMemory {
+ public:
+  IpcMemory(int device, void* base, uint64_t bytes)
+      : MappedMemory(static_cast<uint8_t*>(base), nullptr, bytes), device_(device) {}
+  ~IpcMemory() override {
+    STASH_CUDA_LOG_IF_ERROR(cudaSetDevice(device_));
+    STASH_CUDA_LOG_IF_ERROR(cudaIpcCloseMemHandle(data()));
+  }
+
+ private:
+  const int device_;
+};
+
+// A client's shared memory (event counters), registered with CUDA so the stream can write it.
+class RegisteredShm final : public MappedMemory {
+ public:
+  RegisteredShm(std::unique_ptr<SharedMemory> shm, uint8_t* device_address)
+      : MappedMemory(device_address, shm->data(), shm->size()), shm_(std::move(shm)) {}
+  ~RegisteredShm() override { STASH_CUDA_LOG_IF_ERROR(cudaHostUnregister(shm_->data())); }
+
+ private:
+  std::unique_ptr<SharedMemory> shm_;
+};
+
+class CudaExecutor final : public CopyExecutor {
+ public:
+  static StatusOr<std::unique_ptr<CudaExecutor>> Create(int device, const cudaUUID_t& uuid,
+                                                        const DaemonConfig& config,
+                                                        uint64_t host_pages,
+                                                        const CudaDriver* driver);
+  ~CudaExecutor() override {
+    if (stream_ != nullptr) {
+      STASH_CUDA_LOG_IF_ERROR(cudaSetDevice(device_));
+      STASH_CUDA_LOG_IF_ERROR(cudaStreamSynchronize(stream_));
+      STASH_CUDA_LOG_IF_ERROR(cudaStreamDestroy(stream_));
+    }
+  }
+
+  Tier* device_tier() const override { return device_tier_.get(); }
+  Tier* host_tier() const override { return host_tier_.get(); }
+  void Attach(std::function<void(Then)> post) override { post_ = std::move(post); }
+
+  StatusOr<std::unique_ptr<MappedMemory>> Open(const v1::RegisterMemory& reg) override;
+  void Stash(const StashWork& work, Then then) override;
+  void Reload(const ReloadWork& work, Then then) override;
+  void Raise(const DoneSignal& done) override;
+  void Fence(Then then) override;
+
+ private:
+  CudaExecutor(int device, const cudaUUID_t& uuid, const CudaDriver* driver)
+      : device_(device), uuid_(uuid), driver_(driver) {}
+
+  // Enqueues a host function that posts `then` to the pool worker. When even that cannot be
+  // enqueued the context is broken: `then` is posted now (the work will not run).
+  void After(Then then);
+  kernels::CudaTier DeviceTier() const { return {d_device_ring_, pool_.device<uint8_t>()}; }
+  kernels::CudaTier HostTier() const {
+    if (host_tier_ == nullptr) return {};
+    return {host_ring_.device<kernels::PageRing>(), host_pages_.device<uint8_t>()};
+  }
+  // Gives a record's slot and page-record range back (worker thread).
+  void FreeSlot(StashRecord& record);
+
+  // Never change after Create().
+  const int device_;
+  const cudaUUID_t uuid_;
+  const CudaDriver* const driver_;
+  uint64_t page_bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Tier> device_tier_;
+  std::unique_ptr<Tier> host_tier_;  // null = no spill tier on this GPU
+  CudaBuffer pool_;                  // device pages
+  CudaBuffer device_ring_;           // PageRing, then the ids
+  kernels::PageRing* d_device_ring_ = nullptr;
+  CudaBuffer host_pages_;  // pinned, mapped
+  CudaBuffer host_ring_;   // pinned, mapped: PageRing, then the ids
+  CudaBuffer plans_;       // device: one StashPlan per slot
+  CudaBuffer plan_copies_;  // pinned: the plan of each slot, copied back after the stash
+  CudaBuffer records_;      // device: the page-record arena
+  uint64_t max_record_entries_ = 0;  // the most pages one stash can take
+
+  // Touched only on the pool worker thread.
+  std::function<void(Then)> post_;
+  std::vector<int64_t> free_slots_;
+  std::unique_ptr<RangeAllocator> record_space_;
+};
+
+StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const cudaUUID_t& uuid,
+                                                             const DaemonConfig& config,
+                                                             uint64_t host_pages,
+                                                             const CudaDriver* driver) {
+  std::unique_ptr<CudaExecutor> e(new CudaExecutor(device, uuid, driver));
+  const std::string name = "gpu" + std::to_string(device);
+  const uint64_t page = config.page_bytes;
+  const uint64_t pages = config.pool_bytes / page;
+  e->page_bytes_ = page;
+  STASH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+
+  int mem_ops = 0;
+  STASH_CU_RETURN_IF_ERROR(
+      driver, DeviceGetAttribute(&mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+                                 static_cast<CUdevice>(device)));
+  if (mem_ops == 0) {
+    return FailedPreconditionError(
+        name + " (" + UuidText(uuid) +
+        ") does not support 64-bit stream memory operations (cuStreamWriteValue64), which "
+        "stashd uses for done events: update the NVIDIA driver (R525 or newer)");
+  }
+
+  size_t free_bytes = 0, total_bytes = 0;
+  STASH_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (pages * page > free_bytes) {
+    return ResourceExhaustedError(name + " (" + UuidText(uuid) + ") has " +
+                                  FormatBytes(free_bytes) + " free of " +
+                                  FormatBytes(total_bytes) + ", less than --pool-bytes " +
+                                  FormatBytes(pages * page) + ": lower --pool-bytes");
+  }
+  STASH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking));
+
+  // The pool and its ring: ids 0..pages-1, all free.
+  STASH_RETURN_IF_ERROR(e->pool_.Allocate(CudaBuffer::Kind::kDevice, pages * page));
+  std::vector<uint64_t> ids(std::max(pages, host_pages));
+  std::iota(ids.begin(), ids.end(), uint64_t{0});
+  STASH_RETURN_IF_ERROR(e->device_ring_.Allocate(CudaBuffer::Kind::kDevice,
+                                                 sizeof(kernels::PageRing) + pages * 8));
+  e->d_device_ring_ = e->device_ring_.device<kernels::PageRing>();
+  uint64_t* d_ids = reinterpret_cast<uint64_t*>(e->d_device_ring_ + 1);
+  const kernels::PageRing ring{d_ids, pages, 0, pages};
+  STASH_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(e->d_device_ring_, &ring, sizeof(ring), cudaMemcpyHostToDevice));
+  STASH_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_ids, ids.data(), pages * 8, cudaMemcpyHostToDevice));
+  e->device_tier_ = Tier::CreateAccounting(name, device, page, pages);
+
+  // This GPU's share of the host tier: pinned, mapped, its ring in pinned memory too.
+  if (host_pages > 0) {
+    STASH_RETURN_IF_ERROR(
+        e->host_pages_.Allocate(CudaBuffer::Kind::kPinnedMapped, host_pages * page));
+    STASH_RETURN_IF_ERROR(e->host_ring_.Allocate(CudaBuffer::Kind::kPinnedMapped,
+                                                 sizeof(kernels::PageRing) + host_pages * 8));
+    auto* h_ring = e->host_ring_.host<kernels::PageRing>();
+    auto* h_ids = reinterpret_cast<uint64_t*>(h_ring + 1);
+    std::memcpy(h_ids, ids.data(), host_pages * 8);
+    // The kernels use the ring through its device address, and so the ids too.
+    *h_ring = kernels::PageRing{
+        reinterpret_cast<uint64_t*>(e->host_ring_.device<kernels::PageRing>() + 1), host_pages, 0,
+        host_pages};
+    e->host_tier_ = Tier::CreateAccounting("host" + std::to_string(device), device, page,
+                                           host_pages);
+  }
+
+  // Plans and page records of live stashes. A stash's page record never exceeds the larger
+  // tier; the arena holds every page of both tiers plus room for the reservations in flight.
+  const uint64_t slots = pages + host_pages + 4096;
+  e->max_record_entries_ = std::max(pages, host_pages);
+  const uint64_t arena = 2 * (pages + host_pages) + 65536;
+  STASH_RETURN_IF_ERROR(
+      e->plans_.Allocate(CudaBuffer::Kind::kDevice, slots * sizeof(kernels::StashPlan)));
+  STASH_RETURN_IF_ERROR(e->plan_copies_.Allocate(CudaBuffer::Kind::kPinnedMapped,
+                                                 slots * sizeof(kernels::StashPlan)));
+  STASH_RETURN_IF_ERROR(e->records_.Allocate(CudaBuffer::Kind::kDevice, arena * 8));
+  e->free_slots_.resize(slots);
+  for (uint64_t i = 0; i < slots; ++i) e->free_slots_[i] = static_cast<int64_t>(slots - 1 - i);
+  e->record_space_ = std::make_unique<RangeAllocator>(arena);
+  STASH_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  Log("pool")->info("{} ({}): pool {} in {} pages, host tier share {}", name, UuidText(uuid),
+                    FormatBytes(pages * page), pages, FormatBytes(host_pages * page));
+  return e;
+}
+
+StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMemory& reg) {
+  STASH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  if (reg.kind() == v1::MEMORY_KIND_HOST_SHM) {
+    STASH_ASSIGN_OR_RETURN(auto shm, SharedMemory::Open(reg.handle(), reg.bytes()));
+    STASH_CUDA_RETURN_IF_ERROR(cudaHostRegister(shm->data(), shm->size(),
+                                                cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void* device_address = nullptr;
+    const cudaError_t mapped = cudaHostGetDevicePointer(&device_address, shm->data(), 0);
+    if (mapped != cudaSuccess) {
+      STASH_CUDA_LOG_IF_ERROR(cudaHostUnregister(shm->data()));
+      return CudaError(mapped, "cudaHostGetDevicePointer", __FILE__, __LINE__);
+    }
+    return std::unique_ptr<MappedMemory>(
+        std::make_unique<RegisteredShm>(std::move(shm), static_cast<uint8_t*>(device_address)));
+  }
+  if (reg.kind() != v1::MEMORY_KIND_CUDA_IPC) {
+    return InvalidArgumentError("the cuda backend opens MEMORY_KIND_CUDA_IPC and "
+                                "MEMORY_KIND_HOST_SHM memory only");
+  }
+  if (reg.handle().size() != sizeof(cudaIpcMemHandle_t)) {
+    return InvalidArgumentError("a CUDA IPC memory handle is " +
+                                std::to_string(sizeof(cudaIpcMemHandle_t)) + " bytes, not " +
+                                std::to_string(reg.handle().size()));
+  }
+  if (!reg.device_uuid().empty() &&
+      (reg.device_uuid().size() != 16 ||
+       std::memcmp(reg.device_uuid().data(), uuid_.bytes, 16) != 0)) {
+    return FailedPreconditionError(
+        "the memory lives on another GPU than this session's pool " + UuidText(uuid_) +
+        ": open the session on the GPU that holds the buffers (Options.device)");
+  }
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, reg.handle().data(), sizeof(handle));
+  void* base = nullptr;
+  const cudaError_t opened = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
+  if (opened != cudaSuccess) {
+    return FailedPreconditionError(
+        std::string("cudaIpcOpenMemHandle failed: ") + cudaGetErrorName(opened) + " (" +
+        cudaGetErrorString(opened) +
+        "): the client and stashd must see the same GPU and run in distinct PID namespaces or "
+        "share one (containers: --pid=host or a shared pid namespace, and a shared /dev/shm)");
+  }
+  auto memory = std::make_unique<IpcMemory>(device_, base, reg.bytes());
+  // Copies trust the registered size: it must not run past the allocation the handle names.
+  CUdeviceptr range_base = 0;
+  size_t range_bytes = 0;
+  STASH_CU_RETURN_IF_ERROR(driver_, MemGetAddressRange(&range_base, &range_bytes,
+                                                       reinterpret_cast<CUdeviceptr>(base)));
+  if (reg.bytes() > range_bytes - (reinterpret_cast<CUdeviceptr>(base) - range_base)) {
+    return InvalidArgumentError("memory declares " + std::to_string(reg.bytes()) +
+                                " bytes but its CUDA allocation holds " +
+                                std::to_string(range_bytes) +
+                                ": register the allocation's real size");
+  }
+  return std::unique_ptr<MappedMemory>(std::move(memory));
+}
+
+void CudaExecutor::After(Then then) {
+  auto* pending = new Then(std::move(then));
+  struct Context {
+    CudaExecutor* self;
+    Then* then;
+  };
+  auto* context = new Context{this, pending};
+  const cudaError_t error = cudaLaunchHostFunc(
+      stream_,
+      [](void* raw) {
+        auto* c = static_cast<Context*>(raw);
+        c->self->post_(std::move(*c->then));
+        delete c->then;
+        delete c;
+      },
+      context);
+  if (error != cudaSuccess) {
+    Log("copy")->error("gpu{}: {}", device_,
+                       CudaError(error, "cudaLaunchHostFunc", __FILE__, __LINE__).message());
+    post_(std::move(*pending));
+    delete pending;
+    delete context;
+  }
+}
+
+void CudaExecutor::Raise(const DoneSignal& done) {
+  if (done.memory == nullptr) return;
+  const auto address = reinterpret_cast<CUdeviceptr>(done.memory->data() + done.offset);
+  // The write is ordered after the stream's earlier work, with a memory fence before it (the
+  // default: no CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER), so the copied bytes are visible first.
+  const Status st = driver_->Check(
+      driver_->StreamWriteValue64(reinterpret_cast<CUstream>(stream_), address, done.value, 0),
+      "cuStreamWriteValue64(done event)");
+  if (!st.ok()) Log("copy")->error("gpu{}: {}", device_, st.message());
+}
+
+void CudaExecutor::Fence(Then then) { After(std::move(then)); }
+
+void CudaExecutor::FreeSlot(StashRecord& record) {
+  if (record.slot < 0) return;
+  free_slots_.push_back(record.slot);
+  record_space_->Free(record.record_offset, record.record_entries);
+  record.slot = -1;
+  record.record_entries = 0;
+}
+
+void CudaExecutor::Stash(const StashWork& work, Then then) {
+  StashRecord& record = *work.record;
+  auto fail = [&](Status status) {
+    record.error = std::move(status);
+    Raise(work.done);
+    After(std::move(then));
+  };
+  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return fail(CudaError(e, "cudaSetDevice", __FILE__, __LINE__));
+  }
+  if (free_slots_.empty()) {
+    return fail(ResourceExhaustedError("gpu" + std::to_string(device_) +
+                                       " holds its maximum of live stashes: reload or release "
+                                       "some; nothing was taken"));
+  }
+  const uint64_t max_bytes = record.max_rows * record.row_bytes;
+  const uint64_t entries = std::max<uint64_t>(
+      1, std::min(kernels::PagesFor(max_bytes, page_bytes_), max_record_entries_));
+  const auto offset = record_space_->Allocate(entries);
+  if (!offset) {
+    return fail(ResourceExhaustedError(
+        "gpu" + std::to_string(device_) +
+        "'s page-record space is full (too many live stashes with large max_rows): reload or "
+        "release some; nothing was taken"));
+  }
+  record.slot = free_slots_.back();
+  free_slots_.pop_back();
+  record.record_offset = *offset;
+  record.record_entries = entries;
+  const auto slot = static_cast<uint64_t>(record.slot);
+
+  kernels::StashLaunch args;
+  args.d_src = work.source;
+  args.d_count = reinterpret_cast<const int64_t*>(work.count.data);
+  args.count = work.count.value;
+  args.divisor = work.count.divisor;
+  args.max_rows = record.max_rows;
+  args.row_bytes = record.row_bytes;
+  args.page_bytes = page_bytes_;
+  args.device = DeviceTier();
+  if (work.allow_host_spill) args.host = HostTier();
+  args.d_page_record = records_.device<uint64_t>() + record.record_offset;
+  args.d_plan = plans_.device<kernels::StashPlan>() + slot;
+  const kernels::LaunchResult launched = kernels::LaunchStash(args, stream_);
+  if (!launched.ok()) {
+    FreeSlot(record);
+    return fail(InternalError(std::string("stash launch on gpu") + std::to_string(device_) +
+                              " failed: " + launched.message));
+  }
+  kernels::StashPlan* copy = plan_copies_.host<kernels::StashPlan>() + slot;
+  if (const cudaError_t e = cudaMemcpyAsync(copy, args.d_plan, sizeof(kernels::StashPlan),
+                                            cudaMemcpyDeviceToHost, stream_);
+      e != cudaSuccess) {
+    Log("copy")->error("gpu{}: {}", device_,
+                       CudaError(e, "cudaMemcpyAsync(plan)", __FILE__, __LINE__).message());
+  }
+  Raise(work.done);
+  After([this, &record, copy, then = std::move(then)] {
+    std::memcpy(&record.plan, copy, sizeof(record.plan));
+    if (record.plan.placement == kernels::Placement::kDevice) {
+      record.tier = device_tier_.get();
+    } else if (record.plan.placement == kernels::Placement::kHost) {
+      record.tier = host_tier_.get();
+    }
+    if (record.tier != nullptr) {
+      record.tier->AccountAlloc(record.plan.pages, record.plan.bytes);
+      // Keep only the page record the stash used.
+      const uint64_t used = std::max<uint64_t>(1, record.plan.pages);
+      record_space_->Free(record.record_offset + used, record.record_entries - used);
+      record.record_entries = used;
+    } else {
+      FreeSlot(record);
+    }
+    then();
+  });
+}
+
+void CudaExecutor::Reload(const ReloadWork& work, Then then) {
+  StashRecord& record = *work.record;
+  if (record.slot < 0 || cudaSetDevice(device_) != cudaSuccess) {
+    // Placed nothing (or already failed): nothing to copy or return.
+    Raise(work.done);
+    return After(std::move(then));
+  }
+  kernels::ReloadLaunch args;
+  args.d_dst = work.destination;
+  args.d_plan = plans_.device<kernels::StashPlan>() + record.slot;
+  args.d_page_record = records_.device<uint64_t>() + record.record_offset;
+  args.max_rows = record.max_rows;
+  args.row_bytes = record.row_bytes;
+  args.page_bytes = page_bytes_;
+  args.zero_tail = work.zero_tail && work.destination != nullptr;
+  args.device = DeviceTier();
+  args.host = HostTier();
+  const kernels::LaunchResult launched = kernels::LaunchReload(args, stream_);
+  if (!launched.ok()) {
+    Log("copy")->error("gpu{}: reload launch failed: {}", device_, launched.message);
+  }
+  Raise(work.done);
+  After([this, &record, then = std::move(then)] {
+    // The stash's own continuation ran before this one (stream order): the plan is known.
+    if (record.tier != nullptr) {
+      record.tier->AccountFree(record.plan.pages, record.plan.bytes);
+      FreeSlot(record);
+    }
+    then();
+  });
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
+    const DaemonConfig& config, std::vector<std::string>* uuids) {
+  STASH_ASSIGN_OR_RETURN(const CudaDriver* driver, CudaDriver::Get());
+  int count = 0;
+  STASH_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (count == 0) return FailedPreconditionError("no CUDA device is visible");
+  const uint64_t host_pages =
+      config.host_tier_bytes / config.page_bytes / static_cast<uint64_t>(count);
+  std::vector<std::unique_ptr<CopyExecutor>> out;
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp prop{};
+    STASH_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, d));
+    STASH_ASSIGN_OR_RETURN(auto executor,
+                           CudaExecutor::Create(d, prop.uuid, config, host_pages, driver));
+    uuids->emplace_back(reinterpret_cast<const char*>(prop.uuid.bytes), 16);
+    out.push_back(std::move(executor));
+  }
+  return out;
+}
+
+}  // namespace stash::daemon

@@ -1,0 +1,34 @@
+// The cuda backend's copy executor: one per visible GPU. Built only with STASH_ENABLE_CUDA.
+//
+// Per GPU: the pool (one cudaMalloc: addresses never move) and its page ring in device memory;
+// this GPU's share of the host tier (--host-tier-bytes split evenly across GPUs, pinned and
+// mapped, so no two GPUs' streams ever plan on one ring); one non-blocking copy stream; the
+// stashes' plans and page records in device memory. Every stash, reload and release is enqueued
+// on the copy stream (paging_cuda.h kernels: the count is read on the device, the tier and pages
+// chosen on the device), then the plan is copied to pinned memory and a host function hands the
+// continuation to the pool worker. Done events are 64-bit counters the stream raises with
+// cuStreamWriteValue64 after the kernels; the trainer's stream waits on them with
+// cuStreamWaitValue64, so neither side synchronises with the host in the steady state.
+//
+// Client memory: CUDA IPC handles (opened once per session, closed when the session's work
+// finished) and host shared memory (registered with CUDA, mapped), where event counters live.
+#ifndef STASH_DAEMON_CUDA_EXECUTOR_H_
+#define STASH_DAEMON_CUDA_EXECUTOR_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/config.h"
+#include "daemon/executor.h"
+
+namespace stash::daemon {
+
+// One executor per visible GPU, in device order; `uuids` gets each GPU's 16-byte UUID. Errors
+// name the GPU and the knob to change (e.g. --pool-bytes larger than the GPU's free memory).
+StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
+    const DaemonConfig& config, std::vector<std::string>* uuids);
+
+}  // namespace stash::daemon
+
+#endif  // STASH_DAEMON_CUDA_EXECUTOR_H_
