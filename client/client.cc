@@ -7,11 +7,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "client/cuda_memory.h"
+#include "common/macros.h"
 #include "common/grpc_status.h"
 #include "common/host_event.h"
 #include "common/random.h"
@@ -53,10 +56,16 @@ std::string NoDaemon(const std::string& socket, const std::string& detail) {
 struct HostBuffer::Rep {
   std::unique_ptr<SharedMemory> memory;
   uint64_t id = 0;
+  // Cuda backend: the buffer mapped for the GPU on first EnqueueSignal / EnqueueWait.
+  std::mutex map_mu;
+  uint64_t device_address = 0;  // guarded by map_mu
+  std::function<void()> unmap;  // guarded by map_mu
 };
 
 HostBuffer::HostBuffer(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
-HostBuffer::~HostBuffer() = default;
+HostBuffer::~HostBuffer() {
+  if (rep_->unmap) rep_->unmap();  // before the memory is unmapped
+}
 
 StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
   auto memory = SharedMemory::Create(bytes);
@@ -120,7 +129,21 @@ struct Client::Impl final
     Completion completion;
   };
 
+  // One region the daemon opens: a HostBuffer or a cudaMalloc allocation.
+  struct MemoryDesc {
+    uint64_t id = 0;
+    v1::MemoryKind kind = v1::MEMORY_KIND_HOST_SHM;
+    std::string handle;
+    uint64_t bytes = 0;
+  };
+
+  static MemoryDesc HostMemory(const HostBuffer& buffer) {
+    return MemoryDesc{buffer.id(), v1::MEMORY_KIND_HOST_SHM, buffer.handle(), buffer.size()};
+  }
+
   // Never change after Open().
+  Backend backend = Backend::kHost;
+  std::unique_ptr<CudaSide> cuda;  // cuda backend only
   std::string socket;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::StashService::Stub> stub;
@@ -149,36 +172,56 @@ struct Client::Impl final
     return writes.Enqueue(requests, accepted);
   }
 
-  // Adds a RegisterMemory for `buffer` unless it is registered (lock held).
-  void RegisterLocked(const HostBuffer* buffer, std::vector<v1::SessionRequest>& out) {
-    if (buffer == nullptr || registered.count(buffer->id()) != 0) return;
-    registered.insert(buffer->id());
-    v1::SessionRequest r;
+  // Adds an internal (nobody waits) request to `out` (lock held).
+  void AddInternalLocked(v1::SessionRequest r, Completion::Kind kind, uint64_t memory_id,
+                         std::vector<v1::SessionRequest>& out) {
     r.set_request_id(RandomNonZeroU64());
-    v1::RegisterMemory* reg = r.mutable_register_memory();
-    reg->set_memory_id(buffer->id());
-    reg->set_kind(v1::MEMORY_KIND_HOST_SHM);
-    reg->set_handle(buffer->handle());
-    reg->set_bytes(buffer->size());
     Pending p;
-    p.kind = Completion::Kind::kRegister;
-    p.memory_id = buffer->id();
+    p.kind = kind;
+    p.memory_id = memory_id;
     p.internal = true;
     pending.emplace(r.request_id(), p);
     out.push_back(std::move(r));
   }
 
-  // Sends `request` (after registering the buffers it names that are new to the session) and
-  // tracks it as `kind`. Returns the request id.
+  // Adds a RegisterMemory for `memory` unless it is registered (lock held).
+  void RegisterLocked(const MemoryDesc& memory, std::vector<v1::SessionRequest>& out) {
+    if (registered.count(memory.id) != 0) return;
+    registered.insert(memory.id);
+    v1::SessionRequest r;
+    v1::RegisterMemory* reg = r.mutable_register_memory();
+    reg->set_memory_id(memory.id);
+    reg->set_kind(memory.kind);
+    reg->set_handle(memory.handle);
+    reg->set_bytes(memory.bytes);
+    if (memory.kind == v1::MEMORY_KIND_CUDA_IPC) {
+      reg->set_device(cuda->device());
+      reg->set_device_uuid(cuda->uuid());
+    }
+    AddInternalLocked(std::move(r), Completion::Kind::kRegister, memory.id, out);
+  }
+
+  // Adds an UnregisterMemory for `memory_id` if it is registered (lock held).
+  void UnregisterLocked(uint64_t memory_id, std::vector<v1::SessionRequest>& out) {
+    if (memory_id == 0 || registered.erase(memory_id) == 0) return;
+    v1::SessionRequest r;
+    r.mutable_unregister_memory()->set_memory_id(memory_id);
+    AddInternalLocked(std::move(r), Completion::Kind::kUnregister, memory_id, out);
+  }
+
+  // Sends `request` (after unregistering `stale` allocations and registering the memory it
+  // names that is new to the session) and tracks it as `kind`. Returns the request id.
   StatusOr<uint64_t> Submit(v1::SessionRequest request, Completion::Kind kind,
-                            std::initializer_list<const HostBuffer*> buffers) {
+                            const std::vector<MemoryDesc>& memories,
+                            const std::vector<uint64_t>& stale = {}) {
     uint64_t id = 0;
     bool start = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (broken) return broken_status;
       std::vector<v1::SessionRequest> batch;
-      for (const HostBuffer* b : buffers) RegisterLocked(b, batch);
+      for (uint64_t old : stale) UnregisterLocked(old, batch);
+      for (const MemoryDesc& m : memories) RegisterLocked(m, batch);
       if (request.request_id() == 0) request.set_request_id(RandomNonZeroU64());
       while (pending.count(request.request_id()) != 0) request.set_request_id(RandomNonZeroU64());
       id = request.request_id();
@@ -290,6 +333,10 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
   auto impl = std::make_unique<Impl>();
+  impl->backend = options.backend;
+  if (options.backend == Backend::kCuda) {
+    STASH_ASSIGN_OR_RETURN(impl->cuda, CudaSide::Open(options.device));
+  }
   impl->socket = ClientSocketPath(options.socket);
   if (access(impl->socket.c_str(), F_OK) != 0) {
     return UnavailableError(NoDaemon(impl->socket, "no such socket"));
@@ -316,7 +363,8 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
   v1::Hello* h = hello.mutable_hello();
   h->set_rank(options.rank);
   h->set_device(options.device);
-  h->set_backend(v1::BACKEND_HOST);
+  h->set_backend(options.backend == Backend::kCuda ? v1::BACKEND_CUDA : v1::BACKEND_HOST);
+  if (raw->cuda != nullptr) h->set_device_uuid(raw->cuda->uuid());
   h->set_pid(getpid());
   h->set_client_version(kVersion);
   h->set_label(options.label);
@@ -391,61 +439,138 @@ void SetEvent(const EventPoint& e, v1::EventRef* out) {
 
 }  // namespace
 
+// One side of a copy: where it is in the session's terms, and the memory to register for it.
+struct Region {
+  uint64_t memory_id = 0;
+  uint64_t offset = 0;
+  Client::Impl::MemoryDesc memory;
+  uint64_t stale_memory_id = 0;  // an allocation freed at the same address: unregister it
+};
+
+namespace {
+
+// Resolves `host` + offset or `device` + offset (exactly one of them set), `bytes` long.
+StatusOr<Region> ResolveRegion(Client::Impl& impl, const HostBuffer* host, const void* device,
+                               uint64_t offset, uint64_t bytes, const std::string& what,
+                               const std::string& device_what) {
+  if ((host == nullptr) == (device == nullptr)) {
+    return InvalidArgumentError("set exactly one of " + what + " (a HostBuffer) and " +
+                                device_what + " (a device pointer)");
+  }
+  Region region;
+  if (host != nullptr) {
+    if (offset > host->size() || bytes > host->size() - offset) {
+      return InvalidArgumentError(what + " [offset, offset + " + std::to_string(bytes) +
+                                  ") runs past the end of its buffer (" +
+                                  std::to_string(host->size()) + " bytes)");
+    }
+    region.memory = Client::Impl::HostMemory(*host);
+    region.memory_id = host->id();
+    region.offset = offset;
+    return region;
+  }
+  if (impl.cuda == nullptr) {
+    return InvalidArgumentError(device_what +
+                                " is a device pointer, which needs the cuda backend: open the "
+                                "client with Options.backend = Backend::kCuda");
+  }
+  STASH_ASSIGN_OR_RETURN(
+      DeviceLocation where,
+      impl.cuda->Locate(static_cast<const uint8_t*>(device) + offset, bytes, device_what.c_str()));
+  region.memory = Client::Impl::MemoryDesc{where.memory_id, v1::MEMORY_KIND_CUDA_IPC,
+                                           std::move(where.handle), where.bytes};
+  region.memory_id = where.memory_id;
+  region.offset = where.offset;
+  region.stale_memory_id = where.stale_memory_id;
+  return region;
+}
+
+void SetRef(const Region& region, v1::MemoryRef* out) {
+  out->set_memory_id(region.memory_id);
+  out->set_offset(region.offset);
+}
+
+}  // namespace
+
 StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
-  if (args.source == nullptr) return InvalidArgumentError("stash needs a source buffer");
   if (args.row_bytes == 0 || args.max_rows == 0) {
     return InvalidArgumentError("stash needs row_bytes > 0 and max_rows > 0");
   }
-  if (args.max_rows > UINT64_MAX / args.row_bytes || args.offset > args.source->size() ||
-      args.max_rows * args.row_bytes > args.source->size() - args.offset) {
-    return InvalidArgumentError(
-        "stash source [offset, offset + max_rows * row_bytes) runs past "
-        "the end of its buffer (" +
-        std::to_string(args.source->size()) + " bytes)");
+  if (args.max_rows > UINT64_MAX / args.row_bytes) {
+    return InvalidArgumentError("stash max_rows * row_bytes overflows 64 bits");
   }
+  STASH_ASSIGN_OR_RETURN(Region source,
+                         ResolveRegion(*impl_, args.source, args.device_source, args.offset,
+                                       args.max_rows * args.row_bytes, "stash source",
+                                       "stash device_source"));
+  std::vector<Impl::MemoryDesc> memories{source.memory};
+  std::vector<uint64_t> stale{source.stale_memory_id};
   if (Status st = CheckEvent(args.ready, "ready event"); !st.ok()) return st;
   if (Status st = CheckEvent(args.done, "done event"); !st.ok()) return st;
   v1::SessionRequest r;
   r.set_request_id(RandomNonZeroU64());
   v1::Stash* s = r.mutable_stash();
   s->set_ticket(r.request_id());  // the ticket is the stash's request id: one name to Wait on
-  s->mutable_source()->set_memory_id(args.source->id());
-  s->mutable_source()->set_offset(args.offset);
+  SetRef(source, s->mutable_source());
   s->set_row_bytes(args.row_bytes);
   s->set_max_rows(args.max_rows);
-  if (args.count.buffer != nullptr) {
-    s->mutable_count()->mutable_reference()->set_memory_id(args.count.buffer->id());
-    s->mutable_count()->mutable_reference()->set_offset(args.count.offset);
+  if (args.count.buffer != nullptr || args.count.device_count != nullptr) {
+    if (args.count.offset % 8 != 0 ||
+        reinterpret_cast<uintptr_t>(args.count.device_count) % 8 != 0) {
+      return InvalidArgumentError("the row count must be an 8-byte aligned int64");
+    }
+    STASH_ASSIGN_OR_RETURN(Region count,
+                           ResolveRegion(*impl_, args.count.buffer, args.count.device_count,
+                                         args.count.offset, 8, "count buffer",
+                                         "count device_count"));
+    SetRef(count, s->mutable_count()->mutable_reference());
+    memories.push_back(count.memory);
+    stale.push_back(count.stale_memory_id);
   } else {
     s->mutable_count()->set_value(args.count.value);
   }
   s->mutable_count()->set_divisor(args.count.divisor == 0 ? 1 : args.count.divisor);
-  if (args.ready.buffer != nullptr) SetEvent(args.ready, s->mutable_ready());
-  if (args.done.buffer != nullptr) SetEvent(args.done, s->mutable_done());
+  if (args.ready.buffer != nullptr) {
+    SetEvent(args.ready, s->mutable_ready());
+    memories.push_back(Impl::HostMemory(*args.ready.buffer));
+  }
+  if (args.done.buffer != nullptr) {
+    SetEvent(args.done, s->mutable_done());
+    memories.push_back(Impl::HostMemory(*args.done.buffer));
+  }
   s->set_layer(args.layer);
   s->set_microbatch(args.microbatch);
   s->set_name(args.name);
   // The ticket must not change inside Submit: a collision with a pending id is astronomically
   // unlikely, and Submit keeps the id when it is free.
-  return impl_->Submit(std::move(r), Completion::Kind::kStash,
-                       {args.source, args.count.buffer, args.ready.buffer, args.done.buffer});
+  return impl_->Submit(std::move(r), Completion::Kind::kStash, memories, stale);
 }
 
 StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
-  if (args.destination == nullptr) return InvalidArgumentError("reload needs a destination buffer");
   if (args.ticket == 0) return InvalidArgumentError("reload needs the ticket Stash returned");
+  // The daemon checks that the destination holds the stash's max_rows * row_bytes.
+  STASH_ASSIGN_OR_RETURN(Region destination,
+                         ResolveRegion(*impl_, args.destination, args.device_destination,
+                                       args.offset, 0, "reload destination",
+                                       "reload device_destination"));
   if (Status st = CheckEvent(args.ready, "ready event"); !st.ok()) return st;
   if (Status st = CheckEvent(args.done, "done event"); !st.ok()) return st;
+  std::vector<Impl::MemoryDesc> memories{destination.memory};
   v1::SessionRequest r;
   v1::Reload* rl = r.mutable_reload();
   rl->set_ticket(args.ticket);
-  rl->mutable_destination()->set_memory_id(args.destination->id());
-  rl->mutable_destination()->set_offset(args.offset);
+  SetRef(destination, rl->mutable_destination());
   rl->set_zero_tail(args.zero_tail);
-  if (args.ready.buffer != nullptr) SetEvent(args.ready, rl->mutable_ready());
-  if (args.done.buffer != nullptr) SetEvent(args.done, rl->mutable_done());
-  return impl_->Submit(std::move(r), Completion::Kind::kReload,
-                       {args.destination, args.ready.buffer, args.done.buffer});
+  if (args.ready.buffer != nullptr) {
+    SetEvent(args.ready, rl->mutable_ready());
+    memories.push_back(Impl::HostMemory(*args.ready.buffer));
+  }
+  if (args.done.buffer != nullptr) {
+    SetEvent(args.done, rl->mutable_done());
+    memories.push_back(Impl::HostMemory(*args.done.buffer));
+  }
+  return impl_->Submit(std::move(r), Completion::Kind::kReload, memories,
+                       {destination.stale_memory_id});
 }
 
 StatusOr<uint64_t> Client::Release(uint64_t ticket) {
@@ -475,6 +600,59 @@ StatusOr<uint64_t> Client::Unregister(const HostBuffer& buffer) {
   v1::SessionRequest r;
   r.mutable_unregister_memory()->set_memory_id(buffer.id());
   return impl_->Submit(std::move(r), Completion::Kind::kUnregister, {});
+}
+
+StatusOr<uint64_t> Client::UnregisterDevice(const void* pointer) {
+  if (impl_->cuda == nullptr) {
+    return FailedPreconditionError("device memory exists only on the cuda backend");
+  }
+  const uint64_t id = impl_->cuda->Forget(pointer);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (id == 0 || impl_->registered.erase(id) == 0) {
+      return NotFoundError("no allocation holding this pointer was used with this session");
+    }
+  }
+  v1::SessionRequest r;
+  r.mutable_unregister_memory()->set_memory_id(id);
+  return impl_->Submit(std::move(r), Completion::Kind::kUnregister, {});
+}
+
+namespace {
+
+// The device address of `point`'s counter, mapping its buffer for the GPU on first use.
+StatusOr<uint64_t> DeviceCounter(CudaSide* cuda, const EventPoint& point, HostBuffer::Rep* buffer,
+                                 const char* what) {
+  if (cuda == nullptr) {
+    return FailedPreconditionError(std::string(what) +
+                                   " orders GPU streams, which needs the cuda backend; on the "
+                                   "host backend use SignalEvent / WaitEvent");
+  }
+  if (buffer == nullptr) return InvalidArgumentError(std::string(what) + " needs an event point");
+  STASH_RETURN_IF_ERROR(CheckEvent(point, what));
+  HostBuffer::Rep& rep = *buffer;
+  std::lock_guard<std::mutex> lock(rep.map_mu);
+  if (rep.device_address == 0) {
+    STASH_ASSIGN_OR_RETURN(rep.device_address,
+                           cuda->MapHost(rep.memory->data(), rep.memory->size(), &rep.unmap));
+  }
+  return rep.device_address + point.offset;
+}
+
+}  // namespace
+
+Status Client::EnqueueSignal(const EventPoint& point, void* stream) {
+  HostBuffer::Rep* buffer = point.buffer != nullptr ? &point.buffer->rep() : nullptr;
+  STASH_ASSIGN_OR_RETURN(uint64_t address,
+                         DeviceCounter(impl_->cuda.get(), point, buffer, "EnqueueSignal"));
+  return impl_->cuda->WriteValue(stream, address, point.value);
+}
+
+Status Client::EnqueueWait(const EventPoint& point, void* stream) {
+  HostBuffer::Rep* buffer = point.buffer != nullptr ? &point.buffer->rep() : nullptr;
+  STASH_ASSIGN_OR_RETURN(uint64_t address,
+                         DeviceCounter(impl_->cuda.get(), point, buffer, "EnqueueWait"));
+  return impl_->cuda->WaitValue(stream, address, point.value);
 }
 
 StatusOr<Completion> Client::Wait(uint64_t op, int64_t timeout_ms) {
@@ -557,5 +735,6 @@ uint64_t Client::page_bytes() const { return impl_->welcome.page_bytes(); }
 uint64_t Client::pool_pages() const { return impl_->welcome.pool_pages(); }
 uint64_t Client::host_tier_pages() const { return impl_->welcome.host_tier_pages(); }
 const std::string& Client::socket() const { return impl_->socket; }
+Backend Client::backend() const { return impl_->backend; }
 
 }  // namespace stash

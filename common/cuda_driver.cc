@@ -48,6 +48,10 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(DeviceGetUuid, cuDeviceGetUuid);
   STASH_CU_RESOLVE(CtxGetCurrent, cuCtxGetCurrent);
   STASH_CU_RESOLVE(CtxGetDevice, cuCtxGetDevice);
+  STASH_CU_RESOLVE(CtxPushCurrent, cuCtxPushCurrent);
+  STASH_CU_RESOLVE(CtxPopCurrent, cuCtxPopCurrent);
+  STASH_CU_RESOLVE(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain);
+  STASH_CU_RESOLVE(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease);
   STASH_CU_RESOLVE(PointerGetAttributes, cuPointerGetAttributes);
   STASH_CU_RESOLVE(MemGetAddressRange, cuMemGetAddressRange);
   STASH_CU_RESOLVE(IpcGetMemHandle, cuIpcGetMemHandle);

@@ -40,6 +40,10 @@ struct CudaDriver {
   decltype(&::cuDeviceGetUuid) DeviceGetUuid = nullptr;
   decltype(&::cuCtxGetCurrent) CtxGetCurrent = nullptr;
   decltype(&::cuCtxGetDevice) CtxGetDevice = nullptr;
+  decltype(&::cuCtxPushCurrent) CtxPushCurrent = nullptr;
+  decltype(&::cuCtxPopCurrent) CtxPopCurrent = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) DevicePrimaryCtxRetain = nullptr;
+  decltype(&::cuDevicePrimaryCtxRelease) DevicePrimaryCtxRelease = nullptr;
   decltype(&::cuPointerGetAttributes) PointerGetAttributes = nullptr;
   decltype(&::cuMemGetAddressRange) MemGetAddressRange = nullptr;
   decltype(&::cuIpcGetMemHandle) IpcGetMemHandle = nullptr;

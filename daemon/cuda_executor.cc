@@ -8,6 +8,7 @@
 
 #include "common/bytes.h"
 #include "common/cuda_driver.h"
+#include "common/host_event.h"
 #include "common/logging.h"
 #include "common/macros.h"
 #include "common/shm.h"
@@ -357,6 +358,31 @@ void CudaExecutor::Raise(const DoneSignal& done) {
       driver_->StreamWriteValue64(reinterpret_cast<CUstream>(stream_), address, done.value, 0),
       "cuStreamWriteValue64(done event)");
   if (!st.ok()) Log("copy")->error("gpu{}: {}", device_, st.message());
+  // A counter in host memory may also have a CPU waiter (WaitEvent sleeps on a futex, which a
+  // GPU write does not wake): raise it from the CPU too, right after the write, on CUDA's
+  // callback thread (no CUDA calls there). Counters only grow, so the second raise is a no-op
+  // for the value. The memory outlives the callback: unregistering fences this stream first.
+  if (done.memory->host() == nullptr) return;
+  struct Wake {
+    uint64_t* counter;
+    uint64_t value;
+  };
+  auto* wake = new Wake{reinterpret_cast<uint64_t*>(done.memory->host() + done.offset), done.value};
+  const cudaError_t launched = cudaLaunchHostFunc(
+      stream_,
+      [](void* raw) {
+        auto* w = static_cast<Wake*>(raw);
+        EventSignal(w->counter, w->value);
+        delete w;
+      },
+      wake);
+  if (launched != cudaSuccess) {
+    // Never raise it from here: the copy may not have run. The operation's answer carries the
+    // stream's error to the client.
+    Log("copy")->error("gpu{}: {}", device_,
+                       CudaError(launched, "cudaLaunchHostFunc", __FILE__, __LINE__).message());
+    delete wake;
+  }
 }
 
 void CudaExecutor::Fence(Then then) { After(std::move(then)); }

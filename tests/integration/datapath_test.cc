@@ -1,5 +1,6 @@
 // The data path end to end: the real stashd, the real client library, real processes.
 #include <signal.h>
+#include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -518,6 +519,75 @@ TEST_F(Datapath, OpenFailsWithAClearMessageWhenNoDaemonAnswers) {
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(c.status().message().find(o.socket), std::string::npos);
   EXPECT_NE(c.status().message().find("stashd --socket="), std::string::npos);
+}
+
+TEST_F(Datapath, DevicePointersOnTheHostBackendAreRefusedWithTheFix) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->backend(), Backend::kHost);
+  auto src = Buffer(64 * 16);
+  FillRandom(*src, 5);
+  std::vector<uint8_t> device_stand_in(64 * 16);
+
+  StashArgs on_device = Args(*src, 64, 16, 16);
+  on_device.source = nullptr;
+  on_device.device_source = device_stand_in.data();
+  auto refused = client->Stash(on_device);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("Backend::kCuda"), std::string::npos)
+      << refused.status().message();
+
+  StashArgs both = Args(*src, 64, 16, 16);
+  both.device_source = device_stand_in.data();
+  auto ambiguous = client->Stash(both);
+  EXPECT_EQ(ambiguous.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ambiguous.status().message().find("exactly one"), std::string::npos)
+      << ambiguous.status().message();
+
+  StashArgs device_count = Args(*src, 64, 16, 16);
+  device_count.count.device_count = device_stand_in.data();
+  EXPECT_EQ(client->Stash(device_count).status().code(), StatusCode::kInvalidArgument);
+
+  EventPoint point{src.get(), 0, 1};
+  const Status signal = client->EnqueueSignal(point, nullptr);
+  EXPECT_EQ(signal.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(signal.message().find("SignalEvent"), std::string::npos) << signal.message();
+  EXPECT_EQ(client->EnqueueWait(point, nullptr).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client->UnregisterDevice(device_stand_in.data()).status().code(),
+            StatusCode::kFailedPrecondition);
+
+  // Nothing was sent for the refused calls: the session goes on, byte-exact.
+  auto ticket = client->Stash(Args(*src, 64, 16, 16));
+  ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+  ASSERT_TRUE(client->Wait(*ticket).ok());
+  auto dst = Buffer(64 * 16);
+  ReloadArgs to_device{*ticket, nullptr, 0, false, {}, {}, device_stand_in.data()};
+  EXPECT_EQ(client->Reload(to_device).status().code(), StatusCode::kInvalidArgument);
+  auto reload = client->Reload({*ticket, dst.get(), 0, false, {}, {}});
+  ASSERT_TRUE(reload.ok()) << reload.status().ToString();
+  ASSERT_TRUE(client->Wait(*reload).ok());
+  EXPECT_EQ(std::memcmp(src->data(), dst->data(), src->size()), 0);
+}
+
+TEST_F(Datapath, CudaBackendWithoutADriverSaysWhatIsMissing) {
+  testing::TempDir dir;
+  Options o;
+  o.backend = Backend::kCuda;
+  o.socket = dir.path() + "/nobody.sock";
+  o.connect_timeout_ms = 300;
+  auto c = Client::Open(o);
+  ASSERT_FALSE(c.ok());
+  if (access("/dev/nvidiactl", F_OK) == 0) {
+    // A GPU node: the CUDA side opens, and the missing daemon is what fails.
+    EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
+    return;
+  }
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
+  const std::string& m = c.status().message();
+  EXPECT_TRUE(m.find("NVIDIA driver") != std::string::npos ||
+              m.find("STASH_ENABLE_CUDA=OFF") != std::string::npos)
+      << m;
 }
 
 TEST_F(Datapath, ManyThreadsShareOneClient) {

@@ -1,7 +1,8 @@
 // The stashd client library: one session with the node's stash daemon.
 //
-// A training rank opens one Client, allocates the buffers it wants to stash from HostBuffer
-// (host backend: POSIX shared memory the daemon maps), and for every marked activation:
+// A training rank opens one Client and, for every marked activation (on the host backend its
+// buffers are HostBuffers, POSIX shared memory the daemon maps; on the cuda backend they are
+// device pointers inside cudaMalloc allocations, which the daemon opens through CUDA IPC):
 //
 //   auto ticket = client->Stash(args);          // returns at once; the daemon copies
 //   auto done = client->Wait(*ticket);          // the daemon confirmed: the source may be reused
@@ -13,6 +14,10 @@
 // taken and the caller keeps using its own buffer. When the daemon goes away, every pending and
 // later call fails fast with UNAVAILABLE and a message naming the socket; the caller's buffers
 // are never touched by the library.
+//
+// On the cuda backend the copies are ordered on the GPU without the trainer's thread waiting:
+// EnqueueSignal(ready, stream) after the kernels that wrote the activation, and
+// EnqueueWait(done, stream) before the kernels that read a reloaded buffer (docs/client.md).
 //
 // Thread safety: every method may be called from any thread at the same time. Only Wait (and
 // Open, Stats) block; they block on the daemon's answer, never on another caller.
@@ -49,14 +54,20 @@ class STASH_EXPORT HostBuffer {
   // The handle the daemon opens (the shm name).
   const std::string& handle() const;
 
+  struct Rep;  // the library's own state
+
  private:
-  struct Rep;
+  friend class Client;
+  Rep& rep() const { return *rep_; }
   explicit HostBuffer(std::unique_ptr<Rep> rep);
   std::unique_ptr<Rep> rep_;
 };
 
-// A host-backend event: an 8-byte counter inside a HostBuffer, "signalled" once it reaches a
-// value. Signal raises it; the daemon (or WaitEvent) waits for it.
+// An event: an 8-byte counter inside a HostBuffer, "signalled" once it reaches a value. Counters
+// only grow, so an event point is never "reused" while the other side still waits on it: each
+// signal uses the next value. Host threads use SignalEvent / WaitEvent; GPU streams use
+// Client::EnqueueSignal / EnqueueWait (cuda backend). The daemon polls ready events from its CPU
+// and raises done events itself (on the cuda backend from its copy stream).
 struct EventPoint {
   const HostBuffer* buffer = nullptr;  // null = no event
   uint64_t offset = 0;                 // 8-byte aligned
@@ -77,13 +88,17 @@ struct RowCount {
   uint64_t offset = 0;
   // rows = count / divisor: 1 for data, 32 for MXFP8 columnwise scale_inv.
   uint32_t divisor = 1;
+  // ...or (cuda backend), an int64 in GPU memory at this device pointer (8-byte aligned), read
+  // by the daemon's copy kernel on the GPU: the routing count never comes to the host.
+  const void* device_count = nullptr;
 };
 
 struct StashArgs {
-  const HostBuffer* source = nullptr;  // required; row 0 at source->data() + offset
+  // Row 0 at source->data() + offset; or set device_source (below) instead.
+  const HostBuffer* source = nullptr;
   uint64_t offset = 0;
   uint64_t row_bytes = 0;  // > 0
-  uint64_t max_rows = 0;   // > 0; [offset, offset + max_rows * row_bytes) must fit the buffer
+  uint64_t max_rows = 0;   // > 0; [offset, offset + max_rows * row_bytes) must fit the memory
   RowCount count;
   EventPoint ready;  // the daemon copies only after this; default: ready now
   EventPoint done;   // signalled by the daemon after the copy; default: none
@@ -91,6 +106,10 @@ struct StashArgs {
   uint32_t layer = 0;
   uint32_t microbatch = 0;
   std::string name;
+  // Cuda backend, instead of `source`: row 0 at device_source + offset, a pointer inside a
+  // cudaMalloc allocation of the session's GPU (a tensor's data_ptr(); PyTorch's caching
+  // allocator is fine, its expandable_segments is not). Exactly one of the two is set.
+  const void* device_source = nullptr;
 };
 
 // Where a stash went.
@@ -99,11 +118,14 @@ STASH_EXPORT const char* TierName(Tier tier);
 
 struct ReloadArgs {
   uint64_t ticket = 0;
-  const HostBuffer* destination = nullptr;  // must hold max_rows * row_bytes of the stash
+  // Must hold max_rows * row_bytes of the stash; or set device_destination (below) instead.
+  const HostBuffer* destination = nullptr;
   uint64_t offset = 0;
   bool zero_tail = false;  // write zeros to rows [rows, max_rows)
   EventPoint ready;        // the daemon writes only after this; default: now
   EventPoint done;         // signalled after the copy; default: none
+  // Cuda backend, instead of `destination`: a device pointer, like StashArgs::device_source.
+  void* device_destination = nullptr;
 };
 
 // The daemon's answer to one operation.
@@ -164,6 +186,20 @@ class STASH_EXPORT Client {
   StatusOr<uint64_t> BeginStep(uint64_t step);
   // Tells the daemon to close its mapping of `buffer` before the caller frees it.
   StatusOr<uint64_t> Unregister(const HostBuffer& buffer);
+  // Cuda backend: the same for the cudaMalloc allocation holding `pointer` (call it before the
+  // allocation is freed, e.g. torch.cuda.empty_cache(); an allocation the library sees at a
+  // reused address is unregistered by itself).
+  StatusOr<uint64_t> UnregisterDevice(const void* pointer);
+
+  // Cuda backend: enqueues on `stream` (a cudaStream_t; null = the legacy default stream) the
+  // signal of `point`: its counter becomes point.value once the stream's earlier work is done.
+  // Use it as a stash's `ready` so the daemon copies only what the kernels before it wrote.
+  // The first use of a HostBuffer here maps it for the GPU (cuMemHostRegister).
+  Status EnqueueSignal(const EventPoint& point, void* stream);
+  // Cuda backend: makes `stream`'s later work wait until `point`'s counter reaches point.value:
+  // pass a reload's `done` so kernels after it read the reloaded rows. The trainer's thread
+  // never blocks.
+  Status EnqueueWait(const EventPoint& point, void* stream);
 
   // Blocks until operation `op` (a ticket from Stash, or an id from the others) is answered, or
   // `timeout_ms` passes (-1 = forever: DEADLINE_EXCEEDED otherwise). Returns the daemon's
@@ -184,6 +220,7 @@ class STASH_EXPORT Client {
   uint64_t pool_pages() const;
   uint64_t host_tier_pages() const;
   const std::string& socket() const;
+  Backend backend() const;
 
   struct Impl;
 

@@ -7,13 +7,24 @@
 
 namespace stash {
 
+// Where the daemon keeps stashed rows; the client must match the daemon it talks to.
+enum class Backend {
+  kHost,  // POSIX shared memory stands in for GPU memory (CI, laptops): buffers are HostBuffers
+  kCuda,  // NVIDIA GPUs: buffers are device pointers shared through CUDA IPC
+};
+
 struct Options {
   // The daemon's Unix socket. Empty (the default) = $STASHD_SOCKET, else
   // /run/stashd/stashd.sock, else the per-user fallback a daemon without /run access uses.
   std::string socket;
 
-  // The device this rank trains on: the simulated GPU index on the host backend, in
-  // [0, stashd --devices). Default 0.
+  // The daemon's backend. Default kHost; kCuda needs the NVIDIA driver and a daemon started
+  // with --backend=cuda (or auto on a GPU node).
+  Backend backend = Backend::kHost;
+
+  // The device this rank trains on. Host backend: the simulated GPU index, in
+  // [0, stashd --devices). Cuda backend: the CUDA device ordinal as this process sees it (after
+  // CUDA_VISIBLE_DEVICES); the daemon finds its pool by the device's UUID. Default 0.
   int device = 0;
 
   // The rank's global rank, shown by `stashctl sessions`; -1 (default) = unknown.
