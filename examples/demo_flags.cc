@@ -70,6 +70,23 @@ const FlagSpec kFlags[] = {
        f->socket = std::string(v);
        return std::string();
      }},
+    {"backend", "host|cuda", "host",
+     "The daemon's backend. host: ranks compute on the CPU, activations in shared memory. "
+     "cuda: ranks compute on the GPU (CUDA grouped linear) and stash device memory through CUDA "
+     "IPC, ordered by stream memory operations; needs a GPU, stashd --backend=cuda and a build "
+     "with CUDA",
+     [](std::string_view v, DemoFlags* f) {
+       if (v != "host" && v != "cuda") {
+         return "must be host or cuda, not '" + std::string(v) + "'";
+       }
+#if !STASH_DEMO_CUDA
+       if (v == "cuda") {
+         return std::string("cuda: this stash-demo was built without CUDA (STASH_ENABLE_CUDA=OFF)");
+       }
+#endif
+       f->backend = std::string(v);
+       return std::string();
+     }},
     {"ranks", "N", "4", "Rank processes, one Client each (1..256)",
      [](std::string_view v, DemoFlags* f) { return ParseInt(v, 1, 256, &f->ranks); }},
     {"devices", "N", "1",

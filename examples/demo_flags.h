@@ -11,6 +11,7 @@ namespace stash::demo {
 // Every knob of one demo run. The defaults here are the ones --help prints.
 struct DemoFlags {
   std::string socket;            // empty = the client resolves ($STASHD_SOCKET, then default)
+  std::string backend = "host";  // host: CPU ranks, shared memory; cuda: GPU ranks, CUDA IPC
   int ranks = 4;                 // rank processes
   int devices = 1;               // rank r trains on device r % devices
   int layers = 4;                // grouped-linear layers per step

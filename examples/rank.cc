@@ -4,6 +4,9 @@
 #include <memory>
 #include <string>
 
+#if STASH_DEMO_CUDA
+#include "examples/cuda_trainer.h"
+#endif
 #include "examples/daemon_store.h"
 #include "examples/expert_stack.h"
 #include "examples/report.h"
@@ -58,6 +61,7 @@ class Rank {
     options.device = rank_ % flags_.devices;
     options.rank = rank_;
     options.label = "stash-demo";
+    options.backend = flags_.backend == "cuda" ? Backend::kCuda : Backend::kHost;
     StatusOr<std::unique_ptr<Client>> client = Client::Open(options);
     if (!client.ok()) return client.status();
     client_ = std::move(client).value();
@@ -65,10 +69,20 @@ class Rank {
                               std::to_string(client_->pool_pages()),
                               std::to_string(client_->host_tier_pages())});
 
-    StatusOr<std::unique_ptr<DaemonStore>> store = DaemonStore::Create(client_.get(), shape_);
-    if (!store.ok()) return Prefixed(-1, store.status());
-    store_ = std::move(store).value();
     weights_ = MakeWeights(shape_, flags_.seed);
+#if STASH_DEMO_CUDA
+    if (options.backend == Backend::kCuda) {
+      StatusOr<std::unique_ptr<CudaTrainer>> trainer =
+          CudaTrainer::Create(client_.get(), options.device, shape_, weights_);
+      if (!trainer.ok()) return Prefixed(-1, trainer.status());
+      trainer_ = std::move(trainer).value();
+    }
+#endif
+    if (options.backend == Backend::kHost) {
+      StatusOr<std::unique_ptr<DaemonStore>> store = DaemonStore::Create(client_.get(), shape_);
+      if (!store.ok()) return Prefixed(-1, store.status());
+      store_ = std::move(store).value();
+    }
 
     StashTally previous;
     for (int step = 0; step < flags_.steps; ++step) {
@@ -120,21 +134,16 @@ class Rank {
 
     // The stashed run.
     StepOutputs got;
-    store_->BeginStep();
-    if (Status s = StackForward(shape_, weights_, inputs, *store_, &got); !s.ok()) {
-      return Prefixed(step, s);
-    }
+    if (Status s = StashedForward(inputs, &got); !s.ok()) return Prefixed(step, s);
     // The peak: every layer's input is stashed (or kept after an overflow).
     StatusOr<SessionStats> stats = client_->Stats();
     if (!stats.ok()) return Prefixed(step, stats.status());
     const StepFlags now = client_->CurrentStepFlags();
-    const StashTally tally = store_->tally();
+    const StashTally tally = Tally();
     if (Status s = CheckStepFlags("CurrentStepFlags", now.overflow, now.spilled, tally); !s.ok()) {
       return Prefixed(step, s);
     }
-    if (Status s = StackBackward(shape_, weights_, inputs, *store_, &got); !s.ok()) {
-      return Prefixed(step, s);
-    }
+    if (Status s = StashedBackward(inputs, &got); !s.ok()) return Prefixed(step, s);
 
     // Worst case: every layer's input kept at the static budget, as without paging.
     const uint64_t worst = static_cast<uint64_t>(shape_.layers) * shape_.ActivationBytes();
@@ -179,6 +188,30 @@ class Rank {
     return Status::Ok();
   }
 
+  // The stashed run's passes: on the GPU (--backend=cuda) or on the CPU with shared memory.
+  Status StashedForward(const StepInputs& inputs, StepOutputs* got) {
+#if STASH_DEMO_CUDA
+    if (trainer_ != nullptr) {
+      trainer_->BeginStep();
+      return trainer_->Forward(inputs, got);
+    }
+#endif
+    store_->BeginStep();
+    return StackForward(shape_, weights_, inputs, *store_, got);
+  }
+  Status StashedBackward(const StepInputs& inputs, StepOutputs* got) {
+#if STASH_DEMO_CUDA
+    if (trainer_ != nullptr) return trainer_->Backward(inputs, got);
+#endif
+    return StackBackward(shape_, weights_, inputs, *store_, got);
+  }
+  StashTally Tally() const {
+#if STASH_DEMO_CUDA
+    if (trainer_ != nullptr) return trainer_->tally();
+#endif
+    return store_->tally();
+  }
+
   // "step 1: <message>"; step -1 = before the first step. The launcher names the rank.
   static Status Prefixed(int step, const Status& status) {
     if (step < 0) return status;
@@ -193,6 +226,9 @@ class Rank {
   // The store's buffers are registered with the session: the store goes first.
   std::unique_ptr<Client> client_;
   std::unique_ptr<DaemonStore> store_;
+#if STASH_DEMO_CUDA
+  std::unique_ptr<CudaTrainer> trainer_;
+#endif
   RankTotals totals_;
   bool parity_failed_ = false;
 };
