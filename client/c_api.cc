@@ -51,10 +51,15 @@ extern "C" {
 const char* stash_last_error(void) { return g_last_error.c_str(); }
 const char* stash_version(void) { return stash::kVersion; }
 
-int stash_client_open(const char* socket, int device, int64_t rank, const char* label,
-                      int allow_host_spill, int64_t connect_timeout_ms, stash_client_t** out) {
+int stash_client_open(const char* socket, int backend, int device, int64_t rank,
+                      const char* label, int allow_host_spill, int64_t connect_timeout_ms,
+                      stash_client_t** out) {
   STASH_C_REQUIRE(out != nullptr, "stash_client_open: out is NULL");
+  STASH_C_REQUIRE(backend == STASH_BACKEND_HOST || backend == STASH_BACKEND_CUDA,
+                  "stash_client_open: backend must be STASH_BACKEND_HOST (0) or "
+                  "STASH_BACKEND_CUDA (1), not " + std::to_string(backend));
   stash::Options options;
+  options.backend = backend == STASH_BACKEND_CUDA ? stash::Backend::kCuda : stash::Backend::kHost;
   options.socket = socket != nullptr ? socket : "";
   options.device = device;
   options.rank = rank;
@@ -92,9 +97,12 @@ int stash_event_wait(stash_buffer_t* buffer, uint64_t offset, uint64_t value, in
 int stash_stash(stash_client_t* client, const stash_stash_args_t* args, uint64_t* ticket) {
   STASH_C_REQUIRE(client != nullptr && args != nullptr && ticket != nullptr,
                   "stash_stash: client, args and ticket must not be NULL");
-  STASH_C_REQUIRE(args->source != nullptr, "stash_stash: args->source is NULL");
+  STASH_C_REQUIRE(args->source != nullptr || args->device_source != nullptr,
+                  "stash_stash: set args->source (a buffer) or args->device_source");
   stash::StashArgs a;
-  a.source = args->source->buffer.get();
+  a.source = args->source != nullptr ? args->source->buffer.get() : nullptr;
+  a.device_source = args->device_source;
+  a.count.device_count = args->device_count;
   a.offset = args->offset;
   a.row_bytes = args->row_bytes;
   a.max_rows = args->max_rows;
@@ -124,6 +132,50 @@ int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destin
   a.offset = offset;
   a.zero_tail = zero_tail != 0;
   auto id = client->client->Reload(a);
+  if (!id.ok()) return Fail(id.status());
+  *op = *id;
+  return 0;
+}
+
+int stash_reload_device(stash_client_t* client, uint64_t ticket, void* destination,
+                        int zero_tail, stash_buffer_t* ready_buffer, uint64_t ready_offset,
+                        uint64_t ready_value, stash_buffer_t* done_buffer, uint64_t done_offset,
+                        uint64_t done_value, uint64_t* op) {
+  STASH_C_REQUIRE(client != nullptr && destination != nullptr && op != nullptr,
+                  "stash_reload_device: client, destination and op must not be NULL");
+  stash::ReloadArgs a;
+  a.ticket = ticket;
+  a.device_destination = destination;
+  a.zero_tail = zero_tail != 0;
+  if (ready_buffer != nullptr) a.ready = {ready_buffer->buffer.get(), ready_offset, ready_value};
+  if (done_buffer != nullptr) a.done = {done_buffer->buffer.get(), done_offset, done_value};
+  auto id = client->client->Reload(a);
+  if (!id.ok()) return Fail(id.status());
+  *op = *id;
+  return 0;
+}
+
+int stash_enqueue_signal(stash_client_t* client, stash_buffer_t* buffer, uint64_t offset,
+                         uint64_t value, void* stream) {
+  STASH_C_REQUIRE(client != nullptr && buffer != nullptr,
+                  "stash_enqueue_signal: client and buffer must not be NULL");
+  const stash::Status st = client->client->EnqueueSignal({buffer->buffer.get(), offset, value},
+                                                         stream);
+  return st.ok() ? 0 : Fail(st);
+}
+
+int stash_enqueue_wait(stash_client_t* client, stash_buffer_t* buffer, uint64_t offset,
+                       uint64_t value, void* stream) {
+  STASH_C_REQUIRE(client != nullptr && buffer != nullptr,
+                  "stash_enqueue_wait: client and buffer must not be NULL");
+  const stash::Status st = client->client->EnqueueWait({buffer->buffer.get(), offset, value},
+                                                       stream);
+  return st.ok() ? 0 : Fail(st);
+}
+
+int stash_unregister_device(stash_client_t* client, const void* pointer, uint64_t* op) {
+  STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_unregister_device: NULL argument");
+  auto id = client->client->UnregisterDevice(pointer);
   if (!id.ok()) return Fail(id.status());
   *op = *id;
   return 0;

@@ -227,10 +227,53 @@ def test_ctypes_declarations_match_the_c_api_header():
         structs, functions = _header_structs(f.read())
     c_types = {"uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32,
                "int32_t": ctypes.c_int32, "stash_buffer_t*": ctypes.c_void_p,
-               "const char*": ctypes.c_char_p}
+               "const char*": ctypes.c_char_p, "const void*": ctypes.c_void_p}
     for c_name, py in (("stash_stash_args", _lib.StashArgs),
                        ("stash_completion", _lib.CompletionStruct),
                        ("stash_stats", _lib.StatsStruct)):
         want = [(name, c_types[ctype]) for ctype, name in structs[c_name]]
         assert [(name, t) for name, t in py._fields_] == want, c_name
     assert functions == set(_lib._PROTOTYPES)
+
+
+# --- The cuda backend's API, where it can be checked without a GPU ------------------------------
+
+def test_connect_rejects_an_unknown_backend():
+    with pytest.raises(ValueError, match="'host' or 'cuda'"):
+        stashd.connect(backend="gpu")
+
+
+def test_cuda_backend_without_a_driver_says_what_is_missing(tmp_path):
+    path = str(tmp_path / "nobody.sock")
+    with pytest.raises(stashd.StashError) as info:
+        stashd.connect(path, backend="cuda", connect_timeout_ms=200)
+    if os.path.exists("/dev/nvidiactl"):
+        assert info.value.code_name == "UNAVAILABLE"  # a GPU node: only the daemon is missing
+    else:
+        assert info.value.code_name == "FAILED_PRECONDITION"
+        assert "NVIDIA driver" in info.value.message or "STASH_ENABLE_CUDA" in info.value.message
+
+
+def test_device_calls_on_the_host_backend_name_the_fix(client):
+    assert client.backend == "host"
+    with stashd.Buffer(4096) as events:
+        with pytest.raises(stashd.StashError) as info:
+            client.stash_device(0x7000_0000_0000, row_bytes=ROW, max_rows=4, count=4)
+        assert info.value.code_name == "INVALID_ARGUMENT"
+        assert "Backend::kCuda" in info.value.message
+        with pytest.raises(ValueError, match="exactly one"):
+            client.stash_device(0x7000_0000_0000, row_bytes=ROW, max_rows=4)
+        with pytest.raises(stashd.StashError) as info:
+            client.reload_device(1, 0x7000_0000_0000)
+        assert info.value.code_name == "INVALID_ARGUMENT"
+        with pytest.raises(stashd.StashError) as info:
+            client.enqueue_signal((events, 0, 1), 0)
+        assert info.value.code_name == "FAILED_PRECONDITION"
+        assert "SignalEvent" in info.value.message
+        with pytest.raises(stashd.StashError) as info:
+            client.enqueue_wait((events, 0, 1), 0)
+        assert info.value.code_name == "FAILED_PRECONDITION"
+    # The session is unharmed.
+    src = stashd.Buffer(ROW * 4)
+    fill(src, 4, seed=1)
+    assert client.stash(src, row_bytes=ROW, max_rows=4, count=4).tier == stashd.Tier.DEVICE

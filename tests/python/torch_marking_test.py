@@ -226,3 +226,19 @@ def test_bad_arguments_are_rejected(client):
         stash_torch.stash_saved_tensors(client, 64, torch.tensor([1.5]))
     with pytest.raises(TypeError):
         stash_torch.stash_saved_tensors(object(), 64, 1)
+
+
+def test_cuda_path_event_counters_are_per_stream_and_only_grow(client):
+    # The cuda path orders stashes and reloads with one counter per (stream, ready|done); a
+    # counter's values must grow by one per use, and streams must never share a counter (two
+    # streams raising one counter out of order would release a copy too early).
+    state = stash_torch._TorchState.of(client)
+    a1 = state.event(0x10, "ready")
+    a2 = state.event(0x10, "ready")
+    b1 = state.event(0x20, "ready")
+    d1 = state.event(0x10, "done")
+    assert a1[0] is a2[0] is b1[0]  # one Buffer holds them all
+    assert a1[1] == a2[1] and (a1[2], a2[2]) == (1, 2)
+    assert len({a1[1], b1[1], d1[1]}) == 3
+    assert b1[2] == 1 and d1[2] == 1
+    assert all(off % 8 == 0 for _, off, _ in (a1, b1, d1))

@@ -23,6 +23,9 @@ extern "C" {
 typedef struct stash_client stash_client_t;
 typedef struct stash_buffer stash_buffer_t;
 
+/* The daemon's backend (stash_client_open). */
+enum { STASH_BACKEND_HOST = 0, STASH_BACKEND_CUDA = 1 };
+
 /* Where a stash went (stash_completion_t.tier). */
 enum { STASH_TIER_DEVICE = 1, STASH_TIER_HOST = 2, STASH_TIER_OVERFLOW = 3 };
 
@@ -32,11 +35,12 @@ STASH_EXPORT const char* stash_last_error(void);
 /* The library version, e.g. "0.1.0". */
 STASH_EXPORT const char* stash_version(void);
 
-/* Opens a session. socket: NULL or "" = $STASHD_SOCKET or the default. device: the simulated
- * GPU on the host backend. rank: -1 = unknown. label: may be NULL. */
-STASH_EXPORT int stash_client_open(const char* socket, int device, int64_t rank, const char* label,
-                                   int allow_host_spill, int64_t connect_timeout_ms,
-                                   stash_client_t** out);
+/* Opens a session. socket: NULL or "" = $STASHD_SOCKET or the default. backend:
+ * STASH_BACKEND_*. device: the simulated GPU on the host backend, the CUDA ordinal on the cuda
+ * backend. rank: -1 = unknown. label: may be NULL. */
+STASH_EXPORT int stash_client_open(const char* socket, int backend, int device, int64_t rank,
+                                   const char* label, int allow_host_spill,
+                                   int64_t connect_timeout_ms, stash_client_t** out);
 /* Ends the session; the daemon returns its pages. NULL is fine. */
 STASH_EXPORT void stash_client_close(stash_client_t* client);
 
@@ -53,7 +57,7 @@ STASH_EXPORT int stash_event_wait(stash_buffer_t* buffer, uint64_t offset, uint6
                                   int64_t timeout_ms);
 
 typedef struct stash_stash_args {
-  stash_buffer_t* source; /* required */
+  stash_buffer_t* source; /* this or device_source */
   uint64_t offset;
   uint64_t row_bytes;
   uint64_t max_rows;
@@ -68,6 +72,10 @@ typedef struct stash_stash_args {
   uint64_t ready_offset;
   uint64_t ready_value;
   const char* name; /* may be NULL */
+  const void* device_source; /* cuda backend, instead of source: a device pointer (row 0 at
+                                device_source + offset) inside a cudaMalloc allocation */
+  const void* device_count;  /* cuda backend, instead of count_value / count_buffer: an
+                                8-byte aligned int64 in device memory, read by the copy */
 } stash_stash_args_t;
 
 typedef struct stash_completion {
@@ -88,6 +96,24 @@ STASH_EXPORT int stash_stash(stash_client_t* client, const stash_stash_args_t* a
 /* Queues a reload into destination + offset (must hold max_rows rows). */
 STASH_EXPORT int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destination,
                               uint64_t offset, int zero_tail, uint64_t* op);
+/* Cuda backend: queues a reload into device memory. ready (NULL buffer = now): the daemon writes
+ * only after this event; done (NULL buffer = none): raised after the copy, for
+ * stash_enqueue_wait. */
+STASH_EXPORT int stash_reload_device(stash_client_t* client, uint64_t ticket, void* destination,
+                                     int zero_tail, stash_buffer_t* ready_buffer,
+                                     uint64_t ready_offset, uint64_t ready_value,
+                                     stash_buffer_t* done_buffer, uint64_t done_offset,
+                                     uint64_t done_value, uint64_t* op);
+/* Cuda backend: enqueue on stream (a cudaStream_t; NULL = the legacy default stream) raising
+ * the event at buffer + offset to value after the stream's earlier work, or a wait until it
+ * reaches value before the stream's later work. */
+STASH_EXPORT int stash_enqueue_signal(stash_client_t* client, stash_buffer_t* buffer,
+                                      uint64_t offset, uint64_t value, void* stream);
+STASH_EXPORT int stash_enqueue_wait(stash_client_t* client, stash_buffer_t* buffer,
+                                    uint64_t offset, uint64_t value, void* stream);
+/* Cuda backend: the daemon closes the allocation holding pointer (before it is freed). */
+STASH_EXPORT int stash_unregister_device(stash_client_t* client, const void* pointer,
+                                         uint64_t* op);
 STASH_EXPORT int stash_release(stash_client_t* client, uint64_t ticket, uint64_t* op);
 STASH_EXPORT int stash_begin_step(stash_client_t* client, uint64_t step, uint64_t* op);
 /* Blocks until op is answered (timeout_ms -1 = forever). Returns the daemon's status code. */

@@ -56,6 +56,8 @@ class StashArgs(ctypes.Structure):
         ("ready_offset", ctypes.c_uint64),
         ("ready_value", ctypes.c_uint64),
         ("name", ctypes.c_char_p),
+        ("device_source", ctypes.c_void_p),
+        ("device_count", ctypes.c_void_p),
     ]
 
 
@@ -103,7 +105,7 @@ _P_U64 = ctypes.POINTER(ctypes.c_uint64)
 _PROTOTYPES = {
     "stash_last_error": (ctypes.c_char_p, []),
     "stash_version": (ctypes.c_char_p, []),
-    "stash_client_open": (_INT, [ctypes.c_char_p, _INT, _I64, ctypes.c_char_p, _INT, _I64,
+    "stash_client_open": (_INT, [ctypes.c_char_p, _INT, _INT, _I64, ctypes.c_char_p, _INT, _I64,
                                  ctypes.POINTER(c_client_p)]),
     "stash_client_close": (None, [c_client_p]),
     "stash_buffer_alloc": (_INT, [_U64, ctypes.POINTER(c_buffer_p)]),
@@ -114,6 +116,11 @@ _PROTOTYPES = {
     "stash_event_wait": (_INT, [c_buffer_p, _U64, _U64, _I64]),
     "stash_stash": (_INT, [c_client_p, ctypes.POINTER(StashArgs), _P_U64]),
     "stash_reload": (_INT, [c_client_p, _U64, c_buffer_p, _U64, _INT, _P_U64]),
+    "stash_reload_device": (_INT, [c_client_p, _U64, ctypes.c_void_p, _INT, c_buffer_p, _U64, _U64,
+                                   c_buffer_p, _U64, _U64, _P_U64]),
+    "stash_enqueue_signal": (_INT, [c_client_p, c_buffer_p, _U64, _U64, ctypes.c_void_p]),
+    "stash_enqueue_wait": (_INT, [c_client_p, c_buffer_p, _U64, _U64, ctypes.c_void_p]),
+    "stash_unregister_device": (_INT, [c_client_p, ctypes.c_void_p, _P_U64]),
     "stash_release": (_INT, [c_client_p, _U64, _P_U64]),
     "stash_begin_step": (_INT, [c_client_p, _U64, _P_U64]),
     "stash_wait": (_INT, [c_client_p, _U64, _I64, ctypes.POINTER(CompletionStruct)]),

@@ -18,6 +18,8 @@ Count = Union[int, Tuple[Buffer, int]]
 # An event: (buffer, offset, value): the daemon waits until the counter at offset reaches value.
 Event = Tuple[Buffer, int, int]
 
+BACKENDS = {"host": 0, "cuda": 1}  # STASH_BACKEND_*
+
 
 class Tier(enum.IntEnum):
     """Where a stash went (stash_completion_t.tier)."""
@@ -100,10 +102,11 @@ class Client:
     out once. Errors raise StashError (Unavailable when the daemon is gone).
     """
 
-    def __init__(self, handle: int, socket: Optional[str]):
+    def __init__(self, handle: int, socket: Optional[str], backend: str = "host"):
         self._lib = _lib.lib()
         self._handle: Optional[int] = handle
         self.socket = socket
+        self.backend = backend
         self._extensions: dict = {}  # per-client state of integrations (stashd.torch)
 
     # --- Lifetime ---------------------------------------------------------------------------
@@ -200,6 +203,78 @@ class Client:
                                            int(offset), 1 if zero_tail else 0, ctypes.byref(op)))
         return self.wait(op.value, timeout_ms) if wait else op.value
 
+    # --- Device memory (cuda backend) -------------------------------------------------------
+
+    def stash_device(self, pointer: int, *, row_bytes: int, max_rows: int,
+                     count: Optional[int] = None, device_count: Optional[int] = None,
+                     divisor: int = 1, layer: int = 0, microbatch: int = 0,
+                     name: Optional[str] = None, ready: Optional[Event] = None,
+                     wait: bool = True,
+                     timeout_ms: Optional[float] = None) -> Union[Completion, int]:
+        """Stashes rows from GPU memory: pointer (a tensor's data_ptr()) lies in a cudaMalloc
+        allocation of the session's GPU. Exactly one of count (an int known now) and
+        device_count (the data_ptr() of an int64 on the GPU, read by the copy kernel: no sync)
+        is given. ready: an event the trainer's stream raises (enqueue_signal) after the kernels
+        that wrote the rows. The rows must stay unchanged until the answer arrives."""
+        if (count is None) == (device_count is None):
+            raise ValueError("stashd: give exactly one of count and device_count")
+        args = _lib.StashArgs()
+        args.device_source = int(pointer)
+        args.row_bytes = int(row_bytes)
+        args.max_rows = int(max_rows)
+        if device_count is not None:
+            args.device_count = int(device_count)
+        else:
+            if int(count) < 0:
+                raise ValueError(f"stashd: count must be >= 0, got {count}")
+            args.count_value = int(count)
+        args.divisor = int(divisor)
+        args.layer = int(layer)
+        args.microbatch = int(microbatch)
+        if ready is not None:
+            args.ready_buffer = ready[0].handle
+            args.ready_offset = int(ready[1])
+            args.ready_value = int(ready[2])
+        if name:
+            args.name = name.encode()
+        ticket = ctypes.c_uint64()
+        self._check(self._lib.stash_stash(self._h(), ctypes.byref(args), ctypes.byref(ticket)))
+        return self.wait(ticket.value, timeout_ms) if wait else ticket.value
+
+    def reload_device(self, ticket: int, pointer: int, *, zero_tail: bool = False,
+                      ready: Optional[Event] = None, done: Optional[Event] = None,
+                      wait: bool = True,
+                      timeout_ms: Optional[float] = None) -> Union[Completion, int]:
+        """Copies a stash back into GPU memory at pointer (room for max_rows rows). ready: the
+        daemon writes only after this event; done: raised after the copy, for enqueue_wait."""
+        def parts(e: Optional[Event]):
+            return (None, 0, 0) if e is None else (e[0].handle, int(e[1]), int(e[2]))
+        op = ctypes.c_uint64()
+        self._check(self._lib.stash_reload_device(self._h(), int(ticket), int(pointer),
+                                                  1 if zero_tail else 0, *parts(ready),
+                                                  *parts(done), ctypes.byref(op)))
+        return self.wait(op.value, timeout_ms) if wait else op.value
+
+    def enqueue_signal(self, event: Event, stream: int) -> None:
+        """Enqueues on stream (torch.cuda.current_stream().cuda_stream; 0 = the legacy default
+        stream) raising event once the stream's earlier work is done. Never blocks."""
+        buffer, offset, value = event
+        self._check(self._lib.stash_enqueue_signal(self._h(), buffer.handle, int(offset),
+                                                   int(value), int(stream) or None))
+
+    def enqueue_wait(self, event: Event, stream: int) -> None:
+        """Makes stream's later work wait until event is raised (a reload's done). Never
+        blocks the calling thread."""
+        buffer, offset, value = event
+        self._check(self._lib.stash_enqueue_wait(self._h(), buffer.handle, int(offset),
+                                                 int(value), int(stream) or None))
+
+    def unregister_device(self, pointer: int, *, wait: bool = True) -> Union[Completion, int]:
+        """Tells the daemon to close the allocation holding pointer before it is freed."""
+        op = ctypes.c_uint64()
+        self._check(self._lib.stash_unregister_device(self._h(), int(pointer), ctypes.byref(op)))
+        return self.wait(op.value) if wait else op.value
+
     def release(self, ticket: int, *, wait: bool = True,
                 timeout_ms: Optional[float] = None) -> Union[Completion, int]:
         """Drops a stash without copying it back; its pages return."""
@@ -258,8 +333,12 @@ def _completion(c: "_lib.CompletionStruct") -> Completion:
 
 
 def connect(socket: Optional[str] = None, device: int = 0, rank: int = -1, label: str = "",
-            allow_host_spill: bool = True, connect_timeout_ms: int = 5000) -> Client:
+            allow_host_spill: bool = True, connect_timeout_ms: int = 5000,
+            backend: str = "host") -> Client:
     """Opens a session with the daemon.
+
+    backend: "host" (shared memory; CI, laptops) or "cuda" (GPU tensors through CUDA IPC; needs
+    the NVIDIA driver and a daemon started with --backend=cuda); must match the daemon's.
 
     socket: the daemon's Unix socket; None = $STASHD_SOCKET, else the default
     (/run/stashd/stashd.sock, or the per-user fallback). device: this rank's GPU (the simulated
@@ -267,9 +346,12 @@ def connect(socket: Optional[str] = None, device: int = 0, rank: int = -1, label
     allow_host_spill: False makes a full pool overflow instead of spilling to the host tier.
     Raises Unavailable, naming the socket, when no daemon answers within connect_timeout_ms.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"stashd.connect: backend must be 'host' or 'cuda', not {backend!r}")
     lib = _lib.lib()
     handle = _lib.c_client_p()
-    code = lib.stash_client_open(socket.encode() if socket else None, int(device), int(rank),
+    code = lib.stash_client_open(socket.encode() if socket else None, BACKENDS[backend],
+                                 int(device), int(rank),
                                  label.encode() if label else None,
                                  1 if allow_host_spill else 0, int(connect_timeout_ms),
                                  ctypes.byref(handle))
@@ -279,4 +361,4 @@ def connect(socket: Optional[str] = None, device: int = 0, rank: int = -1, label
         if shown not in message:
             message = f"{message} (socket: {shown})"
         raise error_for(code, message)
-    return Client(handle.value, shown)
+    return Client(handle.value, shown, backend)

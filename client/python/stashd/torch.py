@@ -40,11 +40,24 @@ A tensor that two ops save is stashed twice (once per save), as in Megatron. A h
 drops unread (a graph freed before backward) releases its stash; `flush(client)` waits for those
 releases. Unpacking a handle twice (retain_graph=True) reloads once and reuses the tensor.
 
-Not built yet (DESIGN.md §6, the cuda backend): device tensors handed to the daemon by CUDA IPC
-with a ready event on the trainer's stream and the count read by the copy kernel from device
-memory. That path must stay sync-free: no `.item()` and no host copy of the count in the pack
-hook. The staging path here does copy the count tensor to host memory when each tensor is
-saved (a device sync for a CUDA count tensor) and stages device tensors through host memory.
+With a client on the cuda backend (`stashd.connect(backend="cuda")`), CUDA tensors take the
+sync-free path instead: no staging, no `.item()`, no host copy of the count, and the trainer's
+thread never waits for a copy.
+  * pack: the hook raises a ready event on the tensor's current stream (a stream memory
+    operation, `Client.enqueue_signal`) and queues the stash of `t.data_ptr()` through CUDA IPC
+    with the count as a device int64 (`num_tokens` converted on the GPU when it is a tensor),
+    then returns at once. The handle keeps the tensor until the daemon's answer arrives (it is
+    polled at every later hook call): taken, the tensor is dropped and its memory goes back to
+    the caching allocator; OVERFLOW, the handle keeps it and backward uses it.
+  * unpack: a fresh tensor from the caching allocator, a ready event on the current stream so
+    the daemon writes only after the stream's earlier work, the reload, and a wait on its done
+    event enqueued on the stream: the kernels after it read the reloaded rows.
+  * A failed reload raises its done event too (the stream never hangs) and its error is
+    raised by the next hook call or by `flush(client)`: call flush before optimizer.step().
+  * Tensors must come from cudaMalloc memory (PyTorch's default caching allocator);
+    `expandable_segments` memory is refused with the setting to change.
+The host backend keeps the staging path above (CPU tensors, and CUDA tensors staged through
+host memory: a device sync per saved tensor).
 """
 
 from __future__ import annotations
@@ -60,7 +73,7 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from stashd.buffer import Buffer
-from stashd.client import Client
+from stashd.client import Client, Tier
 from stashd.errors import UNAVAILABLE, StashError, error_for
 
 TE_MARKER_ATTRIBUTE = "grouped_tensor_scale_inv"
@@ -72,6 +85,8 @@ SCALE_INV_BLOCK_TOKENS = 32
 # power of two, at least one 64 KiB granule.
 _MIN_STAGING_BYTES = 64 << 10
 _COUNT_CELL_BYTES = 8
+# Event counters of the cuda path: one per (stream, ready|done).
+_EVENT_SLOTS = 512
 
 
 # --- Marking --------------------------------------------------------------------------------
@@ -182,6 +197,16 @@ class _TorchState:
         # Op ids of releases not yet answered; a deque so that __del__ on any thread may append
         # while another thread reaps.
         self._releases: Deque[int] = collections.deque()
+        # The cuda path: stashes whose answer has not arrived, reloads not yet answered, the
+        # first reload error not yet raised, and the event counters, one per (stream, kind),
+        # in one Buffer. `_order` keeps each counter's values in submission order.
+        self._pending: Deque["StashedTensor"] = collections.deque()
+        self._reloads: Deque[Tuple[int, "StashedTensor"]] = collections.deque()
+        self._reload_error: Optional[StashError] = None
+        self._order = threading.Lock()
+        self._events: Optional[_Staging] = None
+        self._slots: Dict[Tuple[int, str], int] = {}
+        self._values: Dict[int, int] = {}
 
     @property
     def client(self) -> Client:
@@ -224,12 +249,64 @@ class _TorchState:
             return  # the session is over: the daemon returned the pages already
         self._releases.append(client.release(ticket, wait=False))
 
+    def event(self, stream: int, kind: str) -> Tuple[Buffer, int, int]:
+        """The next value of the (stream, kind) counter; hold `_order` until it is used."""
+        if self._events is None:
+            self._events = self.take(_EVENT_SLOTS * _COUNT_CELL_BYTES)
+            self._events.bytes.zero_()
+        slot = self._slots.get((stream, kind))
+        if slot is None:
+            if len(self._slots) == _EVENT_SLOTS:
+                raise RuntimeError(f"stashd.torch: more than {_EVENT_SLOTS // 2} CUDA streams "
+                                   "stash or reload through one client")
+            slot = self._slots[(stream, kind)] = len(self._slots)
+        value = self._values[slot] = self._values.get(slot, 0) + 1
+        return (self._events.buffer, slot * _COUNT_CELL_BYTES, value)
+
+    def track_stash(self, handle: "StashedTensor") -> None:
+        self._pending.append(handle)
+
+    def track_reload(self, op: int, handle: "StashedTensor") -> None:
+        self._reloads.append((op, handle))
+
+    def _settle(self, client: Client, wait: bool) -> None:
+        """Collects the answers of the cuda path's stashes and reloads."""
+        for _ in range(len(self._pending)):
+            try:
+                handle = self._pending.popleft()
+            except IndexError:
+                break
+            if not handle._settle(client, wait):
+                self._pending.append(handle)
+        for _ in range(len(self._reloads)):
+            try:
+                op, handle = self._reloads.popleft()
+            except IndexError:
+                break
+            try:
+                if wait:
+                    client.wait(op)
+                elif client.poll(op) is None:
+                    self._reloads.append((op, handle))
+            except StashError as e:
+                if self._reload_error is None:
+                    self._reload_error = error_for(
+                        e.code, f"stashd.torch: the reload of {handle!r} failed, so the "
+                        f"backward pass read wrong data: {e}")
+        error, self._reload_error = self._reload_error, None
+        if error is not None:
+            raise error
+
     def reap(self, wait: bool = False) -> None:
-        """Collects answered releases (all of them with wait=True)."""
+        """Collects answered releases (all of them with wait=True), and the cuda path's
+        answers: raises the first failed reload."""
         client = self._live_client()
         if client is None:
             self._releases.clear()
+            self._pending.clear()
+            self._reloads.clear()
             return
+        self._settle(client, wait)
         for _ in range(len(self._releases)):
             try:
                 op = self._releases.popleft()
@@ -257,7 +334,9 @@ class _TorchState:
 
 def flush(client: Client) -> None:
     """Waits until the daemon has answered the release of every stash autograd dropped without
-    unpacking it (a graph freed before backward): their pages are free when this returns."""
+    unpacking it (a graph freed before backward): their pages are free when this returns. On the
+    cuda path it also waits for every stash and reload answer and raises the first failed
+    reload: call it before optimizer.step()."""
     state = client._extensions.get("torch")
     if state is not None:
         state.reap(wait=True)
@@ -271,7 +350,8 @@ class StashedTensor:
     tensor; a handle autograd drops without unpacking releases its pages."""
 
     __slots__ = ("_state", "_client", "ticket", "shape", "dtype", "device", "rows", "max_rows",
-                 "row_bytes", "divisor", "tier", "zero_tail", "_tensor", "_spent", "__weakref__")
+                 "row_bytes", "divisor", "tier", "zero_tail", "_tensor", "_spent", "_source",
+                 "_count", "_ctx", "_cuda", "__weakref__")
 
     def __init__(self, state: _TorchState, ticket: int, tensor: torch.Tensor, rows: int,
                  max_rows: int, row_bytes: int, divisor: int, tier, zero_tail: bool):
@@ -289,15 +369,78 @@ class StashedTensor:
         self.zero_tail = zero_tail
         self._tensor: Optional[torch.Tensor] = None
         self._spent = False
+        # The cuda path: the source (and device count) kept until the daemon answers, and the
+        # context whose counters the answer corrects.
+        self._source: Optional[torch.Tensor] = None
+        self._count: Optional[torch.Tensor] = None
+        self._ctx = None
+        self._cuda = False  # stashed by the cuda path
 
     def __repr__(self) -> str:
+        tier = "pending" if self.tier is None else self.tier.name
         return (f"<stashd.torch.StashedTensor ticket=0x{self.ticket:x} shape={tuple(self.shape)} "
-                f"dtype={self.dtype} rows={self.rows}/{self.max_rows} tier={self.tier.name}>")
+                f"dtype={self.dtype} rows={self.rows}/{self.max_rows} tier={tier}>")
+
+    def _settle(self, client: Client, wait: bool) -> bool:
+        """The cuda path: takes the stash's answer if it arrived (blocks with wait=True).
+        Returns False while it is in flight."""
+        if self.tier is not None:
+            return True
+        try:
+            done = client.wait(self.ticket) if wait else client.poll(self.ticket)
+        except StashError:
+            done = None
+            failed = True
+        else:
+            if done is None:
+                return False
+            failed = False
+        self._count = None
+        ctx = self._ctx() if self._ctx is not None else None
+        self._ctx = None
+        if failed or done.overflowed:
+            # Nothing was taken: keep the tensor itself for backward; no pages to give back.
+            self.tier = Tier.OVERFLOW
+            self._spent = True
+            if ctx is not None:
+                ctx.stashed -= 1
+                ctx.overflowed += 1
+            return True
+        self.tier = done.tier
+        self.rows = done.rows
+        self._source = None  # the daemon holds the rows: the memory goes back to the allocator
+        return True
+
+    def _load_device(self) -> torch.Tensor:
+        """The cuda path: reload into a fresh tensor, ordered on the current stream."""
+        state = self._state
+        if self.tier is None:
+            self._settle(self._client, wait=True)  # rare: backward ran before the answer came
+        if self.tier == Tier.OVERFLOW:
+            return self._source
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self._spent = True  # the ticket is spent even when the reload fails
+        with state._order:
+            ready = state.event(stream, "ready")
+            self._client.enqueue_signal(ready, stream)
+            done = state.event(stream, "done")
+            op = self._client.reload_device(self.ticket, out.data_ptr(),
+                                            zero_tail=self.zero_tail, ready=ready, done=done,
+                                            wait=False)
+            self._client.enqueue_wait(done, stream)
+        state.track_reload(op, self)
+        return out
 
     def load(self) -> torch.Tensor:
         """Reloads the rows (once) into a fresh tensor of the original shape, dtype, device."""
         if self._tensor is not None:
             return self._tensor
+        if self._cuda:
+            out = self._load_device()
+            self._tensor = out
+            self._state.reap()
+            return out
         state = self._state
         nbytes = self.max_rows * self.row_bytes
         staging = state.take(nbytes)
@@ -476,9 +619,44 @@ class stash_saved_tensors:
                 f"max_tokens and what was marked")
         return rows, nbytes // rows
 
+    def _stash_device(self, t: torch.Tensor, rows: int, row_bytes: int, divisor: int):
+        """The cuda path: stash straight from GPU memory, ordered on the current stream."""
+        state = self._state
+        source = t.detach()
+        if not source.is_contiguous():
+            source = source.contiguous()  # a marked tensor is row-major; this is a copy
+        count_tensor = None
+        if isinstance(self.num_tokens, torch.Tensor):
+            # Converted on the GPU (asynchronous): the copy kernel reads it, the host never does.
+            count_tensor = self.num_tokens.detach().reshape(1).to(device=t.device,
+                                                                  dtype=torch.int64)
+            count = dict(device_count=count_tensor.data_ptr())
+        else:
+            count = dict(count=int(self.num_tokens))
+        stream = torch.cuda.current_stream(t.device).cuda_stream
+        with state._order:
+            ready = state.event(stream, "ready")
+            self.client.enqueue_signal(ready, stream)
+            ticket = self.client.stash_device(source.data_ptr(), row_bytes=row_bytes,
+                                              max_rows=rows, divisor=divisor, layer=self.layer,
+                                              microbatch=self.microbatch, name=self.name,
+                                              ready=ready, wait=False, **count)
+        self.stashed += 1
+        handle = StashedTensor(state, ticket, t, rows, rows, row_bytes, divisor, None,
+                               self.zero_tail)
+        handle._cuda = True
+        handle._source = source
+        handle._count = count_tensor
+        handle._ctx = weakref.ref(self)
+        state.track_stash(handle)
+        state.reap()
+        return handle
+
     def _stash(self, t: torch.Tensor, divisor: int):
         state = self._state
         rows, row_bytes = self._rows(t, divisor)
+        if t.is_cuda and self.client.backend == "cuda":
+            return self._stash_device(t, rows, row_bytes, divisor)
         if isinstance(self.num_tokens, torch.Tensor):
             # Host staging: the count goes into the shared cell the daemon reads at copy time.
             # (The cuda path will hand the device scalar itself to the daemon: no sync there.)
