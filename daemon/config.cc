@@ -94,8 +94,9 @@ const Knob kKnobs[] = {
      "Page size: a power of two from 4KiB to 1GiB. A stash wastes less than one page",
      [](std::string_view v, DaemonConfig* c) { return ParseSize(v, &c->page_bytes); }},
     {"host_tier_bytes", "SIZE",
-     "Host tier size, shared by all GPUs (pinned host memory on cuda); 0 = no host tier, a "
-     "full pool then overflows",
+     "Host tier size in all. host backend: one tier all pools share. cuda: pinned, mapped "
+     "host memory split evenly across the GPUs, one share each (no two copy streams plan on "
+     "one ring). 0 = no host tier, a full pool then overflows",
      [](std::string_view v, DaemonConfig* c) { return ParseSize(v, &c->host_tier_bytes); }},
     {"devices", "N",
      "Host backend only: how many simulated GPUs, one pool each (1..64). The cuda backend "

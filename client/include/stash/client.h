@@ -17,7 +17,8 @@
 //
 // On the cuda backend the copies are ordered on the GPU without the trainer's thread waiting:
 // EnqueueSignal(ready, stream) after the kernels that wrote the activation, and
-// EnqueueWait(done, stream) before the kernels that read a reloaded buffer (docs/client.md).
+// EnqueueWait(done, stream) before the kernels that read a reloaded buffer
+// (docs/cuda-backend.md).
 //
 // Thread safety: every method may be called from any thread at the same time. Only Wait (and
 // Open, Stats) block; they block on the daemon's answer, never on another caller.
