@@ -51,13 +51,13 @@ extern "C" {
 const char* stash_last_error(void) { return g_last_error.c_str(); }
 const char* stash_version(void) { return stash::kVersion; }
 
-int stash_client_open(const char* socket, int backend, int device, int64_t rank,
-                      const char* label, int allow_host_spill, int64_t connect_timeout_ms,
-                      stash_client_t** out) {
+int stash_client_open(const char* socket, int backend, int device, int64_t rank, const char* label,
+                      int allow_host_spill, int64_t connect_timeout_ms, stash_client_t** out) {
   STASH_C_REQUIRE(out != nullptr, "stash_client_open: out is NULL");
   STASH_C_REQUIRE(backend == STASH_BACKEND_HOST || backend == STASH_BACKEND_CUDA,
                   "stash_client_open: backend must be STASH_BACKEND_HOST (0) or "
-                  "STASH_BACKEND_CUDA (1), not " + std::to_string(backend));
+                  "STASH_BACKEND_CUDA (1), not " +
+                      std::to_string(backend));
   stash::Options options;
   options.backend = backend == STASH_BACKEND_CUDA ? stash::Backend::kCuda : stash::Backend::kHost;
   options.socket = socket != nullptr ? socket : "";
@@ -137,10 +137,10 @@ int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destin
   return 0;
 }
 
-int stash_reload_device(stash_client_t* client, uint64_t ticket, void* destination,
-                        int zero_tail, stash_buffer_t* ready_buffer, uint64_t ready_offset,
-                        uint64_t ready_value, stash_buffer_t* done_buffer, uint64_t done_offset,
-                        uint64_t done_value, uint64_t* op) {
+int stash_reload_device(stash_client_t* client, uint64_t ticket, void* destination, int zero_tail,
+                        stash_buffer_t* ready_buffer, uint64_t ready_offset, uint64_t ready_value,
+                        stash_buffer_t* done_buffer, uint64_t done_offset, uint64_t done_value,
+                        uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && destination != nullptr && op != nullptr,
                   "stash_reload_device: client, destination and op must not be NULL");
   stash::ReloadArgs a;
@@ -159,8 +159,8 @@ int stash_enqueue_signal(stash_client_t* client, stash_buffer_t* buffer, uint64_
                          uint64_t value, void* stream) {
   STASH_C_REQUIRE(client != nullptr && buffer != nullptr,
                   "stash_enqueue_signal: client and buffer must not be NULL");
-  const stash::Status st = client->client->EnqueueSignal({buffer->buffer.get(), offset, value},
-                                                         stream);
+  const stash::Status st =
+      client->client->EnqueueSignal({buffer->buffer.get(), offset, value}, stream);
   return st.ok() ? 0 : Fail(st);
 }
 
@@ -168,8 +168,8 @@ int stash_enqueue_wait(stash_client_t* client, stash_buffer_t* buffer, uint64_t 
                        uint64_t value, void* stream) {
   STASH_C_REQUIRE(client != nullptr && buffer != nullptr,
                   "stash_enqueue_wait: client and buffer must not be NULL");
-  const stash::Status st = client->client->EnqueueWait({buffer->buffer.get(), offset, value},
-                                                       stream);
+  const stash::Status st =
+      client->client->EnqueueWait({buffer->buffer.get(), offset, value}, stream);
   return st.ok() ? 0 : Fail(st);
 }
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "client/cuda_memory.h"
-#include "common/macros.h"
 #include "common/grpc_status.h"
 #include "common/host_event.h"
+#include "common/macros.h"
 #include "common/random.h"
 #include "common/shm.h"
 #include "common/socket_path.h"
@@ -499,10 +499,9 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
   if (args.max_rows > UINT64_MAX / args.row_bytes) {
     return InvalidArgumentError("stash max_rows * row_bytes overflows 64 bits");
   }
-  STASH_ASSIGN_OR_RETURN(Region source,
-                         ResolveRegion(*impl_, args.source, args.device_source, args.offset,
-                                       args.max_rows * args.row_bytes, "stash source",
-                                       "stash device_source"));
+  STASH_ASSIGN_OR_RETURN(Region source, ResolveRegion(*impl_, args.source, args.device_source,
+                                                      args.offset, args.max_rows * args.row_bytes,
+                                                      "stash source", "stash device_source"));
   std::vector<Impl::MemoryDesc> memories{source.memory};
   std::vector<uint64_t> stale{source.stale_memory_id};
   if (Status st = CheckEvent(args.ready, "ready event"); !st.ok()) return st;
@@ -519,10 +518,9 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
         reinterpret_cast<uintptr_t>(args.count.device_count) % 8 != 0) {
       return InvalidArgumentError("the row count must be an 8-byte aligned int64");
     }
-    STASH_ASSIGN_OR_RETURN(Region count,
-                           ResolveRegion(*impl_, args.count.buffer, args.count.device_count,
-                                         args.count.offset, 8, "count buffer",
-                                         "count device_count"));
+    STASH_ASSIGN_OR_RETURN(
+        Region count, ResolveRegion(*impl_, args.count.buffer, args.count.device_count,
+                                    args.count.offset, 8, "count buffer", "count device_count"));
     SetRef(count, s->mutable_count()->mutable_reference());
     memories.push_back(count.memory);
     stale.push_back(count.stale_memory_id);
@@ -549,10 +547,10 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
 StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
   if (args.ticket == 0) return InvalidArgumentError("reload needs the ticket Stash returned");
   // The daemon checks that the destination holds the stash's max_rows * row_bytes.
-  STASH_ASSIGN_OR_RETURN(Region destination,
-                         ResolveRegion(*impl_, args.destination, args.device_destination,
-                                       args.offset, 0, "reload destination",
-                                       "reload device_destination"));
+  STASH_ASSIGN_OR_RETURN(
+      Region destination,
+      ResolveRegion(*impl_, args.destination, args.device_destination, args.offset, 0,
+                    "reload destination", "reload device_destination"));
   if (Status st = CheckEvent(args.ready, "ready event"); !st.ok()) return st;
   if (Status st = CheckEvent(args.done, "done event"); !st.ok()) return st;
   std::vector<Impl::MemoryDesc> memories{destination.memory};

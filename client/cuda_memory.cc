@@ -88,27 +88,32 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void* pointer, uint64_t bytes, c
   size_t size = 0;
   unsigned long long buffer_id = 0;
   unsigned long long ipc_capable = 0;
-  CUpointer_attribute attributes[] = {
-      CU_POINTER_ATTRIBUTE_MEMORY_TYPE,      CU_POINTER_ATTRIBUTE_IS_MANAGED,
-      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-      CU_POINTER_ATTRIBUTE_RANGE_SIZE,       CU_POINTER_ATTRIBUTE_BUFFER_ID,
-      CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                      CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                      CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                      CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                      CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                      CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
   void* values[] = {&memory_type, &managed, &ordinal, &start, &size, &buffer_id, &ipc_capable};
   STASH_CU_RETURN_IF_ERROR(driver_, PointerGetAttributes(sizeof(attributes) / sizeof(attributes[0]),
                                                          attributes, values, address));
   const std::string name = std::string(what) + " " + Hex(address);
   if (managed != 0) {
-    return InvalidArgumentError(name + " is managed memory (cudaMallocManaged), which CUDA IPC "
-                                       "cannot share: allocate it with cudaMalloc or torch.empty "
-                                       "on the GPU");
+    return InvalidArgumentError(name +
+                                " is managed memory (cudaMallocManaged), which CUDA IPC "
+                                "cannot share: allocate it with cudaMalloc or torch.empty "
+                                "on the GPU");
   }
   if (memory_type == 0) {
-    return InvalidArgumentError(name + " is not CUDA memory: pass a device pointer from "
-                                       "cudaMalloc (or a tensor's data_ptr()), or a HostBuffer");
+    return InvalidArgumentError(name +
+                                " is not CUDA memory: pass a device pointer from "
+                                "cudaMalloc (or a tensor's data_ptr()), or a HostBuffer");
   }
   if (memory_type == CU_MEMORYTYPE_HOST) {
-    return InvalidArgumentError(name + " is host memory: use a HostBuffer for host memory, and "
-                                       "device pointers for GPU tensors");
+    return InvalidArgumentError(name +
+                                " is host memory: use a HostBuffer for host memory, and "
+                                "device pointers for GPU tensors");
   }
   if (ordinal != device_) {
     return InvalidArgumentError(name + " is on GPU " + std::to_string(ordinal) +
@@ -117,9 +122,10 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void* pointer, uint64_t bytes, c
   }
   if (ipc_capable == 0) {
     return InvalidArgumentError(
-        name + " is virtual-memory-management memory (cuMemCreate; PyTorch's expandable "
-               "segments), which legacy CUDA IPC cannot export: run the trainer with "
-               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False");
+        name +
+        " is virtual-memory-management memory (cuMemCreate; PyTorch's expandable "
+        "segments), which legacy CUDA IPC cannot export: run the trainer with "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False");
   }
   const uint64_t offset = address - start;
   if (bytes > size - offset) {
@@ -177,8 +183,8 @@ StatusOr<uint64_t> CudaSide::MapHost(void* data, uint64_t bytes, std::function<v
   ContextScope scope(driver_, context_);
   if (!scope.status().ok()) return scope.status();
   STASH_CU_RETURN_IF_ERROR(
-      driver_, MemHostRegister(data, bytes,
-                               CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+      driver_,
+      MemHostRegister(data, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
   CUdeviceptr device_address = 0;
   const CUresult mapped = driver_->MemHostGetDevicePointer(&device_address, data, 0);
   if (mapped != CUDA_SUCCESS) {

@@ -68,15 +68,16 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
   if (reg.bytes() == 0) return InvalidArgumentError("memory bytes must be > 0");
   if (reg.handle().empty()) return InvalidArgumentError("memory handle is empty");
   // The cuda backend takes device memory (CUDA IPC) and host shared memory (event counters).
-  const bool ok_kind = reg.kind() == v1::MEMORY_KIND_HOST_SHM ||
-                       (limits.backend == v1::BACKEND_CUDA && reg.kind() == v1::MEMORY_KIND_CUDA_IPC);
+  const bool ok_kind =
+      reg.kind() == v1::MEMORY_KIND_HOST_SHM ||
+      (limits.backend == v1::BACKEND_CUDA && reg.kind() == v1::MEMORY_KIND_CUDA_IPC);
   if (!ok_kind) {
-    return FailedPreconditionError(
-        std::string("this daemon runs the ") + BackendName(limits.backend) +
-        " backend and takes only " +
-        (limits.backend == v1::BACKEND_CUDA ? "MEMORY_KIND_CUDA_IPC and MEMORY_KIND_HOST_SHM"
-                                            : "MEMORY_KIND_HOST_SHM") +
-        " memory, not " + v1::MemoryKind_Name(reg.kind()));
+    return FailedPreconditionError(std::string("this daemon runs the ") +
+                                   BackendName(limits.backend) + " backend and takes only " +
+                                   (limits.backend == v1::BACKEND_CUDA
+                                        ? "MEMORY_KIND_CUDA_IPC and MEMORY_KIND_HOST_SHM"
+                                        : "MEMORY_KIND_HOST_SHM") +
+                                   " memory, not " + v1::MemoryKind_Name(reg.kind()));
   }
   if (reg.kind() == v1::MEMORY_KIND_CUDA_IPC && reg.handle().size() != 64) {
     return InvalidArgumentError("a CUDA IPC memory handle is 64 bytes (cudaIpcMemHandle_t), not " +

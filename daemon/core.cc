@@ -83,9 +83,8 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     }
     core->workers_ = std::make_unique<CopyWorkers>(config.copy_threads);
     for (uint32_t d = 0; d < config.devices; ++d) {
-      STASH_ASSIGN_OR_RETURN(auto tier, Tier::Create("gpu" + std::to_string(d),
-                                                     static_cast<int>(d), page,
-                                                     config.pool_bytes / page));
+      STASH_ASSIGN_OR_RETURN(auto tier, Tier::Create("gpu" + std::to_string(d), static_cast<int>(d),
+                                                     page, config.pool_bytes / page));
       executors.push_back(std::make_unique<HostExecutor>(tier.get(), host, core->workers_.get()));
       core->host_backend_tiers_.push_back(std::move(tier));
     }

@@ -22,28 +22,28 @@ namespace {
 namespace v1 = stash::v1;
 
 Status CudaError(cudaError_t error, const char* expression, const char* file, int line) {
-  return Status(error == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted
-                                                   : StatusCode::kInternal,
-                std::string(expression) + " failed: " + cudaGetErrorName(error) + " (" +
-                    cudaGetErrorString(error) + ") at " + file + ":" + std::to_string(line));
+  return Status(
+      error == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal,
+      std::string(expression) + " failed: " + cudaGetErrorName(error) + " (" +
+          cudaGetErrorString(error) + ") at " + file + ":" + std::to_string(line));
 }
 
 // Every CUDA runtime call of the executor.
-#define STASH_CUDA_RETURN_IF_ERROR(expr)                                  \
-  do {                                                                    \
-    const cudaError_t stash_cuda_error_ = (expr);                         \
-    if (stash_cuda_error_ != cudaSuccess) {                               \
-      return CudaError(stash_cuda_error_, #expr, __FILE__, __LINE__);     \
-    }                                                                     \
+#define STASH_CUDA_RETURN_IF_ERROR(expr)                              \
+  do {                                                                \
+    const cudaError_t stash_cuda_error_ = (expr);                     \
+    if (stash_cuda_error_ != cudaSuccess) {                           \
+      return CudaError(stash_cuda_error_, #expr, __FILE__, __LINE__); \
+    }                                                                 \
   } while (0)
 
 // Logs a failed clean-up call (destructors cannot return a Status).
-#define STASH_CUDA_LOG_IF_ERROR(expr)                                                       \
-  do {                                                                                      \
-    const cudaError_t stash_cuda_error_ = (expr);                                           \
-    if (stash_cuda_error_ != cudaSuccess) {                                                 \
+#define STASH_CUDA_LOG_IF_ERROR(expr)                                                            \
+  do {                                                                                           \
+    const cudaError_t stash_cuda_error_ = (expr);                                                \
+    if (stash_cuda_error_ != cudaSuccess) {                                                      \
       Log("ipc")->warn("{}", CudaError(stash_cuda_error_, #expr, __FILE__, __LINE__).message()); \
-    }                                                                                       \
+    }                                                                                            \
   } while (0)
 
 std::string UuidText(const cudaUUID_t& uuid) {
@@ -172,11 +172,11 @@ class CudaExecutor final : public CopyExecutor {
   CudaBuffer pool_;                  // device pages
   CudaBuffer device_ring_;           // PageRing, then the ids
   kernels::PageRing* d_device_ring_ = nullptr;
-  CudaBuffer host_pages_;  // pinned, mapped
-  CudaBuffer host_ring_;   // pinned, mapped: PageRing, then the ids
-  CudaBuffer plans_;       // device: one StashPlan per slot
-  CudaBuffer plan_copies_;  // pinned: the plan of each slot, copied back after the stash
-  CudaBuffer records_;      // device: the page-record arena
+  CudaBuffer host_pages_;            // pinned, mapped
+  CudaBuffer host_ring_;             // pinned, mapped: PageRing, then the ids
+  CudaBuffer plans_;                 // device: one StashPlan per slot
+  CudaBuffer plan_copies_;           // pinned: the plan of each slot, copied back after the stash
+  CudaBuffer records_;               // device: the page-record arena
   uint64_t max_record_entries_ = 0;  // the most pages one stash can take
 
   // Touched only on the pool worker thread.
@@ -211,9 +211,9 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const c
   STASH_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (pages * page > free_bytes) {
     return ResourceExhaustedError(name + " (" + UuidText(uuid) + ") has " +
-                                  FormatBytes(free_bytes) + " free of " +
-                                  FormatBytes(total_bytes) + ", less than --pool-bytes " +
-                                  FormatBytes(pages * page) + ": lower --pool-bytes");
+                                  FormatBytes(free_bytes) + " free of " + FormatBytes(total_bytes) +
+                                  ", less than --pool-bytes " + FormatBytes(pages * page) +
+                                  ": lower --pool-bytes");
   }
   STASH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking));
 
@@ -221,10 +221,10 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const c
   STASH_RETURN_IF_ERROR(e->pool_.Allocate(CudaBuffer::Kind::kDevice, pages * page));
   std::vector<uint64_t> ids(std::max(pages, host_pages));
   std::iota(ids.begin(), ids.end(), uint64_t{0});
-  STASH_RETURN_IF_ERROR(e->device_ring_.Allocate(CudaBuffer::Kind::kDevice,
-                                                 sizeof(kernels::PageRing) + pages * 8));
+  STASH_RETURN_IF_ERROR(
+      e->device_ring_.Allocate(CudaBuffer::Kind::kDevice, sizeof(kernels::PageRing) + pages * 8));
   e->d_device_ring_ = e->device_ring_.device<kernels::PageRing>();
-  uint64_t* d_ids = reinterpret_cast<uint64_t*>(e->d_device_ring_ + 1);
+  auto* d_ids = reinterpret_cast<uint64_t*>(e->d_device_ring_ + 1);
   const kernels::PageRing ring{d_ids, pages, 0, pages};
   STASH_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(e->d_device_ring_, &ring, sizeof(ring), cudaMemcpyHostToDevice));
@@ -244,8 +244,8 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const c
     *h_ring = kernels::PageRing{
         reinterpret_cast<uint64_t*>(e->host_ring_.device<kernels::PageRing>() + 1), host_pages, 0,
         host_pages};
-    e->host_tier_ = Tier::CreateAccounting("host" + std::to_string(device), device, page,
-                                           host_pages);
+    e->host_tier_ =
+        Tier::CreateAccounting("host" + std::to_string(device), device, page, host_pages);
   }
 
   // Plans and page records of live stashes. A stash's page record never exceeds the larger
@@ -283,17 +283,17 @@ StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMem
         std::make_unique<RegisteredShm>(std::move(shm), static_cast<uint8_t*>(device_address)));
   }
   if (reg.kind() != v1::MEMORY_KIND_CUDA_IPC) {
-    return InvalidArgumentError("the cuda backend opens MEMORY_KIND_CUDA_IPC and "
-                                "MEMORY_KIND_HOST_SHM memory only");
+    return InvalidArgumentError(
+        "the cuda backend opens MEMORY_KIND_CUDA_IPC and "
+        "MEMORY_KIND_HOST_SHM memory only");
   }
   if (reg.handle().size() != sizeof(cudaIpcMemHandle_t)) {
     return InvalidArgumentError("a CUDA IPC memory handle is " +
                                 std::to_string(sizeof(cudaIpcMemHandle_t)) + " bytes, not " +
                                 std::to_string(reg.handle().size()));
   }
-  if (!reg.device_uuid().empty() &&
-      (reg.device_uuid().size() != 16 ||
-       std::memcmp(reg.device_uuid().data(), uuid_.bytes, 16) != 0)) {
+  if (!reg.device_uuid().empty() && (reg.device_uuid().size() != 16 ||
+                                     std::memcmp(reg.device_uuid().data(), uuid_.bytes, 16) != 0)) {
     return FailedPreconditionError(
         "the memory lives on another GPU than this session's pool " + UuidText(uuid_) +
         ": open the session on the GPU that holds the buffers (Options.device)");
@@ -313,13 +313,12 @@ StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMem
   // Copies trust the registered size: it must not run past the allocation the handle names.
   CUdeviceptr range_base = 0;
   size_t range_bytes = 0;
-  STASH_CU_RETURN_IF_ERROR(driver_, MemGetAddressRange(&range_base, &range_bytes,
-                                                       reinterpret_cast<CUdeviceptr>(base)));
+  STASH_CU_RETURN_IF_ERROR(
+      driver_, MemGetAddressRange(&range_base, &range_bytes, reinterpret_cast<CUdeviceptr>(base)));
   if (reg.bytes() > range_bytes - (reinterpret_cast<CUdeviceptr>(base) - range_base)) {
-    return InvalidArgumentError("memory declares " + std::to_string(reg.bytes()) +
-                                " bytes but its CUDA allocation holds " +
-                                std::to_string(range_bytes) +
-                                ": register the allocation's real size");
+    return InvalidArgumentError(
+        "memory declares " + std::to_string(reg.bytes()) + " bytes but its CUDA allocation holds " +
+        std::to_string(range_bytes) + ": register the allocation's real size");
   }
   return std::unique_ptr<MappedMemory>(std::move(memory));
 }

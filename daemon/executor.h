@@ -107,7 +107,8 @@ class CopyExecutor {
 
   // Where an asynchronous executor hands its continuations (the pool worker's queue); called once,
   // before any work is submitted. `post` is thread-safe and never blocks for long.
-  virtual void Attach(std::function<void(Then)> post) { (void)post; }
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): overrides move it into a member
+  virtual void Attach(std::function<void(Then)> /*post*/) {}
 
   // The pool's own tier and the spill tier it uses (null = none); for stats and answers.
   virtual Tier* device_tier() const = 0;

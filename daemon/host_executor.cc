@@ -49,10 +49,9 @@ void HostExecutor::Stash(const StashWork& work, Then then) {
   // Lock order: the pool's own tier, then the shared host tier.
   device_->mu().Lock();
   if (host != nullptr) host->mu().Lock();
-  const kernels::StashPlan plan =
-      kernels::PlanStash(count, work.count.divisor, record.max_rows, record.row_bytes,
-                         device_->page_bytes(), device_->ring(),
-                         host != nullptr ? &host->ring() : nullptr);
+  const kernels::StashPlan plan = kernels::PlanStash(
+      count, work.count.divisor, record.max_rows, record.row_bytes, device_->page_bytes(),
+      device_->ring(), host != nullptr ? &host->ring() : nullptr);
   Tier* chosen = nullptr;
   if (plan.placement == kernels::Placement::kDevice) {
     chosen = device_;
@@ -94,10 +93,9 @@ void HostExecutor::Reload(const ReloadWork& work, Then then) {
                                     record.plan.bytes};
       uint8_t* destination = work.destination;
       const uint64_t min_slots = std::max<uint64_t>(1, kSplitBytes / tier->page_bytes());
-      workers_->ParallelFor(record.page_record.size(), min_slots,
-                            [&](uint64_t first, uint64_t end) {
-                              kernels::PopPages(destination, span, first, end);
-                            });
+      workers_->ParallelFor(
+          record.page_record.size(), min_slots,
+          [&](uint64_t first, uint64_t end) { kernels::PopPages(destination, span, first, end); });
       if (work.zero_tail) {
         kernels::ZeroBytes(destination, record.plan.bytes, record.max_rows * record.row_bytes);
       }

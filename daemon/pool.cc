@@ -10,10 +10,10 @@
 #include <string>
 
 #include "common/host_event.h"
-#include "daemon/tier.h"
 #include "common/logging.h"
 #include "common/macros.h"
 #include "common/text.h"
+#include "daemon/tier.h"
 #include "stash/kernels/paging.h"
 
 namespace stash::daemon {
@@ -308,9 +308,8 @@ void Pool::DoUnregister(Session& s, const v1::SessionRequest& req) {
     // Work in flight may still use the mapping: it closes when the last of it finished.
     std::shared_ptr<MappedMemory> mapping = std::move(it->second.mapping);
     s.memories().erase(it);
-    if (mapping != nullptr) executor_->Fence(Track([mapping = std::move(mapping)]() mutable {
-      mapping.reset();
-    }));
+    if (mapping != nullptr)
+      executor_->Fence(Track([mapping = std::move(mapping)]() mutable { mapping.reset(); }));
   }
   s.counters().inflight.fetch_sub(1, std::memory_order_relaxed);
   s.Send(Reply(req.request_id()));
@@ -357,8 +356,8 @@ void Pool::DoStash(const std::shared_ptr<Session>& s, const v1::SessionRequest& 
   s->stashes()[st.ticket()] = record;
   const auto submitted = Clock::now();
   executor_->Stash(work, Track([this, s, req, record, received, submitted] {
-    FinishStash(*s, req, *record, received, submitted);
-  }));
+                     FinishStash(*s, req, *record, received, submitted);
+                   }));
 }
 
 void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& record,
@@ -379,11 +378,11 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
     return;
   }
   if (plan.placement == kernels::Placement::kInvalidCount) {
-    const std::string where =
-        st.count().has_reference()
-            ? "read from memory " + std::to_string(st.count().reference().memory_id()) +
-                  " offset " + std::to_string(st.count().reference().offset())
-            : "given";
+    const std::string where = st.count().has_reference()
+                                  ? "read from memory " +
+                                        std::to_string(st.count().reference().memory_id()) +
+                                        " offset " + std::to_string(st.count().reference().offset())
+                                  : "given";
     s.Send(Reply(req.request_id(),
                  InvalidArgumentError("the row count " + where + " is " +
                                       std::to_string(static_cast<int64_t>(plan.rows)) +
@@ -450,39 +449,42 @@ void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest&
   work.done = done;
   work.record = record.get();
   const auto submitted = Clock::now();
-  executor_->Reload(work, Track([this, s, req, record, received, submitted] {
-    Session& session = *s;
-    const v1::Reload& reload = req.reload();
-    SessionCounters& c = session.counters();
-    c.inflight.fetch_sub(1, std::memory_order_relaxed);
-    if (record->tier == nullptr) {
-      // Its stash (still in flight when this was submitted) placed nothing.
-      session.Send(Reply(req.request_id(),
-                         FailedPreconditionError("ticket " + Hex(reload.ticket()) +
-                                                 " holds no data: its stash overflowed or failed, "
-                                                 "so the data is still in your source buffer")));
-      return;
-    }
-    const kernels::StashPlan& plan = record->plan;
-    c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
-    c.pages_live.fetch_sub(plan.pages, std::memory_order_relaxed);
-    c.reloads.fetch_add(1, std::memory_order_relaxed);
-    c.bytes_reloaded.fetch_add(plan.bytes, std::memory_order_relaxed);
-    counters_->reloads.fetch_add(1, std::memory_order_relaxed);
-    counters_->bytes_reloaded.fetch_add(plan.bytes, std::memory_order_relaxed);
-    if (plan.bytes > 0) {
-      counters_->reload_copy.Add(plan.bytes,
-                                 std::chrono::duration<double>(Clock::now() - submitted).count());
-    }
-    v1::SessionResponse r = Reply(req.request_id());
-    v1::ReloadDone* answer = r.mutable_reload();
-    answer->set_ticket(reload.ticket());
-    answer->set_rows(plan.rows);
-    answer->set_bytes(plan.bytes);
-    answer->set_tier(record->tier == executor_->device_tier() ? v1::TIER_DEVICE : v1::TIER_HOST);
-    answer->set_latency_us(MicrosSince(received));
-    session.Send(std::move(r));
-  }));
+  executor_->Reload(
+      work, Track([this, s, req, record, received, submitted] {
+        Session& session = *s;
+        const v1::Reload& reload = req.reload();
+        SessionCounters& c = session.counters();
+        c.inflight.fetch_sub(1, std::memory_order_relaxed);
+        if (record->tier == nullptr) {
+          // Its stash (still in flight when this was submitted) placed nothing.
+          session.Send(
+              Reply(req.request_id(),
+                    FailedPreconditionError("ticket " + Hex(reload.ticket()) +
+                                            " holds no data: its stash overflowed or failed, "
+                                            "so the data is still in your source buffer")));
+          return;
+        }
+        const kernels::StashPlan& plan = record->plan;
+        c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
+        c.pages_live.fetch_sub(plan.pages, std::memory_order_relaxed);
+        c.reloads.fetch_add(1, std::memory_order_relaxed);
+        c.bytes_reloaded.fetch_add(plan.bytes, std::memory_order_relaxed);
+        counters_->reloads.fetch_add(1, std::memory_order_relaxed);
+        counters_->bytes_reloaded.fetch_add(plan.bytes, std::memory_order_relaxed);
+        if (plan.bytes > 0) {
+          counters_->reload_copy.Add(
+              plan.bytes, std::chrono::duration<double>(Clock::now() - submitted).count());
+        }
+        v1::SessionResponse r = Reply(req.request_id());
+        v1::ReloadDone* answer = r.mutable_reload();
+        answer->set_ticket(reload.ticket());
+        answer->set_rows(plan.rows);
+        answer->set_bytes(plan.bytes);
+        answer->set_tier(record->tier == executor_->device_tier() ? v1::TIER_DEVICE
+                                                                  : v1::TIER_HOST);
+        answer->set_latency_us(MicrosSince(received));
+        session.Send(std::move(r));
+      }));
 }
 
 void Pool::DoRelease(const std::shared_ptr<Session>& s, const v1::SessionRequest& req) {
@@ -499,24 +501,25 @@ void Pool::DoRelease(const std::shared_ptr<Session>& s, const v1::SessionRequest
   s->stashes().erase(it);
   ReloadWork work;  // no destination: return the pages only
   work.record = record.get();
-  executor_->Reload(work, Track([this, s, req, record, ticket] {
-    SessionCounters& c = s->counters();
-    c.inflight.fetch_sub(1, std::memory_order_relaxed);
-    if (record->tier == nullptr) {
-      s->Send(Reply(req.request_id(),
-                    FailedPreconditionError("ticket " + Hex(ticket) +
-                                            " holds no data: its stash overflowed or failed")));
-      return;
-    }
-    c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
-    c.pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
-    c.releases.fetch_add(1, std::memory_order_relaxed);
-    counters_->releases.fetch_add(1, std::memory_order_relaxed);
-    v1::SessionResponse r = Reply(req.request_id());
-    r.mutable_release()->set_ticket(ticket);
-    r.mutable_release()->set_pages(record->plan.pages);
-    s->Send(std::move(r));
-  }));
+  executor_->Reload(
+      work, Track([this, s, req, record, ticket] {
+        SessionCounters& c = s->counters();
+        c.inflight.fetch_sub(1, std::memory_order_relaxed);
+        if (record->tier == nullptr) {
+          s->Send(Reply(req.request_id(),
+                        FailedPreconditionError("ticket " + Hex(ticket) +
+                                                " holds no data: its stash overflowed or failed")));
+          return;
+        }
+        c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
+        c.pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
+        c.releases.fetch_add(1, std::memory_order_relaxed);
+        counters_->releases.fetch_add(1, std::memory_order_relaxed);
+        v1::SessionResponse r = Reply(req.request_id());
+        r.mutable_release()->set_ticket(ticket);
+        r.mutable_release()->set_pages(record->plan.pages);
+        s->Send(std::move(r));
+      }));
 }
 
 void Pool::DoBeginStep(const std::shared_ptr<Session>& s, const v1::SessionRequest& req) {
@@ -539,10 +542,11 @@ void Pool::DoTeardown(const std::shared_ptr<Session>& s) {
     ReloadWork work;  // release
     work.record = record.get();
     executor_->Reload(work, Track([s, record = record] {
-      if (record->tier == nullptr) return;
-      s->counters().stashes_live.fetch_sub(1, std::memory_order_relaxed);
-      s->counters().pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
-    }));
+                        if (record->tier == nullptr) return;
+                        s->counters().stashes_live.fetch_sub(1, std::memory_order_relaxed);
+                        s->counters().pages_live.fetch_sub(record->plan.pages,
+                                                           std::memory_order_relaxed);
+                      }));
   }
   s->stashes().clear();
   // A client that died cannot unlink the shared memory it created: do it for it, or the names

@@ -168,8 +168,8 @@ Status CudaTrainer::Forward(const StepInputs& inputs, StepOutputs* out) {
   const int64_t rows = inputs.routing.rows();
   const int layers = static_cast<int>(shape_.layers);
   DEMO_CUDA(cudaMemcpyAsync(counts_, inputs.routing.counts.data(),
-                            inputs.routing.counts.size() * sizeof(int64_t),
-                            cudaMemcpyHostToDevice, stream));
+                            inputs.routing.counts.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
+                            stream));
 
   // The dispatch is layer 0's producer.
   if (Status s = Stash(0); !s.ok()) return s;
@@ -236,9 +236,8 @@ Status CudaTrainer::Backward(const StepInputs& inputs, StepOutputs* out) {
       x = reload_;
     }
     const float* w = weights_[static_cast<size_t>(l)];
-    if (!kernels::GroupedLinearBackwardWeightCuda(geometry, counts_, x, dy_,
-                                                  weight_grads_[static_cast<size_t>(l)], stream,
-                                                  &error)) {
+    if (!kernels::GroupedLinearBackwardWeightCuda(
+            geometry, counts_, x, dy_, weight_grads_[static_cast<size_t>(l)], stream, &error)) {
       return KernelFailed("weight gradient", l, error);
     }
     if (!kernels::GroupedLinearBackwardDataCuda(geometry, counts_, dy_, w, dx_, stream, &error)) {

@@ -42,8 +42,7 @@ TEST(CudaDriver, EveryEntryPointResolvesInTheToolkitsStubLibrary) {
   EXPECT_EQ(failed.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(failed.message().find("cuMemGetAddressRange(&b, &n, p) failed"), std::string::npos)
       << failed.message();
-  EXPECT_EQ(d.Check(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc").code(),
-            StatusCode::kResourceExhausted);
+  EXPECT_EQ(d.Check(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc").code(), StatusCode::kResourceExhausted);
 }
 
 TEST(CudaDriver, AMissingLibraryNamesItAndTheDriver) {

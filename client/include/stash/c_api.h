@@ -71,7 +71,7 @@ typedef struct stash_stash_args {
   stash_buffer_t* ready_buffer; /* NULL = ready now */
   uint64_t ready_offset;
   uint64_t ready_value;
-  const char* name; /* may be NULL */
+  const char* name;          /* may be NULL */
   const void* device_source; /* cuda backend, instead of source: a device pointer (row 0 at
                                 device_source + offset) inside a cudaMalloc allocation */
   const void* device_count;  /* cuda backend, instead of count_value / count_buffer: an
@@ -109,11 +109,10 @@ STASH_EXPORT int stash_reload_device(stash_client_t* client, uint64_t ticket, vo
  * reaches value before the stream's later work. */
 STASH_EXPORT int stash_enqueue_signal(stash_client_t* client, stash_buffer_t* buffer,
                                       uint64_t offset, uint64_t value, void* stream);
-STASH_EXPORT int stash_enqueue_wait(stash_client_t* client, stash_buffer_t* buffer,
-                                    uint64_t offset, uint64_t value, void* stream);
+STASH_EXPORT int stash_enqueue_wait(stash_client_t* client, stash_buffer_t* buffer, uint64_t offset,
+                                    uint64_t value, void* stream);
 /* Cuda backend: the daemon closes the allocation holding pointer (before it is freed). */
-STASH_EXPORT int stash_unregister_device(stash_client_t* client, const void* pointer,
-                                         uint64_t* op);
+STASH_EXPORT int stash_unregister_device(stash_client_t* client, const void* pointer, uint64_t* op);
 STASH_EXPORT int stash_release(stash_client_t* client, uint64_t ticket, uint64_t* op);
 STASH_EXPORT int stash_begin_step(stash_client_t* client, uint64_t step, uint64_t* op);
 /* Blocks until op is answered (timeout_ms -1 = forever). Returns the daemon's status code. */
