@@ -24,8 +24,6 @@ Status CudaStatus(cudaError_t e, const std::string& what) {
     }                                                                      \
   } while (0)
 
-std::string LayerText(int layer) { return "layer " + std::to_string(layer) + ": "; }
-
 uint64_t Stride(const StackShape& shape) { return (shape.ActivationBytes() + 255) / 256 * 256; }
 
 Status KernelFailed(const char* pass, int layer, const std::string& error) {
@@ -117,14 +115,10 @@ void CudaTrainer::BeginStep() {
 Status CudaTrainer::Stash(int layer) {
   const auto stream = static_cast<cudaStream_t>(stream_);
   DEMO_CUDA(StoreInt64Cuda(RowCount(layer), -1, stream));
-  StashArgs args;
+  StashArgs args = LayerStashArgs(shape_, layer);
   args.device_source = Input(layer);
-  args.row_bytes = shape_.RowBytes();
-  args.max_rows = static_cast<uint64_t>(shape_.max_tokens);
   args.count.device_count = RowCount(layer);
   args.ready = Event(layer, kStashReady);
-  args.layer = static_cast<uint32_t>(layer);
-  args.name = "expert_fc_input";
   StatusOr<uint64_t> ticket = client_->Stash(args);
   if (!ticket.ok()) {
     return Status(ticket.status().code(), LayerText(layer) + "stash: " + ticket.status().message());
@@ -142,23 +136,13 @@ Status CudaTrainer::Confirm(int layer) {
     return Status(done.status().code(), LayerText(layer) + "stash: " + done.status().message());
   }
   slot.tier = done->tier;
-  switch (done->tier) {
-    case Tier::kDevice:
-    case Tier::kHost:
-      (done->tier == Tier::kDevice ? tally_.device : tally_.host) += 1;
-      tally_.bytes += done->bytes;
-      tally_.pages += done->pages;
-      DEMO_CUDA(cudaMemsetAsync(Input(layer), kPoison, shape_.ActivationBytes(),
-                                static_cast<cudaStream_t>(stream_)));
-      return Status::Ok();
-    case Tier::kOverflow:
-      tally_.overflow += 1;
-      tally_.kept_bytes += shape_.ActivationBytes();
-      return Status::Ok();
-    case Tier::kUnspecified:
-      break;
+  StatusOr<bool> taken = TallyStash(shape_, layer, *done, slot.rows, &tally_);
+  if (!taken.ok()) return taken.status();
+  if (*taken) {
+    DEMO_CUDA(cudaMemsetAsync(Input(layer), kPoison, shape_.ActivationBytes(),
+                              static_cast<cudaStream_t>(stream_)));
   }
-  return InternalError(LayerText(layer) + "the stash's answer names no tier");
+  return Status::Ok();
 }
 
 Status CudaTrainer::Forward(const StepInputs& inputs, StepOutputs* out) {
@@ -176,6 +160,7 @@ Status CudaTrainer::Forward(const StepInputs& inputs, StepOutputs* out) {
   DEMO_CUDA(cudaMemcpyAsync(Input(0), inputs.dispatched.data(), shape_.ActivationBytes(),
                             cudaMemcpyHostToDevice, stream));
   DEMO_CUDA(StoreInt64Cuda(RowCount(0), rows, stream));
+  slots_[0].rows = rows;
   if (Status s = client_->EnqueueSignal(Event(0, kStashReady), stream); !s.ok()) return s;
 
   std::string error;
@@ -192,6 +177,7 @@ Status CudaTrainer::Forward(const StepInputs& inputs, StepOutputs* out) {
     if (!last) {
       DEMO_CUDA(ReluCuda(y, elements, stream));
       DEMO_CUDA(StoreInt64Cuda(RowCount(l + 1), rows, stream));
+      slots_[static_cast<size_t>(l + 1)].rows = rows;
       if (Status s = client_->EnqueueSignal(Event(l + 1, kStashReady), stream); !s.ok()) {
         return s;
       }
@@ -255,6 +241,7 @@ Status CudaTrainer::Backward(const StepInputs& inputs, StepOutputs* out) {
     if (!done.ok()) {
       return Status(done.status().code(), LayerText(l) + "reload: " + done.status().message());
     }
+    if (Status s = CheckReload(l, *done, slot.rows, slot.tier); !s.ok()) return s;
   }
   out->input_grad.assign(static_cast<size_t>(elements), 0.0f);
   DEMO_CUDA(cudaMemcpyAsync(out->input_grad.data(), dx_, shape_.ActivationBytes(),

@@ -47,6 +47,7 @@ class CudaTrainer {
  private:
   struct Slot {
     uint64_t ticket = 0;
+    int64_t rows = -1;  // what the producer published
     Tier tier = Tier::kUnspecified;
     uint64_t reload = 0;  // the reload's operation id
   };

@@ -9,9 +9,49 @@ namespace {
 // Every byte 0xFF: each float reads as a NaN, so a reader of freed memory cannot pass parity.
 constexpr int kPoison = 0xFF;
 
+}  // namespace
+
 std::string LayerText(int layer) { return "layer " + std::to_string(layer) + ": "; }
 
-}  // namespace
+StashArgs LayerStashArgs(const StackShape& shape, int layer) {
+  StashArgs args;
+  args.row_bytes = shape.RowBytes();
+  args.max_rows = static_cast<uint64_t>(shape.max_tokens);
+  args.layer = static_cast<uint32_t>(layer);
+  args.name = "expert_fc_input";
+  return args;
+}
+
+StatusOr<bool> TallyStash(const StackShape& shape, int layer, const Completion& done,
+                          int64_t published_rows, StashTally* tally) {
+  if (done.rows != static_cast<uint64_t>(published_rows)) {
+    return InternalError(LayerText(layer) + "the daemon stashed " + std::to_string(done.rows) +
+                         " rows but the producer published " + std::to_string(published_rows));
+  }
+  switch (done.tier) {
+    case Tier::kDevice:
+    case Tier::kHost:
+      (done.tier == Tier::kDevice ? tally->device : tally->host) += 1;
+      tally->bytes += done.bytes;
+      tally->pages += done.pages;
+      return true;
+    case Tier::kOverflow:
+      // Nothing was taken: the rank keeps its copy and backward reads it.
+      tally->overflow += 1;
+      tally->kept_bytes += shape.ActivationBytes();
+      return false;
+    case Tier::kUnspecified:
+      break;
+  }
+  return InternalError(LayerText(layer) + "the daemon's stash answer names no tier");
+}
+
+Status CheckReload(int layer, const Completion& done, int64_t rows, Tier tier) {
+  if (done.rows == static_cast<uint64_t>(rows) && done.tier == tier) return Status::Ok();
+  return InternalError(LayerText(layer) + "the reload brought " + std::to_string(done.rows) +
+                       " rows from the " + TierName(done.tier) + " tier, but " +
+                       std::to_string(rows) + " rows went to the " + TierName(tier) + " tier");
+}
 
 StatusOr<std::unique_ptr<DaemonStore>> DaemonStore::Create(Client* client,
                                                            const StackShape& shape) {
@@ -53,15 +93,11 @@ Status DaemonStore::WillProduce(int layer) {
   // The count is not known yet: a negative value the daemon would reject proves it reads the
   // slot only after the ready event, as the sync-free protocol demands.
   *CountSlot(layer) = -1;
-  StashArgs args;
+  StashArgs args = LayerStashArgs(shape_, layer);
   args.source = inputs_[static_cast<size_t>(layer)].get();
-  args.row_bytes = shape_.RowBytes();
-  args.max_rows = static_cast<uint64_t>(shape_.max_tokens);
   args.count.buffer = control_.get();
   args.count.offset = 16 * static_cast<uint64_t>(layer);
   args.ready = ReadyEvent(layer);
-  args.layer = static_cast<uint32_t>(layer);
-  args.name = "expert_fc_input";
   StatusOr<uint64_t> ticket = client_->Stash(args);
   if (!ticket.ok()) {
     return Status(ticket.status().code(), LayerText(layer) + "stash: " + ticket.status().message());
@@ -83,30 +119,13 @@ Status DaemonStore::Consumed(int layer) {
   if (!done.ok()) {
     return Status(done.status().code(), LayerText(layer) + "stash: " + done.status().message());
   }
-  if (done->rows != static_cast<uint64_t>(slot.rows)) {
-    return InternalError(LayerText(layer) + "the daemon stashed " + std::to_string(done->rows) +
-                         " rows but the producer published " + std::to_string(slot.rows));
-  }
   slot.tier = done->tier;
-  switch (done->tier) {
-    case Tier::kDevice:
-    case Tier::kHost:
-      (done->tier == Tier::kDevice ? tally_.device : tally_.host) += 1;
-      tally_.bytes += done->bytes;
-      tally_.pages += done->pages;
-      // The daemon has the rows: the rank frees its copy. Poisoning stands in for the free, so
-      // backward passes parity only with what comes back from the daemon.
-      std::memset(Input(layer), kPoison, shape_.ActivationBytes());
-      return Status::Ok();
-    case Tier::kOverflow:
-      // Nothing was taken: the rank keeps its copy and backward reads it.
-      tally_.overflow += 1;
-      tally_.kept_bytes += shape_.ActivationBytes();
-      return Status::Ok();
-    case Tier::kUnspecified:
-      break;
-  }
-  return InternalError(LayerText(layer) + "the daemon's stash answer names no tier");
+  StatusOr<bool> taken = TallyStash(shape_, layer, *done, slot.rows, &tally_);
+  if (!taken.ok()) return taken.status();
+  // The daemon has the rows: the rank frees its copy. Poisoning stands in for the free, so
+  // backward passes parity only with what comes back from the daemon.
+  if (*taken) std::memset(Input(layer), kPoison, shape_.ActivationBytes());
+  return Status::Ok();
 }
 
 StatusOr<const float*> DaemonStore::Restore(int layer) {
@@ -126,12 +145,7 @@ StatusOr<const float*> DaemonStore::Restore(int layer) {
   if (!done.ok()) {
     return Status(done.status().code(), LayerText(layer) + "reload: " + done.status().message());
   }
-  if (done->rows != static_cast<uint64_t>(slot.rows) || done->tier != slot.tier) {
-    return InternalError(LayerText(layer) + "the reload brought " + std::to_string(done->rows) +
-                         " rows from the " + TierName(done->tier) + " tier, but " +
-                         std::to_string(slot.rows) + " rows went to the " + TierName(slot.tier) +
-                         " tier");
-  }
+  if (Status s = CheckReload(layer, *done, slot.rows, slot.tier); !s.ok()) return s;
   return static_cast<const float*>(reinterpret_cast<float*>(reload_->data()));
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "examples/expert_stack.h"
@@ -28,6 +29,18 @@ struct StashTally {
   uint64_t pages = 0;       // pages the daemon holds for them
   uint64_t kept_bytes = 0;  // activation bytes the rank kept because their stash overflowed
 };
+
+// What both stores (this one and the GPU rank's, cuda_trainer.h) share:
+// "layer 3: " in front of every error.
+std::string LayerText(int layer);
+// A layer input's stash: its shape and tags; the caller sets the source, count and events.
+StashArgs LayerStashArgs(const StackShape& shape, int layer);
+// Adds a stash's answer to `tally` after checking its rows against what the producer published.
+// true: the daemon holds the rows and the rank may free its copy; false: OVERFLOW, keep it.
+StatusOr<bool> TallyStash(const StackShape& shape, int layer, const Completion& done,
+                          int64_t published_rows, StashTally* tally);
+// Checks a reload's answer against the stash it reloads.
+Status CheckReload(int layer, const Completion& done, int64_t rows, Tier tier);
 
 class DaemonStore final : public ActivationStore {
  public:
