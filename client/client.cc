@@ -127,7 +127,20 @@ struct Client::Impl final
     bool answered = false;
     Status status;
     Completion completion;
+    // The op's done event: raised here too once the op is answered or the session breaks, so
+    // a stream waiting on it goes on even when the daemon could not raise it (a rejected
+    // request, done memory it failed to open, a daemon that died). Counters only grow, so a
+    // second raise changes nothing.
+    EventPoint done;
   };
+
+  // Raises the done events of every op still pending (lock held): the session is over.
+  void ReleaseDoneEventsLocked() {
+    for (auto& [id, p] : pending) {
+      if (p.done.buffer != nullptr) SignalEvent(p.done);
+      p.done = EventPoint{};
+    }
+  }
 
   // One region the daemon opens: a HostBuffer or a cudaMalloc allocation.
   struct MemoryDesc {
@@ -213,7 +226,7 @@ struct Client::Impl final
   // names that is new to the session) and tracks it as `kind`. Returns the request id.
   StatusOr<uint64_t> Submit(v1::SessionRequest request, Completion::Kind kind,
                             const std::vector<MemoryDesc>& memories,
-                            const std::vector<uint64_t>& stale = {}) {
+                            const std::vector<uint64_t>& stale = {}, EventPoint done_event = {}) {
     uint64_t id = 0;
     bool start = false;
     {
@@ -229,6 +242,7 @@ struct Client::Impl final
       Pending p;
       p.kind = kind;
       p.epoch = epoch;
+      p.done = done_event;
       pending.emplace(id, p);
       batch.push_back(std::move(request));
       bool accepted = true;
@@ -251,6 +265,7 @@ struct Client::Impl final
         broken = true;
         broken_status = UnavailableError("stashd on " + socket + " ended the session");
       }
+      ReleaseDoneEventsLocked();
       cv.notify_all();
       return;
     }
@@ -273,6 +288,7 @@ struct Client::Impl final
                            "; your buffers are untouched, reconnect when it is back");
     }
     done = true;
+    ReleaseDoneEventsLocked();
     cv.notify_all();
   }
 
@@ -318,6 +334,10 @@ struct Client::Impl final
         break;
       default:
         break;
+    }
+    if (p.done.buffer != nullptr) {
+      SignalEvent(p.done);
+      p.done = EventPoint{};
     }
     if (p.internal) {
       if (p.kind == Completion::Kind::kRegister && !p.status.ok()) registered.erase(p.memory_id);
@@ -444,7 +464,7 @@ struct Region {
   uint64_t memory_id = 0;
   uint64_t offset = 0;
   Client::Impl::MemoryDesc memory;
-  uint64_t stale_memory_id = 0;  // an allocation freed at the same address: unregister it
+  std::vector<uint64_t> stale;  // allocations freed since, at this one's addresses: unregister
 };
 
 namespace {
@@ -481,7 +501,7 @@ StatusOr<Region> ResolveRegion(Client::Impl& impl, const HostBuffer* host, const
                                            std::move(where.handle), where.bytes};
   region.memory_id = where.memory_id;
   region.offset = where.offset;
-  region.stale_memory_id = where.stale_memory_id;
+  region.stale = std::move(where.stale_memory_ids);
   return region;
 }
 
@@ -503,7 +523,7 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
                                                       args.offset, args.max_rows * args.row_bytes,
                                                       "stash source", "stash device_source"));
   std::vector<Impl::MemoryDesc> memories{source.memory};
-  std::vector<uint64_t> stale{source.stale_memory_id};
+  std::vector<uint64_t> stale = source.stale;
   if (Status st = CheckEvent(args.ready, "ready event"); !st.ok()) return st;
   if (Status st = CheckEvent(args.done, "done event"); !st.ok()) return st;
   v1::SessionRequest r;
@@ -523,7 +543,7 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
                                     args.count.offset, 8, "count buffer", "count device_count"));
     SetRef(count, s->mutable_count()->mutable_reference());
     memories.push_back(count.memory);
-    stale.push_back(count.stale_memory_id);
+    stale.insert(stale.end(), count.stale.begin(), count.stale.end());
   } else {
     s->mutable_count()->set_value(args.count.value);
   }
@@ -541,7 +561,7 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
   s->set_name(args.name);
   // The ticket must not change inside Submit: a collision with a pending id is astronomically
   // unlikely, and Submit keeps the id when it is free.
-  return impl_->Submit(std::move(r), Completion::Kind::kStash, memories, stale);
+  return impl_->Submit(std::move(r), Completion::Kind::kStash, memories, stale, args.done);
 }
 
 StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
@@ -567,8 +587,8 @@ StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
     SetEvent(args.done, rl->mutable_done());
     memories.push_back(Impl::HostMemory(*args.done.buffer));
   }
-  return impl_->Submit(std::move(r), Completion::Kind::kReload, memories,
-                       {destination.stale_memory_id});
+  return impl_->Submit(std::move(r), Completion::Kind::kReload, memories, destination.stale,
+                       args.done);
 }
 
 StatusOr<uint64_t> Client::Release(uint64_t ticket) {

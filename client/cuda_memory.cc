@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <cstdio>
+#include <iterator>
 
 #include "common/cuda_driver.h"
 #include "common/macros.h"
@@ -84,18 +85,13 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void* pointer, uint64_t bytes, c
   unsigned int memory_type = 0;
   unsigned long long managed = 0;
   int ordinal = -1;
-  CUdeviceptr start = 0;
-  size_t size = 0;
   unsigned long long buffer_id = 0;
   unsigned long long ipc_capable = 0;
-  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                      CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                                      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                      CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                      CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                      CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                      CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
-  void* values[] = {&memory_type, &managed, &ordinal, &start, &size, &buffer_id, &ipc_capable};
+  CUpointer_attribute attributes[] = {
+      CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+      CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+  void* values[] = {&memory_type, &managed, &ordinal, &buffer_id, &ipc_capable};
   STASH_CU_RETURN_IF_ERROR(driver_, PointerGetAttributes(sizeof(attributes) / sizeof(attributes[0]),
                                                          attributes, values, address));
   const std::string name = std::string(what) + " " + Hex(address);
@@ -127,6 +123,10 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void* pointer, uint64_t bytes, c
         "segments), which legacy CUDA IPC cannot export: run the trainer with "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False");
   }
+  // The cudaMalloc allocation itself (what cuIpcGetMemHandle exports and the daemon checks).
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  STASH_CU_RETURN_IF_ERROR(driver_, MemGetAddressRange(&start, &size, address));
   const uint64_t offset = address - start;
   if (bytes > size - offset) {
     return InvalidArgumentError(name + " + " + std::to_string(bytes) +
@@ -139,15 +139,20 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void* pointer, uint64_t bytes, c
   location.bytes = size;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocations_.find(start);
-  if (it != allocations_.end()) {
-    if (it->second.buffer_id == buffer_id && it->second.bytes == size) {
-      location.memory_id = it->second.memory_id;
-      location.handle = it->second.handle;
-      return location;
-    }
-    // The allocation was freed and another one took its address.
-    location.stale_memory_id = it->second.memory_id;
-    allocations_.erase(it);
+  if (it != allocations_.end() && it->second.buffer_id == buffer_id && it->second.bytes == size) {
+    location.memory_id = it->second.memory_id;
+    location.handle = it->second.handle;
+    return location;
+  }
+  // A new allocation: whatever we knew in its range was freed since (another allocation took
+  // that address space), and the daemon must not keep freed memory open.
+  it = allocations_.lower_bound(start);
+  if (it != allocations_.begin() && std::prev(it)->first + std::prev(it)->second.bytes > start) {
+    --it;
+  }
+  while (it != allocations_.end() && it->first < start + size) {
+    location.stale_memory_ids.push_back(it->second.memory_id);
+    it = allocations_.erase(it);
   }
   CUipcMemHandle handle{};
   const CUresult exported = driver_->IpcGetMemHandle(&handle, start);
@@ -199,6 +204,9 @@ StatusOr<uint64_t> CudaSide::MapHost(void* data, uint64_t bytes, std::function<v
   const CudaDriver* driver = driver_;
   *unmap = [driver, data, held, dev] {
     if (driver->CtxPushCurrent(held) == CUDA_SUCCESS) {
+      // A stream may still wait on (or write) a counter in it: unregistering under it would
+      // fault the context. Buffers are freed rarely, so draining the context here is cheap.
+      driver->CtxSynchronize();
       driver->MemHostUnregister(data);
       CUcontext popped = nullptr;
       driver->CtxPopCurrent(&popped);
@@ -211,11 +219,7 @@ StatusOr<uint64_t> CudaSide::MapHost(void* data, uint64_t bytes, std::function<v
 Status CudaSide::WriteValue(void* stream, uint64_t address, uint64_t value) {
   ContextScope scope(driver_, context_);
   if (!scope.status().ok()) return scope.status();
-  // Flags 0: a memory barrier first, so the writes of the stream's earlier kernels are visible
-  // to whoever sees the new value.
-  return driver_->Check(
-      driver_->StreamWriteValue64(static_cast<CUstream>(stream), address, value, 0),
-      "cuStreamWriteValue64");
+  return driver_->WriteValueAfterBarrier(static_cast<CUstream>(stream), address, value);
 }
 
 Status CudaSide::WaitValue(void* stream, uint64_t address, uint64_t value) {

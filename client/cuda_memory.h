@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "stash/status.h"
 
@@ -27,9 +28,9 @@ struct DeviceLocation {
   uint64_t offset = 0;     // pointer - allocation base
   std::string handle;      // the 64-byte IPC handle of the allocation base (exported once)
   uint64_t bytes = 0;      // the allocation's size
-  // An allocation that used to sit at the same base and was freed since (its buffer id changed):
-  // the caller unregisters it. 0 = none.
-  uint64_t stale_memory_id = 0;
+  // Allocations this one's range overlaps, so they were freed since: the caller unregisters
+  // them (the daemon must not keep freed memory open).
+  std::vector<uint64_t> stale_memory_ids;
 };
 
 // Thread-safe.

@@ -60,6 +60,8 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(MemHostGetDevicePointer, cuMemHostGetDevicePointer);
   STASH_CU_RESOLVE(StreamWaitValue64, cuStreamWaitValue64);
   STASH_CU_RESOLVE(StreamWriteValue64, cuStreamWriteValue64);
+  STASH_CU_RESOLVE(StreamBatchMemOp, cuStreamBatchMemOp);
+  STASH_CU_RESOLVE(CtxSynchronize, cuCtxSynchronize);
 #undef STASH_CU_RESOLVE
   return d;
 }
@@ -77,6 +79,18 @@ StatusOr<const CudaDriver*> CudaDriver::Get() {
   });
   if (!loaded->ok()) return loaded->status();
   return loaded->value().get();
+}
+
+Status CudaDriver::WriteValueAfterBarrier(CUstream stream, CUdeviceptr address,
+                                          uint64_t value) const {
+  CUstreamBatchMemOpParams ops[2] = {};
+  ops[0].memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
+  ops[0].memoryBarrier.flags = CU_STREAM_MEMORY_BARRIER_TYPE_SYS;
+  ops[1].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  ops[1].writeValue.address = address;
+  ops[1].writeValue.value64 = value;
+  ops[1].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  return Check(StreamBatchMemOp(stream, 2, ops, 0), "cuStreamBatchMemOp(barrier, write value)");
 }
 
 Status CudaDriver::Check(CUresult result, const char* expression) const {

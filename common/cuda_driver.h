@@ -30,6 +30,11 @@ struct CudaDriver {
   // OK, or the call's text, the driver's error name and string.
   Status Check(CUresult result, const char* expression) const;
 
+  // Enqueues on `stream`: a system-scope memory barrier, then the 64-bit write of `value` to
+  // `address` (one cuStreamBatchMemOp), so whoever sees the value also sees every write of the
+  // stream's earlier work. How both sides raise event counters.
+  Status WriteValueAfterBarrier(CUstream stream, CUdeviceptr address, uint64_t value) const;
+
   void* library = nullptr;  // the dlopen handle; never closed (the driver is process-wide)
   decltype(&::cuInit) Init = nullptr;
   decltype(&::cuGetErrorName) GetErrorName = nullptr;
@@ -52,6 +57,8 @@ struct CudaDriver {
   decltype(&::cuMemHostGetDevicePointer) MemHostGetDevicePointer = nullptr;
   decltype(&::cuStreamWaitValue64) StreamWaitValue64 = nullptr;
   decltype(&::cuStreamWriteValue64) StreamWriteValue64 = nullptr;
+  decltype(&::cuStreamBatchMemOp) StreamBatchMemOp = nullptr;
+  decltype(&::cuCtxSynchronize) CtxSynchronize = nullptr;
 };
 
 // Returns the driver call's Status from the enclosing function when it failed. `driver` is a

@@ -58,6 +58,24 @@ std::string UuidText(const cudaUUID_t& uuid) {
   return out;
 }
 
+// The exit status of a daemon whose GPU context failed (see DeviceLost).
+constexpr int kExitDeviceLost = 3;
+
+// A CUDA failure the copy path cannot recover from: a sticky context error (after which no
+// queued kernel, host callback or done write ever runs) or a launch that the validated
+// arguments should have made impossible. The pool's pages went with the context, and answering
+// the queued operations "OK" would be a lie, so stashd exits: every client's stream breaks at
+// once, the client library raises its pending done events (no trainer stream hangs) and every
+// Wait returns UNAVAILABLE; the service manager restarts the daemon.
+[[noreturn]] void DeviceLost(int device, const std::string& what) {
+  Log("copy")->critical(
+      "gpu{}: {}: the CUDA context cannot continue; stashd exits with status {} so that every "
+      "session fails fast (clients see UNAVAILABLE) and the service manager restarts it",
+      device, what, kExitDeviceLost);
+  spdlog::shutdown();  // flushes every sink
+  std::_Exit(kExitDeviceLost);
+}
+
 // Device memory (cudaMalloc) or pinned mapped host memory (cudaHostAlloc), freed on destruction.
 class CudaBuffer {
  public:
@@ -145,13 +163,13 @@ class CudaExecutor final : public CopyExecutor {
   void Reload(const ReloadWork& work, Then then) override;
   void Raise(const DoneSignal& done) override;
   void Fence(Then then) override;
+  void CheckHealth() override;
 
  private:
   CudaExecutor(int device, const cudaUUID_t& uuid, const CudaDriver* driver)
       : device_(device), uuid_(uuid), driver_(driver) {}
 
-  // Enqueues a host function that posts `then` to the pool worker. When even that cannot be
-  // enqueued the context is broken: `then` is posted now (the work will not run).
+  // Enqueues a host function that posts `then` to the pool worker.
   void After(Then then);
   kernels::CudaTier DeviceTier() const { return {d_device_ring_, pool_.device<uint8_t>()}; }
   kernels::CudaTier HostTier() const {
@@ -340,23 +358,37 @@ void CudaExecutor::After(Then then) {
       },
       context);
   if (error != cudaSuccess) {
-    Log("copy")->error("gpu{}: {}", device_,
-                       CudaError(error, "cudaLaunchHostFunc", __FILE__, __LINE__).message());
+    // Work queued before may still be running: `then` may only run once it finished.
+    const cudaError_t drained = cudaStreamSynchronize(stream_);
+    if (drained != cudaSuccess) {
+      DeviceLost(device_,
+                 CudaError(drained, "cudaStreamSynchronize", __FILE__, __LINE__).message());
+    }
+    Log("copy")->warn("gpu{}: {}; ran the continuation after draining the stream", device_,
+                      CudaError(error, "cudaLaunchHostFunc", __FILE__, __LINE__).message());
     post_(std::move(*pending));
     delete pending;
     delete context;
   }
 }
 
+void CudaExecutor::CheckHealth() {
+  if (cudaSetDevice(device_) != cudaSuccess) return;  // reported by the next copy
+  const cudaError_t state = cudaStreamQuery(stream_);
+  if (state != cudaSuccess && state != cudaErrorNotReady) {
+    DeviceLost(device_,
+               CudaError(state, "cudaStreamQuery(copy stream)", __FILE__, __LINE__).message());
+  }
+}
+
 void CudaExecutor::Raise(const DoneSignal& done) {
   if (done.memory == nullptr) return;
   const auto address = reinterpret_cast<CUdeviceptr>(done.memory->data() + done.offset);
-  // The write is ordered after the stream's earlier work, with a memory fence before it (the
-  // default: no CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER), so the copied bytes are visible first.
-  const Status st = driver_->Check(
-      driver_->StreamWriteValue64(reinterpret_cast<CUstream>(stream_), address, done.value, 0),
-      "cuStreamWriteValue64(done event)");
-  if (!st.ok()) Log("copy")->error("gpu{}: {}", device_, st.message());
+  // After the stream's earlier work and a system-scope barrier: the copied bytes are visible
+  // before the counter moves.
+  const Status st =
+      driver_->WriteValueAfterBarrier(reinterpret_cast<CUstream>(stream_), address, done.value);
+  if (!st.ok()) DeviceLost(device_, "raising a done event: " + st.message());
   // A counter in host memory may also have a CPU waiter (WaitEvent sleeps on a futex, which a
   // GPU write does not wake): raise it from the CPU too, right after the write, on CUDA's
   // callback thread (no CUDA calls there). Counters only grow, so the second raise is a no-op
@@ -447,8 +479,8 @@ void CudaExecutor::Stash(const StashWork& work, Then then) {
   if (const cudaError_t e = cudaMemcpyAsync(copy, args.d_plan, sizeof(kernels::StashPlan),
                                             cudaMemcpyDeviceToHost, stream_);
       e != cudaSuccess) {
-    Log("copy")->error("gpu{}: {}", device_,
-                       CudaError(e, "cudaMemcpyAsync(plan)", __FILE__, __LINE__).message());
+    // Without its plan the stash's pages cannot be accounted or returned.
+    DeviceLost(device_, CudaError(e, "cudaMemcpyAsync(plan)", __FILE__, __LINE__).message());
   }
   Raise(work.done);
   After([this, &record, copy, then = std::move(then)] {
@@ -473,10 +505,13 @@ void CudaExecutor::Stash(const StashWork& work, Then then) {
 
 void CudaExecutor::Reload(const ReloadWork& work, Then then) {
   StashRecord& record = *work.record;
-  if (record.slot < 0 || cudaSetDevice(device_) != cudaSuccess) {
+  if (record.slot < 0) {
     // Placed nothing (or already failed): nothing to copy or return.
     Raise(work.done);
     return After(std::move(then));
+  }
+  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    DeviceLost(device_, CudaError(e, "cudaSetDevice", __FILE__, __LINE__).message());
   }
   kernels::ReloadLaunch args;
   args.d_dst = work.destination;
@@ -490,7 +525,9 @@ void CudaExecutor::Reload(const ReloadWork& work, Then then) {
   args.host = HostTier();
   const kernels::LaunchResult launched = kernels::LaunchReload(args, stream_);
   if (!launched.ok()) {
-    Log("copy")->error("gpu{}: reload launch failed: {}", device_, launched.message);
+    // The pages stay taken on the device while the record would say they are free: no honest
+    // answer is left (the arguments were validated when the stash was planned).
+    DeviceLost(device_, std::string("reload launch failed: ") + launched.message);
   }
   Raise(work.done);
   After([this, &record, then = std::move(then)] {

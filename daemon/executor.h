@@ -134,6 +134,12 @@ class CopyExecutor {
 
   // `then` runs once everything submitted before finished.
   virtual void Fence(Then then) = 0;
+
+  // Called by the pool worker every few milliseconds while work is outstanding. An executor
+  // whose device failed for good (a sticky CUDA error: no submitted work, callback or done
+  // event will ever run again) ends the process here, so that clients see UNAVAILABLE at once
+  // and the service manager restarts the daemon, instead of every waiter hanging.
+  virtual void CheckHealth() {}
 };
 
 }  // namespace stash::daemon

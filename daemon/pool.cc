@@ -191,6 +191,10 @@ void Pool::Run() {
       bool found = false;
       while (!found && completions_.empty()) {
         if (!orphans_.empty()) SweepOrphans();
+        if (outstanding_ > 0 && Clock::now() - health_checked_ > std::chrono::milliseconds(20)) {
+          health_checked_ = Clock::now();
+          executor_->CheckHealth();
+        }
         if (queue_.empty()) {
           if (stopping_ && outstanding_ == 0) return;
           if (orphans_.empty() && outstanding_ == 0) {
@@ -249,7 +253,7 @@ void Pool::Execute(Op& op) {
       DoRegister(*s, req);
       break;
     case v1::SessionRequest::kUnregisterMemory:
-      DoUnregister(*s, req);
+      DoUnregister(s, req);
       break;
     case v1::SessionRequest::kStash:
       DoStash(s, req, op.received);
@@ -299,17 +303,27 @@ void Pool::DoRegister(Session& s, const v1::SessionRequest& req) {
   s.Send(std::move(r));
 }
 
-void Pool::DoUnregister(Session& s, const v1::SessionRequest& req) {
+void Pool::DoUnregister(const std::shared_ptr<Session>& session, const v1::SessionRequest& req) {
+  Session& s = *session;
   auto it = s.memories().find(req.unregister_memory().memory_id());
   if (it != s.memories().end()) {
     if (it->second.mapping != nullptr) {
       s.counters().memories.fetch_sub(1, std::memory_order_relaxed);
     }
-    // Work in flight may still use the mapping: it closes when the last of it finished.
+    // Work in flight may still use the mapping: it closes when the last of it finished, and
+    // only then is the client told, so it may free the memory once the answer is in (CUDA
+    // forbids freeing an exported allocation that an importer still has open).
     std::shared_ptr<MappedMemory> mapping = std::move(it->second.mapping);
     s.memories().erase(it);
-    if (mapping != nullptr)
-      executor_->Fence(Track([mapping = std::move(mapping)]() mutable { mapping.reset(); }));
+    if (mapping != nullptr) {
+      executor_->Fence(
+          Track([session, id = req.request_id(), mapping = std::move(mapping)]() mutable {
+            mapping.reset();
+            session->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
+            session->Send(Reply(id));
+          }));
+      return;
+    }
   }
   s.counters().inflight.fetch_sub(1, std::memory_order_relaxed);
   s.Send(Reply(req.request_id()));

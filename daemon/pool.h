@@ -76,7 +76,7 @@ class Pool {
   bool Ready(const Op& op);
   void Execute(Op& op);
   void DoRegister(Session& s, const stash::v1::SessionRequest& req);
-  void DoUnregister(Session& s, const stash::v1::SessionRequest& req);
+  void DoUnregister(const std::shared_ptr<Session>& session, const stash::v1::SessionRequest& req);
   void DoStash(const std::shared_ptr<Session>& s, const stash::v1::SessionRequest& req,
                std::chrono::steady_clock::time_point received);
   void DoReload(const std::shared_ptr<Session>& s, const stash::v1::SessionRequest& req,
@@ -103,7 +103,8 @@ class Pool {
   CondVar cv_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
   std::deque<CopyExecutor::Then> completions_ ABSL_GUARDED_BY(mu_);
-  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted continuations not yet run
+  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;         // submitted continuations not yet run
+  std::chrono::steady_clock::time_point health_checked_;  // worker thread only
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Orphan> orphans_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;

@@ -75,13 +75,16 @@ StatusOr<std::unique_ptr<CudaTrainer>> CudaTrainer::Create(
 }
 
 CudaTrainer::~CudaTrainer() {
-  // Frees happen after the stream drained; the session (which the caller closes after this)
-  // still holds the IPC mapping of the arena until it ends, which CUDA allows.
+  // Frees happen after the stream drained, and the arena only once the daemon closed its IPC
+  // mapping of it (CUDA forbids freeing exported memory an importer still has open).
   if (stream_ != nullptr) {
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
-  if (arena_ != nullptr) client_->UnregisterDevice(arena_);
+  if (arena_ != nullptr) {
+    StatusOr<uint64_t> op = client_->UnregisterDevice(arena_);
+    if (op.ok()) (void)client_->Wait(*op, kAnswerTimeoutMs);
+  }
   for (void* p : {static_cast<void*>(arena_), static_cast<void*>(counts_),
                   static_cast<void*>(output_), static_cast<void*>(dy_), static_cast<void*>(dx_)}) {
     if (p != nullptr) cudaFree(p);

@@ -495,6 +495,7 @@ TEST_F(Datapath, ClientsFailFastWhenTheDaemonDies) {
   auto events = Buffer(4096);
   StashArgs a = Args(*src, 64, 1024, 1024);
   a.ready = {events.get(), 0, 1};  // never signalled: the daemon holds it
+  a.done = {events.get(), 8, 1};
   auto t = client->Stash(a);
   ASSERT_TRUE(t.ok());
   std::thread killer([&] {
@@ -508,6 +509,23 @@ TEST_F(Datapath, ClientsFailFastWhenTheDaemonDies) {
   auto later = client->Stash(Args(*src, 64, 1024, 1));
   EXPECT_EQ(later.status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(std::memcmp(src->data(), before.data(), before.size()), 0);
+  // A stream waiting on the dead daemon's done event goes on (the library raised it).
+  EXPECT_TRUE(WaitEvent({events.get(), 8, 1}, 0));
+}
+
+// A request the daemon rejects never reaches a copy, so the daemon never raises its done event:
+// the library raises it with the answer, so a stream waiting on it cannot hang.
+TEST_F(Datapath, DoneEventOfARejectedRequestIsRaisedWithTheAnswer) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto dst = Buffer(64 << 10);
+  auto events = Buffer(4096);
+  ReloadArgs r{0x5eed, dst.get(), 0, false, {}, {events.get(), 8, 3}};
+  auto op = client->Reload(r);
+  ASSERT_TRUE(op.ok()) << op.status().ToString();
+  auto answer = client->Wait(*op, 10000 * TimeScale());
+  EXPECT_EQ(answer.status().code(), StatusCode::kNotFound) << answer.status().ToString();
+  EXPECT_TRUE(WaitEvent({events.get(), 8, 3}, 0));
 }
 
 TEST_F(Datapath, OpenFailsWithAClearMessageWhenNoDaemonAnswers) {

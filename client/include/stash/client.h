@@ -90,7 +90,8 @@ struct RowCount {
   // rows = count / divisor: 1 for data, 32 for MXFP8 columnwise scale_inv.
   uint32_t divisor = 1;
   // ...or (cuda backend), an int64 in GPU memory at this device pointer (8-byte aligned), read
-  // by the daemon's copy kernel on the GPU: the routing count never comes to the host.
+  // by the daemon's copy kernel on the GPU: the routing count never comes to the host. Like the
+  // source, it must stay unchanged until the stash is answered.
   const void* device_count = nullptr;
 };
 
@@ -187,9 +188,11 @@ class STASH_EXPORT Client {
   StatusOr<uint64_t> BeginStep(uint64_t step);
   // Tells the daemon to close its mapping of `buffer` before the caller frees it.
   StatusOr<uint64_t> Unregister(const HostBuffer& buffer);
-  // Cuda backend: the same for the cudaMalloc allocation holding `pointer` (call it before the
-  // allocation is freed, e.g. torch.cuda.empty_cache(); an allocation the library sees at a
-  // reused address is unregistered by itself).
+  // Cuda backend: the same for the cudaMalloc allocation holding `pointer`. Wait for its answer
+  // before freeing the allocation (e.g. before torch.cuda.empty_cache()): the daemon answers once
+  // its IPC mapping is closed, and CUDA forbids freeing exported memory an importer still has
+  // open. Allocations the library later finds in a freed one's address range are unregistered
+  // by themselves.
   StatusOr<uint64_t> UnregisterDevice(const void* pointer);
 
   // Cuda backend: enqueues on `stream` (a cudaStream_t; null = the legacy default stream) the

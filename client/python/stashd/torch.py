@@ -627,9 +627,11 @@ class stash_saved_tensors:
             source = source.contiguous()  # a marked tensor is row-major; this is a copy
         count_tensor = None
         if isinstance(self.num_tokens, torch.Tensor):
-            # Converted on the GPU (asynchronous): the copy kernel reads it, the host never does.
-            count_tensor = self.num_tokens.detach().reshape(1).to(device=t.device,
-                                                                  dtype=torch.int64)
+            # A private int64 cell on the GPU, filled on the stream (asynchronous): the copy
+            # kernel reads it later, the host never does, and the caller may reuse its own
+            # count tensor at once (a plain .to() would alias an int64 CUDA tensor).
+            count_tensor = torch.empty(1, dtype=torch.int64, device=t.device)
+            count_tensor.copy_(self.num_tokens.detach().reshape(1))
             count = dict(device_count=count_tensor.data_ptr())
         else:
             count = dict(count=int(self.num_tokens))
