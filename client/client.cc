@@ -54,7 +54,9 @@ std::string NoDaemon(const std::string& socket, const std::string& detail) {
 // HostBuffer and events
 
 struct HostBuffer::Rep {
-  std::unique_ptr<SharedMemory> memory;
+  // Shared: an operation whose done event lives here keeps it mapped until it is answered, even
+  // when the caller frees the HostBuffer first (the library raises done events itself).
+  std::shared_ptr<SharedMemory> memory;
   uint64_t id = 0;
   // Cuda backend: the buffer mapped for the GPU on first EnqueueSignal / EnqueueWait.
   std::mutex map_mu;
@@ -119,6 +121,19 @@ const char* TierName(Tier tier) {
 
 struct Client::Impl final
     : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+  // A done event the library may raise itself; holds the memory mapped until then.
+  struct DoneEvent {
+    std::shared_ptr<SharedMemory> memory;  // null = none
+    uint64_t offset = 0;
+    uint64_t value = 0;
+
+    void Raise() {
+      if (memory == nullptr) return;
+      EventSignal(reinterpret_cast<uint64_t*>(memory->data() + offset), value);
+      memory.reset();
+    }
+  };
+
   struct Pending {
     Completion::Kind kind = Completion::Kind::kStash;
     uint64_t epoch = 0;      // the step it was sent in
@@ -131,15 +146,12 @@ struct Client::Impl final
     // a stream waiting on it goes on even when the daemon could not raise it (a rejected
     // request, done memory it failed to open, a daemon that died). Counters only grow, so a
     // second raise changes nothing.
-    EventPoint done;
+    DoneEvent done;
   };
 
   // Raises the done events of every op still pending (lock held): the session is over.
   void ReleaseDoneEventsLocked() {
-    for (auto& [id, p] : pending) {
-      if (p.done.buffer != nullptr) SignalEvent(p.done);
-      p.done = EventPoint{};
-    }
+    for (auto& [id, p] : pending) p.done.Raise();
   }
 
   // One region the daemon opens: a HostBuffer or a cudaMalloc allocation.
@@ -226,7 +238,7 @@ struct Client::Impl final
   // names that is new to the session) and tracks it as `kind`. Returns the request id.
   StatusOr<uint64_t> Submit(v1::SessionRequest request, Completion::Kind kind,
                             const std::vector<MemoryDesc>& memories,
-                            const std::vector<uint64_t>& stale = {}, EventPoint done_event = {}) {
+                            const std::vector<uint64_t>& stale, DoneEvent done_event) {
     uint64_t id = 0;
     bool start = false;
     {
@@ -242,7 +254,7 @@ struct Client::Impl final
       Pending p;
       p.kind = kind;
       p.epoch = epoch;
-      p.done = done_event;
+      p.done = std::move(done_event);
       pending.emplace(id, p);
       batch.push_back(std::move(request));
       bool accepted = true;
@@ -335,10 +347,7 @@ struct Client::Impl final
       default:
         break;
     }
-    if (p.done.buffer != nullptr) {
-      SignalEvent(p.done);
-      p.done = EventPoint{};
-    }
+    p.done.Raise();
     if (p.internal) {
       if (p.kind == Completion::Kind::kRegister && !p.status.ok()) registered.erase(p.memory_id);
       pending.erase(it);
@@ -561,7 +570,11 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
   s->set_name(args.name);
   // The ticket must not change inside Submit: a collision with a pending id is astronomically
   // unlikely, and Submit keeps the id when it is free.
-  return impl_->Submit(std::move(r), Completion::Kind::kStash, memories, stale, args.done);
+  Impl::DoneEvent done;
+  if (args.done.buffer != nullptr) {
+    done = {args.done.buffer->rep().memory, args.done.offset, args.done.value};
+  }
+  return impl_->Submit(std::move(r), Completion::Kind::kStash, memories, stale, std::move(done));
 }
 
 StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
@@ -587,14 +600,18 @@ StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
     SetEvent(args.done, rl->mutable_done());
     memories.push_back(Impl::HostMemory(*args.done.buffer));
   }
+  Impl::DoneEvent done;
+  if (args.done.buffer != nullptr) {
+    done = {args.done.buffer->rep().memory, args.done.offset, args.done.value};
+  }
   return impl_->Submit(std::move(r), Completion::Kind::kReload, memories, destination.stale,
-                       args.done);
+                       std::move(done));
 }
 
 StatusOr<uint64_t> Client::Release(uint64_t ticket) {
   v1::SessionRequest r;
   r.mutable_release()->set_ticket(ticket);
-  return impl_->Submit(std::move(r), Completion::Kind::kRelease, {});
+  return impl_->Submit(std::move(r), Completion::Kind::kRelease, {}, {}, {});
 }
 
 StatusOr<uint64_t> Client::BeginStep(uint64_t step) {
@@ -605,7 +622,7 @@ StatusOr<uint64_t> Client::BeginStep(uint64_t step) {
   }
   v1::SessionRequest r;
   r.mutable_begin_step()->set_step(step);
-  return impl_->Submit(std::move(r), Completion::Kind::kBeginStep, {});
+  return impl_->Submit(std::move(r), Completion::Kind::kBeginStep, {}, {}, {});
 }
 
 StatusOr<uint64_t> Client::Unregister(const HostBuffer& buffer) {
@@ -617,7 +634,7 @@ StatusOr<uint64_t> Client::Unregister(const HostBuffer& buffer) {
   }
   v1::SessionRequest r;
   r.mutable_unregister_memory()->set_memory_id(buffer.id());
-  return impl_->Submit(std::move(r), Completion::Kind::kUnregister, {});
+  return impl_->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {});
 }
 
 StatusOr<uint64_t> Client::UnregisterDevice(const void* pointer) {
@@ -633,7 +650,7 @@ StatusOr<uint64_t> Client::UnregisterDevice(const void* pointer) {
   }
   v1::SessionRequest r;
   r.mutable_unregister_memory()->set_memory_id(id);
-  return impl_->Submit(std::move(r), Completion::Kind::kUnregister, {});
+  return impl_->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {});
 }
 
 namespace {

@@ -180,7 +180,7 @@ Status CudaTrainer::Forward(const StepInputs& inputs, StepOutputs* out) {
     if (!last) {
       DEMO_CUDA(ReluCuda(y, elements, stream));
       DEMO_CUDA(StoreInt64Cuda(RowCount(l + 1), rows, stream));
-      slots_[static_cast<size_t>(l + 1)].rows = rows;
+      slots_[static_cast<size_t>(l) + 1].rows = rows;
       if (Status s = client_->EnqueueSignal(Event(l + 1, kStashReady), stream); !s.ok()) {
         return s;
       }
