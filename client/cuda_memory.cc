@@ -3,7 +3,6 @@
 #include <cuda.h>
 
 #include <cstdio>
-#include <iterator>
 
 #include "common/cuda_driver.h"
 #include "common/macros.h"
@@ -138,21 +137,10 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void* pointer, uint64_t bytes, c
   location.offset = offset;
   location.bytes = size;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = allocations_.find(start);
-  if (it != allocations_.end() && it->second.buffer_id == buffer_id && it->second.bytes == size) {
-    location.memory_id = it->second.memory_id;
-    location.handle = it->second.handle;
+  if (const AllocationTable::Entry* known = allocations_.Find(start, size, buffer_id)) {
+    location.memory_id = known->memory_id;
+    location.handle = known->handle;
     return location;
-  }
-  // A new allocation: whatever we knew in its range was freed since (another allocation took
-  // that address space), and the daemon must not keep freed memory open.
-  it = allocations_.lower_bound(start);
-  if (it != allocations_.begin() && std::prev(it)->first + std::prev(it)->second.bytes > start) {
-    --it;
-  }
-  while (it != allocations_.end() && it->first < start + size) {
-    location.stale_memory_ids.push_back(it->second.memory_id);
-    it = allocations_.erase(it);
   }
   CUipcMemHandle handle{};
   const CUresult exported = driver_->IpcGetMemHandle(&handle, start);
@@ -161,27 +149,20 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void* pointer, uint64_t bytes, c
                                    ": the allocation holding " + name +
                                    " cannot be exported; allocate it with cudaMalloc");
   }
-  Allocation a;
-  a.memory_id = RandomNonZeroU64();
-  a.buffer_id = buffer_id;
-  a.bytes = size;
-  a.handle.assign(handle.reserved, sizeof(handle.reserved));
-  location.memory_id = a.memory_id;
-  location.handle = a.handle;
-  allocations_.emplace(start, std::move(a));
+  AllocationTable::Entry entry;
+  entry.memory_id = RandomNonZeroU64();
+  entry.buffer_id = buffer_id;
+  entry.bytes = size;
+  entry.handle.assign(handle.reserved, sizeof(handle.reserved));
+  location.memory_id = entry.memory_id;
+  location.handle = entry.handle;
+  location.stale_memory_ids = allocations_.Insert(start, std::move(entry));
   return location;
 }
 
 uint64_t CudaSide::Forget(const void* pointer) {
-  const auto address = reinterpret_cast<uint64_t>(pointer);
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = allocations_.upper_bound(address);
-  if (it == allocations_.begin()) return 0;
-  --it;
-  if (address - it->first >= it->second.bytes) return 0;
-  const uint64_t id = it->second.memory_id;
-  allocations_.erase(it);
-  return id;
+  return allocations_.Remove(reinterpret_cast<uint64_t>(pointer));
 }
 
 StatusOr<uint64_t> CudaSide::MapHost(void* data, uint64_t bytes, std::function<void()>* unmap) {

@@ -10,12 +10,12 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "client/allocation_table.h"
 #include "stash/status.h"
 
 namespace stash {
@@ -67,20 +67,13 @@ class CudaSide {
  private:
   CudaSide() = default;
 
-  struct Allocation {
-    uint64_t memory_id = 0;
-    uint64_t buffer_id = 0;  // CU_POINTER_ATTRIBUTE_BUFFER_ID: changes when the base is reused
-    uint64_t bytes = 0;
-    std::string handle;
-  };
-
   const CudaDriver* driver_ = nullptr;
   int device_ = 0;
   std::string uuid_;
   void* context_ = nullptr;  // CUcontext: the device's primary context (retained)
 
   std::mutex mu_;
-  std::map<uint64_t, Allocation> allocations_;  // by base address; guarded by mu_
+  AllocationTable allocations_;  // guarded by mu_
 };
 
 }  // namespace stash

@@ -1,0 +1,60 @@
+// The cuda backend's allocation table (client/allocation_table.h): what the client library
+// registers once, finds again, and unregisters when the memory was freed and reused.
+#include "client/allocation_table.h"
+
+#include <gtest/gtest.h>
+
+namespace stash {
+namespace {
+
+AllocationTable::Entry Entry(uint64_t memory_id, uint64_t buffer_id, uint64_t bytes) {
+  return AllocationTable::Entry{memory_id, buffer_id, bytes, "handle"};
+}
+
+TEST(AllocationTable, AKnownAllocationIsFoundAgainAndOnlyWithItsBufferIdAndSize) {
+  AllocationTable table;
+  EXPECT_EQ(table.Find(0x1000, 0x100, 7), nullptr);
+  EXPECT_TRUE(table.Insert(0x1000, Entry(11, 7, 0x100)).empty());
+  const AllocationTable::Entry* found = table.Find(0x1000, 0x100, 7);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->memory_id, 11u);
+  // The same base with another buffer id or size is another allocation (the first was freed).
+  EXPECT_EQ(table.Find(0x1000, 0x100, 8), nullptr);
+  EXPECT_EQ(table.Find(0x1000, 0x200, 7), nullptr);
+}
+
+TEST(AllocationTable, AnAllocationAtAFreedOnesBaseReplacesIt) {
+  AllocationTable table;
+  table.Insert(0x1000, Entry(11, 7, 0x100));
+  EXPECT_EQ(table.Insert(0x1000, Entry(12, 8, 0x100)), std::vector<uint64_t>{11});
+  EXPECT_EQ(table.size(), 1u);
+  EXPECT_EQ(table.Find(0x1000, 0x100, 8)->memory_id, 12u);
+}
+
+TEST(AllocationTable, AnAllocationOverlappingFreedOnesUnregistersEachOfThem) {
+  AllocationTable table;
+  table.Insert(0x1000, Entry(1, 1, 0x100));  // [0x1000, 0x1100)
+  table.Insert(0x1100, Entry(2, 2, 0x100));  // [0x1100, 0x1200)
+  table.Insert(0x1200, Entry(3, 3, 0x100));  // [0x1200, 0x1300)
+  table.Insert(0x2000, Entry(4, 4, 0x100));  // far away: untouched
+  // Starts inside the first one and ends inside the third.
+  EXPECT_EQ(table.Insert(0x1080, Entry(5, 5, 0x200)), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(table.size(), 2u);
+  EXPECT_NE(table.Find(0x2000, 0x100, 4), nullptr);
+  // Ranges that only touch do not overlap.
+  EXPECT_TRUE(table.Insert(0x1280, Entry(6, 6, 0x80)).empty());
+  EXPECT_TRUE(table.Insert(0x1000, Entry(7, 7, 0x80)).empty());
+}
+
+TEST(AllocationTable, RemoveFindsTheAllocationHoldingAnInteriorPointer) {
+  AllocationTable table;
+  table.Insert(0x1000, Entry(11, 7, 0x100));
+  EXPECT_EQ(table.Remove(0x0fff), 0u);
+  EXPECT_EQ(table.Remove(0x1100), 0u);  // one past the end
+  EXPECT_EQ(table.Remove(0x10ff), 11u);
+  EXPECT_EQ(table.Remove(0x1000), 0u);  // already gone
+  EXPECT_EQ(table.size(), 0u);
+}
+
+}  // namespace
+}  // namespace stash
