@@ -59,6 +59,15 @@ class AllocationTable {
     return id;
   }
 
+  // Removes every allocation; returns their memory ids.
+  std::vector<uint64_t> Clear() {
+    std::vector<uint64_t> ids;
+    ids.reserve(entries_.size());
+    for (const auto& [base, entry] : entries_) ids.push_back(entry.memory_id);
+    entries_.clear();
+    return ids;
+  }
+
   size_t size() const { return entries_.size(); }
 
  private:

@@ -173,6 +173,12 @@ int stash_enqueue_wait(stash_client_t* client, stash_buffer_t* buffer, uint64_t 
   return st.ok() ? 0 : Fail(st);
 }
 
+int stash_release_device_mappings(stash_client_t* client, int64_t timeout_ms) {
+  STASH_C_REQUIRE(client != nullptr, "stash_release_device_mappings: client is NULL");
+  const stash::Status st = client->client->ReleaseDeviceMappings(timeout_ms);
+  return st.ok() ? 0 : Fail(st);
+}
+
 int stash_unregister_device(stash_client_t* client, const void* pointer, uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_unregister_device: NULL argument");
   auto id = client->client->UnregisterDevice(pointer);

@@ -653,6 +653,33 @@ StatusOr<uint64_t> Client::UnregisterDevice(const void* pointer) {
   return impl_->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {});
 }
 
+Status Client::ReleaseDeviceMappings(int64_t timeout_ms) {
+  if (impl_->cuda == nullptr) return Status::Ok();
+  std::vector<uint64_t> ops;
+  for (uint64_t id : impl_->cuda->ForgetAll()) {
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      if (impl_->registered.erase(id) == 0) continue;
+    }
+    v1::SessionRequest r;
+    r.mutable_unregister_memory()->set_memory_id(id);
+    STASH_ASSIGN_OR_RETURN(uint64_t op,
+                           impl_->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {}));
+    ops.push_back(op);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (uint64_t op : ops) {
+    int64_t left = -1;
+    if (timeout_ms >= 0) {
+      left = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline - std::chrono::steady_clock::now())
+                                      .count());
+    }
+    STASH_RETURN_IF_ERROR(Wait(op, left).status());
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 // The device address of `point`'s counter, mapping its buffer for the GPU on first use.

@@ -165,6 +165,11 @@ uint64_t CudaSide::Forget(const void* pointer) {
   return allocations_.Remove(reinterpret_cast<uint64_t>(pointer));
 }
 
+std::vector<uint64_t> CudaSide::ForgetAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocations_.Clear();
+}
+
 StatusOr<uint64_t> CudaSide::MapHost(void* data, uint64_t bytes, std::function<void()>* unmap) {
   ContextScope scope(driver_, context_);
   if (!scope.status().ok()) return scope.status();

@@ -53,6 +53,8 @@ class CudaSide {
   StatusOr<DeviceLocation> Locate(const void* pointer, uint64_t bytes, const char* what);
   // Forgets the allocation holding `pointer`; returns its memory id, 0 when it was never used.
   uint64_t Forget(const void* pointer);
+  // Forgets every allocation; returns their memory ids.
+  std::vector<uint64_t> ForgetAll();
 
   // Registers host memory for device access (portable, device-mapped) and returns its device
   // address; `*unmap` undoes it (call before the memory goes away).

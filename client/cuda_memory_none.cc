@@ -16,6 +16,7 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void*, uint64_t, const char*) {
   return FailedPreconditionError("built without CUDA");
 }
 uint64_t CudaSide::Forget(const void*) { return 0; }
+std::vector<uint64_t> CudaSide::ForgetAll() { return {}; }
 StatusOr<uint64_t> CudaSide::MapHost(void*, uint64_t, std::function<void()>*) {
   return FailedPreconditionError("built without CUDA");
 }

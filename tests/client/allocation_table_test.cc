@@ -56,5 +56,14 @@ TEST(AllocationTable, RemoveFindsTheAllocationHoldingAnInteriorPointer) {
   EXPECT_EQ(table.size(), 0u);
 }
 
+TEST(AllocationTable, ClearHandsBackEveryId) {
+  AllocationTable table;
+  table.Insert(0x1000, Entry(1, 1, 0x100));
+  table.Insert(0x3000, Entry(3, 3, 0x100));
+  EXPECT_EQ(table.Clear(), (std::vector<uint64_t>{1, 3}));
+  EXPECT_EQ(table.size(), 0u);
+  EXPECT_EQ(table.Find(0x1000, 0x100, 1), nullptr);
+}
+
 }  // namespace
 }  // namespace stash

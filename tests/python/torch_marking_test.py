@@ -242,3 +242,16 @@ def test_cuda_path_event_counters_are_per_stream_and_only_grow(client):
     assert len({a1[1], b1[1], d1[1]}) == 3
     assert b1[2] == 1 and d1[2] == 1
     assert all(off % 8 == 0 for _, off, _ in (a1, b1, d1))
+
+
+def test_empty_cache_waits_for_dropped_stashes_on_the_host_backend(client):
+    # stash_torch.empty_cache = flush + release_device_mappings + torch.cuda.empty_cache: on the
+    # host backend it must still flush the releases of stashes autograd dropped unread.
+    t = stash_torch.mark(torch.arange(M * H, dtype=torch.float32).reshape(M, H))
+    anchor = torch.ones(1, requires_grad=True)
+    with stash_torch.stash_saved_tensors(client, M, M):
+        out = Save.apply(t, anchor, [])
+    assert client.stats().stashes_live == 1
+    del out  # the graph goes without backward: the handle releases its stash
+    stash_torch.empty_cache(client)
+    assert client.stats().stashes_live == 0

@@ -111,6 +111,10 @@ STASH_EXPORT int stash_enqueue_signal(stash_client_t* client, stash_buffer_t* bu
                                       uint64_t offset, uint64_t value, void* stream);
 STASH_EXPORT int stash_enqueue_wait(stash_client_t* client, stash_buffer_t* buffer, uint64_t offset,
                                     uint64_t value, void* stream);
+/* Cuda backend: the daemon closes every allocation of this session it has open, and this call
+ * waits for that (timeout_ms -1 = forever); 0 at once on the host backend. Before
+ * torch.cuda.empty_cache(). */
+STASH_EXPORT int stash_release_device_mappings(stash_client_t* client, int64_t timeout_ms);
 /* Cuda backend: the daemon closes the allocation holding pointer (before it is freed). */
 STASH_EXPORT int stash_unregister_device(stash_client_t* client, const void* pointer, uint64_t* op);
 STASH_EXPORT int stash_release(stash_client_t* client, uint64_t ticket, uint64_t* op);

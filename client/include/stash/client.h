@@ -195,6 +195,13 @@ class STASH_EXPORT Client {
   // by themselves.
   StatusOr<uint64_t> UnregisterDevice(const void* pointer);
 
+  // Cuda backend: closes the daemon's mappings of every allocation this session registered and
+  // waits (up to `timeout_ms`, -1 = forever) until they are closed; the next stash or reload
+  // that names one registers it again. Call it before giving cached GPU memory back to the
+  // driver (torch.cuda.empty_cache()), which cannot free memory the daemon still has open.
+  // Work in flight finishes first. OK with nothing to do on the host backend.
+  Status ReleaseDeviceMappings(int64_t timeout_ms = -1);
+
   // Cuda backend: enqueues on `stream` (a cudaStream_t; null = the legacy default stream) the
   // signal of `point`: its counter becomes point.value once the stream's earlier work is done.
   // Use it as a stash's `ready` so the daemon copies only what the kernels before it wrote.

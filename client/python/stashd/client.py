@@ -275,6 +275,13 @@ class Client:
         self._check(self._lib.stash_unregister_device(self._h(), int(pointer), ctypes.byref(op)))
         return self.wait(op.value) if wait else op.value
 
+    def release_device_mappings(self, timeout_ms: Optional[float] = None) -> None:
+        """Closes the daemon's mappings of every GPU allocation this session used and waits for
+        that; the next stash from one registers it again. Call it before giving cached memory
+        back (torch.cuda.empty_cache()), which cannot free memory the daemon has open. Nothing
+        to do on the host backend."""
+        self._check(self._lib.stash_release_device_mappings(self._h(), _timeout(timeout_ms)))
+
     def release(self, ticket: int, *, wait: bool = True,
                 timeout_ms: Optional[float] = None) -> Union[Completion, int]:
         """Drops a stash without copying it back; its pages return."""

@@ -342,6 +342,16 @@ def flush(client: Client) -> None:
         state.reap(wait=True)
 
 
+def empty_cache(client: Client) -> None:
+    """torch.cuda.empty_cache() that works with stashd: waits for every pending answer
+    (flush), has the daemon close its mappings of this process's GPU allocations, then empties
+    PyTorch's cache. Without the middle step, segments the daemon has open stay allocated."""
+    flush(client)
+    client.release_device_mappings()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 # --- The handle autograd keeps instead of a stashed tensor ----------------------------------
 
 class StashedTensor:
