@@ -166,6 +166,27 @@ struct Client::Impl final
     return MemoryDesc{buffer.id(), v1::MEMORY_KIND_HOST_SHM, buffer.handle(), buffer.size()};
   }
 
+  // Sets a request's ready and done events (those given), adds their memory to `memories`,
+  // and returns the done event as the library keeps it.
+  static DoneEvent SetEvents(const EventPoint& ready, const EventPoint& done,
+                             v1::EventRef* ready_out, v1::EventRef* done_out,
+                             std::vector<MemoryDesc>& memories) {
+    if (ready.buffer != nullptr) {
+      SetEvent(ready, ready_out);
+      memories.push_back(HostMemory(*ready.buffer));
+    }
+    if (done.buffer == nullptr) return {};
+    SetEvent(done, done_out);
+    memories.push_back(HostMemory(*done.buffer));
+    return DoneEvent{done.buffer->rep().memory, done.offset, done.value};
+  }
+
+  static void SetEvent(const EventPoint& e, v1::EventRef* out) {
+    out->mutable_counter()->set_memory_id(e.buffer->id());
+    out->mutable_counter()->set_offset(e.offset);
+    out->set_value(e.value);
+  }
+
   // Never change after Open().
   Backend backend = Backend::kHost;
   std::unique_ptr<CudaSide> cuda;  // cuda backend only
@@ -460,12 +481,6 @@ Status CheckEvent(const EventPoint& e, const char* what) {
   return Status::Ok();
 }
 
-void SetEvent(const EventPoint& e, v1::EventRef* out) {
-  out->mutable_counter()->set_memory_id(e.buffer->id());
-  out->mutable_counter()->set_offset(e.offset);
-  out->set_value(e.value);
-}
-
 }  // namespace
 
 // One side of a copy: where it is in the session's terms, and the memory to register for it.
@@ -557,23 +572,13 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
     s->mutable_count()->set_value(args.count.value);
   }
   s->mutable_count()->set_divisor(args.count.divisor == 0 ? 1 : args.count.divisor);
-  if (args.ready.buffer != nullptr) {
-    SetEvent(args.ready, s->mutable_ready());
-    memories.push_back(Impl::HostMemory(*args.ready.buffer));
-  }
-  if (args.done.buffer != nullptr) {
-    SetEvent(args.done, s->mutable_done());
-    memories.push_back(Impl::HostMemory(*args.done.buffer));
-  }
+  Impl::DoneEvent done =
+      Impl::SetEvents(args.ready, args.done, s->mutable_ready(), s->mutable_done(), memories);
   s->set_layer(args.layer);
   s->set_microbatch(args.microbatch);
   s->set_name(args.name);
   // The ticket must not change inside Submit: a collision with a pending id is astronomically
   // unlikely, and Submit keeps the id when it is free.
-  Impl::DoneEvent done;
-  if (args.done.buffer != nullptr) {
-    done = {args.done.buffer->rep().memory, args.done.offset, args.done.value};
-  }
   return impl_->Submit(std::move(r), Completion::Kind::kStash, memories, stale, std::move(done));
 }
 
@@ -592,18 +597,8 @@ StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
   rl->set_ticket(args.ticket);
   SetRef(destination, rl->mutable_destination());
   rl->set_zero_tail(args.zero_tail);
-  if (args.ready.buffer != nullptr) {
-    SetEvent(args.ready, rl->mutable_ready());
-    memories.push_back(Impl::HostMemory(*args.ready.buffer));
-  }
-  if (args.done.buffer != nullptr) {
-    SetEvent(args.done, rl->mutable_done());
-    memories.push_back(Impl::HostMemory(*args.done.buffer));
-  }
-  Impl::DoneEvent done;
-  if (args.done.buffer != nullptr) {
-    done = {args.done.buffer->rep().memory, args.done.offset, args.done.value};
-  }
+  Impl::DoneEvent done =
+      Impl::SetEvents(args.ready, args.done, rl->mutable_ready(), rl->mutable_done(), memories);
   return impl_->Submit(std::move(r), Completion::Kind::kReload, memories, destination.stale,
                        std::move(done));
 }
