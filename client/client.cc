@@ -166,17 +166,18 @@ struct Client::Impl final
     return MemoryDesc{buffer.id(), v1::MEMORY_KIND_HOST_SHM, buffer.handle(), buffer.size()};
   }
 
-  // Sets a request's ready and done events (those given), adds their memory to `memories`,
-  // and returns the done event as the library keeps it.
-  static DoneEvent SetEvents(const EventPoint& ready, const EventPoint& done,
-                             v1::EventRef* ready_out, v1::EventRef* done_out,
+  // Sets the ready and done events of `op` (a Stash or Reload; only those given: an empty
+  // EventRef would be a bad request), adds their memory to `memories`, and returns the done
+  // event as the library keeps it.
+  template <typename Op>
+  static DoneEvent SetEvents(const EventPoint& ready, const EventPoint& done, Op* op,
                              std::vector<MemoryDesc>& memories) {
     if (ready.buffer != nullptr) {
-      SetEvent(ready, ready_out);
+      SetEvent(ready, op->mutable_ready());
       memories.push_back(HostMemory(*ready.buffer));
     }
     if (done.buffer == nullptr) return {};
-    SetEvent(done, done_out);
+    SetEvent(done, op->mutable_done());
     memories.push_back(HostMemory(*done.buffer));
     return DoneEvent{done.buffer->rep().memory, done.offset, done.value};
   }
@@ -572,8 +573,7 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
     s->mutable_count()->set_value(args.count.value);
   }
   s->mutable_count()->set_divisor(args.count.divisor == 0 ? 1 : args.count.divisor);
-  Impl::DoneEvent done =
-      Impl::SetEvents(args.ready, args.done, s->mutable_ready(), s->mutable_done(), memories);
+  Impl::DoneEvent done = Impl::SetEvents(args.ready, args.done, s, memories);
   s->set_layer(args.layer);
   s->set_microbatch(args.microbatch);
   s->set_name(args.name);
@@ -597,8 +597,7 @@ StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
   rl->set_ticket(args.ticket);
   SetRef(destination, rl->mutable_destination());
   rl->set_zero_tail(args.zero_tail);
-  Impl::DoneEvent done =
-      Impl::SetEvents(args.ready, args.done, rl->mutable_ready(), rl->mutable_done(), memories);
+  Impl::DoneEvent done = Impl::SetEvents(args.ready, args.done, rl, memories);
   return impl_->Submit(std::move(r), Completion::Kind::kReload, memories, destination.stale,
                        std::move(done));
 }
