@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one-call GPU check (docs/gpu-check.md): every GPU gtest, the demo on the CUDA backend and
-# the three stash-bench-gpu benchmarks, each step under `timeout`, the whole run under 8 minutes.
+# The one-call GPU check (docs/gpu-check.md): every GPU gtest, the demo and the PyTorch path
+# (torch_cuda_check.py) on the CUDA backend, and the three stash-bench-gpu benchmarks, each step under `timeout`, the whole run under 8 minutes.
 # Every step runs even when an earlier one failed; the summary table is printed last.
 #
 # Layout: run from a bundle (./scripts/bundle), i.e. <bundle>/check.sh next to bin/ (stashd,
@@ -188,13 +188,31 @@ done
 if [ "$ready" = 1 ]; then
   echo "\$ stash-demo --backend=cuda --ranks=2 --socket=$sock" >>"$demo_log"
   # --backend: flag added by the cuda backend work (the ranks compute on the GPU).
-  demo_s="$(step_budget 90 3)"
+  demo_s="$(step_budget 90 4)"
   timeout --kill-after=5 "$demo_s" "$(find_bin stash-demo)" --backend=cuda --ranks=2 \
     --socket="$sock" >>"$demo_log" 2>&1
   code=$?
   echo "\$ stashctl stats" >>"$demo_log"
   timeout 5 "$stashctl" stats --socket="$sock" >>"$demo_log" 2>&1
   record stash-demo "$(status_of "$code" "$demo_s")" "2 ranks, backend cuda" "$demo_log"
+
+  # ---- 2b. stashd.torch on the GPU: the PyTorch path, parity bit for bit ----------------------
+  if [ "$layout" = bundle ]; then
+    pkg="$root/python" lib="$root/lib/libstash_client.so" script="$root/torch_cuda_check.py"
+  else
+    pkg="$here/../../client/python" lib="$root/client/libstash_client.so"
+    script="$here/torch_cuda_check.py"
+  fi
+  torch_log="$out/torch-cuda.log"
+  torch_s="$(step_budget 90 3)"
+  PYTHONPATH="$pkg" STASHD_CLIENT_LIB="$lib" timeout --kill-after=5 "$torch_s" \
+    python3 "$script" >"$torch_log" 2>&1
+  code=$?
+  case "$code" in
+    0) record torch-cuda pass "$(tail -n 1 "$torch_log")" ;;
+    2) record torch-cuda "skip (no CUDA-enabled torch for python3)" "" ;;
+    *) record torch-cuda "$(status_of "$code" "$torch_s")" "" "$torch_log" ;;
+  esac
 else
   echo "stashd did not become healthy within 20 s (see stashd.log)" >>"$demo_log"
   record stash-demo "fail (stashd --backend=cuda did not start)" "" "$out/stashd.log"
