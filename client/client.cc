@@ -4,10 +4,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -121,18 +123,34 @@ const char* TierName(Tier tier) {
 
 struct Client::Impl final
     : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionResponse> {
-  // A done event the library may raise itself; holds the memory mapped until then.
+  // An operation's done event, which the library also raises itself: once the operation is
+  // answered, or when the session breaks. So a stream waiting on it goes on even when the daemon
+  // could not raise it (a rejected request, done memory it failed to open, a daemon that died).
   struct DoneEvent {
-    std::shared_ptr<SharedMemory> memory;  // null = none
+    std::shared_ptr<SharedMemory> memory;  // null = none; kept mapped until raised
     uint64_t offset = 0;
     uint64_t value = 0;
+  };
+  // The operations waiting on one counter, in submission order. The library raises the counter
+  // only to the value of the last operation of the answered prefix: an answer means that
+  // operation's copy (and its own write of the counter) is over, but an earlier operation's
+  // copy may still run, and a waiter must not pass it. (Counters only grow, values go up in
+  // submission order.)
+  struct DoneQueue {
+    std::shared_ptr<SharedMemory> memory;
+    uint64_t offset = 0;
+    struct Slot {
+      uint64_t op = 0;
+      uint64_t value = 0;
+      bool answered = false;
+    };
+    std::deque<Slot> slots;
 
-    void Raise() {
-      if (memory == nullptr) return;
+    void Raise(uint64_t value) const {
       EventSignal(reinterpret_cast<uint64_t*>(memory->data() + offset), value);
-      memory.reset();
     }
   };
+  using DoneKey = std::pair<const SharedMemory*, uint64_t>;
 
   struct Pending {
     Completion::Kind kind = Completion::Kind::kStash;
@@ -142,16 +160,49 @@ struct Client::Impl final
     bool answered = false;
     Status status;
     Completion completion;
-    // The op's done event: raised here too once the op is answered or the session breaks, so
-    // a stream waiting on it goes on even when the daemon could not raise it (a rejected
-    // request, done memory it failed to open, a daemon that died). Counters only grow, so a
-    // second raise changes nothing.
-    DoneEvent done;
+    bool has_done = false;  // the op is in done_queues[done_key]
+    DoneKey done_key;
   };
 
-  // Raises the done events of every op still pending (lock held): the session is over.
+  // Queues `op`'s done event (lock held).
+  void TrackDoneLocked(uint64_t op, DoneEvent event, Pending& p) {
+    if (event.memory == nullptr) return;
+    p.has_done = true;
+    p.done_key = {event.memory.get(), event.offset};
+    DoneQueue& q = done_queues[p.done_key];
+    if (q.memory == nullptr) {
+      q.memory = std::move(event.memory);
+      q.offset = event.offset;
+    }
+    q.slots.push_back({op, event.value, false});
+  }
+
+  // `op` was answered: raises its counter as far as the answered prefix reaches (lock held).
+  void DoneAnsweredLocked(uint64_t op, const Pending& p) {
+    if (!p.has_done) return;
+    auto it = done_queues.find(p.done_key);
+    if (it == done_queues.end()) return;
+    DoneQueue& q = it->second;
+    for (DoneQueue::Slot& slot : q.slots) {
+      if (slot.op == op) slot.answered = true;
+    }
+    uint64_t raise = 0;
+    while (!q.slots.empty() && q.slots.front().answered) {
+      raise = std::max(raise, q.slots.front().value);
+      q.slots.pop_front();
+    }
+    if (raise != 0) q.Raise(raise);
+    if (q.slots.empty()) done_queues.erase(it);
+  }
+
+  // The session is over: nothing will copy any more, every done event goes up (lock held).
   void ReleaseDoneEventsLocked() {
-    for (auto& [id, p] : pending) p.done.Raise();
+    for (auto& [key, q] : done_queues) {
+      uint64_t raise = 0;
+      for (const DoneQueue::Slot& slot : q.slots) raise = std::max(raise, slot.value);
+      if (raise != 0) q.Raise(raise);
+    }
+    done_queues.clear();
   }
 
   // One region the daemon opens: a HostBuffer or a cudaMalloc allocation.
@@ -207,6 +258,7 @@ struct Client::Impl final
   bool done = false;                              // guarded by mu: OnDone ran
   std::unordered_map<uint64_t, Pending> pending;  // guarded by mu
   std::unordered_set<uint64_t> registered;        // buffer ids; guarded by mu
+  std::map<DoneKey, DoneQueue> done_queues;       // guarded by mu
   uint64_t epoch = 0;                             // guarded by mu
   StepFlags flags;                                // guarded by mu
   bool welcomed = false;                          // guarded by mu
@@ -276,13 +328,14 @@ struct Client::Impl final
       Pending p;
       p.kind = kind;
       p.epoch = epoch;
-      p.done = std::move(done_event);
+      TrackDoneLocked(id, std::move(done_event), p);
       pending.emplace(id, p);
       batch.push_back(std::move(request));
       bool accepted = true;
       start = QueueLocked(batch, &accepted);
       if (!accepted) {
         pending.erase(id);
+        ReleaseDoneEventsLocked();  // the stream is gone
         return UnavailableError("stashd on " + socket + " went away");
       }
     }
@@ -369,7 +422,7 @@ struct Client::Impl final
       default:
         break;
     }
-    p.done.Raise();
+    DoneAnsweredLocked(r.request_id(), p);
     if (p.internal) {
       if (p.kind == Completion::Kind::kRegister && !p.status.ok()) registered.erase(p.memory_id);
       pending.erase(it);

@@ -190,9 +190,9 @@ StatusOr<uint64_t> CudaSide::MapHost(void* data, uint64_t bytes, std::function<v
   const CudaDriver* driver = driver_;
   *unmap = [driver, data, held, dev] {
     if (driver->CtxPushCurrent(held) == CUDA_SUCCESS) {
-      // A stream may still wait on (or write) a counter in it: unregistering under it would
-      // fault the context. Buffers are freed rarely, so draining the context here is cheap.
-      driver->CtxSynchronize();
+      // No context-wide synchronize here: it would also wait for NCCL and every other stream
+      // (a deadlock when a peer waits at a barrier). The caller frees the buffer only after the
+      // streams that wait on or raise its counters passed them (client.h, HostBuffer).
       driver->MemHostUnregister(data);
       CUcontext popped = nullptr;
       driver->CtxPopCurrent(&popped);

@@ -61,7 +61,6 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(StreamWaitValue64, cuStreamWaitValue64);
   STASH_CU_RESOLVE(StreamWriteValue64, cuStreamWriteValue64);
   STASH_CU_RESOLVE(StreamBatchMemOp, cuStreamBatchMemOp);
-  STASH_CU_RESOLVE(CtxSynchronize, cuCtxSynchronize);
 #undef STASH_CU_RESOLVE
   return d;
 }

@@ -58,7 +58,6 @@ struct CudaDriver {
   decltype(&::cuStreamWaitValue64) StreamWaitValue64 = nullptr;
   decltype(&::cuStreamWriteValue64) StreamWriteValue64 = nullptr;
   decltype(&::cuStreamBatchMemOp) StreamBatchMemOp = nullptr;
-  decltype(&::cuCtxSynchronize) CtxSynchronize = nullptr;
 };
 
 // Returns the driver call's Status from the enclosing function when it failed. `driver` is a

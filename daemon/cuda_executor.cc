@@ -383,6 +383,9 @@ void CudaExecutor::CheckHealth() {
 
 void CudaExecutor::Raise(const DoneSignal& done) {
   if (done.memory == nullptr) return;
+  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    DeviceLost(device_, CudaError(e, "cudaSetDevice", __FILE__, __LINE__).message());
+  }
   const auto address = reinterpret_cast<CUdeviceptr>(done.memory->data() + done.offset);
   // After the stream's earlier work and a system-scope barrier: the copied bytes are visible
   // before the counter moves.

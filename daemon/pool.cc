@@ -85,6 +85,20 @@ const v1::EventRef* DoneOfRequest(const v1::SessionRequest& req) {
   return nullptr;
 }
 
+// A done event must be in host memory too: a counter in a client's GPU memory that the client
+// freed would fault the daemon's CUDA context, and with it every session on that GPU.
+Status CheckDone(Session& s, const v1::EventRef* done) {
+  if (done == nullptr || !done->has_counter()) return Status::Ok();
+  STASH_RETURN_IF_ERROR(Resolve(s, done->counter()).status());
+  if (HostCounter(s, done->counter()) == nullptr) {
+    return InvalidArgumentError("the done event's counter is in device memory " +
+                                std::to_string(done->counter().memory_id()) +
+                                ": put done counters in host shared memory (a HostBuffer); "
+                                "streams wait on them there (Client::EnqueueWait)");
+  }
+  return Status::Ok();
+}
+
 // Whether process `pid` has exited: no such process, or a zombie its parent has not reaped yet.
 bool ProcessGone(int64_t pid) {
   if (pid <= 0) return false;
@@ -329,10 +343,28 @@ void Pool::DoUnregister(const std::shared_ptr<Session>& session, const v1::Sessi
   s.Send(Reply(req.request_id()));
 }
 
+void Pool::FailAfterDone(const std::shared_ptr<Session>& s, uint64_t request_id,
+                         const Status& status, const DoneSignal& done) {
+  if (done.memory == nullptr) {
+    s->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
+    s->Send(Reply(request_id, status));
+    return;
+  }
+  // The answer goes out only after the done write ran (stream order on the cuda backend): the
+  // client raises done counters itself in answer order, so an earlier write landing after it
+  // could move a counter back.
+  executor_->Raise(done);
+  executor_->Fence(Track([s, request_id, status] {
+    s->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
+    s->Send(Reply(request_id, status));
+  }));
+}
+
 DoneSignal Pool::DoneOf(Session& s, const v1::EventRef* done) {
   if (done == nullptr || !done->has_counter()) return {};
   auto it = s.memories().find(done->counter().memory_id());
   if (it == s.memories().end() || it->second.mapping == nullptr) return {};
+  if (it->second.mapping->host() == nullptr) return {};  // refused by CheckDone
   return DoneSignal{it->second.mapping.get(), done->counter().offset(), done->value()};
 }
 
@@ -342,11 +374,10 @@ void Pool::DoStash(const std::shared_ptr<Session>& s, const v1::SessionRequest& 
   const DoneSignal done = DoneOf(*s, DoneOfRequest(req));
   auto fail = [&](const Status& status) {
     s->ForgetTicket(st.ticket());
-    executor_->Raise(done);
-    s->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
-    s->Send(Reply(req.request_id(), status));
+    FailAfterDone(s, req.request_id(), status, done);
   };
   if (Status ready = CheckReady(*s, ReadyOf(req)); !ready.ok()) return fail(ready);
+  if (Status checked = CheckDone(*s, DoneOfRequest(req)); !checked.ok()) return fail(checked);
   auto src = Resolve(*s, st.source());
   if (!src.ok()) return fail(src.status());
 
@@ -440,12 +471,9 @@ void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest&
                     Clock::time_point received) {
   const v1::Reload& rl = req.reload();
   const DoneSignal done = DoneOf(*s, DoneOfRequest(req));
-  auto fail = [&](const Status& status) {
-    executor_->Raise(done);
-    s->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
-    s->Send(Reply(req.request_id(), status));
-  };
+  auto fail = [&](const Status& status) { FailAfterDone(s, req.request_id(), status, done); };
   if (Status ready = CheckReady(*s, ReadyOf(req)); !ready.ok()) return fail(ready);
+  if (Status checked = CheckDone(*s, DoneOfRequest(req)); !checked.ok()) return fail(checked);
   auto it = s->stashes().find(rl.ticket());
   if (it == s->stashes().end()) {
     return fail(FailedPreconditionError("ticket " + Hex(rl.ticket()) +

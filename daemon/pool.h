@@ -76,6 +76,9 @@ class Pool {
   bool Ready(const Op& op);
   void Execute(Op& op);
   void DoRegister(Session& s, const stash::v1::SessionRequest& req);
+  // Answers a failed stash or reload with `status` once its done event was raised.
+  void FailAfterDone(const std::shared_ptr<Session>& s, uint64_t request_id, const Status& status,
+                     const DoneSignal& done);
   void DoUnregister(const std::shared_ptr<Session>& session, const stash::v1::SessionRequest& req);
   void DoStash(const std::shared_ptr<Session>& s, const stash::v1::SessionRequest& req,
                std::chrono::steady_clock::time_point received);

@@ -610,6 +610,32 @@ TEST_F(Datapath, CudaBackendWithoutADriverSaysWhatIsMissing) {
       << m;
 }
 
+// One counter, two operations: the second is rejected at once while the first still waits for
+// its ready event. The library must not raise the counter past the first (its copy has not run):
+// a stream waiting for the second value would otherwise read before the first copy.
+TEST_F(Datapath, DoneEventsOfOneCounterGoUpInSubmissionOrder) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect(*daemon_);
+  auto src = Buffer(64 << 10);
+  FillRandom(*src, 8);
+  auto events = Buffer(4096);
+  StashArgs a = Args(*src, 64, 1024, 1024);
+  a.ready = {events.get(), 0, 1};  // held back until the test signals it
+  a.done = {events.get(), 8, 1};
+  auto first = client->Stash(a);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto dst = Buffer(64 << 10);
+  auto second = client->Reload({0x5eed, dst.get(), 0, false, {}, {events.get(), 8, 2}});
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(client->Wait(*second, 10000 * TimeScale()).status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(WaitEvent({events.get(), 8, 1}, 0)) << "raised before the first copy ran";
+
+  SignalEvent({events.get(), 0, 1});
+  auto done = client->Wait(*first, 10000 * TimeScale());
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_TRUE(WaitEvent({events.get(), 8, 2}, 0));  // both answered: up to the second's value
+}
+
 TEST_F(Datapath, ManyThreadsShareOneClient) {
   StartDaemon({"--pool-bytes=32MiB", "--copy-threads=2"});
   auto client = Connect(*daemon_);

@@ -38,7 +38,10 @@ namespace stash {
 
 // Memory the daemon can read and write: on the host backend, a POSIX shared-memory region this
 // library created. Not copyable; freeing it unmaps it here (a daemon that still has it
-// registered keeps its own mapping until the client unregisters it or the session ends).
+// registered keeps its own mapping until the client unregisters it or the session ends). A
+// buffer whose counters a GPU stream raises or waits on (EnqueueSignal / EnqueueWait) may be
+// freed only after those streams passed that work (a stream synchronize, say): freeing it under
+// a waiting stream faults the CUDA context.
 class STASH_EXPORT HostBuffer {
  public:
   // Allocates `bytes` (> 0) bytes, zero-filled, 64-byte aligned (page aligned in fact).

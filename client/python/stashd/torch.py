@@ -361,7 +361,7 @@ class StashedTensor:
 
     __slots__ = ("_state", "_client", "ticket", "shape", "dtype", "device", "rows", "max_rows",
                  "row_bytes", "divisor", "tier", "zero_tail", "_tensor", "_spent", "_source",
-                 "_count", "_ctx", "_cuda", "__weakref__")
+                 "_count", "_ctx", "_cuda", "_lock", "__weakref__")
 
     def __init__(self, state: _TorchState, ticket: int, tensor: torch.Tensor, rows: int,
                  max_rows: int, row_bytes: int, divisor: int, tier, zero_tail: bool):
@@ -385,6 +385,7 @@ class StashedTensor:
         self._count: Optional[torch.Tensor] = None
         self._ctx = None
         self._cuda = False  # stashed by the cuda path
+        self._lock = threading.Lock()  # the cuda path: one thread collects the answer
 
     def __repr__(self) -> str:
         tier = "pending" if self.tier is None else self.tier.name
@@ -396,6 +397,12 @@ class StashedTensor:
         Returns False while it is in flight."""
         if self.tier is not None:
             return True
+        with self._lock:  # a hook on another thread may be collecting it right now
+            if self.tier is not None:
+                return True
+            return self._settle_locked(client, wait)
+
+    def _settle_locked(self, client: Client, wait: bool) -> bool:
         try:
             done = client.wait(self.ticket) if wait else client.poll(self.ticket)
         except StashError:
