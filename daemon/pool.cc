@@ -66,15 +66,17 @@ const v1::EventRef* ReadyOf(const v1::SessionRequest& req) {
   return nullptr;
 }
 
-// A ready event must be readable by the daemon's CPU (Pool::Ready polls it).
-Status CheckReady(Session& s, const v1::EventRef* ready) {
-  if (ready == nullptr || !ready->has_counter()) return Status::Ok();
-  STASH_RETURN_IF_ERROR(Resolve(s, ready->counter()).status());
-  if (HostCounter(s, ready->counter()) == nullptr) {
-    return InvalidArgumentError("the ready event's counter is in device memory " +
-                                std::to_string(ready->counter().memory_id()) +
-                                ": put ready counters in host shared memory (a HostBuffer), "
-                                "which the daemon polls");
+// Event counters must be in host memory: the daemon's CPU polls ready counters (Pool::Ready),
+// and a done counter in a client's GPU memory that the client freed would fault the daemon's
+// CUDA context, and with it every session on that GPU. `which`: "ready" or "done".
+Status CheckCounter(Session& s, const v1::EventRef* event, const char* which, const char* why) {
+  if (event == nullptr || !event->has_counter()) return Status::Ok();
+  STASH_RETURN_IF_ERROR(Resolve(s, event->counter()).status());
+  if (HostCounter(s, event->counter()) == nullptr) {
+    return InvalidArgumentError(std::string("the ") + which +
+                                " event's counter is in device memory " +
+                                std::to_string(event->counter().memory_id()) + ": put " + which +
+                                " counters in host shared memory (a HostBuffer), " + why);
   }
   return Status::Ok();
 }
@@ -85,18 +87,11 @@ const v1::EventRef* DoneOfRequest(const v1::SessionRequest& req) {
   return nullptr;
 }
 
-// A done event must be in host memory too: a counter in a client's GPU memory that the client
-// freed would fault the daemon's CUDA context, and with it every session on that GPU.
-Status CheckDone(Session& s, const v1::EventRef* done) {
-  if (done == nullptr || !done->has_counter()) return Status::Ok();
-  STASH_RETURN_IF_ERROR(Resolve(s, done->counter()).status());
-  if (HostCounter(s, done->counter()) == nullptr) {
-    return InvalidArgumentError("the done event's counter is in device memory " +
-                                std::to_string(done->counter().memory_id()) +
-                                ": put done counters in host shared memory (a HostBuffer); "
-                                "streams wait on them there (Client::EnqueueWait)");
-  }
-  return Status::Ok();
+// Both event counters of a stash or reload (CheckCounter).
+Status CheckCounters(Session& s, const v1::SessionRequest& req) {
+  STASH_RETURN_IF_ERROR(CheckCounter(s, ReadyOf(req), "ready", "which the daemon polls"));
+  return CheckCounter(s, DoneOfRequest(req), "done",
+                      "where streams wait on them (Client::EnqueueWait)");
 }
 
 // Whether process `pid` has exited: no such process, or a zombie its parent has not reaped yet.
@@ -376,8 +371,7 @@ void Pool::DoStash(const std::shared_ptr<Session>& s, const v1::SessionRequest& 
     s->ForgetTicket(st.ticket());
     FailAfterDone(s, req.request_id(), status, done);
   };
-  if (Status ready = CheckReady(*s, ReadyOf(req)); !ready.ok()) return fail(ready);
-  if (Status checked = CheckDone(*s, DoneOfRequest(req)); !checked.ok()) return fail(checked);
+  if (Status counters = CheckCounters(*s, req); !counters.ok()) return fail(counters);
   auto src = Resolve(*s, st.source());
   if (!src.ok()) return fail(src.status());
 
@@ -472,8 +466,7 @@ void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest&
   const v1::Reload& rl = req.reload();
   const DoneSignal done = DoneOf(*s, DoneOfRequest(req));
   auto fail = [&](const Status& status) { FailAfterDone(s, req.request_id(), status, done); };
-  if (Status ready = CheckReady(*s, ReadyOf(req)); !ready.ok()) return fail(ready);
-  if (Status checked = CheckDone(*s, DoneOfRequest(req)); !checked.ok()) return fail(checked);
+  if (Status counters = CheckCounters(*s, req); !counters.ok()) return fail(counters);
   auto it = s->stashes().find(rl.ticket());
   if (it == s->stashes().end()) {
     return fail(FailedPreconditionError("ticket " + Hex(rl.ticket()) +

@@ -134,12 +134,8 @@ Status CudaTrainer::Stash(int layer) {
 // the copy, poison the rank's own (after those kernels, in stream order).
 Status CudaTrainer::Confirm(int layer) {
   Slot& slot = slots_[static_cast<size_t>(layer)];
-  StatusOr<Completion> done = client_->Wait(slot.ticket, kAnswerTimeoutMs);
-  if (!done.ok()) {
-    return Status(done.status().code(), LayerText(layer) + "stash: " + done.status().message());
-  }
-  slot.tier = done->tier;
-  StatusOr<bool> taken = TallyStash(shape_, layer, *done, slot.rows, &tally_);
+  StatusOr<bool> taken =
+      AwaitStash(client_, shape_, layer, slot.ticket, slot.rows, &tally_, &slot.tier);
   if (!taken.ok()) return taken.status();
   if (*taken) {
     DEMO_CUDA(cudaMemsetAsync(Input(layer), kPoison, shape_.ActivationBytes(),

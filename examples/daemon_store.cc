@@ -22,8 +22,14 @@ StashArgs LayerStashArgs(const StackShape& shape, int layer) {
   return args;
 }
 
-StatusOr<bool> TallyStash(const StackShape& shape, int layer, const Completion& done,
-                          int64_t published_rows, StashTally* tally) {
+StatusOr<bool> AwaitStash(Client* client, const StackShape& shape, int layer, uint64_t ticket,
+                          int64_t published_rows, StashTally* tally, Tier* tier) {
+  StatusOr<Completion> answer = client->Wait(ticket, kAnswerTimeoutMs);
+  if (!answer.ok()) {
+    return Status(answer.status().code(), LayerText(layer) + "stash: " + answer.status().message());
+  }
+  const Completion& done = *answer;
+  *tier = done.tier;
   if (done.rows != static_cast<uint64_t>(published_rows)) {
     return InternalError(LayerText(layer) + "the daemon stashed " + std::to_string(done.rows) +
                          " rows but the producer published " + std::to_string(published_rows));
@@ -115,12 +121,8 @@ Status DaemonStore::Produced(int layer, int64_t rows) {
 
 Status DaemonStore::Consumed(int layer) {
   Slot& slot = slots_[static_cast<size_t>(layer)];
-  StatusOr<Completion> done = client_->Wait(slot.ticket, kAnswerTimeoutMs);
-  if (!done.ok()) {
-    return Status(done.status().code(), LayerText(layer) + "stash: " + done.status().message());
-  }
-  slot.tier = done->tier;
-  StatusOr<bool> taken = TallyStash(shape_, layer, *done, slot.rows, &tally_);
+  StatusOr<bool> taken =
+      AwaitStash(client_, shape_, layer, slot.ticket, slot.rows, &tally_, &slot.tier);
   if (!taken.ok()) return taken.status();
   // The daemon has the rows: the rank frees its copy. Poisoning stands in for the free, so
   // backward passes parity only with what comes back from the daemon.

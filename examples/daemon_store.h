@@ -35,10 +35,11 @@ struct StashTally {
 std::string LayerText(int layer);
 // A layer input's stash: its shape and tags; the caller sets the source, count and events.
 StashArgs LayerStashArgs(const StackShape& shape, int layer);
-// Adds a stash's answer to `tally` after checking its rows against what the producer published.
-// true: the daemon holds the rows and the rank may free its copy; false: OVERFLOW, keep it.
-StatusOr<bool> TallyStash(const StackShape& shape, int layer, const Completion& done,
-                          int64_t published_rows, StashTally* tally);
+// Waits for a stash's answer and adds it to `tally` after checking its rows against what the
+// producer published; `*tier` gets where it went. true: the daemon holds the rows and the rank
+// may free its copy; false: OVERFLOW, keep it.
+StatusOr<bool> AwaitStash(Client* client, const StackShape& shape, int layer, uint64_t ticket,
+                          int64_t published_rows, StashTally* tally, Tier* tier);
 // Checks a reload's answer against the stash it reloads.
 Status CheckReload(int layer, const Completion& done, int64_t rows, Tier tier);
 
