@@ -46,8 +46,6 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(DeviceGetCount, cuDeviceGetCount);
   STASH_CU_RESOLVE(DeviceGetAttribute, cuDeviceGetAttribute);
   STASH_CU_RESOLVE(DeviceGetUuid, cuDeviceGetUuid);
-  STASH_CU_RESOLVE(CtxGetCurrent, cuCtxGetCurrent);
-  STASH_CU_RESOLVE(CtxGetDevice, cuCtxGetDevice);
   STASH_CU_RESOLVE(CtxPushCurrent, cuCtxPushCurrent);
   STASH_CU_RESOLVE(CtxPopCurrent, cuCtxPopCurrent);
   STASH_CU_RESOLVE(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain);
@@ -59,7 +57,6 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(MemHostUnregister, cuMemHostUnregister);
   STASH_CU_RESOLVE(MemHostGetDevicePointer, cuMemHostGetDevicePointer);
   STASH_CU_RESOLVE(StreamWaitValue64, cuStreamWaitValue64);
-  STASH_CU_RESOLVE(StreamWriteValue64, cuStreamWriteValue64);
   STASH_CU_RESOLVE(StreamBatchMemOp, cuStreamBatchMemOp);
 #undef STASH_CU_RESOLVE
   return d;

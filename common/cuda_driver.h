@@ -1,7 +1,7 @@
 // The CUDA driver API, loaded at run time (dlopen "libcuda.so.1"), for the parts of the CUDA
 // backend the runtime API does not cover: pointer attributes and allocation ranges, IPC handles
 // without a runtime context of our own, host registration, and the stream memory operations
-// (cuStreamWriteValue64 / cuStreamWaitValue64) that order work across processes.
+// (cuStreamBatchMemOp / cuStreamWaitValue64) that order work across processes.
 //
 // Loading at run time keeps libcuda out of every binary's link: stashd and libstash_client.so
 // start on machines without a driver (the host backend, CI) and the client library never pins a
@@ -43,8 +43,6 @@ struct CudaDriver {
   decltype(&::cuDeviceGetCount) DeviceGetCount = nullptr;
   decltype(&::cuDeviceGetAttribute) DeviceGetAttribute = nullptr;
   decltype(&::cuDeviceGetUuid) DeviceGetUuid = nullptr;
-  decltype(&::cuCtxGetCurrent) CtxGetCurrent = nullptr;
-  decltype(&::cuCtxGetDevice) CtxGetDevice = nullptr;
   decltype(&::cuCtxPushCurrent) CtxPushCurrent = nullptr;
   decltype(&::cuCtxPopCurrent) CtxPopCurrent = nullptr;
   decltype(&::cuDevicePrimaryCtxRetain) DevicePrimaryCtxRetain = nullptr;
@@ -56,7 +54,6 @@ struct CudaDriver {
   decltype(&::cuMemHostUnregister) MemHostUnregister = nullptr;
   decltype(&::cuMemHostGetDevicePointer) MemHostGetDevicePointer = nullptr;
   decltype(&::cuStreamWaitValue64) StreamWaitValue64 = nullptr;
-  decltype(&::cuStreamWriteValue64) StreamWriteValue64 = nullptr;
   decltype(&::cuStreamBatchMemOp) StreamBatchMemOp = nullptr;
 };
 

@@ -6,9 +6,9 @@
 // stashes' plans and page records in device memory. Every stash, reload and release is enqueued
 // on the copy stream (paging_cuda.h kernels: the count is read on the device, the tier and pages
 // chosen on the device), then the plan is copied to pinned memory and a host function hands the
-// continuation to the pool worker. Done events are 64-bit counters the stream raises with
-// cuStreamWriteValue64 after the kernels; the trainer's stream waits on them with
-// cuStreamWaitValue64, so neither side synchronises with the host in the steady state.
+// continuation to the pool worker. Done events are 64-bit counters the stream raises after the
+// kernels (a barrier and a 64-bit write, one cuStreamBatchMemOp); the trainer's stream waits on
+// them with cuStreamWaitValue64, so neither side synchronises with the host in the steady state.
 //
 // Client memory: CUDA IPC handles (opened once per session, closed when the session's work
 // finished) and host shared memory (registered with CUDA, mapped), where event counters live.
