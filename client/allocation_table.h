@@ -24,13 +24,17 @@ class AllocationTable {
     std::string handle;  // the IPC handle of the base
   };
 
-  // The allocation at `base` of `bytes` with `buffer_id`, or null when that is not one we know
-  // (never seen, or another allocation had that address before).
-  const Entry* Find(uint64_t base, uint64_t bytes, uint64_t buffer_id) const {
-    auto it = entries_.find(base);
-    if (it == entries_.end() || it->second.buffer_id != buffer_id || it->second.bytes != bytes) {
+  // The known allocation holding `address` with `buffer_id` (unique per allocation in a
+  // process), with its base in `*base`; null when we do not know it (never seen, or another
+  // allocation had that address before). Saves the driver a lookup on every stash.
+  const Entry* FindContaining(uint64_t address, uint64_t buffer_id, uint64_t* base) const {
+    auto it = entries_.upper_bound(address);
+    if (it == entries_.begin()) return nullptr;
+    --it;
+    if (address - it->first >= it->second.bytes || it->second.buffer_id != buffer_id) {
       return nullptr;
     }
+    *base = it->first;
     return &it->second;
   }
 

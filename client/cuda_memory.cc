@@ -122,10 +122,21 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void* pointer, uint64_t bytes, c
         "segments), which legacy CUDA IPC cannot export: run the trainer with "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False");
   }
-  // The cudaMalloc allocation itself (what cuIpcGetMemHandle exports and the daemon checks).
-  CUdeviceptr start = 0;
-  size_t size = 0;
-  STASH_CU_RETURN_IF_ERROR(driver_, MemGetAddressRange(&start, &size, address));
+  // The cudaMalloc allocation itself (what cuIpcGetMemHandle exports and the daemon checks):
+  // from the table when we know it, else from the driver.
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t start = 0;
+  uint64_t size = 0;
+  const AllocationTable::Entry* known = allocations_.FindContaining(address, buffer_id, &start);
+  if (known != nullptr) {
+    size = known->bytes;
+  } else {
+    CUdeviceptr range_start = 0;
+    size_t range_size = 0;
+    STASH_CU_RETURN_IF_ERROR(driver_, MemGetAddressRange(&range_start, &range_size, address));
+    start = range_start;
+    size = range_size;
+  }
   const uint64_t offset = address - start;
   if (bytes > size - offset) {
     return InvalidArgumentError(name + " + " + std::to_string(bytes) +
@@ -136,8 +147,7 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void* pointer, uint64_t bytes, c
   DeviceLocation location;
   location.offset = offset;
   location.bytes = size;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (const AllocationTable::Entry* known = allocations_.Find(start, size, buffer_id)) {
+  if (known != nullptr) {
     location.memory_id = known->memory_id;
     location.handle = known->handle;
     return location;

@@ -11,16 +11,27 @@ AllocationTable::Entry Entry(uint64_t memory_id, uint64_t buffer_id, uint64_t by
   return AllocationTable::Entry{memory_id, buffer_id, bytes, "handle"};
 }
 
-TEST(AllocationTable, AKnownAllocationIsFoundAgainAndOnlyWithItsBufferIdAndSize) {
+const AllocationTable::Entry* FindOrNull(const AllocationTable& table, uint64_t address,
+                                         uint64_t buffer_id) {
+  uint64_t base = 0;
+  return table.FindContaining(address, buffer_id, &base);
+}
+
+TEST(AllocationTable, AKnownAllocationIsFoundFromAnyAddressInItWithItsBufferId) {
   AllocationTable table;
-  EXPECT_EQ(table.Find(0x1000, 0x100, 7), nullptr);
+  uint64_t base = 0;
+  EXPECT_EQ(table.FindContaining(0x1000, 7, &base), nullptr);
   EXPECT_TRUE(table.Insert(0x1000, Entry(11, 7, 0x100)).empty());
-  const AllocationTable::Entry* found = table.Find(0x1000, 0x100, 7);
+  const AllocationTable::Entry* found = table.FindContaining(0x1080, 7, &base);
   ASSERT_NE(found, nullptr);
   EXPECT_EQ(found->memory_id, 11u);
-  // The same base with another buffer id or size is another allocation (the first was freed).
-  EXPECT_EQ(table.Find(0x1000, 0x100, 8), nullptr);
-  EXPECT_EQ(table.Find(0x1000, 0x200, 7), nullptr);
+  EXPECT_EQ(base, 0x1000u);
+  EXPECT_NE(table.FindContaining(0x1000, 7, &base), nullptr);
+  // Another buffer id at the same addresses is another allocation (the first was freed).
+  EXPECT_EQ(table.FindContaining(0x1080, 8, &base), nullptr);
+  // Outside the range: not this allocation.
+  EXPECT_EQ(table.FindContaining(0x0fff, 7, &base), nullptr);
+  EXPECT_EQ(table.FindContaining(0x1100, 7, &base), nullptr);
 }
 
 TEST(AllocationTable, AnAllocationAtAFreedOnesBaseReplacesIt) {
@@ -28,7 +39,7 @@ TEST(AllocationTable, AnAllocationAtAFreedOnesBaseReplacesIt) {
   table.Insert(0x1000, Entry(11, 7, 0x100));
   EXPECT_EQ(table.Insert(0x1000, Entry(12, 8, 0x100)), std::vector<uint64_t>{11});
   EXPECT_EQ(table.size(), 1u);
-  EXPECT_EQ(table.Find(0x1000, 0x100, 8)->memory_id, 12u);
+  EXPECT_EQ(FindOrNull(table, 0x1000, 8)->memory_id, 12u);
 }
 
 TEST(AllocationTable, AnAllocationOverlappingFreedOnesUnregistersEachOfThem) {
@@ -40,7 +51,7 @@ TEST(AllocationTable, AnAllocationOverlappingFreedOnesUnregistersEachOfThem) {
   // Starts inside the first one and ends inside the third.
   EXPECT_EQ(table.Insert(0x1080, Entry(5, 5, 0x200)), (std::vector<uint64_t>{1, 2, 3}));
   EXPECT_EQ(table.size(), 2u);
-  EXPECT_NE(table.Find(0x2000, 0x100, 4), nullptr);
+  EXPECT_NE(FindOrNull(table, 0x2000, 4), nullptr);
   // Ranges that only touch do not overlap.
   EXPECT_TRUE(table.Insert(0x1280, Entry(6, 6, 0x80)).empty());
   EXPECT_TRUE(table.Insert(0x1000, Entry(7, 7, 0x80)).empty());
@@ -62,7 +73,7 @@ TEST(AllocationTable, ClearHandsBackEveryId) {
   table.Insert(0x3000, Entry(3, 3, 0x100));
   EXPECT_EQ(table.Clear(), (std::vector<uint64_t>{1, 3}));
   EXPECT_EQ(table.size(), 0u);
-  EXPECT_EQ(table.Find(0x1000, 0x100, 1), nullptr);
+  EXPECT_EQ(FindOrNull(table, 0x1000, 1), nullptr);
 }
 
 }  // namespace
