@@ -124,7 +124,7 @@ Status CudaTrainer::Stash(int layer) {
   args.ready = Event(layer, kStashReady);
   StatusOr<uint64_t> ticket = client_->Stash(args);
   if (!ticket.ok()) {
-    return Status(ticket.status().code(), LayerText(layer) + "stash: " + ticket.status().message());
+    return LayerError(layer, "stash", ticket.status());
   }
   slots_[static_cast<size_t>(layer)].ticket = *ticket;
   return Status::Ok();
@@ -214,7 +214,7 @@ Status CudaTrainer::Backward(const StepInputs& inputs, StepOutputs* out) {
       args.done = Event(l, kReloadDone);
       StatusOr<uint64_t> op = client_->Reload(args);
       if (!op.ok()) {
-        return Status(op.status().code(), LayerText(l) + "reload: " + op.status().message());
+        return LayerError(l, "reload", op.status());
       }
       slot.reload = *op;
       if (Status s = client_->EnqueueWait(Event(l, kReloadDone), stream); !s.ok()) return s;
@@ -238,7 +238,7 @@ Status CudaTrainer::Backward(const StepInputs& inputs, StepOutputs* out) {
     if (slot.reload == 0) continue;
     StatusOr<Completion> done = client_->Wait(slot.reload, kAnswerTimeoutMs);
     if (!done.ok()) {
-      return Status(done.status().code(), LayerText(l) + "reload: " + done.status().message());
+      return LayerError(l, "reload", done.status());
     }
     if (Status s = CheckReload(l, *done, slot.rows, slot.tier); !s.ok()) return s;
   }

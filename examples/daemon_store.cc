@@ -9,9 +9,13 @@ namespace {
 // Every byte 0xFF: each float reads as a NaN, so a reader of freed memory cannot pass parity.
 constexpr int kPoison = 0xFF;
 
+std::string LayerText(int layer) { return "layer " + std::to_string(layer) + ": "; }
+
 }  // namespace
 
-std::string LayerText(int layer) { return "layer " + std::to_string(layer) + ": "; }
+Status LayerError(int layer, const char* what, const Status& status) {
+  return Status(status.code(), LayerText(layer) + what + ": " + status.message());
+}
 
 StashArgs LayerStashArgs(const StackShape& shape, int layer) {
   StashArgs args;
@@ -26,7 +30,7 @@ StatusOr<bool> AwaitStash(Client* client, const StackShape& shape, int layer, ui
                           int64_t published_rows, StashTally* tally, Tier* tier) {
   StatusOr<Completion> answer = client->Wait(ticket, kAnswerTimeoutMs);
   if (!answer.ok()) {
-    return Status(answer.status().code(), LayerText(layer) + "stash: " + answer.status().message());
+    return LayerError(layer, "stash", answer.status());
   }
   const Completion& done = *answer;
   *tier = done.tier;
@@ -106,7 +110,7 @@ Status DaemonStore::WillProduce(int layer) {
   args.ready = ReadyEvent(layer);
   StatusOr<uint64_t> ticket = client_->Stash(args);
   if (!ticket.ok()) {
-    return Status(ticket.status().code(), LayerText(layer) + "stash: " + ticket.status().message());
+    return LayerError(layer, "stash", ticket.status());
   }
   slots_[static_cast<size_t>(layer)].ticket = *ticket;
   return Status::Ok();
@@ -141,11 +145,11 @@ StatusOr<const float*> DaemonStore::Restore(int layer) {
   args.zero_tail = true;
   StatusOr<uint64_t> op = client_->Reload(args);
   if (!op.ok()) {
-    return Status(op.status().code(), LayerText(layer) + "reload: " + op.status().message());
+    return LayerError(layer, "reload", op.status());
   }
   StatusOr<Completion> done = client_->Wait(*op, kAnswerTimeoutMs);
   if (!done.ok()) {
-    return Status(done.status().code(), LayerText(layer) + "reload: " + done.status().message());
+    return LayerError(layer, "reload", done.status());
   }
   if (Status s = CheckReload(layer, *done, slot.rows, slot.tier); !s.ok()) return s;
   return static_cast<const float*>(reinterpret_cast<float*>(reload_->data()));

@@ -30,9 +30,9 @@ struct StashTally {
   uint64_t kept_bytes = 0;  // activation bytes the rank kept because their stash overflowed
 };
 
-// What both stores (this one and the GPU rank's, cuda_trainer.h) share:
-// "layer 3: " in front of every error.
-std::string LayerText(int layer);
+// What both stores (this one and the GPU rank's, cuda_trainer.h) share.
+// `status` of operation `what` ("stash", "reload") of layer `layer`: "layer 3: stash: ...".
+Status LayerError(int layer, const char* what, const Status& status);
 // A layer input's stash: its shape and tags; the caller sets the source, count and events.
 StashArgs LayerStashArgs(const StackShape& shape, int layer);
 // Waits for a stash's answer and adds it to `tally` after checking its rows against what the
