@@ -18,6 +18,10 @@ std::string Dashed(std::string_view name);
 // and ending with a newline.
 std::string Wrap(std::string_view text, size_t width, const std::string& indent);
 
+// Whether `text` is well-formed UTF-8 (RFC 3629: shortest form, no surrogates, at most
+// U+10FFFF), which protobuf requires of every `string` field it serializes.
+bool IsValidUtf8(std::string_view text);
+
 }  // namespace stash
 
 #endif  // STASH_COMMON_TEXT_H_
