@@ -1,4 +1,4 @@
-// Admission: every request is validated before it is queued or touches memory (DESIGN.md §7).
+// Admission: every request is validated before it is queued or touches memory (docs/design.md).
 #ifndef STASH_DAEMON_ADMIT_H_
 #define STASH_DAEMON_ADMIT_H_
 

@@ -1,4 +1,4 @@
-// One device pool and its serial copy queue (DESIGN.md §4: "one serial copy queue per pool").
+// One device pool and its serial copy queue (docs/design.md: "one serial copy queue per pool").
 //
 // Requests of the sessions on this pool are submitted to the pool's executor one at a time, in
 // the order they arrived per session; a session whose next request waits on a ready event that

@@ -1,4 +1,4 @@
-// Test harness for the paging rules (DESIGN.md §5), shared by tests/kernels/paging_test.cc (host)
+// Test harness for the paging rules (docs/design.md), shared by tests/kernels/paging_test.cc (host)
 // and tests/gpu/paging_gpu_test.cc (CUDA parity):
 //  - HostTier: a tier in anonymous memory (MAP_NORESERVE, so a > 4 GiB tier costs only the pages
 //    a test touches) with its free ring;
@@ -309,7 +309,7 @@ inline uint64_t NeededPages(const PagingCase& c) {
                   c.page_bytes);
 }
 
-// The matrix of DESIGN.md §5 (upstream's branches, research/domain.md §5).
+// The matrix of docs/design.md (upstream's branches, research/domain.md §5).
 inline std::vector<PagingCase> PagingCases() {
   std::vector<PagingCase> cases;
   auto add = [&cases](PagingCase c) { cases.push_back(std::move(c)); };

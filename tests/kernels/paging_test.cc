@@ -1,5 +1,5 @@
 // The paging rules of kernels/include/stash/kernels/paging.h on the host, byte for byte
-// (DESIGN.md §5). Every stash is checked against an independent model of where its bytes must
+// (docs/design.md). Every stash is checked against an independent model of where its bytes must
 // go (TierHolds), which does not call paging.h.
 #include "stash/kernels/paging.h"
 
@@ -35,7 +35,7 @@ const HostTier* TierOf(const CaseResult& r, Placement placement) {
   return nullptr;
 }
 
-// Stash (in `slices` workers) and reload one case, checking every invariant of DESIGN.md §4
+// Stash (in `slices` workers) and reload one case, checking every invariant of docs/design.md
 // against the independent reference: placement and plan fields; the chosen tier holds the stash
 // in the pages at its head slots and every other byte of both tiers is unchanged (the unused
 // tail of the last page too); heads move by the pages only in the chosen tier; the page record

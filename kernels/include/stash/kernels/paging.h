@@ -1,4 +1,4 @@
-// The paging rules of stashd, in one place for both machines (DESIGN.md §5).
+// The paging rules of stashd, in one place for both machines (docs/design.md).
 //
 // Plain descriptors and STASH_HOST_DEVICE functions: g++ compiles them for the host backend and
 // nvcc for the CUDA kernels, so the host tests pin exactly the semantics the GPU runs.
