@@ -170,12 +170,18 @@ void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
   pools_[static_cast<size_t>(session->info().pool)]->Enqueue(session, std::move(request), received);
 }
 
-void DaemonCore::CloseSession(const std::shared_ptr<Session>& session) {
+void DaemonCore::CloseSession(const std::shared_ptr<Session>& session,
+                              std::function<void()> closed) {
+  bool open = false;
   {
     MutexLock lock(&mu_);
-    if (sessions_.erase(session->info().id) == 0) return;  // closed already
+    open = sessions_.erase(session->info().id) != 0;
   }
-  pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session);
+  if (!open) {  // closed already: its teardown is queued or done
+    if (closed) closed();
+    return;
+  }
+  pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session, std::move(closed));
 }
 
 v1::SessionStats DaemonCore::SessionRow(Session& s) {
@@ -237,6 +243,9 @@ v1::GetStatsResponse DaemonCore::Stats() {
     t->set_pages_high_water(snap.pages_high_water);
     t->set_bytes_stashed(snap.bytes_stashed);
     t->set_stashes_live(snap.stashes_live);
+    const bool host = std::any_of(pools_.begin(), pools_.end(),
+                                  [&](const auto& pool) { return pool->host() == &tier; });
+    t->set_tier(host ? v1::TIER_HOST : v1::TIER_DEVICE);
   };
   for (const Tier* tier : tiers_) add_tier(*tier);
 
