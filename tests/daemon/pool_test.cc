@@ -72,6 +72,20 @@ class StreamLikeExecutor final : public CopyExecutor {
   void Fence(Then then) override {
     Submit(Kind::kFence, [this, then = std::move(then)]() mutable { post_(std::move(then)); });
   }
+  void CheckHealth() override {
+    std::function<void()> hook;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hook.swap(health_hook_);
+    }
+    if (hook) hook();
+  }
+
+  // Runs `hook` inside the next CheckHealth call (once).
+  void OnNextHealthCheck(std::function<void()> hook) {
+    std::lock_guard<std::mutex> lock(mu_);
+    health_hook_ = std::move(hook);
+  }
 
   enum class Kind { kStash, kReload, kRaise, kFence };
 
@@ -105,6 +119,7 @@ class StreamLikeExecutor final : public CopyExecutor {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;  // guarded by mu_
   int submitted_[4] = {};                    // guarded by mu_
+  std::function<void()> health_hook_;        // guarded by mu_
 };
 
 class RecordingSink final : public ResponseSink {
@@ -253,6 +268,37 @@ TEST_F(PoolTest, StopWaitsForSubmittedWorkAndLaterCloseEndsAtOnce) {
   pool_->CloseSession(session_, closed.Callback());
   EXPECT_EQ(closed.calls(), 1);
   EXPECT_EQ(closed.Await(), 1u);
+}
+
+// The health check (a driver call on the cuda backend) runs outside the pool's lock: the
+// executor's host callbacks post completions through that lock meanwhile and must not wait for
+// it. Here a completion is posted from another thread while the check runs.
+TEST_F(PoolTest, HealthCheckRunsOutsideThePoolLock) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, posted = false, saw_post = false;
+  executor_->OnNextHealthCheck([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    entered = true;
+    cv.notify_all();
+    // Bounded, so that a check under the lock fails this test instead of hanging it.
+    saw_post = cv.wait_for(lock, std::chrono::seconds(10), [&] { return posted; });
+  });
+  pool_->Enqueue(session_, StashWithDone(7, 1), std::chrono::steady_clock::now());
+  executor_->AwaitSubmitted(StreamLikeExecutor::Kind::kStash, 1);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return entered; });
+  }
+  executor_->RunAll();  // posts the stash's continuation (Pool::Post takes the pool's lock)
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    posted = true;
+    cv.notify_all();
+  }
+  EXPECT_EQ(sink_.Await(7).code(), 0);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(saw_post) << "Post waited for the health check";
 }
 
 TEST_F(PoolTest, RequestsAfterStopAreAnsweredUnavailable) {
