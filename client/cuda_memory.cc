@@ -196,7 +196,7 @@ namespace {
 // Host memory a stream may still use after its owner freed it (see MapHost): kept mapped and
 // registered until the process exits. Never destroyed (no exit-time ordering with the driver).
 void KeepForProcessLifetime(std::shared_ptr<void> owner) {
-  static std::mutex* mu = new std::mutex;
+  static auto* mu = new std::mutex;
   static auto* kept = new std::vector<std::shared_ptr<void>>;
   std::lock_guard<std::mutex> lock(*mu);
   kept->push_back(std::move(owner));
