@@ -99,16 +99,6 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
           " is not a known MemoryKind: use MEMORY_KIND_HOST_FD (3)" +
           (limits.backend == v1::BACKEND_CUDA ? " or MEMORY_KIND_CUDA_IPC (2)" : std::string()));
   }
-  // The name goes into shm_open (which stops at a NUL) and, when opening fails, into the status
-  // message, which protobuf must serialize as UTF-8. Not echoed: it may not be text.
-  if (reg.kind() == v1::MEMORY_KIND_HOST_SHM &&
-      (reg.handle()[0] != '/' || reg.handle().find('\0') != std::string::npos ||
-       !IsValidUtf8(reg.handle()))) {
-    return InvalidArgumentError(
-        "a MEMORY_KIND_HOST_SHM handle is a POSIX shared-memory name: \"/\" then UTF-8 text "
-        "without NUL bytes, as HostBuffer creates; this " +
-        std::to_string(reg.handle().size()) + "-byte handle is not one");
-  }
   if (s.declared_memories().contains(reg.memory_id())) {
     return AlreadyExistsError("memory " + std::to_string(reg.memory_id()) +
                               " is already registered in this session: pick a new memory_id");
@@ -219,7 +209,10 @@ Status CheckHello(const v1::Hello& hello, v1::Backend backend, int pools) {
                                    ": start stashd with --backend=" + BackendName(hello.backend()) +
                                    " or use a client built for " + BackendName(backend));
   }
-  if (hello.device() < 0 || hello.device() >= pools) {
+  // A cuda client names its GPU by UUID too: the daemon picks the pool by UUID, and the index is
+  // the client's own CUDA ordinal (device 5 of 8 may be pool 1 of a daemon serving 4).
+  const bool by_uuid = backend == v1::BACKEND_CUDA && !hello.device_uuid().empty();
+  if (hello.device() < 0 || (!by_uuid && hello.device() >= pools)) {
     return InvalidArgumentError("device " + std::to_string(hello.device()) +
                                 " is out of range: this daemon has " + std::to_string(pools) +
                                 " pool(s) (devices 0.." + std::to_string(pools - 1) + ")");

@@ -191,21 +191,6 @@ TEST_F(Admit, RegisterOfAnUnknownKindNamesTheValidOnes) {
   EXPECT_FALSE(MemoryDeclared(2));
 }
 
-// Found by session_request_fuzzer: the name reaches shm_open (which stops at a NUL) and the
-// open error's message, which must be UTF-8 to cross the stream.
-TEST_F(Admit, RegisterOfAHostHandleThatIsNoShmNameIsInvalidArgument) {
-  const std::string bad[] = {"stash-no-slash", std::string("/stashd-1-ab\0cd", 15),
-                             "/stashd-1-\xff\xfe", "/stashd-1-\xc3"};
-  uint64_t rid = 2;
-  for (const std::string& handle : bad) {
-    EXPECT_REJECTED(Check(Register(rid++, 2, 4096, v1::MEMORY_KIND_HOST_SHM, handle)),
-                    kInvalidArgument, "POSIX shared-memory name");
-  }
-  EXPECT_FALSE(MemoryDeclared(2));
-  EXPECT_TRUE(
-      Check(Register(rid, 2, 4096, v1::MEMORY_KIND_HOST_SHM, "/stashd-1-caf\xc3\xa9")).ok());
-}
-
 TEST_F(Admit, RegisterOfTheOtherBackendsMemoryIsFailedPrecondition) {
   EXPECT_REJECTED(Check(Register(2, 2, 4096, v1::MEMORY_KIND_CUDA_IPC, std::string(64, 'h'))),
                   kFailedPrecondition, "MEMORY_KIND_HOST_FD");
@@ -569,6 +554,22 @@ TEST(CheckHello, DeviceOutOfRangeIsInvalidArgumentNamingTheRange) {
     EXPECT_THAT(s.message(), HasSubstr("devices 0..0")) << device;
   }
   const Status s = CheckHello(HostHello(4), v1::BACKEND_HOST, 4);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("devices 0..3"));
+}
+
+// A rank using device 5 of 8 on a daemon serving 4 GPUs: its UUID picks the pool, so its own
+// ordinal is no index into the daemon's pools. Without a UUID the index still must be in range.
+TEST(CheckHello, CudaDeviceIndexPastThePoolsIsOkWhenTheUuidNamesTheGpu) {
+  v1::Hello hello = HostHello(5);
+  hello.set_backend(v1::BACKEND_CUDA);
+  hello.set_device_uuid(std::string(16, '\x42'));
+  EXPECT_TRUE(CheckHello(hello, v1::BACKEND_CUDA, 4).ok());
+  hello.set_device(-1);
+  EXPECT_EQ(CheckHello(hello, v1::BACKEND_CUDA, 4).code(), StatusCode::kInvalidArgument);
+  hello.set_device(5);
+  hello.clear_device_uuid();
+  const Status s = CheckHello(hello, v1::BACKEND_CUDA, 4);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_THAT(s.message(), HasSubstr("devices 0..3"));
 }

@@ -28,7 +28,7 @@ constexpr uint32_t kTightInflight = 8;
 constexpr uint64_t kTightMemories = 6;
 constexpr size_t kMaxRequests = 16;
 
-// Memories every input starts with (all MEMORY_KIND_HOST_SHM; kCudaMemory only on cuda).
+// Memories every input starts with (all MEMORY_KIND_HOST_FD; kCudaMemory only on cuda).
 constexpr uint64_t kSmallMemory = 1;  // 4 KiB
 constexpr uint64_t kSmallMemoryBytes = 4096;
 constexpr uint64_t kBigMemory = 2;  // 1 MiB

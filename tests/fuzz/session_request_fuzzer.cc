@@ -96,10 +96,9 @@ bool IsUtf8(std::string_view s) {
 struct Model {
   std::map<uint64_t, uint64_t> memories;                      // id -> bytes
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> tickets;  // ticket -> (row_bytes, max_rows)
-  size_t names = 0;
 
   friend bool operator==(const Model& a, const Model& b) {
-    return a.memories == b.memories && a.tickets == b.tickets && a.names == b.names;
+    return a.memories == b.memories && a.tickets == b.tickets;
   }
 };
 
@@ -108,7 +107,6 @@ Model Snapshot(Session& s) {
   Model m;
   for (const auto& [id, bytes] : s.declared_memories()) m.memories[id] = bytes;
   for (const auto& [t, shape] : s.live_tickets()) m.tickets[t] = {shape.row_bytes, shape.max_rows};
-  m.names = s.registered_names().size();
   return m;
 }
 
@@ -122,10 +120,6 @@ bool Inside(const Model& m, const v1::MemoryRef& ref, u128 len) {
 
 bool EventOk(const Model& m, const v1::EventRef& ev) {
   return ev.has_counter() && ev.counter().offset() % 8 == 0 && Inside(m, ev.counter(), 8);
-}
-
-bool IsShmHandle(const std::string& h) {
-  return !h.empty() && h[0] == '/' && h.find('\0') == std::string::npos && IsUtf8(h);
 }
 
 // Where an admitted stash came from, to reload it there at the end.
@@ -142,9 +136,9 @@ class Harness {
       limits_.max_inflight = kTightInflight;
       limits_.max_memories = kTightMemories;
     }
-    MustAdmit(Register(kSmallMemory, kSmallMemoryBytes, v1::MEMORY_KIND_HOST_SHM));
-    MustAdmit(Register(kBigMemory, kBigMemoryBytes, v1::MEMORY_KIND_HOST_SHM));
-    MustAdmit(Register(kHugeMemory, kHugeMemoryBytes, v1::MEMORY_KIND_HOST_SHM));
+    MustAdmit(Register(kSmallMemory, kSmallMemoryBytes, v1::MEMORY_KIND_HOST_FD));
+    MustAdmit(Register(kBigMemory, kBigMemoryBytes, v1::MEMORY_KIND_HOST_FD));
+    MustAdmit(Register(kHugeMemory, kHugeMemoryBytes, v1::MEMORY_KIND_HOST_FD));
     if (limits_.backend == v1::BACKEND_CUDA) {
       MustAdmit(Register(kCudaMemory, kCudaMemoryBytes, v1::MEMORY_KIND_CUDA_IPC));
     }
@@ -183,9 +177,8 @@ class Harness {
         FUZZ_CHECK(reg.memory_id() != 0 && reg.bytes() != 0, request, status);
         FUZZ_CHECK(!before.memories.count(reg.memory_id()), request, status);
         FUZZ_CHECK(before.memories.size() < limits_.max_memories, request, status);
-        if (reg.kind() == v1::MEMORY_KIND_HOST_SHM) {
-          FUZZ_CHECK(IsShmHandle(reg.handle()), request, status);
-          ++expected.names;
+        if (reg.kind() == v1::MEMORY_KIND_HOST_FD) {
+          FUZZ_CHECK(reg.handle().empty(), request, status);
         } else {
           FUZZ_CHECK(limits_.backend == v1::BACKEND_CUDA &&
                          reg.kind() == v1::MEMORY_KIND_CUDA_IPC && reg.handle().size() == 64,
@@ -297,8 +290,7 @@ class Harness {
     m->set_memory_id(id);
     m->set_kind(kind);
     m->set_bytes(bytes);
-    m->set_handle(kind == v1::MEMORY_KIND_CUDA_IPC ? std::string(64, 'h')
-                                                   : "/stashd-fuzz-" + std::to_string(id));
+    if (kind == v1::MEMORY_KIND_CUDA_IPC) m->set_handle(std::string(64, 'h'));
     return r;
   }
 

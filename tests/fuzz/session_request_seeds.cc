@@ -42,7 +42,7 @@ v1::SessionRequest Hello(v1::Backend backend, int32_t device) {
 }
 
 v1::SessionRequest Register(uint64_t id, uint64_t bytes,
-                            v1::MemoryKind kind = v1::MEMORY_KIND_HOST_SHM) {
+                            v1::MemoryKind kind = v1::MEMORY_KIND_HOST_FD) {
   v1::SessionRequest r = Request();
   v1::RegisterMemory* m = r.mutable_register_memory();
   m->set_memory_id(id);
@@ -51,8 +51,6 @@ v1::SessionRequest Register(uint64_t id, uint64_t bytes,
   if (kind == v1::MEMORY_KIND_CUDA_IPC) {
     m->set_handle(std::string(64, '\x5a'));
     m->set_device_uuid(std::string(16, '\x01'));
-  } else {
-    m->set_handle("/stashd-4242-00112233445566778899aabbccddeeff");
   }
   return r;
 }

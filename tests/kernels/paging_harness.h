@@ -426,6 +426,16 @@ inline std::vector<PagingCase> PagingCases() {
     c.dst_misalign = 3;
     add(c);
   }
+  {  // 64 KiB pages, several chunks each (a GPU block copies 16 KiB): 20 rows of 7168 bytes
+     // over slots 6, 7, 0 of 8, ragged mid-chunk; zero tail up to 30 rows, destination unaligned.
+    PagingCase c = NamedCase("large_pages");
+    c.page_bytes = uint64_t{1} << 16;
+    c.device_pages = 8, c.device_head = 2 * 8 + 6, c.device_free = 8;
+    c.geometry = {20, 1, 30, 7168};
+    c.zero_tail = true;
+    c.dst_misalign = 5;
+    add(c);
+  }
   {  // 5 GiB tier of 64 KiB pages; the stash lands in pages >= 2^32 / 64 KiB and the head is
      // parked past 2^32 too. DeepSeek-V3-like 7168-byte rows, ragged last page.
     PagingCase c = NamedCase("offsets_past_4gib");
