@@ -51,8 +51,9 @@ class StreamLikeExecutor final : public CopyExecutor {
   Tier* device_tier() const override { return inner_.device_tier(); }
   Tier* host_tier() const override { return inner_.host_tier(); }
   void Attach(std::function<void(Then)> post) override { post_ = std::move(post); }
-  StatusOr<std::unique_ptr<MappedMemory>> Open(const v1::RegisterMemory& reg) override {
-    return inner_.Open(reg);
+  StatusOr<std::unique_ptr<MappedMemory>> Open(const v1::RegisterMemory& reg,
+                                               UniqueFd fd) override {
+    return inner_.Open(reg, std::move(fd));
   }
   void Stash(const StashWork& work, Then then) override {
     Submit(Kind::kStash, [this, work, then = std::move(then)]() mutable {
