@@ -1,0 +1,151 @@
+// libFuzzer target: arbitrary packets of the descriptor channel (proto/stash/v1/descriptor.proto)
+// through what the daemon runs on each: ParseDescriptorRequest, then for a parsed deposit the
+// descriptor check (CheckClientMemoryFd) on one of a few prepared descriptors, and the session's
+// deposit bookkeeping (Session::Deposit / TakeDeposit / CheckPeer).
+//
+// Input layout: byte 0 picks how many descriptors "arrived" with the packet (low 3 bits, 0..7)
+// and which prepared descriptor they are (bits 3..5); the rest is the packet.
+//
+// It aborts when what must always hold does not:
+//   - a packet that parses has a 32-hex-character session id, a 32-byte secret, a deposit with
+//     nonzero id and size, and exactly one descriptor;
+//   - the answer to any status is a non-empty packet that parses as a DescriptorResponse with
+//     the same code, a valid UTF-8 message of at most 1024 bytes that never contains the
+//     packet's secret;
+//   - only a sealed memfd at least as large as declared passes the check;
+//   - a deposit is taken back exactly once, and never for a size larger than deposited.
+#include <fcntl.h>
+#include <google/protobuf/stubs/logging.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "common/shm.h"
+#include "daemon/descriptor_message.h"
+#include "daemon/session.h"
+#include "stash/v1/descriptor.pb.h"
+
+namespace stash::fuzz {
+namespace {
+
+namespace v1 = stash::v1;
+
+[[noreturn]] void Violated(const char* invariant) {
+  std::fprintf(stderr, "descriptor_message_fuzzer: invariant violated: %s\n", invariant);
+  std::abort();
+}
+
+#define FUZZ_CHECK(cond)               \
+  do {                                 \
+    if (!(cond)) Violated(#cond);      \
+  } while (0)
+
+bool IsUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+constexpr uint64_t kSealedBytes = 1 << 16;
+
+// Descriptors the packet may "carry": a sealed memfd, an unsealed one, a write-sealed one, a
+// small sealed one, a pipe. Made once: the fuzzer runs millions of inputs.
+struct Prepared {
+  int fds[5];
+  Prepared() {
+    auto memfd = [](unsigned flags, uint64_t bytes, int seals) {
+      const int fd = memfd_create("fuzz", MFD_CLOEXEC | flags);
+      if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) std::abort();
+      if (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) != 0) std::abort();
+      return fd;
+    };
+    const int seals = static_cast<int>(kClientMemorySeals);
+    fds[0] = memfd(MFD_ALLOW_SEALING, kSealedBytes, seals);
+    fds[1] = memfd(MFD_ALLOW_SEALING, kSealedBytes, 0);
+    fds[2] = memfd(MFD_ALLOW_SEALING, kSealedBytes, F_SEAL_WRITE | seals);
+    fds[3] = memfd(MFD_ALLOW_SEALING, 4096, seals);
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0) std::abort();
+    fds[4] = pipe_fds[0];
+  }
+};
+
+void CheckAnswer(const Status& status, uint64_t memory_id, const std::string& secret) {
+  const std::string answer = daemon::DescriptorAnswer(status, memory_id);
+  FUZZ_CHECK(!answer.empty() || (status.ok() && memory_id == 0));
+  v1::DescriptorResponse response;
+  FUZZ_CHECK(response.ParseFromString(answer));
+  FUZZ_CHECK(response.code() == static_cast<int>(status.code()));
+  FUZZ_CHECK(response.message().size() <= 1024);
+  FUZZ_CHECK(IsUtf8(response.message()));
+  FUZZ_CHECK(secret.size() < 8 || response.message().find(secret) == std::string::npos);
+}
+
+}  // namespace
+}  // namespace stash::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace stash;          // NOLINT(google-build-using-namespace)
+  using namespace stash::fuzz;    // NOLINT(google-build-using-namespace)
+  static const bool quiet = [] {
+    google::protobuf::SetLogHandler(nullptr);  // parse failures of garbage are expected
+    return true;
+  }();
+  (void)quiet;
+  static const Prepared prepared;
+  if (size == 0) return 0;
+  const size_t descriptors = data[0] & 7;
+  const int fd = prepared.fds[((data[0] >> 3) & 7) % 5];
+  const std::string packet(reinterpret_cast<const char*>(data + 1), size - 1);
+
+  auto parsed = daemon::ParseDescriptorRequest(packet, descriptors);
+  if (!parsed.ok()) {
+    FUZZ_CHECK(parsed.status().code() == StatusCode::kInvalidArgument);
+    CheckAnswer(parsed.status(), 0, "");
+    return 0;
+  }
+  const v1::DescriptorRequest& request = *parsed;
+  FUZZ_CHECK(request.session_id().size() == 32);
+  FUZZ_CHECK(request.session_secret().size() == 32);
+  FUZZ_CHECK(request.has_deposit_memory());
+  FUZZ_CHECK(descriptors == 1);
+  const v1::DepositMemory& d = request.deposit_memory();
+  FUZZ_CHECK(d.memory_id() != 0 && d.bytes() != 0);
+
+  // The descriptor check: only a sealed memfd at least as large as declared passes.
+  const Status checked = CheckClientMemoryFd(fd, d.bytes());
+  const bool good = fd == prepared.fds[0] ? d.bytes() <= kSealedBytes
+                    : fd == prepared.fds[3] ? d.bytes() <= 4096
+                                            : false;
+  FUZZ_CHECK(checked.ok() == good);
+  CheckAnswer(checked, d.memory_id(), request.session_secret());
+  if (!checked.ok()) return 0;
+
+  // The session's bookkeeping: a bound peer, one deposit, taken back once.
+  daemon::SessionInfo info;
+  info.pid = 1;
+  daemon::Session session(info, nullptr, nullptr);
+  FUZZ_CHECK(!session.CheckPeer({2, 0, 0}, false).ok());
+  FUZZ_CHECK(session.CheckPeer({2, 0, 0}, true).ok());
+  FUZZ_CHECK(!session.CheckPeer({3, 0, 0}, true).ok());
+  FUZZ_CHECK(session.Deposit(d.memory_id(), d.bytes(), UniqueFd(dup(fd)), 1).ok());
+  FUZZ_CHECK(!session.Deposit(d.memory_id() + 1, d.bytes(), UniqueFd(dup(fd)), 1).ok());
+  const uint64_t asked = (packet.size() & 1) != 0 ? d.bytes() : d.bytes() / 2 + 1;
+  auto taken = session.TakeDeposit(d.memory_id(), asked);
+  FUZZ_CHECK(taken.ok() == (asked <= d.bytes()));
+  FUZZ_CHECK(!session.TakeDeposit(d.memory_id(), 1).ok());
+  return 0;
+}
