@@ -218,12 +218,13 @@ struct Client::Impl final
     v1::MemoryKind kind = v1::MEMORY_KIND_HOST_FD;
     std::string handle;
     uint64_t bytes = 0;
-    int fd = -1;  // MEMORY_KIND_HOST_FD: the HostBuffer's memfd (borrowed)
+    // MEMORY_KIND_HOST_FD: the HostBuffer's memfd, kept open while it is handed over even if
+    // the caller frees the buffer meanwhile.
+    std::shared_ptr<SharedMemory> memory;
   };
 
   static MemoryDesc HostMemory(const HostBuffer& buffer) {
-    return MemoryDesc{buffer.id(), v1::MEMORY_KIND_HOST_FD, "", buffer.size(),
-                      buffer.rep().memory->fd()};
+    return MemoryDesc{buffer.id(), v1::MEMORY_KIND_HOST_FD, "", buffer.size(), buffer.rep().memory};
   }
 
   // Sets the ready and done events of `op` (a Stash or Reload; only those given: an empty
@@ -323,13 +324,13 @@ struct Client::Impl final
   // the daemon keeps the later one, the same memory.
   Status DepositNew(const std::vector<MemoryDesc>& memories) {
     for (const MemoryDesc& m : memories) {
-      if (m.fd < 0) continue;
+      if (m.memory == nullptr) continue;
       {
         std::lock_guard<std::mutex> lock(mu);
         if (broken) return broken_status;
         if (registered.count(m.id) != 0) continue;
       }
-      STASH_RETURN_IF_ERROR(descriptors->DepositMemory(m.id, m.bytes, m.fd));
+      STASH_RETURN_IF_ERROR(descriptors->DepositMemory(m.id, m.bytes, m.memory->fd()));
     }
     return Status::Ok();
   }
@@ -622,7 +623,7 @@ StatusOr<Region> ResolveRegion(Client::Impl& impl, const HostBuffer* host, const
       DeviceLocation where,
       impl.cuda->Locate(static_cast<const uint8_t*>(device) + offset, bytes, device_what.c_str()));
   region.memory = Client::Impl::MemoryDesc{where.memory_id, v1::MEMORY_KIND_CUDA_IPC,
-                                           std::move(where.handle), where.bytes};
+                                           std::move(where.handle), where.bytes, nullptr};
   region.memory_id = where.memory_id;
   region.offset = where.offset;
   region.stale = std::move(where.stale_memory_ids);

@@ -1,6 +1,7 @@
 #include "client/descriptor_channel.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include <cstring>
@@ -25,7 +26,9 @@ DescriptorChannel::DescriptorChannel(std::string socket, std::string session_id,
       secret_(std::move(secret)) {}
 
 Status DescriptorChannel::ConnectLocked() {
-  if (socket_.valid()) return Status::Ok();
+  // A forked child inherits the connection but is another process: it connects anew.
+  if (socket_.valid() && connected_pid_ == getpid()) return Status::Ok();
+  socket_.reset();
   sockaddr_un addr{};
   if (path_.size() >= sizeof(addr.sun_path)) {
     return InvalidArgumentError("descriptor socket path " + path_ + " is too long");
@@ -46,7 +49,28 @@ Status DescriptorChannel::ConnectLocked() {
         ErrnoStatus("stashd's descriptor socket " + path_ + " does not answer", err).message() +
         ": is the daemon still running, and from this release?");
   }
+  // Hand memory only to stashd: the process serving the socket must be root or the owner of
+  // the socket's directory (who alone can put a socket there).
+  ucred peer{};
+  socklen_t len = sizeof(peer);
+  if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+    return ErrnoStatus("SO_PEERCRED on " + path_);
+  }
+  const size_t slash = path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path_.substr(0, slash);
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) return ErrnoStatus("stat " + dir);
+  if (peer.uid != 0 && peer.uid != st.st_uid) {
+    return PermissionDeniedError(
+        "the descriptor socket " + path_ + " is served by uid " + std::to_string(peer.uid) +
+        ", neither root nor the owner of its directory (uid " + std::to_string(st.st_uid) +
+        "): someone may have put their own socket in stashd's place; not handing memory over. "
+        "Make the socket directory writable by its owner only and restart stashd");
+  }
   socket_ = std::move(fd);
+  connected_pid_ = getpid();
   return Status::Ok();
 }
 

@@ -31,7 +31,8 @@ class DescriptorChannel {
   const std::string session_id_;
   const std::string secret_;
   std::mutex mu_;
-  UniqueFd socket_;  // guarded by mu_
+  UniqueFd socket_;            // guarded by mu_
+  int64_t connected_pid_ = 0;  // guarded by mu_: the process that connected socket_
 };
 
 }  // namespace stash

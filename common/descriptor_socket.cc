@@ -46,7 +46,7 @@ Status SendPacket(int socket, const std::string& bytes, const std::vector<int>& 
   return Status::Ok();
 }
 
-StatusOr<Packet> ReceivePacket(int socket, bool nonblocking) {
+StatusOr<Packet> ReceivePacket(int socket, bool nonblocking, std::vector<UniqueFd>* refused) {
   Packet packet;
   packet.bytes.resize(kMaxPacketBytes + 1);  // one more: a longer packet shows as MSG_TRUNC
   iovec iov{packet.bytes.data(), packet.bytes.size()};
@@ -79,17 +79,23 @@ StatusOr<Packet> ReceivePacket(int socket, bool nonblocking) {
       foreign = true;
     }
   }
+  auto refuse = [&](Status status) {
+    if (refused != nullptr) {
+      for (UniqueFd& fd : packet.fds) refused->push_back(std::move(fd));
+    }
+    return status;
+  };
   if (got == 0 && packet.fds.empty()) {
     return Status(StatusCode::kOutOfRange, "the peer closed the descriptor channel");
   }
   if ((msg.msg_flags & MSG_CTRUNC) != 0 || foreign) {
-    return InvalidArgumentError("a descriptor-channel packet carries at most " +
-                                std::to_string(kMaxPacketDescriptors) +
-                                " descriptors and no other ancillary data");
+    return refuse(InvalidArgumentError(
+        "a descriptor-channel packet carries at most " + std::to_string(kMaxPacketDescriptors) +
+        " descriptors and no other ancillary data (or the receiver is out of descriptors)"));
   }
   if ((msg.msg_flags & MSG_TRUNC) != 0) {
-    return InvalidArgumentError("a descriptor-channel packet is at most " +
-                                std::to_string(kMaxPacketBytes) + " bytes");
+    return refuse(InvalidArgumentError("a descriptor-channel packet is at most " +
+                                       std::to_string(kMaxPacketBytes) + " bytes"));
   }
   packet.bytes.resize(static_cast<size_t>(got));
   return packet;

@@ -33,9 +33,12 @@ struct Packet {
 
 // Receives one packet. OUT_OF_RANGE when the peer closed the connection; INVALID_ARGUMENT when
 // the packet was longer than kMaxPacketBytes or carried more than kMaxPacketDescriptors
-// descriptors or ancillary data of another kind (every descriptor that did arrive is closed);
-// UNAVAILABLE (`nonblocking`) when no packet is waiting.
-StatusOr<Packet> ReceivePacket(int socket, bool nonblocking = false);
+// descriptors or ancillary data of another kind; UNAVAILABLE (`nonblocking`) when no packet is
+// waiting. The descriptors that did arrive with a refused packet go to `*refused` when given
+// (closing a hostile descriptor can block: the caller may want another thread to do it), and
+// are closed here otherwise.
+StatusOr<Packet> ReceivePacket(int socket, bool nonblocking = false,
+                               std::vector<UniqueFd>* refused = nullptr);
 
 // Waits up to `timeout_ms` for `socket` to become readable; DEADLINE_EXCEEDED otherwise.
 Status WaitReadable(int socket, int timeout_ms);

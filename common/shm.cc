@@ -1,8 +1,10 @@
 #include "common/shm.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include "common/macros.h"
 #include "common/sys.h"
@@ -47,6 +49,20 @@ constexpr const char* kHowToAllocate =
 
 Status CheckClientMemoryFd(int fd, uint64_t bytes) {
   if (bytes == 0) return InvalidArgumentError("the memory's declared size must be > 0 bytes");
+  // F_GET_SEALS first: only shmem and hugetlbfs files answer it, and it never calls into a
+  // file system, so no other kind of file (a FUSE file, say) gets a request from the daemon.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return InvalidArgumentError("the descriptor is not a memfd that allows sealing" +
+                                std::string(kHowToAllocate));
+  }
+  struct statfs fs {};
+  if (fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+    // A hugetlbfs memfd can lose its pages under a mapping (a punched hole with no huge page
+    // left to fill it faults with SIGBUS).
+    return InvalidArgumentError("the memfd is not on shmem (a huge-page memfd?)" +
+                                std::string(kHowToAllocate));
+  }
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     return InvalidArgumentError(
@@ -54,11 +70,6 @@ Status CheckClientMemoryFd(int fd, uint64_t bytes) {
   }
   if (!S_ISREG(st.st_mode)) {
     return InvalidArgumentError("the descriptor is not a memfd (not a regular file)" +
-                                std::string(kHowToAllocate));
-  }
-  const int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0) {
-    return InvalidArgumentError("the descriptor is not a memfd that allows sealing" +
                                 std::string(kHowToAllocate));
   }
   const auto have = static_cast<unsigned>(seals);

@@ -109,10 +109,40 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
                                   " registered allocations, the limit per session: unregister "
                                   "some first, or reuse buffers");
   }
+  const uint64_t max_bytes =
+      limits.backend == v1::BACKEND_CUDA && reg.kind() == v1::MEMORY_KIND_HOST_FD
+          ? limits.max_counter_memory_bytes
+          : limits.max_memory_bytes;
+  if (reg.bytes() > max_bytes) {
+    return InvalidArgumentError(
+        "memory of " + std::to_string(reg.bytes()) + " bytes is more than the " +
+        std::to_string(max_bytes) + " one registration may hold" +
+        (max_bytes == limits.max_counter_memory_bytes
+             ? std::string(" on the cuda backend (host memory holds only counters there)")
+             : std::string()) +
+        ": register smaller buffers");
+  }
+  if (limits.bytes_total != nullptr) {
+    uint64_t total = limits.bytes_total->load(std::memory_order_relaxed);
+    do {
+      if (total + reg.bytes() > limits.max_bytes_total) {
+        return ResourceExhaustedError(
+            "stashd has " + std::to_string(total) +
+            " bytes of client memory registered over "
+            "all sessions; " +
+            std::to_string(reg.bytes()) + " more would pass the limit of " +
+            std::to_string(limits.max_bytes_total) + ": unregister some first");
+      }
+    } while (!limits.bytes_total->compare_exchange_weak(total, total + reg.bytes(),
+                                                        std::memory_order_relaxed));
+  }
   if (limits.memories_total != nullptr) {
     uint64_t total = limits.memories_total->load(std::memory_order_relaxed);
     do {
       if (total >= limits.max_memories_total) {
+        if (limits.bytes_total != nullptr) {
+          limits.bytes_total->fetch_sub(reg.bytes(), std::memory_order_relaxed);
+        }
         return ResourceExhaustedError(
             "stashd holds " + std::to_string(total) +
             " registered allocations over all sessions, the limit (half of vm.max_map_count): "
@@ -232,16 +262,28 @@ Status AdmitRequest(const v1::SessionRequest& request, Session& session,
   switch (request.kind_case()) {
     case v1::SessionRequest::kHello:
       return FailedPreconditionError("this session already said Hello");
-    case v1::SessionRequest::kRegisterMemory:
-      return AdmitRegister(request.register_memory(), session, limits);
+    case v1::SessionRequest::kRegisterMemory: {
+      Status status = AdmitRegister(request.register_memory(), session, limits);
+      // Which request declared it: only that request's failure may undeclare it (Pool).
+      if (status.ok()) {
+        session.declared_by()[request.register_memory().memory_id()] = request.request_id();
+      }
+      return status;
+    }
     case v1::SessionRequest::kUnregisterMemory: {
       const uint64_t id = request.unregister_memory().memory_id();
-      if (session.declared_memories().erase(id) == 0) {
+      auto it = session.declared_memories().find(id);
+      if (it == session.declared_memories().end()) {
         return NotFoundError("memory " + std::to_string(id) + " is not registered in this session");
+      }
+      if (limits.bytes_total != nullptr) {
+        limits.bytes_total->fetch_sub(it->second, std::memory_order_relaxed);
       }
       if (limits.memories_total != nullptr) {
         limits.memories_total->fetch_sub(1, std::memory_order_relaxed);
       }
+      session.declared_memories().erase(it);
+      session.declared_by().erase(id);
       return Status::Ok();
     }
     case v1::SessionRequest::kStash:

@@ -21,6 +21,14 @@ struct AdmitLimits {
   uint64_t max_memories_total = 32768;
   // The daemon-wide count of registrations (non-owning; null = not counted, as in unit tests).
   std::atomic<uint64_t>* memories_total = nullptr;
+  // Bytes of one registration, and of all registrations of every session together: each is
+  // mapped into the daemon's address space (128 TiB), and a sparse memfd costs its sender
+  // nothing. MEMORY_KIND_HOST_FD memory on the cuda backend holds only event counters and
+  // counts, so it gets `max_counter_memory_bytes`.
+  uint64_t max_memory_bytes = 1ULL << 40;
+  uint64_t max_counter_memory_bytes = 64ULL << 20;
+  uint64_t max_bytes_total = 32ULL << 40;
+  std::atomic<uint64_t>* bytes_total = nullptr;  // non-owning; null = not counted
 };
 
 // Checks one post-Hello request against the session's registered memory and live tickets.

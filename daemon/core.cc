@@ -12,6 +12,8 @@
 #include "daemon/cuda_executor.h"
 #endif
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <fstream>
 
@@ -19,8 +21,15 @@ namespace stash::daemon {
 namespace {
 namespace v1 = stash::v1;
 
-// Descriptors a session may have deposited and not yet registered.
-constexpr size_t kMaxPendingDeposits = 256;
+// Descriptors a session may have deposited and not yet registered (the client library has at
+// most a few in flight), and all sessions together: each is a descriptor of the daemon, which
+// gRPC, the pools and CUDA need too.
+constexpr size_t kMaxPendingDeposits = 64;
+uint64_t MaxDepositsHeld() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 4096;
+  return std::max<uint64_t>(64, limit.rlim_cur / 4);
+}
 
 // vm.max_map_count: every registration is one mapping of the daemon, and the kernel refuses
 // mmap for the whole process past this many.
@@ -78,6 +87,7 @@ DaemonCore::DaemonCore(const DaemonConfig& config, v1::Backend backend, std::str
   limits_.max_memories_total = MaxMapCount() / 2;
   limits_.max_memories = std::min<uint64_t>(limits_.max_memories, limits_.max_memories_total / 4);
   limits_.memories_total = &counters_.memories_declared;
+  limits_.bytes_total = &counters_.bytes_declared;
 }
 
 StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& config,
@@ -193,7 +203,7 @@ void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
 }
 
 Status DaemonCore::HandleDescriptors(const v1::DescriptorRequest& request,
-                                     const PeerCredentials& peer, std::vector<UniqueFd> fds) {
+                                     const PeerCredentials& peer, std::vector<UniqueFd>& fds) {
   std::shared_ptr<Session> session;
   {
     MutexLock lock(&mu_);
@@ -213,12 +223,14 @@ Status DaemonCore::HandleDescriptors(const v1::DescriptorRequest& request,
         "no live session has this id and secret: send Welcome.session_id and "
         "Welcome.descriptor_secret of your own open session");
   }
-  STASH_RETURN_IF_ERROR(session->CheckPeer(peer, ProcessHasPid(peer.pid, session->info().pid)));
+  STASH_RETURN_IF_ERROR(session->CheckPeer(peer));
   switch (request.kind_case()) {
     case v1::DescriptorRequest::kDepositMemory: {
       const v1::DepositMemory& d = request.deposit_memory();
       STASH_RETURN_IF_ERROR(CheckClientMemoryFd(fds.at(0).get(), d.bytes()));
-      return session->Deposit(d.memory_id(), d.bytes(), std::move(fds[0]), kMaxPendingDeposits);
+      static const uint64_t max_held = MaxDepositsHeld();
+      return session->Deposit(d.memory_id(), d.bytes(), fds[0], kMaxPendingDeposits,
+                              &counters_.deposits_held, max_held);
     }
     case v1::DescriptorRequest::KIND_NOT_SET:
       break;
@@ -239,10 +251,15 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session,
   }
   {
     MutexLock lock(&session->mu());
+    uint64_t bytes = 0;
+    for (const auto& [id, size] : session->declared_memories()) bytes += size;
+    counters_.bytes_declared.fetch_sub(bytes, std::memory_order_relaxed);
     counters_.memories_declared.fetch_sub(session->declared_memories().size(),
                                           std::memory_order_relaxed);
     session->declared_memories().clear();
+    session->declared_by().clear();
   }
+  session->ClearDeposits();
   pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session, std::move(closed));
 }
 

@@ -55,7 +55,7 @@ class DaemonCore {
   // RegisterMemory. PERMISSION_DENIED for an unknown session or a wrong secret (the two are not
   // told apart), INVALID_ARGUMENT for a descriptor that is not a sealed memfd of the size.
   Status HandleDescriptors(const stash::v1::DescriptorRequest& request, const PeerCredentials& peer,
-                           std::vector<UniqueFd> fds);
+                           std::vector<UniqueFd>& fds);
 
   // The stream ended: cancels queued work, returns pages, closes mappings (asynchronously, on
   // the pool's queue, behind the request running now). `closed` (optional) runs once every copy

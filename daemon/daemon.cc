@@ -39,7 +39,8 @@ std::string DirOf(const std::string& path) {
 }
 
 // Creates the socket's directory (and parents) when missing; a directory created here gets mode
-// 0770 and the `stashd` group when that group exists.
+// 0750 and the `stashd` group when that group exists: members may connect (search permission on
+// the directory, write permission on the sockets) but not rename or replace the sockets.
 Status PrepareSocketDir(const std::string& dir, gid_t group) {
   struct stat st {};
   if (stat(dir.c_str(), &st) == 0) {
@@ -49,14 +50,40 @@ Status PrepareSocketDir(const std::string& dir, gid_t group) {
     return Status::Ok();
   }
   if (dir != "/" && dir != ".") STASH_RETURN_IF_ERROR(PrepareSocketDir(DirOf(dir), group));
-  if (mkdir(dir.c_str(), 0770) != 0 && errno != EEXIST) {
+  if (mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
     return ErrnoStatus("cannot create socket directory " + dir);
   }
-  chmod(dir.c_str(), 0770);  // mkdir's mode is filtered by the umask
+  chmod(dir.c_str(), 0750);  // mkdir's mode is filtered by the umask
   if (group != static_cast<gid_t>(-1)) {
     if (chown(dir.c_str(), static_cast<uid_t>(-1), group) != 0) {
       Log("main")->warn("cannot give {} to group stashd: {}", dir, std::strerror(errno));
     }
+  }
+  return Status::Ok();
+}
+
+// Refuses a socket directory in which someone other than its owner may create, rename or remove
+// files: they could put their own socket in the daemon's place and receive every client's
+// memory and secrets. A sticky directory (/tmp) is fine: only a file's owner may remove it there.
+Status CheckSocketDirIsPrivate(const std::string& dir) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) return ErrnoStatus("cannot inspect socket directory " + dir);
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return FailedPreconditionError(
+        "socket directory " + dir + " has mode " + mode +
+        ": others may replace the daemon's sockets there. Make it writable by its owner only "
+        "(chmod 0750 " +
+        dir +
+        "; systemd: RuntimeDirectoryMode=0750); group members connect "
+        "with search permission alone");
+  }
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    return FailedPreconditionError("socket directory " + dir + " belongs to uid " +
+                                   std::to_string(st.st_uid) +
+                                   ", who could replace the daemon's sockets: use a directory "
+                                   "owned by the daemon's user or root");
   }
   return Status::Ok();
 }
@@ -146,10 +173,12 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   }
   const gid_t group = StashdGroup();
   STASH_RETURN_IF_ERROR(PrepareSocketDir(DirOf(impl->socket_path), group));
+  STASH_RETURN_IF_ERROR(CheckSocketDirIsPrivate(DirOf(impl->socket_path)));
   impl->lock_path = impl->socket_path + ".lock";
-  impl->lock_fd = open(impl->lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660);
+  // Owner-only and never through a symlink: nobody else may hold the lock or redirect the open.
+  impl->lock_fd = open(impl->lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (impl->lock_fd < 0) return ErrnoStatus("cannot open lock file " + impl->lock_path);
-  fchmod(impl->lock_fd, 0660);  // the umask may have narrowed it
+  fchmod(impl->lock_fd, 0600);
   const std::string busy = "another stashd is already serving on " + impl->socket_path +
                            ": stop it first, or start this one with another --socket";
   if (flock(impl->lock_fd, LOCK_EX | LOCK_NB) != 0) return FailedPreconditionError(busy);
@@ -174,8 +203,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
       DescriptorServer::Start(
           DescriptorSocketPath(impl->socket_path), group,
           [core = impl->core.get()](const v1::DescriptorRequest& request,
-                                    const PeerCredentials& peer, std::vector<UniqueFd> fds) {
-            return core->HandleDescriptors(request, peer, std::move(fds));
+                                    const PeerCredentials& peer, std::vector<UniqueFd>& fds) {
+            return core->HandleDescriptors(request, peer, fds);
           }));
 
   // gRPC: the service, health and reflection.
@@ -195,9 +224,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     return UnavailableError("gRPC could not listen on " + impl->socket_path +
                             " (see the log above): check the directory's permissions");
   }
-  chmod(impl->socket_path.c_str(), 0660);
   if (group != static_cast<gid_t>(-1)) {
-    if (chown(impl->socket_path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+    // lchown: a symlink put in the socket's place is not followed.
+    if (lchown(impl->socket_path.c_str(), static_cast<uid_t>(-1), group) != 0) {
       log->warn("cannot give {} to group stashd: {}", impl->socket_path, std::strerror(errno));
     }
   }

@@ -8,13 +8,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <deque>
 #include <thread>
 
 #include "common/descriptor_socket.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/sys.h"
 #include "daemon/descriptor_message.h"
 
@@ -22,20 +23,74 @@ namespace stash::daemon {
 
 std::string DescriptorSocketPath(const std::string& socket_path) { return socket_path + ".fd"; }
 
-bool ProcessHasPid(int64_t pid, int64_t namespaced_pid) {
-  if (pid <= 0 || namespaced_pid <= 0) return false;
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("NSpid:", 0) != 0) continue;
-    std::istringstream fields(line.substr(6));
-    int64_t last = 0;
-    int64_t value = 0;
-    while (fields >> value) last = value;
-    return last == namespaced_pid;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A connection that has not sent a valid request by then is closed.
+constexpr auto kIdleLimit = std::chrono::seconds(10);
+// Descriptors waiting for the closer; past this the server closes them itself.
+constexpr size_t kMaxClosing = 4096;
+
+// Closes descriptors the daemon does not keep, on a thread of its own: the last close of a
+// hostile descriptor can block for as long as its sender likes.
+class Closer {
+ public:
+  Closer() : thread_([this] { Run(); }) {}
+  Closer(const Closer&) = delete;
+  Closer& operator=(const Closer&) = delete;
+  ~Closer() {
+    {
+      MutexLock lock(&mu_);
+      stopping_ = true;
+      cv_.Signal();
+    }
+    // A close stuck for good must not hang the daemon's exit: the process ends anyway.
+    thread_.detach();
   }
-  return pid == namespaced_pid;  // a kernel without NSpid (< 4.1) has one pid namespace view
-}
+
+  void Close(std::vector<UniqueFd>& fds) {
+    if (fds.empty()) return;
+    MutexLock lock(&mu_);
+    if (queue_.size() + fds.size() > kMaxClosing) {
+      if (!warned_) {
+        Log("ipc")->error(
+            "descriptor server: {} descriptors wait to be closed (a peer sent descriptors whose "
+            "close blocks); closing on the server thread from now on",
+            queue_.size());
+        warned_ = true;
+      }
+      fds.clear();  // closes them here
+      return;
+    }
+    for (UniqueFd& fd : fds) queue_.push_back(std::move(fd));
+    fds.clear();
+    cv_.Signal();
+  }
+
+ private:
+  void Run() {
+    MutexLock lock(&mu_);
+    while (true) {
+      while (queue_.empty() && !stopping_) cv_.Wait(&mu_);
+      if (queue_.empty()) return;
+      UniqueFd fd = std::move(queue_.front());
+      queue_.pop_front();
+      mu_.Unlock();
+      fd.reset();
+      mu_.Lock();
+    }
+  }
+
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<UniqueFd> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool warned_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace
 
 struct DescriptorServer::Impl {
   std::string path;
@@ -45,8 +100,11 @@ struct DescriptorServer::Impl {
   struct Connection {
     UniqueFd fd;
     PeerCredentials peer;
+    Clock::time_point accepted;
+    bool served = false;  // sent a valid request
   };
   std::vector<Connection> connections;  // the thread's own
+  Closer closer;
   std::thread thread;
 
   void Run();
@@ -73,15 +131,15 @@ StatusOr<std::unique_ptr<DescriptorServer>> DescriptorServer::Start(const std::s
   impl->listener.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!impl->listener.valid()) return ErrnoStatus("socket(AF_UNIX, SOCK_SEQPACKET)");
   unlink(path.c_str());  // stale: the caller holds the daemon's lock
-  // Bind with a umask that keeps the file private until it has its final mode and group.
-  const mode_t old_mask = umask(0177);
+  // Born 0660 (the umask), never changed by path afterwards but for the group (lchown: a
+  // symlink put in its place is not followed).
+  const mode_t old_mask = umask(0117);
   const int bound = bind(impl->listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   umask(old_mask);
   if (bound != 0) return ErrnoStatus("bind(" + path + ")");
-  if (group != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+  if (group != static_cast<gid_t>(-1) && lchown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
     Log("ipc")->warn("cannot give {} to group stashd: {}", path, std::strerror(errno));
   }
-  if (chmod(path.c_str(), 0660) != 0) return ErrnoStatus("chmod(" + path + ", 0660)");
   if (listen(impl->listener.get(), 128) != 0) return ErrnoStatus("listen(" + path + ")");
   impl->wake.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!impl->wake.valid()) return ErrnoStatus("eventfd");
@@ -106,8 +164,10 @@ void DescriptorServer::Impl::Run() {
     fds.push_back({wake.get(), POLLIN, 0});
     fds.push_back({listener.get(), POLLIN, 0});
     for (const Connection& c : connections) fds.push_back({c.fd.get(), POLLIN, 0});
+    bool unserved = false;
+    for (const Connection& c : connections) unserved = unserved || !c.served;
     int rc = 0;
-    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), -1));
+    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), unserved ? 1000 : -1));
     if (rc < 0) {
       Log("ipc")->error("descriptor server: poll failed: {}", std::strerror(errno));
       return;
@@ -116,10 +176,12 @@ void DescriptorServer::Impl::Run() {
     // Connections first (indices shift as they close), then new ones.
     std::vector<Connection> kept;
     kept.reserve(connections.size());
+    const auto now = Clock::now();
     for (size_t i = 0; i < connections.size(); ++i) {
       const short events = fds[i + 2].revents;
       if (events == 0 || Serve(connections[i])) {
         if ((events & (POLLHUP | POLLERR | POLLNVAL)) != 0 && (events & POLLIN) == 0) continue;
+        if (!connections[i].served && now - connections[i].accepted > kIdleLimit) continue;
         kept.push_back(std::move(connections[i]));
       }
     }
@@ -152,12 +214,26 @@ void DescriptorServer::Impl::Accept() {
       Log("ipc")->warn("descriptor server: SO_PEERCRED failed: {}", std::strerror(errno));
       continue;
     }
-    connections.push_back(Connection{std::move(fd), PeerCredentials{cred.pid, cred.uid, cred.gid}});
+    size_t same_user = 0;
+    for (const Connection& c : connections) same_user += c.peer.uid == cred.uid ? 1 : 0;
+    if (same_user >= kMaxConnectionsPerUser) {
+      (void)SendPacket(fd.get(),
+                       DescriptorAnswer(ResourceExhaustedError(
+                           "uid " + std::to_string(cred.uid) + " has " + std::to_string(same_user) +
+                           " descriptor-channel connections open, the limit per user: close "
+                           "some (one per session is enough)")),
+                       {}, /*nonblocking=*/true);
+      continue;
+    }
+    connections.push_back(Connection{std::move(fd), PeerCredentials{cred.pid, cred.uid, cred.gid},
+                                     Clock::now(), false});
   }
 }
 
 bool DescriptorServer::Impl::Serve(Connection& c) {
-  auto packet = ReceivePacket(c.fd.get(), /*nonblocking=*/true);
+  std::vector<UniqueFd> refused;
+  auto packet = ReceivePacket(c.fd.get(), /*nonblocking=*/true, &refused);
+  closer.Close(refused);
   if (!packet.ok()) {
     if (packet.status().code() == StatusCode::kUnavailable) return true;  // spurious wake-up
     if (packet.status().code() == StatusCode::kOutOfRange) return false;  // closed
@@ -168,10 +244,13 @@ bool DescriptorServer::Impl::Serve(Connection& c) {
   if (!request.ok()) {
     Log("ipc")->warn("descriptor channel: pid {} uid {} sent a bad packet: {}", c.peer.pid,
                      c.peer.uid, request.status().message());
+    closer.Close(packet->fds);
     (void)SendPacket(c.fd.get(), DescriptorAnswer(request.status()), {}, true);
     return false;
   }
-  const Status status = handler(*request, c.peer, std::move(packet->fds));
+  const Status status = handler(*request, c.peer, packet->fds);
+  closer.Close(packet->fds);  // what the handler did not keep
+  if (status.code() != StatusCode::kPermissionDenied) c.served = true;
   if (status.code() == StatusCode::kPermissionDenied) {
     Log("ipc")->warn("descriptor channel: refused pid {} uid {}: {}", c.peer.pid, c.peer.uid,
                      status.message());

@@ -3,9 +3,12 @@
 // cannot carry (stash/v1/descriptor.proto, docs/security.md).
 //
 // One thread serves every connection with poll(): a packet in, one answer out. A malformed
-// packet is answered with INVALID_ARGUMENT and its connection closed; every descriptor that
-// arrived with a refused packet is closed unread. Nothing a peer sends can block the thread: reads
-// and writes never wait, and a peer that does not read its answers is disconnected.
+// packet is answered with INVALID_ARGUMENT and its connection closed; every descriptor the
+// daemon does not keep is closed unread, on a closer thread of its own (closing a hostile
+// descriptor can block: a socket lingering on unsent data, a file of a FUSE server that does
+// not answer). Reads and writes never wait; a peer that does not read its answers is
+// disconnected, and so is one that sent nothing valid within 10 s. At most 1024 connections
+// are served at once, 64 per Unix user.
 #ifndef STASH_DAEMON_DESCRIPTOR_SERVER_H_
 #define STASH_DAEMON_DESCRIPTOR_SERVER_H_
 
@@ -26,19 +29,18 @@ namespace stash::daemon {
 // The descriptor socket of the gRPC socket at `socket_path`.
 std::string DescriptorSocketPath(const std::string& socket_path);
 
-// Whether process `pid` (in this process's pid namespace) is `namespaced_pid` in its own
-// innermost pid namespace (/proc/<pid>/status NSpid), i.e. what it would call getpid().
-bool ProcessHasPid(int64_t pid, int64_t namespaced_pid);
-
 class DescriptorServer {
  public:
-  // Runs one checked request from `peer` with the descriptors that came with it; the returned
-  // status is the answer. Called on the server's thread only.
+  // Runs one checked request from `peer` with the descriptors that came with it: moves out of
+  // `fds` what it keeps (the server closes the rest). The returned status is the answer.
+  // Called on the server's thread only.
   using Handler = std::function<Status(const stash::v1::DescriptorRequest& request,
-                                       const PeerCredentials& peer, std::vector<UniqueFd> fds)>;
+                                       const PeerCredentials& peer, std::vector<UniqueFd>& fds)>;
 
-  // The most connections served at once; more are accepted and closed at once.
+  // The most connections served at once, and per Unix user; more are answered
+  // RESOURCE_EXHAUSTED and closed.
   static constexpr size_t kMaxConnections = 1024;
+  static constexpr size_t kMaxConnectionsPerUser = 64;
 
   // Listens on `path` with mode 0660 and group `group` (-1 = keep), replacing a stale file, and
   // starts the thread.

@@ -305,8 +305,16 @@ void Pool::DoRegister(Session& s, const v1::SessionRequest& req) {
     // admitted behind this one find the failed entry and say why).
     {
       MutexLock lock(&s.mu());
-      if (s.declared_memories().erase(reg.memory_id()) != 0) {
+      // Only if this request's declaration still stands: an Unregister and a new Register of
+      // the same id may have been admitted meanwhile, and that one is not this one to undo.
+      auto by = s.declared_by().find(reg.memory_id());
+      auto declared = s.declared_memories().find(reg.memory_id());
+      if (by != s.declared_by().end() && by->second == req.request_id() &&
+          declared != s.declared_memories().end()) {
+        counters_->bytes_declared.fetch_sub(declared->second, std::memory_order_relaxed);
         counters_->memories_declared.fetch_sub(1, std::memory_order_relaxed);
+        s.declared_memories().erase(declared);
+        s.declared_by().erase(by);
       }
     }
     Log("ipc")->warn("session {}: cannot open memory {}: {}", s.info().id, reg.memory_id(),

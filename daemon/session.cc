@@ -31,16 +31,42 @@ void Session::ForgetTicket(uint64_t ticket) {
   live_tickets_.erase(ticket);
 }
 
-Status Session::Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd fd, size_t max_deposits) {
+Status Session::Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd& fd, size_t max_deposits,
+                        std::atomic<uint64_t>* total, uint64_t max_total) {
   MutexLock lock(&mu_);
+  if (deposits_closed_) return UnavailableError("the session has ended");
   auto it = deposits_.find(memory_id);
-  if (it == deposits_.end() && deposits_.size() >= max_deposits) {
+  if (it != deposits_.end()) {     // replaces: the counts stay
+    std::swap(it->second.fd, fd);  // the caller closes the one replaced
+    it->second.bytes = bytes;
+    return Status::Ok();
+  }
+  if (deposits_.size() >= max_deposits) {
     return ResourceExhaustedError(
         "this session holds " + std::to_string(deposits_.size()) +
         " deposited descriptors not yet registered, the limit: send their RegisterMemory first");
   }
+  uint64_t held = total->load(std::memory_order_relaxed);
+  do {
+    if (held >= max_total) {
+      return ResourceExhaustedError(
+          "stashd holds " + std::to_string(held) +
+          " deposited descriptors not yet registered over all sessions, the limit: try again "
+          "once they are registered");
+    }
+  } while (!total->compare_exchange_weak(held, held + 1, std::memory_order_relaxed));
+  deposits_total_ = total;
   deposits_[memory_id] = Deposited{bytes, std::move(fd)};
   return Status::Ok();
+}
+
+void Session::ClearDeposits() {
+  MutexLock lock(&mu_);
+  deposits_closed_ = true;
+  if (deposits_total_ != nullptr) {
+    deposits_total_->fetch_sub(deposits_.size(), std::memory_order_relaxed);
+  }
+  deposits_.clear();
 }
 
 StatusOr<UniqueFd> Session::TakeDeposit(uint64_t memory_id, uint64_t bytes) {
@@ -54,28 +80,28 @@ StatusOr<UniqueFd> Session::TakeDeposit(uint64_t memory_id, uint64_t bytes) {
   if (it->second.bytes < bytes) {
     const uint64_t deposited = it->second.bytes;
     deposits_.erase(it);
+    if (deposits_total_ != nullptr) deposits_total_->fetch_sub(1, std::memory_order_relaxed);
     return FailedPreconditionError("memory " + std::to_string(memory_id) + " was deposited as " +
                                    std::to_string(deposited) + " bytes but registered as " +
                                    std::to_string(bytes) + ": register the size you deposited");
   }
   UniqueFd fd = std::move(it->second.fd);
   deposits_.erase(it);
+  if (deposits_total_ != nullptr) deposits_total_->fetch_sub(1, std::memory_order_relaxed);
   return fd;
 }
 
-Status Session::CheckPeer(const PeerCredentials& peer, bool hello_pid_matches) {
-  MutexLock lock(&mu_);
-  if (peer_.has_value()) {
-    if (peer_->pid == peer.pid && peer_->uid == peer.uid) return Status::Ok();
+Status Session::CheckPeer(const PeerCredentials& peer) {
+  if (peer.pid != info_.pid) {
     return PermissionDeniedError(
-        "this session belongs to another process: use the descriptor channel only from the "
-        "process that opened the session");
+        "the process on the descriptor channel (pid " + std::to_string(peer.pid) +
+        " as stashd sees it) is not the one that said Hello (pid " + std::to_string(info_.pid) +
+        "): use the descriptor channel only from the process that opened the session, and run "
+        "trainers in stashd's pid namespace (Kubernetes: hostPID: true; docker: --pid=host)");
   }
-  if (!hello_pid_matches) {
-    return PermissionDeniedError(
-        "the process on the descriptor channel is not the one that said Hello (pid " +
-        std::to_string(info_.pid) +
-        "): use the descriptor channel only from the process that opened the session");
+  MutexLock lock(&mu_);
+  if (peer_.has_value() && peer_->uid != peer.uid) {
+    return PermissionDeniedError("this session belongs to another user");
   }
   peer_ = peer;
   return Status::Ok();

@@ -107,19 +107,31 @@ class Session {
   absl::flat_hash_map<uint64_t, TicketShape>& live_tickets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return live_tickets_;
   }
+  // The request id of the RegisterMemory that declared each memory id.
+  absl::flat_hash_map<uint64_t, uint64_t>& declared_by() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return declared_by_;
+  }
   void ForgetTicket(uint64_t ticket);
 
   // Descriptor channel: keeps a checked client memfd for `memory_id` until RegisterMemory maps
   // it (a second deposit under one id replaces the first). RESOURCE_EXHAUSTED past
-  // `max_deposits` descriptors not yet registered.
-  Status Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd fd, size_t max_deposits);
+  // `max_deposits` descriptors of this session, or `max_total` of every session (counted in
+  // `*total`, which must outlive the session), not yet registered; UNAVAILABLE once the session
+  // is closed.
+  // Takes `fd` only on OK (a refused one stays with the caller).
+  Status Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd& fd, size_t max_deposits,
+                 std::atomic<uint64_t>* total, uint64_t max_total);
+  // The session ended: closes every deposited descriptor and refuses later deposits.
+  void ClearDeposits();
   // Takes the descriptor deposited for `memory_id`; FAILED_PRECONDITION when there is none or it
   // is smaller than `bytes`.
   StatusOr<UniqueFd> TakeDeposit(uint64_t memory_id, uint64_t bytes);
-  // Binds the session to the process behind its first descriptor-channel request, or checks a
-  // later one is the same process. PERMISSION_DENIED when `peer` is not the process that said
-  // Hello (`hello_pid_matches` tells whether its pid, in its own namespace, is Hello.pid).
-  Status CheckPeer(const PeerCredentials& peer, bool hello_pid_matches);
+  // Checks that `peer` (a descriptor-channel connection's SO_PEERCRED, in the daemon's pid
+  // namespace) is the process that said Hello, and binds the session to its uid on first use.
+  // PERMISSION_DENIED otherwise. The pids are compared as numbers in one namespace: trainers and
+  // stashd share the host's (hostPID), and a process in a pid namespace of its own could choose
+  // its numbers there.
+  Status CheckPeer(const PeerCredentials& peer);
   // The verified process of the session, once it used the descriptor channel.
   std::optional<PeerCredentials> peer() const;
 
@@ -148,11 +160,14 @@ class Session {
   mutable Mutex mu_;
   absl::flat_hash_map<uint64_t, uint64_t> declared_memories_ ABSL_GUARDED_BY(mu_);  // id -> bytes
   absl::flat_hash_map<uint64_t, TicketShape> live_tickets_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> declared_by_ ABSL_GUARDED_BY(mu_);
   struct Deposited {
     uint64_t bytes = 0;
     UniqueFd fd;
   };
   absl::flat_hash_map<uint64_t, Deposited> deposits_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t>* deposits_total_ ABSL_GUARDED_BY(mu_) = nullptr;  // non-owning
+  bool deposits_closed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<PeerCredentials> peer_ ABSL_GUARDED_BY(mu_);
 
   absl::flat_hash_map<uint64_t, ClientMemory> memories_;

@@ -54,6 +54,9 @@ struct DaemonCounters {
   // Registrations admitted and not yet unregistered, failed or ended, over every session
   // (AdmitLimits::memories_total).
   std::atomic<uint64_t> memories_declared{0};
+  std::atomic<uint64_t> bytes_declared{0};
+  // Descriptors deposited on the descriptor channel and not yet registered, over every session.
+  std::atomic<uint64_t> deposits_held{0};
   SampleWindow stash_latency_us;
   ThroughputWindow stash_copy;
   ThroughputWindow reload_copy;

@@ -197,6 +197,30 @@ TEST_F(Admit, RegisterOfTheOtherBackendsMemoryIsFailedPrecondition) {
   EXPECT_FALSE(MemoryDeclared(2));
 }
 
+TEST_F(Admit, RegistrationsAreBoundedInBytes) {
+  EXPECT_REJECTED(Check(Register(2, 2, limits_.max_memory_bytes + 1)), kInvalidArgument,
+                  "register smaller buffers");
+  std::atomic<uint64_t> bytes{0};
+  limits_.bytes_total = &bytes;
+  limits_.max_bytes_total = 3 << 20;
+  EXPECT_TRUE(Check(Register(3, 3, 2 << 20)).ok());
+  EXPECT_REJECTED(Check(Register(4, 4, 2 << 20)), kResourceExhausted, "unregister some first");
+  EXPECT_EQ(bytes.load(), 2U << 20);
+  EXPECT_TRUE(Check(Unregister(5, 3)).ok());
+  EXPECT_EQ(bytes.load(), 0U);
+  EXPECT_TRUE(Check(Register(6, 4, 2 << 20)).ok());
+}
+
+TEST(AdmitCuda, HostMemoryOnTheCudaBackendHoldsOnlyCounters) {
+  Session session(SessionInfo{}, nullptr, nullptr);
+  AdmitLimits limits;
+  limits.backend = v1::BACKEND_CUDA;
+  const Status s =
+      AdmitRequest(Register(1, 1, limits.max_counter_memory_bytes + 1), session, limits);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("only counters"));
+}
+
 TEST_F(Admit, RegistrationsOverAllSessionsStopAtTheDaemonWideLimit) {
   std::atomic<uint64_t> total{0};
   limits_.memories_total = &total;

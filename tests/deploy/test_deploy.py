@@ -257,7 +257,7 @@ def test_unit_runs_stashd_in_the_foreground_on_the_runtime_directory_socket(unit
     assert exec_start[0] == "/usr/local/bin/stashd"
     assert "--socket=" + SOCKET in exec_start
     assert only(unit, "Service", "RuntimeDirectory") == "stashd"
-    assert only(unit, "Service", "RuntimeDirectoryMode") == "0770"
+    assert only(unit, "Service", "RuntimeDirectoryMode") == "0750"
 
 
 def test_unit_restarts_on_failure_and_stops_with_sigterm(unit):

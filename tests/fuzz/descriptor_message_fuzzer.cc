@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -40,9 +41,9 @@ namespace v1 = stash::v1;
   std::abort();
 }
 
-#define FUZZ_CHECK(cond)               \
-  do {                                 \
-    if (!(cond)) Violated(#cond);      \
+#define FUZZ_CHECK(cond)          \
+  do {                            \
+    if (!(cond)) Violated(#cond); \
   } while (0)
 
 bool IsUtf8(const std::string& s) {
@@ -98,8 +99,8 @@ void CheckAnswer(const Status& status, uint64_t memory_id, const std::string& se
 }  // namespace stash::fuzz
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace stash;          // NOLINT(google-build-using-namespace)
-  using namespace stash::fuzz;    // NOLINT(google-build-using-namespace)
+  using namespace stash;        // NOLINT(google-build-using-namespace)
+  using namespace stash::fuzz;  // NOLINT(google-build-using-namespace)
   static const bool quiet = [] {
     google::protobuf::SetLogHandler(nullptr);  // parse failures of garbage are expected
     return true;
@@ -127,7 +128,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // The descriptor check: only a sealed memfd at least as large as declared passes.
   const Status checked = CheckClientMemoryFd(fd, d.bytes());
-  const bool good = fd == prepared.fds[0] ? d.bytes() <= kSealedBytes
+  const bool good = fd == prepared.fds[0]   ? d.bytes() <= kSealedBytes
                     : fd == prepared.fds[3] ? d.bytes() <= 4096
                                             : false;
   FUZZ_CHECK(checked.ok() == good);
@@ -138,14 +139,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   daemon::SessionInfo info;
   info.pid = 1;
   daemon::Session session(info, nullptr, nullptr);
-  FUZZ_CHECK(!session.CheckPeer({2, 0, 0}, false).ok());
-  FUZZ_CHECK(session.CheckPeer({2, 0, 0}, true).ok());
-  FUZZ_CHECK(!session.CheckPeer({3, 0, 0}, true).ok());
-  FUZZ_CHECK(session.Deposit(d.memory_id(), d.bytes(), UniqueFd(dup(fd)), 1).ok());
-  FUZZ_CHECK(!session.Deposit(d.memory_id() + 1, d.bytes(), UniqueFd(dup(fd)), 1).ok());
+  FUZZ_CHECK(!session.CheckPeer({2, 0, 0}).ok());
+  FUZZ_CHECK(session.CheckPeer({1, 0, 0}).ok());
+  FUZZ_CHECK(!session.CheckPeer({1, 5, 0}).ok());
+  std::atomic<uint64_t> held{0};
+  UniqueFd first(dup(fd)), second(dup(fd));
+  FUZZ_CHECK(session.Deposit(d.memory_id(), d.bytes(), first, 1, &held, 8).ok());
+  FUZZ_CHECK(!first.valid());
+  FUZZ_CHECK(!session.Deposit(d.memory_id() + 1, d.bytes(), second, 1, &held, 8).ok());
+  FUZZ_CHECK(second.valid());  // a refused descriptor stays with the caller
+  FUZZ_CHECK(held.load() == 1);
   const uint64_t asked = (packet.size() & 1) != 0 ? d.bytes() : d.bytes() / 2 + 1;
   auto taken = session.TakeDeposit(d.memory_id(), asked);
   FUZZ_CHECK(taken.ok() == (asked <= d.bytes()));
   FUZZ_CHECK(!session.TakeDeposit(d.memory_id(), 1).ok());
+  FUZZ_CHECK(held.load() == 0);
+  session.ClearDeposits();
+  FUZZ_CHECK(!session.Deposit(d.memory_id(), d.bytes(), second, 1, &held, 8).ok());
   return 0;
 }

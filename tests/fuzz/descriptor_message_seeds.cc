@@ -3,7 +3,8 @@
 // (low 3 bits) and which prepared descriptor they are (bits 3..5: 0 sealed memfd, 1 unsealed,
 // 2 write-sealed, 3 small sealed, 4 pipe); the packet follows.
 //
-//   descriptor_message_seeds DIR   (./scripts/fuzz --seeds writes tests/fuzz/corpus/descriptor_message)
+//   descriptor_message_seeds DIR   (./scripts/fuzz --seeds writes
+//   tests/fuzz/corpus/descriptor_message)
 #include <cstdint>
 #include <cstdio>
 #include <fstream>

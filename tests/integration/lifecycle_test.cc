@@ -354,7 +354,7 @@ TEST(Lifecycle, BackendCudaWithoutACudaBackendExitsWithAClearMessage) {
 
 // ---- Permissions ------------------------------------------------------------------------------
 
-TEST(Lifecycle, SocketIsMode0660AndADirectoryTheDaemonCreatesIs0770) {
+TEST(Lifecycle, SocketsAreMode0660AndADirectoryTheDaemonCreatesIs0750) {
   TempDir dir;
   const std::string run = dir.path() + "/run";
   const std::string path = run + "/stashd/stashd.sock";
@@ -367,11 +367,37 @@ TEST(Lifecycle, SocketIsMode0660AndADirectoryTheDaemonCreatesIs0770) {
   ASSERT_EQ(lstat(path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 07777, 0660u) << std::oct << (st.st_mode & 07777);
+  ASSERT_EQ(lstat((path + ".fd").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0660u) << std::oct << (st.st_mode & 07777);
+  ASSERT_EQ(stat((path + ".lock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u) << std::oct << (st.st_mode & 07777);
+  // Group members may connect but not replace the sockets.
   for (const std::string& d : {run, run + "/stashd"}) {
     ASSERT_EQ(stat(d.c_str(), &st), 0) << d;
     EXPECT_TRUE(S_ISDIR(st.st_mode)) << d;
-    EXPECT_EQ(st.st_mode & 07777, 0770u) << d << ": " << std::oct << (st.st_mode & 07777);
+    EXPECT_EQ(st.st_mode & 07777, 0750u) << d << ": " << std::oct << (st.st_mode & 07777);
   }
+  EXPECT_EQ(daemon.StopWith(SIGTERM, StopLimit()), 0);
+}
+
+TEST(Lifecycle, ASocketDirectoryOthersCanWriteIsRefused) {
+  TempDir dir;
+  const std::string shared = dir.path() + "/shared";
+  ASSERT_EQ(mkdir(shared.c_str(), 0770), 0);
+  ASSERT_EQ(chmod(shared.c_str(), 0770), 0);
+  std::string out, err;
+  std::vector<std::string> argv = {Stashd(), "--socket=" + shared + "/stashd.sock"};
+  for (const std::string& f : Flags()) argv.push_back(f);
+  EXPECT_NE(RunCommand(argv, &out, &err), 0);
+  EXPECT_THAT(err, HasSubstr("mode 0770"));
+  EXPECT_THAT(err, HasSubstr("chmod 0750"));
+  EXPECT_FALSE(Exists(shared + "/stashd.sock"));
+  // Sticky, like /tmp: only a file's owner may remove it there.
+  ASSERT_EQ(chmod(shared.c_str(), 01777), 0);
+  Process daemon;
+  ASSERT_TRUE(daemon.Start(argv, dir.path() + "/stashd"));
+  EXPECT_TRUE(WaitServing(daemon, shared + "/stashd.sock")) << daemon.Stderr();
   EXPECT_EQ(daemon.StopWith(SIGTERM, StopLimit()), 0);
 }
 

@@ -1,9 +1,11 @@
 // Issue-12 attacks against the real stashd, as a hostile local client would make them: client
 // memory travels only as sealed memfds over the descriptor channel, which only the process that
 // holds a session can use for it (docs/security.md).
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -18,12 +20,16 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/descriptor_socket.h"
+#include "common/host_event.h"
 #include "common/shm.h"
+#include "stash/client.h"
 #include "stash/v1/descriptor.pb.h"
 #include "stash/v1/stash.grpc.pb.h"
 #include "tests/integration/harness.h"
@@ -75,6 +81,35 @@ class RawSession {
     if (!stream_->Write(request) || !stream_->Read(&r)) r.set_code(-1);
     return r;
   }
+  // Writes `requests` at once, runs `meanwhile`, then reads `answers` answers, in request order
+  // (answers come in completion order).
+  std::vector<v1::SessionResponse> Pipeline(std::vector<v1::SessionRequest> requests,
+                                            size_t answers,
+                                            const std::function<void()>& meanwhile) {
+    std::vector<uint64_t> ids;
+    for (v1::SessionRequest& r : requests) {
+      r.set_request_id(++next_id_);
+      ids.push_back(r.request_id());
+      if (!stream_->Write(r)) return {};
+    }
+    pipelined_.insert(pipelined_.end(), ids.begin(), ids.end());
+    return Collect(answers, meanwhile);
+  }
+  // Runs `meanwhile`, then reads `n` answers of pipelined requests, in request order.
+  std::vector<v1::SessionResponse> Collect(size_t n, const std::function<void()>& meanwhile) {
+    meanwhile();
+    std::vector<v1::SessionResponse> got(n);
+    for (v1::SessionResponse& a : got) {
+      if (!stream_->Read(&a)) return {};
+    }
+    std::vector<v1::SessionResponse> ordered;
+    for (uint64_t id : pipelined_) {
+      for (const v1::SessionResponse& a : got) {
+        if (a.request_id() == id) ordered.push_back(a);
+      }
+    }
+    return ordered;
+  }
   v1::SessionResponse Register(uint64_t id, uint64_t bytes, int kind = v1::MEMORY_KIND_HOST_FD,
                                const std::string& handle = "") {
     v1::SessionRequest r;
@@ -107,6 +142,7 @@ class RawSession {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
   v1::Welcome welcome_;
   uint64_t next_id_ = 0;
+  std::vector<uint64_t> pipelined_;
 };
 
 UniqueFd Connect(const std::string& path) {
@@ -286,6 +322,181 @@ TEST(Security, MalformedDescriptorPacketsAreAnsweredAndCloseTheConnection) {
   EXPECT_EQ(two.code(), kInvalidArgument);
   EXPECT_THAT(two.message(), HasSubstr("exactly one descriptor"));
   EXPECT_TRUE(daemon.process().running());
+}
+
+// Review: a Register that fails must not undo a later Register of the same id (admitted after
+// an Unregister meanwhile), or that memory is mapped uncounted and cannot be unregistered.
+TEST(Security, AFailedRegistrationUndoesOnlyItself) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  RawSession s(daemon.socket());
+  auto events = SharedMemory::CreateSealed("security-test", 4096);
+  auto x = SharedMemory::CreateSealed("security-test", kBytes);
+  ASSERT_TRUE(events.ok() && x.ok());
+  ASSERT_EQ(Send(daemon.socket(), DepositPacket(s.welcome(), 1, 4096), {(*events)->fd()}).code(),
+            0);
+  ASSERT_EQ(s.Register(1, 4096).code(), 0);
+  // Hold the pool behind a stash whose ready event is not signalled yet, then queue: Register X
+  // (no descriptor: it will fail), Unregister X, Register X (its descriptor comes in time).
+  auto held = [](uint64_t ticket, uint64_t ready) {
+    v1::SessionRequest r;
+    r.mutable_stash()->set_ticket(ticket);
+    r.mutable_stash()->mutable_source()->set_memory_id(1);
+    r.mutable_stash()->set_row_bytes(8);
+    r.mutable_stash()->set_max_rows(8);
+    r.mutable_stash()->mutable_count()->set_value(8);
+    r.mutable_stash()->mutable_ready()->mutable_counter()->set_memory_id(1);
+    r.mutable_stash()->mutable_ready()->mutable_counter()->set_offset(2048);
+    r.mutable_stash()->mutable_ready()->set_value(ready);
+    return r;
+  };
+  v1::SessionRequest reg;
+  reg.mutable_register_memory()->set_memory_id(2);
+  reg.mutable_register_memory()->set_kind(v1::MEMORY_KIND_HOST_FD);
+  reg.mutable_register_memory()->set_bytes(kBytes);
+  v1::SessionRequest unreg;
+  unreg.mutable_unregister_memory()->set_memory_id(2);
+  uint64_t* ready = reinterpret_cast<uint64_t*>((*events)->data() + 2048);
+  // All five are admitted at once: X is declared, undeclared, declared again.
+  std::vector<v1::SessionResponse> answers =
+      s.Pipeline({held(0x91, 1), reg, unreg, held(0x92, 2), reg}, 3, [&] {
+        EventSignal(ready, 1);  // the first Register runs now, without a descriptor: it fails
+      });
+  ASSERT_EQ(answers.size(), 3U);
+  EXPECT_EQ(answers[1].code(), kFailedPrecondition) << answers[1].message();
+  EXPECT_EQ(answers[2].code(), 0) << answers[2].message();
+  answers = s.Collect(2, [&] {
+    EXPECT_EQ(Send(daemon.socket(), DepositPacket(s.welcome(), 2, kBytes), {(*x)->fd()}).code(), 0);
+    EventSignal(ready, 2);  // the second Register runs now, with its descriptor
+  });
+  ASSERT_EQ(answers.size(), 2U);
+  for (const v1::SessionResponse& a : answers) {
+    EXPECT_EQ(a.code(), 0) << a.message();
+  }
+  // The second registration stands: it can be unregistered (and only once).
+  v1::SessionResponse r = s.Call(unreg);
+  EXPECT_EQ(r.code(), 0) << r.message();
+  r = s.Call(unreg);
+  EXPECT_EQ(r.code(), static_cast<int>(grpc::StatusCode::NOT_FOUND)) << r.message();
+}
+
+// Review: a descriptor whose close blocks (a socket lingering on unsent data) must not freeze
+// the descriptor server for everyone else.
+TEST(Security, ADescriptorWhoseCloseBlocksDoesNotStopTheServer) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  RawSession s(daemon.socket());
+  // A loopback TCP connection whose peer never reads, its send buffer full, lingering 60 s:
+  // longer than the 10 s a deposit below waits for its answer.
+  UniqueFd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener.get(), 1), 0);
+  ASSERT_EQ(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  UniqueFd sender(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  ASSERT_TRUE(connect(sender.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 ||
+              errno == EINPROGRESS);
+  UniqueFd receiver(accept(listener.get(), nullptr, nullptr));
+  ASSERT_TRUE(receiver.valid());
+  const std::string chunk(1 << 16, 'x');
+  for (int i = 0; i < 4096 && send(sender.get(), chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0;
+       ++i) {
+  }
+  linger lin{1, 60};
+  ASSERT_EQ(setsockopt(sender.get(), SOL_SOCKET, SO_LINGER, &lin, sizeof(lin)), 0);
+  ASSERT_EQ(fcntl(sender.get(), F_SETFL, 0), 0);  // blocking: close() waits out the linger
+  // Hand it over and let go of our copy while it is still in flight (the daemon stopped), so
+  // that the daemon's close is the last one: the one that waits out the linger.
+  ASSERT_EQ(kill(daemon.process().pid(), SIGSTOP), 0);
+  UniqueFd c = Connect(daemon.socket() + ".fd");
+  ASSERT_TRUE(c.valid());
+  ASSERT_TRUE(SendPacket(c.get(), "garbage", {sender.get()}).ok());
+  sender.reset();
+  ASSERT_EQ(kill(daemon.process().pid(), SIGCONT), 0);
+  ASSERT_TRUE(WaitReadable(c.get(), 10000 * TimeScale()).ok());
+  // The server still serves a good deposit at once.
+  auto memory = SharedMemory::CreateSealed("security-test", kBytes);
+  EXPECT_EQ(Send(daemon.socket(), DepositPacket(s.welcome(), 3, kBytes), {(*memory)->fd()}).code(),
+            0);
+  EXPECT_EQ(s.Register(3, kBytes).code(), 0);
+}
+
+// Review: one user cannot take every descriptor-channel connection.
+TEST(Security, ConnectionsPerUserAreLimited) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  std::vector<UniqueFd> held;
+  for (int i = 0; i < 64; ++i) {
+    held.push_back(Connect(daemon.socket() + ".fd"));
+    ASSERT_TRUE(held.back().valid());
+  }
+  // The next connection is answered and closed without being asked anything.
+  UniqueFd extra = Connect(daemon.socket() + ".fd");
+  ASSERT_TRUE(extra.valid());
+  ASSERT_TRUE(WaitReadable(extra.get(), 10000 * TimeScale()).ok());
+  auto packet = ReceivePacket(extra.get());
+  ASSERT_TRUE(packet.ok()) << packet.status().ToString();
+  v1::DescriptorResponse refused;
+  ASSERT_TRUE(refused.ParseFromString(packet->bytes));
+  EXPECT_EQ(refused.code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_THAT(refused.message(), HasSubstr("limit per user"));
+  held.clear();
+}
+
+// Review: a client hands memory only to a descriptor socket served by root or by the owner of
+// the socket's directory, never to one another user put in stashd's place.
+TEST(Security, TheClientRefusesADescriptorSocketServedByAnotherUser) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a second Unix user";
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  Options options;
+  options.socket = daemon.socket();
+  auto client = Client::Open(options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  // The impostor: a socket in the real one's place, listening as uid 65534.
+  const std::string path = daemon.socket() + ".fd";
+  ASSERT_EQ(rename(path.c_str(), (path + ".real").c_str()), 0);
+  UniqueFd impostor(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(impostor.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  int ready[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char ok = 0;
+    if (setgroups(0, nullptr) == 0 && setgid(65534) == 0 && setuid(65534) == 0 &&
+        listen(impostor.get(), 8) == 0) {
+      ok = 1;
+    }
+    (void)!write(ready[1], &ok, 1);
+    while (true) {
+      const int c = accept(impostor.get(), nullptr, nullptr);
+      if (c < 0) _exit(0);
+    }
+  }
+  close(ready[1]);
+  char ok = 0;
+  ASSERT_EQ(read(ready[0], &ok, 1), 1);
+  close(ready[0]);
+  ASSERT_EQ(ok, 1) << "could not listen as uid 65534";
+  auto buffer = HostBuffer::Allocate(1 << 16);
+  ASSERT_TRUE(buffer.ok());
+  StashArgs args;
+  args.source = buffer->get();
+  args.row_bytes = 64;
+  args.max_rows = 16;
+  args.count.value = 16;
+  auto ticket = (*client)->Stash(args);
+  EXPECT_EQ(ticket.status().code(), StatusCode::kPermissionDenied) << ticket.status().ToString();
+  EXPECT_THAT(ticket.status().message(), HasSubstr("in stashd's place"));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
 }
 
 // Item 11: client memory has no name, so a SIGKILLed client leaves nothing in /dev/shm.
