@@ -130,7 +130,8 @@ std::vector<Seed> Seeds() {
   constexpr uint8_t kCuda = kSetupCuda | (3 << 2);  // 4 pools
   constexpr uint64_t kTicket = 0x5eed5eed5eed5eedULL;
   std::vector<Seed> seeds;
-  auto add = [&](const std::string& name, uint8_t setup, std::vector<v1::SessionRequest> reqs) {
+  auto add = [&](const std::string& name, uint8_t setup,
+                 const std::vector<v1::SessionRequest>& reqs) {
     seeds.emplace_back("seed-" + name, JoinInput(setup, reqs));
   };
   add("hello-host", kHost, {Hello(v1::BACKEND_HOST, 0)});
