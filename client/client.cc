@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "client/cuda_memory.h"
+#include "client/descriptor_channel.h"
 #include "common/grpc_status.h"
 #include "common/host_event.h"
 #include "common/macros.h"
@@ -72,7 +73,7 @@ HostBuffer::~HostBuffer() {
 }
 
 StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
-  auto memory = SharedMemory::Create(bytes);
+  auto memory = SharedMemory::CreateSealed("stashd-buffer", bytes);
   if (!memory.ok()) return memory.status();
   auto rep = std::make_unique<Rep>();
   rep->memory = std::move(memory).value();
@@ -83,7 +84,6 @@ StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
 uint8_t* HostBuffer::data() const { return rep_->memory->data(); }
 uint64_t HostBuffer::size() const { return rep_->memory->size(); }
 uint64_t HostBuffer::id() const { return rep_->id; }
-const std::string& HostBuffer::handle() const { return rep_->memory->name(); }
 
 namespace {
 uint64_t* CounterOf(const EventPoint& point) {
@@ -205,16 +205,19 @@ struct Client::Impl final
     done_queues.clear();
   }
 
-  // One region the daemon opens: a HostBuffer or a cudaMalloc allocation.
+  // One region the daemon opens: a HostBuffer (its memfd goes over the descriptor channel) or a
+  // cudaMalloc allocation (its IPC handle goes in the RegisterMemory).
   struct MemoryDesc {
     uint64_t id = 0;
-    v1::MemoryKind kind = v1::MEMORY_KIND_HOST_SHM;
+    v1::MemoryKind kind = v1::MEMORY_KIND_HOST_FD;
     std::string handle;
     uint64_t bytes = 0;
+    int fd = -1;  // MEMORY_KIND_HOST_FD: the HostBuffer's memfd (borrowed)
   };
 
   static MemoryDesc HostMemory(const HostBuffer& buffer) {
-    return MemoryDesc{buffer.id(), v1::MEMORY_KIND_HOST_SHM, buffer.handle(), buffer.size()};
+    return MemoryDesc{buffer.id(), v1::MEMORY_KIND_HOST_FD, "", buffer.size(),
+                      buffer.rep().memory->fd()};
   }
 
   // Sets the ready and done events of `op` (a Stash or Reload; only those given: an empty
@@ -243,6 +246,7 @@ struct Client::Impl final
   Backend backend = Backend::kHost;
   std::unique_ptr<CudaSide> cuda;  // cuda backend only
   std::string socket;
+  std::unique_ptr<DescriptorChannel> descriptors;  // set once welcomed
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::StashService::Stub> stub;
   v1::Welcome welcome;
@@ -308,11 +312,28 @@ struct Client::Impl final
     AddInternalLocked(std::move(r), Completion::Kind::kUnregister, memory_id, out);
   }
 
+  // Hands the memfds of host memory new to the session to the daemon, which keeps each for the
+  // RegisterMemory that follows. A buffer two threads hand over at once is deposited twice:
+  // the daemon keeps the later one, the same memory.
+  Status DepositNew(const std::vector<MemoryDesc>& memories) {
+    for (const MemoryDesc& m : memories) {
+      if (m.fd < 0) continue;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (broken) return broken_status;
+        if (registered.count(m.id) != 0) continue;
+      }
+      STASH_RETURN_IF_ERROR(descriptors->DepositMemory(m.id, m.bytes, m.fd));
+    }
+    return Status::Ok();
+  }
+
   // Sends `request` (after unregistering `stale` allocations and registering the memory it
   // names that is new to the session) and tracks it as `kind`. Returns the request id.
   StatusOr<uint64_t> Submit(v1::SessionRequest request, Completion::Kind kind,
                             const std::vector<MemoryDesc>& memories,
                             const std::vector<uint64_t>& stale, DoneEvent done_event) {
+    STASH_RETURN_IF_ERROR(DepositNew(memories));
     uint64_t id = 0;
     bool start = false;
     {
@@ -507,6 +528,8 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
   }
   if (!raw->pending[hello_id].status.ok()) return raw->pending[hello_id].status;
   raw->pending.erase(hello_id);
+  raw->descriptors = std::make_unique<DescriptorChannel>(raw->socket, raw->welcome.session_id(),
+                                                         raw->welcome.descriptor_secret());
   lock.unlock();
   return client;
 }

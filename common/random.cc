@@ -29,6 +29,12 @@ uint64_t RandomNonZeroU64() {
   return value;
 }
 
+std::string RandomBytes(size_t bytes) {
+  std::string out(bytes, '\0');
+  Fill(out.data(), out.size());
+  return out;
+}
+
 std::string RandomHex(size_t bytes) {
   static const char kHex[] = "0123456789abcdef";
   std::vector<unsigned char> raw(bytes);

@@ -10,6 +10,9 @@ namespace stash {
 // A uniformly random 64-bit value from getrandom(2); never 0.
 uint64_t RandomNonZeroU64();
 
+// `bytes` random bytes (secrets).
+std::string RandomBytes(size_t bytes);
+
 // `bytes` random bytes as 2*bytes lowercase hex characters.
 std::string RandomHex(size_t bytes);
 

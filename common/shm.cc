@@ -3,9 +3,8 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include "common/random.h"
+#include "common/macros.h"
 #include "common/sys.h"
 
 namespace stash {
@@ -17,93 +16,99 @@ StatusOr<uint8_t*> MapFd(int fd, uint64_t bytes, int extra_flags) {
   return static_cast<uint8_t*>(addr);
 }
 
-}  // namespace
-
-StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Create(uint64_t bytes) {
+StatusOr<UniqueFd> CreateMemfd(const std::string& label, uint64_t bytes, unsigned flags) {
   if (bytes == 0) return InvalidArgumentError("shared memory size must be > 0 bytes");
-  const std::string name = "/stashd-" + std::to_string(getpid()) + "-" + RandomHex(16);
-  int fd = -1;
-  STASH_SYSCALL_RETRY(fd, shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
-  if (fd < 0) return ErrnoStatus("shm_open(" + name + ")");
+  UniqueFd fd(memfd_create(label.c_str(), MFD_CLOEXEC | flags));
+  if (!fd.valid()) return ErrnoStatus("memfd_create(" + label + ")");
   int rc = 0;
-  STASH_SYSCALL_RETRY(rc, ftruncate(fd, static_cast<off_t>(bytes)));
-  if (rc != 0) {
-    Status status = ErrnoStatus("ftruncate(" + name + ", " + std::to_string(bytes) + ")");
-    close(fd);
-    shm_unlink(name.c_str());
-    return status;
-  }
-  auto mapped = MapFd(fd, bytes, 0);
-  close(fd);
-  if (!mapped.ok()) {
-    shm_unlink(name.c_str());
-    return mapped.status();
-  }
-  return std::unique_ptr<SharedMemory>(new SharedMemory(name, *mapped, bytes, true));
+  STASH_SYSCALL_RETRY(rc, ftruncate(fd.get(), static_cast<off_t>(bytes)));
+  if (rc != 0) return ErrnoStatus("ftruncate(" + label + ", " + std::to_string(bytes) + ")");
+  return fd;
 }
 
-StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Open(const std::string& name,
-                                                           uint64_t bytes) {
-  if (name.rfind("/stashd-", 0) != 0 || name.find('/', 1) != std::string::npos ||
-      name.size() > 200) {
-    return InvalidArgumentError("'" + name +
-                                "' is not a stashd shared-memory name (expected /stashd-...)");
-  }
-  if (bytes == 0) return InvalidArgumentError("shared memory size must be > 0 bytes");
-  int fd = -1;
-  STASH_SYSCALL_RETRY(fd, shm_open(name.c_str(), O_RDWR, 0));
-  if (fd < 0) return ErrnoStatus("shm_open(" + name + ")");
+std::string SealNames(unsigned seals) {
+  std::string out;
+  auto add = [&](unsigned bit, const char* name) {
+    if ((seals & bit) != 0) out += (out.empty() ? "" : "|") + std::string(name);
+  };
+  add(F_SEAL_SEAL, "F_SEAL_SEAL");
+  add(F_SEAL_SHRINK, "F_SEAL_SHRINK");
+  add(F_SEAL_GROW, "F_SEAL_GROW");
+  add(F_SEAL_WRITE, "F_SEAL_WRITE");
+  add(F_SEAL_FUTURE_WRITE, "F_SEAL_FUTURE_WRITE");
+  return out.empty() ? "none" : out;
+}
+
+constexpr const char* kHowToAllocate =
+    ": hand over memory from HostBuffer::Allocate (a memfd_create(MFD_ALLOW_SEALING) file "
+    "sealed with F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)";
+
+}  // namespace
+
+Status CheckClientMemoryFd(int fd, uint64_t bytes) {
+  if (bytes == 0) return InvalidArgumentError("the memory's declared size must be > 0 bytes");
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    Status status = ErrnoStatus("fstat(" + name + ")");
-    close(fd);
-    return status;
+    return InvalidArgumentError(
+        ErrnoStatus("the descriptor cannot be inspected (fstat)").message() + kHowToAllocate);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgumentError("the descriptor is not a memfd (not a regular file)" +
+                                std::string(kHowToAllocate));
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return InvalidArgumentError("the descriptor is not a memfd that allows sealing" +
+                                std::string(kHowToAllocate));
+  }
+  const auto have = static_cast<unsigned>(seals);
+  if ((have & kClientMemorySeals) != kClientMemorySeals) {
+    return InvalidArgumentError("the memfd lacks seals (it has " + SealNames(have) +
+                                "; needs F_SEAL_SHRINK, F_SEAL_GROW and "
+                                "F_SEAL_SEAL), so it could shrink under the daemon's mapping" +
+                                std::string(kHowToAllocate));
+  }
+  if ((have & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    return InvalidArgumentError(
+        "the memfd is write-sealed; the daemon writes reloaded rows and done counters into it" +
+        std::string(kHowToAllocate));
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
+    return InvalidArgumentError("the descriptor is not open for reading and writing" +
+                                std::string(kHowToAllocate));
   }
   if (static_cast<uint64_t>(st.st_size) < bytes) {
-    close(fd);
-    return FailedPreconditionError("shared memory " + name + " has " + std::to_string(st.st_size) +
-                                   " bytes, less than the " + std::to_string(bytes) +
-                                   " registered");
+    return InvalidArgumentError("the memfd holds " + std::to_string(st.st_size) +
+                                " bytes, less than the " + std::to_string(bytes) +
+                                " declared: declare the size it was allocated with");
   }
-  auto mapped = MapFd(fd, bytes, 0);
-  close(fd);
-  if (!mapped.ok()) return mapped.status();
-  return std::unique_ptr<SharedMemory>(new SharedMemory(name, *mapped, bytes, false));
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateSealed(const std::string& label,
+                                                                   uint64_t bytes) {
+  STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(label, bytes, MFD_ALLOW_SEALING));
+  if (fcntl(fd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) != 0) {
+    return ErrnoStatus("fcntl(F_ADD_SEALS) on " + label);
+  }
+  STASH_ASSIGN_OR_RETURN(uint8_t * data, MapFd(fd.get(), bytes, 0));
+  return std::unique_ptr<SharedMemory>(new SharedMemory(std::move(fd), data, bytes));
+}
+
+StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::MapClientFd(UniqueFd fd, uint64_t bytes) {
+  STASH_RETURN_IF_ERROR(CheckClientMemoryFd(fd.get(), bytes));
+  STASH_ASSIGN_OR_RETURN(uint8_t * data, MapFd(fd.get(), bytes, 0));
+  return std::unique_ptr<SharedMemory>(new SharedMemory(UniqueFd(), data, bytes));
 }
 
 StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateAnonymous(const std::string& label,
                                                                       uint64_t bytes) {
-  if (bytes == 0) return InvalidArgumentError("region size must be > 0 bytes");
-  int fd = memfd_create(label.c_str(), MFD_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("memfd_create(" + label + ")");
-  int rc = 0;
-  STASH_SYSCALL_RETRY(rc, ftruncate(fd, static_cast<off_t>(bytes)));
-  if (rc != 0) {
-    Status status = ErrnoStatus("ftruncate(" + label + ", " + std::to_string(bytes) + ")");
-    close(fd);
-    return status;
-  }
-  auto mapped = MapFd(fd, bytes, MAP_NORESERVE);
-  close(fd);
-  if (!mapped.ok()) return mapped.status();
-  return std::unique_ptr<SharedMemory>(new SharedMemory("", *mapped, bytes, false));
+  STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(label, bytes, 0));
+  STASH_ASSIGN_OR_RETURN(uint8_t * data, MapFd(fd.get(), bytes, MAP_NORESERVE));
+  return std::unique_ptr<SharedMemory>(new SharedMemory(UniqueFd(), data, bytes));
 }
 
-SharedMemory::~SharedMemory() {
-  munmap(data_, size_);
-  Unlink();
-}
-
-void SharedMemory::ForceUnlink() {
-  if (!name_.empty()) shm_unlink(name_.c_str());
-  owner_ = false;
-}
-
-void SharedMemory::Unlink() {
-  if (owner_) {
-    shm_unlink(name_.c_str());
-    owner_ = false;
-  }
-}
+SharedMemory::~SharedMemory() { munmap(data_, size_); }
 
 }  // namespace stash

@@ -1,31 +1,47 @@
-// Shared memory regions: the host backend's stand-in for device memory (DESIGN.md §6).
+// Shared memory regions: client memory on the host backend and the host backend's tiers
+// (DESIGN.md §6). Every region is a memfd: it has no name, so no other process can open it, and
+// it disappears when the last mapping and descriptor are gone (a SIGKILLed client leaves nothing
+// behind). Client memory is handed to the daemon as a file descriptor over the descriptor
+// channel (daemon/descriptor_server.h), sealed so that nobody can shrink it under a mapping.
 #ifndef STASH_COMMON_SHM_H_
 #define STASH_COMMON_SHM_H_
+
+#include <fcntl.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "common/unique_fd.h"
 #include "stash/status.h"
 
 namespace stash {
 
-// One mapped region of POSIX shared memory (or an anonymous memfd). Not copyable; unmaps on
-// destruction, and unlinks the name if this object created it and has not unlinked it yet.
-// Thread-compatible: data() may be used from any thread, Unlink() from one.
+// The seals a client memfd must carry before the daemon maps it: its size can never change
+// again (no shrink: a mapping past the end would SIGBUS; no grow; no further seals, so nobody
+// can add a write seal later either).
+constexpr unsigned kClientMemorySeals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW;
+
+// Checks that `fd` may be mapped read-write for [0, bytes): a memfd opened read-write, carrying
+// kClientMemorySeals and no write seal, holding at least `bytes` (> 0) bytes. INVALID_ARGUMENT
+// that says what is wrong and how to allocate such memory otherwise.
+Status CheckClientMemoryFd(int fd, uint64_t bytes);
+
+// One mapped memfd region. Not copyable; unmaps on destruction. Thread-compatible: data() may be
+// used from any thread.
 class SharedMemory {
  public:
-  // Creates a new shm object named "/stashd-<pid>-<32 random hex>" (mode 0600) of `bytes`
-  // bytes (> 0), zero-filled, and maps it read-write.
-  static StatusOr<std::unique_ptr<SharedMemory>> Create(uint64_t bytes);
+  // Creates a memfd named `label` (for /proc) of `bytes` bytes (> 0), zero-filled, sealed with
+  // kClientMemorySeals, maps it read-write and keeps the descriptor (fd()) to hand to the daemon.
+  static StatusOr<std::unique_ptr<SharedMemory>> CreateSealed(const std::string& label,
+                                                              uint64_t bytes);
 
-  // Opens the existing shm object `name` and maps it read-write. FAILED_PRECONDITION when the
-  // object is smaller than `bytes`; NOT_FOUND when there is no such object; INVALID_ARGUMENT
-  // when the name is not of the form "/stashd-...".
-  static StatusOr<std::unique_ptr<SharedMemory>> Open(const std::string& name, uint64_t bytes);
+  // Maps [0, bytes) of a client memfd after CheckClientMemoryFd; the descriptor is closed once
+  // mapped (the mapping keeps the memory alive).
+  static StatusOr<std::unique_ptr<SharedMemory>> MapClientFd(UniqueFd fd, uint64_t bytes);
 
-  // An anonymous memfd region of `bytes` bytes named `label` (for /proc), mapped read-write
-  // without reserving swap; pages are allocated on first touch.
+  // An unsealed memfd region of `bytes` bytes named `label`, mapped read-write without reserving
+  // swap; pages are allocated on first touch. The daemon's tiers.
   static StatusOr<std::unique_ptr<SharedMemory>> CreateAnonymous(const std::string& label,
                                                                  uint64_t bytes);
 
@@ -35,23 +51,16 @@ class SharedMemory {
 
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
-  // The shm name ("" for anonymous regions).
-  const std::string& name() const { return name_; }
-
-  // Removes the name so no further process can open it; existing mappings stay valid. Only
-  // the creator's object does this; ForceUnlink does it for an opened one too (the daemon, when
-  // the process that created the memory is gone).
-  void Unlink();
-  void ForceUnlink();
+  // The memfd of a CreateSealed region; -1 for the others.
+  int fd() const { return fd_.get(); }
 
  private:
-  SharedMemory(std::string name, uint8_t* data, uint64_t size, bool owner)
-      : name_(std::move(name)), data_(data), size_(size), owner_(owner) {}
+  SharedMemory(UniqueFd fd, uint8_t* data, uint64_t size)
+      : fd_(std::move(fd)), data_(data), size_(size) {}
 
-  std::string name_;
+  UniqueFd fd_;
   uint8_t* data_;
   uint64_t size_;
-  bool owner_;  // created here and not yet unlinked
 };
 
 }  // namespace stash

@@ -66,22 +66,38 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu()) {
   if (reg.memory_id() == 0) return InvalidArgumentError("memory_id must be nonzero");
   if (reg.bytes() == 0) return InvalidArgumentError("memory bytes must be > 0");
-  if (reg.handle().empty()) return InvalidArgumentError("memory handle is empty");
-  // The cuda backend takes device memory (CUDA IPC) and host shared memory (event counters).
-  const bool ok_kind =
-      reg.kind() == v1::MEMORY_KIND_HOST_SHM ||
-      (limits.backend == v1::BACKEND_CUDA && reg.kind() == v1::MEMORY_KIND_CUDA_IPC);
-  if (!ok_kind) {
-    return FailedPreconditionError(std::string("this daemon runs the ") +
-                                   BackendName(limits.backend) + " backend and takes only " +
-                                   (limits.backend == v1::BACKEND_CUDA
-                                        ? "MEMORY_KIND_CUDA_IPC and MEMORY_KIND_HOST_SHM"
-                                        : "MEMORY_KIND_HOST_SHM") +
-                                   " memory, not " + v1::MemoryKind_Name(reg.kind()));
-  }
-  if (reg.kind() == v1::MEMORY_KIND_CUDA_IPC && reg.handle().size() != 64) {
-    return InvalidArgumentError("a CUDA IPC memory handle is 64 bytes (cudaIpcMemHandle_t), not " +
-                                std::to_string(reg.handle().size()));
+  // The cuda backend takes device memory (CUDA IPC) and host memfds (event counters).
+  switch (reg.kind()) {
+    case v1::MEMORY_KIND_HOST_FD:
+      if (!reg.handle().empty()) {
+        return InvalidArgumentError(
+            "MEMORY_KIND_HOST_FD memory has no handle: leave RegisterMemory.handle empty (the "
+            "descriptor travels over the descriptor channel)");
+      }
+      break;
+    case v1::MEMORY_KIND_CUDA_IPC:
+      if (limits.backend != v1::BACKEND_CUDA) {
+        return FailedPreconditionError(
+            "this daemon runs the host backend, which takes only MEMORY_KIND_HOST_FD memory, not "
+            "MEMORY_KIND_CUDA_IPC: start stashd with --backend=cuda on a GPU node");
+      }
+      if (reg.handle().size() != 64) {
+        return InvalidArgumentError(
+            "a CUDA IPC memory handle is 64 bytes (cudaIpcMemHandle_t), not " +
+            std::to_string(reg.handle().size()));
+      }
+      break;
+    default:
+      if (reg.kind() == 1) {
+        return InvalidArgumentError(
+            "memory kind 1 (MEMORY_KIND_HOST_SHM, a shared-memory name) was removed: host memory "
+            "travels as a sealed memfd over the descriptor channel (MEMORY_KIND_HOST_FD); "
+            "update the client library");
+      }
+      return InvalidArgumentError(
+          "memory kind " + std::to_string(reg.kind()) +
+          " is not a known MemoryKind: use MEMORY_KIND_HOST_FD (3)" +
+          (limits.backend == v1::BACKEND_CUDA ? " or MEMORY_KIND_CUDA_IPC (2)" : std::string()));
   }
   // The name goes into shm_open (which stops at a NUL) and, when opening fails, into the status
   // message, which protobuf must serialize as UTF-8. Not echoed: it may not be text.
@@ -100,10 +116,22 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
   if (s.declared_memories().size() >= limits.max_memories) {
     return ResourceExhaustedError("this session has " +
                                   std::to_string(s.declared_memories().size()) +
-                                  " registered allocations, the limit: unregister some first");
+                                  " registered allocations, the limit per session: unregister "
+                                  "some first, or reuse buffers");
+  }
+  if (limits.memories_total != nullptr) {
+    uint64_t total = limits.memories_total->load(std::memory_order_relaxed);
+    do {
+      if (total >= limits.max_memories_total) {
+        return ResourceExhaustedError(
+            "stashd holds " + std::to_string(total) +
+            " registered allocations over all sessions, the limit (half of vm.max_map_count): "
+            "unregister some first, or reuse buffers");
+      }
+    } while (
+        !limits.memories_total->compare_exchange_weak(total, total + 1, std::memory_order_relaxed));
   }
   s.declared_memories()[reg.memory_id()] = reg.bytes();
-  if (reg.kind() == v1::MEMORY_KIND_HOST_SHM) s.registered_names().push_back(reg.handle());
   return Status::Ok();
 }
 
@@ -217,6 +245,9 @@ Status AdmitRequest(const v1::SessionRequest& request, Session& session,
       const uint64_t id = request.unregister_memory().memory_id();
       if (session.declared_memories().erase(id) == 0) {
         return NotFoundError("memory " + std::to_string(id) + " is not registered in this session");
+      }
+      if (limits.memories_total != nullptr) {
+        limits.memories_total->fetch_sub(1, std::memory_order_relaxed);
       }
       return Status::Ok();
     }

@@ -2,6 +2,7 @@
 #ifndef STASH_DAEMON_ADMIT_H_
 #define STASH_DAEMON_ADMIT_H_
 
+#include <atomic>
 #include <cstdint>
 
 #include "daemon/session.h"
@@ -12,8 +13,14 @@ namespace stash::daemon {
 
 struct AdmitLimits {
   stash::v1::Backend backend = stash::v1::BACKEND_HOST;
-  uint32_t max_inflight = 4096;     // queued requests per session
-  uint64_t max_memories = 1 << 16;  // registered allocations per session
+  uint32_t max_inflight = 4096;  // queued requests per session
+  // Registered allocations per session, and over every session. Each is one mapping of the
+  // daemon: together they stay well under vm.max_map_count, past which every mmap of the daemon
+  // fails (and with it every other session's registrations).
+  uint64_t max_memories = 4096;
+  uint64_t max_memories_total = 32768;
+  // The daemon-wide count of registrations (non-owning; null = not counted, as in unit tests).
+  std::atomic<uint64_t>* memories_total = nullptr;
 };
 
 // Checks one post-Hello request against the session's registered memory and live tickets.

@@ -4,17 +4,32 @@
 #include "common/logging.h"
 #include "common/macros.h"
 #include "common/random.h"
+#include "common/shm.h"
 #include "common/version.h"
+#include "daemon/descriptor_server.h"
 #include "daemon/host_executor.h"
 #if defined(STASH_HAVE_CUDA)
 #include "daemon/cuda_executor.h"
 #endif
 
 #include <algorithm>
+#include <fstream>
 
 namespace stash::daemon {
 namespace {
 namespace v1 = stash::v1;
+
+// Descriptors a session may have deposited and not yet registered.
+constexpr size_t kMaxPendingDeposits = 256;
+
+// vm.max_map_count: every registration is one mapping of the daemon, and the kernel refuses
+// mmap for the whole process past this many.
+uint64_t MaxMapCount() {
+  std::ifstream in("/proc/sys/vm/max_map_count");
+  uint64_t value = 0;
+  if (!(in >> value) || value == 0) value = 65530;  // the kernel's default
+  return value;
+}
 
 std::string UuidText(const std::string& uuid) {
   static const char* const kHex = "0123456789abcdef";
@@ -58,6 +73,11 @@ DaemonCore::DaemonCore(const DaemonConfig& config, v1::Backend backend, std::str
       start_(std::chrono::steady_clock::now()) {
   limits_.backend = backend;
   limits_.max_inflight = config.max_inflight;
+  // Registrations in all: half the mappings the kernel allows, the rest stays for the daemon's
+  // own (tiers, libraries, thread stacks); one session may take at most a quarter of that.
+  limits_.max_memories_total = MaxMapCount() / 2;
+  limits_.max_memories = std::min<uint64_t>(limits_.max_memories, limits_.max_memories_total / 4);
+  limits_.memories_total = &counters_.memories_declared;
 }
 
 StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& config,
@@ -117,6 +137,7 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   STASH_RETURN_IF_ERROR(CheckHello(hello, backend_, static_cast<int>(pools_.size())));
   SessionInfo info;
   info.id = RandomHex(16);
+  info.secret = RandomBytes(32);
   info.rank = hello.rank();
   info.pid = hello.pid();
   info.pool = hello.device();
@@ -148,6 +169,7 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   welcome->set_max_inflight_requests(config_.max_inflight);
   welcome->set_daemon_version(kVersion);
   welcome->set_pool(info.pool);
+  welcome->set_descriptor_secret(info.secret);
   Log("rpc")->info("session {} started: rank {}, pid {}, pool {}, label '{}', client {}", info.id,
                    info.rank, info.pid, info.pool, info.label, info.client_version);
   return session;
@@ -170,10 +192,50 @@ void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
   pools_[static_cast<size_t>(session->info().pool)]->Enqueue(session, std::move(request), received);
 }
 
+Status DaemonCore::HandleDescriptors(const v1::DescriptorRequest& request,
+                                     const PeerCredentials& peer, std::vector<UniqueFd> fds) {
+  std::shared_ptr<Session> session;
+  {
+    MutexLock lock(&mu_);
+    auto it = sessions_.find(request.session_id());
+    if (it != sessions_.end()) session = it->second;
+  }
+  const std::string& secret = request.session_secret();
+  const std::string& expected = session != nullptr ? session->info().secret : secret;
+  // Compared in constant time; an unknown session and a wrong secret read alike.
+  unsigned char diff = session == nullptr ? 1 : 0;
+  diff |= static_cast<unsigned char>(secret.size() != expected.size());
+  for (size_t i = 0; i < secret.size() && i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(secret[i] ^ expected[i]);
+  }
+  if (diff != 0) {
+    return PermissionDeniedError(
+        "no live session has this id and secret: send Welcome.session_id and "
+        "Welcome.descriptor_secret of your own open session");
+  }
+  STASH_RETURN_IF_ERROR(session->CheckPeer(peer, ProcessHasPid(peer.pid, session->info().pid)));
+  switch (request.kind_case()) {
+    case v1::DescriptorRequest::kDepositMemory: {
+      const v1::DepositMemory& d = request.deposit_memory();
+      STASH_RETURN_IF_ERROR(CheckClientMemoryFd(fds.at(0).get(), d.bytes()));
+      return session->Deposit(d.memory_id(), d.bytes(), std::move(fds[0]), kMaxPendingDeposits);
+    }
+    case v1::DescriptorRequest::KIND_NOT_SET:
+      break;
+  }
+  return InvalidArgumentError("the request has no known kind");
+}
+
 void DaemonCore::CloseSession(const std::shared_ptr<Session>& session) {
   {
     MutexLock lock(&mu_);
     if (sessions_.erase(session->info().id) == 0) return;  // closed already
+  }
+  {
+    MutexLock lock(&session->mu());
+    counters_.memories_declared.fetch_sub(session->declared_memories().size(),
+                                          std::memory_order_relaxed);
+    session->declared_memories().clear();
   }
   pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session);
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "daemon/admit.h"
 #include "daemon/config.h"
 #include "daemon/copy_workers.h"
@@ -20,6 +21,7 @@
 #include "daemon/stats.h"
 #include "daemon/tier.h"
 #include "stash/status.h"
+#include "stash/v1/descriptor.pb.h"
 #include "stash/v1/stash.pb.h"
 
 namespace stash::daemon {
@@ -46,6 +48,13 @@ class DaemonCore {
 
   // Admits one post-Hello request and queues it, or answers it at once with its error.
   void HandleRequest(const std::shared_ptr<Session>& session, stash::v1::SessionRequest request);
+
+  // The descriptor channel's handler (DescriptorServer::Handler): checks the session's secret and
+  // that `peer` is the process that said Hello, then the memfd, and keeps it for the session's
+  // RegisterMemory. PERMISSION_DENIED for an unknown session or a wrong secret (the two are not
+  // told apart), INVALID_ARGUMENT for a descriptor that is not a sealed memfd of the size.
+  Status HandleDescriptors(const stash::v1::DescriptorRequest& request, const PeerCredentials& peer,
+                           std::vector<UniqueFd> fds);
 
   // The stream ended: cancels queued work, returns pages, closes mappings (asynchronously, on
   // the pool's queue, behind the request running now).

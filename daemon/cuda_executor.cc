@@ -158,7 +158,7 @@ class CudaExecutor final : public CopyExecutor {
   Tier* host_tier() const override { return host_tier_.get(); }
   void Attach(std::function<void(Then)> post) override { post_ = std::move(post); }
 
-  StatusOr<std::unique_ptr<MappedMemory>> Open(const v1::RegisterMemory& reg) override;
+  StatusOr<std::unique_ptr<MappedMemory>> Open(const v1::RegisterMemory& reg, UniqueFd fd) override;
   void Stash(const StashWork& work, Then then) override;
   void Reload(const ReloadWork& work, Then then) override;
   void Raise(const DoneSignal& done) override;
@@ -285,10 +285,11 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const c
   return e;
 }
 
-StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMemory& reg) {
+StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMemory& reg,
+                                                           UniqueFd fd) {
   STASH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  if (reg.kind() == v1::MEMORY_KIND_HOST_SHM) {
-    STASH_ASSIGN_OR_RETURN(auto shm, SharedMemory::Open(reg.handle(), reg.bytes()));
+  if (reg.kind() == v1::MEMORY_KIND_HOST_FD) {
+    STASH_ASSIGN_OR_RETURN(auto shm, SharedMemory::MapClientFd(std::move(fd), reg.bytes()));
     STASH_CUDA_RETURN_IF_ERROR(cudaHostRegister(shm->data(), shm->size(),
                                                 cudaHostRegisterMapped | cudaHostRegisterPortable));
     void* device_address = nullptr;
@@ -303,7 +304,7 @@ StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMem
   if (reg.kind() != v1::MEMORY_KIND_CUDA_IPC) {
     return InvalidArgumentError(
         "the cuda backend opens MEMORY_KIND_CUDA_IPC and "
-        "MEMORY_KIND_HOST_SHM memory only");
+        "MEMORY_KIND_HOST_FD memory only");
   }
   if (reg.handle().size() != sizeof(cudaIpcMemHandle_t)) {
     return InvalidArgumentError("a CUDA IPC memory handle is " +

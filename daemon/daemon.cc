@@ -23,6 +23,7 @@
 #include "common/sys.h"
 #include "common/version.h"
 #include "daemon/core.h"
+#include "daemon/descriptor_server.h"
 #include "daemon/service.h"
 
 namespace stash::daemon {
@@ -85,6 +86,7 @@ struct Daemon::Impl {
   std::string lock_path;
   int lock_fd = -1;
   std::unique_ptr<DaemonCore> core;
+  std::unique_ptr<DescriptorServer> descriptors;  // uses core: declared after it, gone before
   std::unique_ptr<StashServiceImpl> service;
   std::unique_ptr<StashServiceImpl> tcp_service;
   std::unique_ptr<grpc::Server> server;
@@ -135,10 +137,12 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
 
   // Socket: directory, single-daemon lock, stale file.
   impl->socket_path = DaemonSocketPath(config.socket);
-  if (impl->socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return InvalidArgumentError("socket path " + impl->socket_path + " is longer than " +
-                                std::to_string(sizeof(sockaddr_un::sun_path) - 1) +
-                                " bytes, the Unix socket limit: pick a shorter --socket");
+  if (DescriptorSocketPath(impl->socket_path).size() >= sizeof(sockaddr_un::sun_path)) {
+    return InvalidArgumentError(
+        "socket path " + impl->socket_path + " is longer than " +
+        std::to_string(sizeof(sockaddr_un::sun_path) - 1 - 3) +
+        " bytes (the Unix socket limit, less the descriptor socket's \".fd\"): pick a shorter "
+        "--socket");
   }
   const gid_t group = StashdGroup();
   STASH_RETURN_IF_ERROR(PrepareSocketDir(DirOf(impl->socket_path), group));
@@ -163,6 +167,16 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
 
   // Tiers and queues.
   STASH_ASSIGN_OR_RETURN(impl->core, DaemonCore::Create(config, backend, impl->socket_path));
+
+  // The descriptor channel, before gRPC: a client that got its Welcome finds it there.
+  STASH_ASSIGN_OR_RETURN(
+      impl->descriptors,
+      DescriptorServer::Start(
+          DescriptorSocketPath(impl->socket_path), group,
+          [core = impl->core.get()](const v1::DescriptorRequest& request,
+                                    const PeerCredentials& peer, std::vector<UniqueFd> fds) {
+            return core->HandleDescriptors(request, peer, std::move(fds));
+          }));
 
   // gRPC: the service, health and reflection.
   grpc::EnableDefaultHealthCheckService(true);
@@ -230,6 +244,7 @@ void Daemon::Shutdown() {
   if (impl_->tcp_server != nullptr) impl_->tcp_server->Shutdown(deadline);
   impl_->server->Shutdown(deadline);
   impl_->server->Wait();
+  impl_->descriptors.reset();
   impl_->core->Stop();
   unlink(impl_->socket_path.c_str());
   unlink(impl_->lock_path.c_str());

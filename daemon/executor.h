@@ -2,7 +2,7 @@
 //
 // The pool worker (pool.cc) owns the queue, the per-session order, ready events, admission
 // bookkeeping and the answers; the executor owns the memory and the copy machinery:
-//   host  (host_executor.cc): POSIX shared memory; copies run on the calling thread (split
+//   host  (host_executor.cc): client memfds; copies run on the calling thread (split
 //         across CopyWorkers) before the call returns.
 //   cuda  (cuda_executor.cc): CUDA IPC memory; kernels are enqueued on the GPU's copy stream and
 //         the call returns at once; `then` runs later on the pool worker.
@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "stash/kernels/paging.h"
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
@@ -114,8 +115,11 @@ class CopyExecutor {
   virtual Tier* device_tier() const = 0;
   virtual Tier* host_tier() const = 0;
 
-  // Opens a registration (synchronously). Errors say what the client must change.
-  virtual StatusOr<std::unique_ptr<MappedMemory>> Open(const stash::v1::RegisterMemory& reg) = 0;
+  // Opens a registration (synchronously): MEMORY_KIND_HOST_FD memory from `fd`, the memfd the
+  // client deposited (checked already; invalid for other kinds). Errors say what the client
+  // must change.
+  virtual StatusOr<std::unique_ptr<MappedMemory>> Open(const stash::v1::RegisterMemory& reg,
+                                                       UniqueFd fd) = 0;
 
   // Plans and copies a stash. Before `then`: record->plan, record->tier and the placement state
   // are set, the tier's accounting includes the stash, and `done` is raised.

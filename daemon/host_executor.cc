@@ -30,11 +30,12 @@ void HostExecutor::Raise(const DoneSignal& done) {
   EventSignal(reinterpret_cast<uint64_t*>(done.memory->host() + done.offset), done.value);
 }
 
-StatusOr<std::unique_ptr<MappedMemory>> HostExecutor::Open(const v1::RegisterMemory& reg) {
-  if (reg.kind() != v1::MEMORY_KIND_HOST_SHM) {
-    return FailedPreconditionError("the host backend opens only MEMORY_KIND_HOST_SHM memory");
+StatusOr<std::unique_ptr<MappedMemory>> HostExecutor::Open(const v1::RegisterMemory& reg,
+                                                           UniqueFd fd) {
+  if (reg.kind() != v1::MEMORY_KIND_HOST_FD) {
+    return FailedPreconditionError("the host backend opens only MEMORY_KIND_HOST_FD memory");
   }
-  auto shm = SharedMemory::Open(reg.handle(), reg.bytes());
+  auto shm = SharedMemory::MapClientFd(std::move(fd), reg.bytes());
   if (!shm.ok()) return shm.status();
   return std::unique_ptr<MappedMemory>(std::make_unique<ShmMemory>(std::move(shm).value()));
 }

@@ -19,7 +19,8 @@ class HostExecutor final : public CopyExecutor {
   Tier* device_tier() const override { return device_; }
   Tier* host_tier() const override { return host_; }
 
-  StatusOr<std::unique_ptr<MappedMemory>> Open(const stash::v1::RegisterMemory& reg) override;
+  StatusOr<std::unique_ptr<MappedMemory>> Open(const stash::v1::RegisterMemory& reg,
+                                               UniqueFd fd) override;
   void Stash(const StashWork& work, Then then) override;
   void Reload(const ReloadWork& work, Then then) override;
   void Raise(const DoneSignal& done) override;

@@ -1,12 +1,8 @@
 #include "daemon/pool.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "common/host_event.h"
@@ -94,19 +90,6 @@ Status CheckCounters(Session& s, const v1::SessionRequest& req) {
                       "where streams wait on them (Client::EnqueueWait)");
 }
 
-// Whether process `pid` has exited: no such process, or a zombie its parent has not reaped yet.
-bool ProcessGone(int64_t pid) {
-  if (pid <= 0) return false;
-  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const auto paren = line.rfind(')');  // the command name may contain spaces and parentheses
-  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
-  const char state = line[paren + 2];
-  return state == 'Z' || state == 'X';
-}
-
 }  // namespace
 
 Pool::Pool(int index, std::unique_ptr<CopyExecutor> executor, DaemonCounters* counters)
@@ -175,21 +158,6 @@ bool Pool::Ready(const Op& op) {
   return EventReached(counter, ready->value());
 }
 
-void Pool::SweepOrphans() {
-  const auto now = Clock::now();
-  orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(),
-                                [&](const Orphan& o) {
-                                  if (ProcessGone(o.pid)) {
-                                    for (const std::string& name : o.names) {
-                                      shm_unlink(name.c_str());
-                                    }
-                                    return true;
-                                  }
-                                  return now >= o.until;
-                                }),
-                 orphans_.end());
-}
-
 void Pool::Run() {
   auto backoff = std::chrono::microseconds(20);
   while (true) {
@@ -199,14 +167,13 @@ void Pool::Run() {
       MutexLock lock(&mu_);
       bool found = false;
       while (!found && completions_.empty()) {
-        if (!orphans_.empty()) SweepOrphans();
         if (outstanding_ > 0 && Clock::now() - health_checked_ > std::chrono::milliseconds(20)) {
           health_checked_ = Clock::now();
           executor_->CheckHealth();
         }
         if (queue_.empty()) {
           if (stopping_ && outstanding_ == 0) return;
-          if (orphans_.empty() && outstanding_ == 0) {
+          if (outstanding_ == 0) {
             cv_.Wait(&mu_);
           } else {
             cv_.WaitWithTimeout(&mu_, std::chrono::milliseconds(20));
@@ -288,7 +255,18 @@ void Pool::DoRegister(Session& s, const v1::SessionRequest& req) {
   const auto start = Clock::now();
   ClientMemory memory;
   memory.bytes = reg.bytes();
-  auto mapping = executor_->Open(reg);
+  UniqueFd fd;
+  StatusOr<std::unique_ptr<MappedMemory>> mapping = InternalError("not opened");
+  if (reg.kind() == v1::MEMORY_KIND_HOST_FD) {
+    auto taken = s.TakeDeposit(reg.memory_id(), reg.bytes());
+    if (taken.ok()) {
+      mapping = executor_->Open(reg, std::move(taken).value());
+    } else {
+      mapping = taken.status();
+    }
+  } else {
+    mapping = executor_->Open(reg, UniqueFd());
+  }
   if (mapping.ok()) {
     memory.mapping = std::move(mapping).value();
   } else {
@@ -298,6 +276,14 @@ void Pool::DoRegister(Session& s, const v1::SessionRequest& req) {
   s.memories()[reg.memory_id()] = std::move(memory);
   s.counters().inflight.fetch_sub(1, std::memory_order_relaxed);
   if (!status.ok()) {
+    // Nothing was registered: the id is free again for a registration that works (requests
+    // admitted behind this one find the failed entry and say why).
+    {
+      MutexLock lock(&s.mu());
+      if (s.declared_memories().erase(reg.memory_id()) != 0) {
+        counters_->memories_declared.fetch_sub(1, std::memory_order_relaxed);
+      }
+    }
     Log("ipc")->warn("session {}: cannot open memory {}: {}", s.info().id, reg.memory_id(),
                      status.ToString());
     s.Send(Reply(req.request_id(),
@@ -584,26 +570,6 @@ void Pool::DoTeardown(const std::shared_ptr<Session>& s) {
                       }));
   }
   s->stashes().clear();
-  // A client that died cannot unlink the shared memory it created: do it for it, or the names
-  // would stay in /dev/shm until reboot. A live client (it merely closed the session) keeps them.
-  // Only names the client created itself ("/stashd-<its pid>-..."): a session cannot make the
-  // daemon unlink another process's memory.
-  const std::string own_prefix = "/stashd-" + std::to_string(s->info().pid) + "-";
-  std::vector<std::string> names;
-  {
-    MutexLock lock(&s->mu());
-    for (const std::string& name : s->registered_names()) {
-      if (name.rfind(own_prefix, 0) == 0 && name.find('/', 1) == std::string::npos) {
-        names.push_back(name);
-      }
-    }
-  }
-  if (!names.empty()) {
-    MutexLock lock(&mu_);
-    orphans_.push_back(
-        Orphan{s->info().pid, std::move(names), Clock::now() + std::chrono::seconds(5)});
-    SweepOrphans();
-  }
   // The mappings close once the work in flight (and the releases above) finished.
   executor_->Fence(Track([s, stashes] {
     s->memories().clear();  // unmaps

@@ -61,17 +61,7 @@ class Pool {
     bool teardown = false;
   };
 
-  // Shared memory names of a closed session whose process had not exited yet at teardown. The
-  // worker unlinks them once it has (a SIGKILLed client closes its socket before it is a
-  // zombie), or forgets them after a few seconds: a live client unlinks its own.
-  struct Orphan {
-    int64_t pid;
-    std::vector<std::string> names;
-    std::chrono::steady_clock::time_point until;
-  };
-
   void Run();
-  void SweepOrphans() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the op's ready event (if any) is signalled. Worker thread only.
   bool Ready(const Op& op);
   void Execute(Op& op);
@@ -109,7 +99,6 @@ class Pool {
   uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;         // submitted continuations not yet run
   std::chrono::steady_clock::time_point health_checked_;  // worker thread only
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<Orphan> orphans_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
 };
 

@@ -11,9 +11,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "daemon/executor.h"
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
@@ -59,9 +61,18 @@ struct SessionCounters {
   std::atomic<bool> step_spilled{false};
 };
 
+// Who is at the other end of a descriptor-channel connection (SO_PEERCRED, in the daemon's pid
+// namespace).
+struct PeerCredentials {
+  int64_t pid = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
 // Identity fixed by Hello.
 struct SessionInfo {
-  std::string id;  // 32 hex characters, unguessable
+  std::string id;      // 32 hex characters, unguessable
+  std::string secret;  // 32 random bytes: authenticates the session on the descriptor channel
   int64_t rank = -1;
   int64_t pid = 0;
   int pool = 0;
@@ -89,19 +100,28 @@ class Session {
 
   // Receive-path state (validation before queueing), guarded by the session's mutex because the
   // pool worker also forgets tickets whose stash did not take.
-  Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
   absl::flat_hash_map<uint64_t, uint64_t>& declared_memories() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return declared_memories_;
   }
   absl::flat_hash_map<uint64_t, TicketShape>& live_tickets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return live_tickets_;
   }
-  // Shm names of host memory the client registered (admitted, opened or not): the daemon
-  // unlinks them for a client that died.
-  std::vector<std::string>& registered_names() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return registered_names_;
-  }
   void ForgetTicket(uint64_t ticket);
+
+  // Descriptor channel: keeps a checked client memfd for `memory_id` until RegisterMemory maps
+  // it (a second deposit under one id replaces the first). RESOURCE_EXHAUSTED past
+  // `max_deposits` descriptors not yet registered.
+  Status Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd fd, size_t max_deposits);
+  // Takes the descriptor deposited for `memory_id`; FAILED_PRECONDITION when there is none or it
+  // is smaller than `bytes`.
+  StatusOr<UniqueFd> TakeDeposit(uint64_t memory_id, uint64_t bytes);
+  // Binds the session to the process behind its first descriptor-channel request, or checks a
+  // later one is the same process. PERMISSION_DENIED when `peer` is not the process that said
+  // Hello (`hello_pid_matches` tells whether its pid, in its own namespace, is Hello.pid).
+  Status CheckPeer(const PeerCredentials& peer, bool hello_pid_matches);
+  // The verified process of the session, once it used the descriptor channel.
+  std::optional<PeerCredentials> peer() const;
 
   // Worker-side state: touched only by the session's pool worker thread.
   absl::flat_hash_map<uint64_t, ClientMemory>& memories() { return memories_; }
@@ -125,10 +145,15 @@ class Session {
   Mutex sink_mu_;
   ResponseSink* sink_ ABSL_GUARDED_BY(sink_mu_);  // non-owning; null once the stream is gone
 
-  Mutex mu_;
+  mutable Mutex mu_;
   absl::flat_hash_map<uint64_t, uint64_t> declared_memories_ ABSL_GUARDED_BY(mu_);  // id -> bytes
   absl::flat_hash_map<uint64_t, TicketShape> live_tickets_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> registered_names_ ABSL_GUARDED_BY(mu_);
+  struct Deposited {
+    uint64_t bytes = 0;
+    UniqueFd fd;
+  };
+  absl::flat_hash_map<uint64_t, Deposited> deposits_ ABSL_GUARDED_BY(mu_);
+  std::optional<PeerCredentials> peer_ ABSL_GUARDED_BY(mu_);
 
   absl::flat_hash_map<uint64_t, ClientMemory> memories_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<StashRecord>> stashes_;

@@ -51,6 +51,9 @@ struct DaemonCounters {
   std::atomic<uint64_t> spills{0};
   std::atomic<uint64_t> overflows{0};
   std::atomic<uint64_t> rejected{0};
+  // Registrations admitted and not yet unregistered, failed or ended, over every session
+  // (AdmitLimits::memories_total).
+  std::atomic<uint64_t> memories_declared{0};
   SampleWindow stash_latency_us;
   ThroughputWindow stash_copy;
   ThroughputWindow reload_copy;

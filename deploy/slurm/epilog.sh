@@ -63,6 +63,11 @@ if alive "$pid" && [[ "$comm" == stashd ]]; then
   if alive "$pid"; then
     log "stashd (pid $pid) still running ${stop_timeout_s} s after SIGTERM; sending SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
+    # SIGKILL lands asynchronously: wait (briefly) until the process is really gone.
+    deadline=$((SECONDS + 5))
+    while alive "$pid" && ((SECONDS < deadline)); do
+      sleep 0.05
+    done
   fi
 fi
 

@@ -23,8 +23,8 @@ constexpr uint64_t kMemBytes = 1 << 20;
 constexpr uint64_t kTicket = 0x5eed5eed5eed5eedULL;
 
 v1::SessionRequest Register(uint64_t rid, uint64_t memory_id, uint64_t bytes,
-                            v1::MemoryKind kind = v1::MEMORY_KIND_HOST_SHM,
-                            const std::string& handle = "/stash-test-memory") {
+                            v1::MemoryKind kind = v1::MEMORY_KIND_HOST_FD,
+                            const std::string& handle = "") {
   v1::SessionRequest r;
   r.set_request_id(rid);
   v1::RegisterMemory* m = r.mutable_register_memory();
@@ -160,9 +160,34 @@ TEST_F(Admit, RegisterOfZeroBytesIsInvalidArgument) {
   EXPECT_FALSE(MemoryDeclared(2));
 }
 
-TEST_F(Admit, RegisterWithEmptyHandleIsInvalidArgument) {
-  EXPECT_REJECTED(Check(Register(2, 2, 4096, v1::MEMORY_KIND_HOST_SHM, "")), kInvalidArgument,
-                  "handle");
+TEST_F(Admit, RegisterOfHostMemoryWithAHandleIsInvalidArgumentAndNeverEchoesIt) {
+  const std::string handle = "/stashd-1234-" + std::string(4 << 20, 'x');
+  const Status s =
+      AdmitRequest(Register(2, 2, 4096, v1::MEMORY_KIND_HOST_FD, handle), session_, limits_);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("handle empty"));
+  EXPECT_LT(s.message().size(), 1024U);
+  EXPECT_FALSE(MemoryDeclared(2));
+}
+
+TEST_F(Admit, RegisterOfAShmNameIsRefusedWithWhatReplacedIt) {
+  // Kind 1 was MEMORY_KIND_HOST_SHM: a name any client could use to open another's memory.
+  const Status s = AdmitRequest(
+      Register(2, 2, 4096, static_cast<v1::MemoryKind>(1), "/stashd-99-victim"), session_, limits_);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("MEMORY_KIND_HOST_FD"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("victim")));
+  EXPECT_FALSE(MemoryDeclared(2));
+}
+
+TEST_F(Admit, RegisterOfAnUnknownKindNamesTheValidOnes) {
+  for (int kind : {0, 4, 99, -1}) {
+    const Status s =
+        AdmitRequest(Register(2, 2, 4096, static_cast<v1::MemoryKind>(kind)), session_, limits_);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << kind << ": " << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr("kind " + std::to_string(kind))) << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr("MEMORY_KIND_HOST_FD (3)")) << s.ToString();
+  }
   EXPECT_FALSE(MemoryDeclared(2));
 }
 
@@ -183,11 +208,24 @@ TEST_F(Admit, RegisterOfAHostHandleThatIsNoShmNameIsInvalidArgument) {
 
 TEST_F(Admit, RegisterOfTheOtherBackendsMemoryIsFailedPrecondition) {
   EXPECT_REJECTED(Check(Register(2, 2, 4096, v1::MEMORY_KIND_CUDA_IPC, std::string(64, 'h'))),
-                  kFailedPrecondition, "MEMORY_KIND_HOST_SHM");
-  EXPECT_REJECTED(Check(Register(3, 3, 4096, v1::MEMORY_KIND_UNSPECIFIED)), kFailedPrecondition,
-                  "MEMORY_KIND_HOST_SHM");
+                  kFailedPrecondition, "MEMORY_KIND_HOST_FD");
   EXPECT_FALSE(MemoryDeclared(2));
-  EXPECT_FALSE(MemoryDeclared(3));
+}
+
+TEST_F(Admit, RegistrationsOverAllSessionsStopAtTheDaemonWideLimit) {
+  std::atomic<uint64_t> total{0};
+  limits_.memories_total = &total;
+  limits_.max_memories_total = 3;  // kMem was admitted before the count started
+  Session other(SessionInfo{}, nullptr, nullptr);
+  EXPECT_TRUE(Check(Register(2, 2, 4096)).ok());
+  EXPECT_TRUE(AdmitRequest(Register(3, 3, 4096), other, limits_).ok());
+  EXPECT_TRUE(AdmitRequest(Register(4, 4, 4096), other, limits_).ok());
+  EXPECT_REJECTED(Check(Register(5, 5, 4096)), kResourceExhausted, "vm.max_map_count");
+  EXPECT_EQ(total.load(), 3U);
+  // An unregistration makes room again.
+  EXPECT_TRUE(AdmitRequest(Unregister(6, 3), other, limits_).ok());
+  EXPECT_EQ(total.load(), 2U);
+  EXPECT_TRUE(Check(Register(7, 5, 4096)).ok());
 }
 
 TEST(AdmitCuda, TheCudaBackendTakesDeviceAndHostMemoryButNotUnspecified) {
@@ -199,8 +237,8 @@ TEST(AdmitCuda, TheCudaBackendTakesDeviceAndHostMemoryButNotUnspecified) {
                            session, limits)
                   .ok());
   Status s = AdmitRequest(Register(3, 3, 4096, v1::MEMORY_KIND_UNSPECIFIED), session, limits);
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
-  EXPECT_THAT(s.message(), HasSubstr("MEMORY_KIND_CUDA_IPC"));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("MEMORY_KIND_CUDA_IPC (2)"));
   s = AdmitRequest(Register(4, 4, 4096, v1::MEMORY_KIND_CUDA_IPC, std::string(63, 'h')), session,
                    limits);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();

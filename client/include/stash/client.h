@@ -1,7 +1,7 @@
 // The stashd client library: one session with the node's stash daemon.
 //
 // A training rank opens one Client and, for every marked activation (on the host backend its
-// buffers are HostBuffers, POSIX shared memory the daemon maps; on the cuda backend they are
+// buffers are HostBuffers, memfds the daemon maps; on the cuda backend they are
 // device pointers inside cudaMalloc allocations, which the daemon opens through CUDA IPC):
 //
 //   auto ticket = client->Stash(args);          // returns at once; the daemon copies
@@ -36,8 +36,10 @@
 
 namespace stash {
 
-// Memory the daemon can read and write: on the host backend, a POSIX shared-memory region this
-// library created. Not copyable; freeing it unmaps it here (a daemon that still has it
+// Memory the daemon can read and write: a memfd this library created, sealed so its size never
+// changes, which each session hands to the daemon as a file descriptor on first use (no name
+// exists: no other process can open it, and nothing is left behind when the process dies).
+// Not copyable; freeing it unmaps it here (a daemon that still has it
 // registered keeps its own mapping until the client unregisters it or the session ends). A
 // buffer whose counters a GPU stream raises or waits on (EnqueueSignal / EnqueueWait) may be
 // freed only after those streams passed that work (a stream synchronize, say): freeing it under
@@ -55,8 +57,6 @@ class STASH_EXPORT HostBuffer {
   uint64_t size() const;
   // A process-unique id; the session registers the buffer under it on first use.
   uint64_t id() const;
-  // The handle the daemon opens (the shm name).
-  const std::string& handle() const;
 
   struct Rep;  // the library's own state
 

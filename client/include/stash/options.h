@@ -9,7 +9,7 @@ namespace stash {
 
 // Where the daemon keeps stashed rows; the client must match the daemon it talks to.
 enum class Backend {
-  kHost,  // POSIX shared memory stands in for GPU memory (CI, laptops): buffers are HostBuffers
+  kHost,  // shared memory (memfds) stands in for GPU memory (CI, laptops): buffers are HostBuffers
   kCuda,  // NVIDIA GPUs: buffers are device pointers shared through CUDA IPC
 };
 

@@ -1,4 +1,4 @@
-"""Buffer: memory the daemon can read and write (host backend: POSIX shared memory)."""
+"""Buffer: memory the daemon can read and write (a sealed memfd, handed to it by descriptor)."""
 
 from __future__ import annotations
 

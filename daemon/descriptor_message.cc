@@ -1,0 +1,92 @@
+#include "daemon/descriptor_message.h"
+
+namespace stash::daemon {
+namespace {
+
+namespace v1 = stash::v1;
+
+constexpr size_t kSessionIdChars = 32;
+constexpr size_t kSecretBytes = 32;
+constexpr size_t kMaxMessageBytes = 1024;
+
+bool IsHex(const std::string& s) {
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// `text` cut to `limit` bytes at a character boundary, with every byte that is not part of a
+// valid UTF-8 sequence replaced by '?'.
+std::string SafeUtf8(const std::string& text, size_t limit) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 0;
+    bool ok = len > 0 && i + len <= text.size();
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+    }
+    if (!ok) len = 1;
+    if (out.size() + len > limit) break;
+    if (ok) {
+      out.append(text, i, len);
+    } else {
+      out += '?';
+    }
+    i += len;
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<v1::DescriptorRequest> ParseDescriptorRequest(const std::string& bytes,
+                                                       size_t descriptors) {
+  v1::DescriptorRequest request;
+  if (!request.ParseFromString(bytes)) {
+    return InvalidArgumentError(
+        "the packet is not a stash.v1.DescriptorRequest (" + std::to_string(bytes.size()) +
+        " bytes that do not parse): send one serialized DescriptorRequest per packet");
+  }
+  if (request.session_id().size() != kSessionIdChars || !IsHex(request.session_id())) {
+    return InvalidArgumentError("session_id must be the " + std::to_string(kSessionIdChars) +
+                                " lower-case hex characters of Welcome.session_id");
+  }
+  if (request.session_secret().size() != kSecretBytes) {
+    return InvalidArgumentError("session_secret must be the " + std::to_string(kSecretBytes) +
+                                " bytes of Welcome.descriptor_secret");
+  }
+  switch (request.kind_case()) {
+    case v1::DescriptorRequest::kDepositMemory: {
+      const v1::DepositMemory& d = request.deposit_memory();
+      if (d.memory_id() == 0) return InvalidArgumentError("deposit_memory.memory_id must be > 0");
+      if (d.bytes() == 0) return InvalidArgumentError("deposit_memory.bytes must be > 0");
+      if (descriptors != 1) {
+        return InvalidArgumentError(
+            "deposit_memory carries exactly one descriptor (SCM_RIGHTS), "
+            "this packet carried " +
+            std::to_string(descriptors));
+      }
+      return request;
+    }
+    case v1::DescriptorRequest::KIND_NOT_SET:
+      break;
+  }
+  return InvalidArgumentError("the request has no known kind: set deposit_memory");
+}
+
+std::string DescriptorAnswer(const Status& status, uint64_t memory_id) {
+  v1::DescriptorResponse response;
+  response.set_memory_id(memory_id);
+  response.set_code(static_cast<int>(status.code()));
+  response.set_message(SafeUtf8(status.message(), kMaxMessageBytes));
+  return response.SerializeAsString();
+}
+
+}  // namespace stash::daemon

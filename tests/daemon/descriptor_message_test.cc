@@ -1,0 +1,83 @@
+// Parsing of descriptor-channel packets (daemon/descriptor_message.h).
+#include "daemon/descriptor_message.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace stash::daemon {
+namespace {
+
+namespace v1 = stash::v1;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+v1::DescriptorRequest Valid() {
+  v1::DescriptorRequest r;
+  r.set_session_id(std::string(32, 'a'));
+  r.set_session_secret(std::string(32, '\x01'));
+  r.mutable_deposit_memory()->set_memory_id(7);
+  r.mutable_deposit_memory()->set_bytes(4096);
+  return r;
+}
+
+void ExpectRefused(const std::string& bytes, size_t fds, const std::string& why) {
+  auto parsed = ParseDescriptorRequest(bytes, fds);
+  EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << parsed.status().ToString();
+  EXPECT_THAT(parsed.status().message(), HasSubstr(why));
+}
+
+TEST(DescriptorMessage, AValidDepositParses) {
+  auto parsed = ParseDescriptorRequest(Valid().SerializeAsString(), 1);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->deposit_memory().memory_id(), 7U);
+}
+
+TEST(DescriptorMessage, GarbageIsRefusedWithoutEchoingIt) {
+  const std::string garbage = "\xff\xff\xff\xffsecret-looking-bytes";
+  auto parsed = ParseDescriptorRequest(garbage, 1);
+  EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(parsed.status().message(), Not(HasSubstr("secret-looking")));
+}
+
+TEST(DescriptorMessage, TheSessionAndSecretMustHaveTheirShape) {
+  v1::DescriptorRequest r = Valid();
+  r.set_session_id("short");
+  ExpectRefused(r.SerializeAsString(), 1, "session_id");
+  r = Valid();
+  r.set_session_id(std::string(32, 'Z'));
+  ExpectRefused(r.SerializeAsString(), 1, "hex");
+  r = Valid();
+  r.set_session_secret("x");
+  ExpectRefused(r.SerializeAsString(), 1, "session_secret");
+}
+
+TEST(DescriptorMessage, ADepositCarriesExactlyOneDescriptor) {
+  ExpectRefused(Valid().SerializeAsString(), 0, "carried 0");
+  ExpectRefused(Valid().SerializeAsString(), 2, "carried 2");
+}
+
+TEST(DescriptorMessage, ZeroIdsAndSizesAndMissingKindsAreRefused) {
+  v1::DescriptorRequest r = Valid();
+  r.mutable_deposit_memory()->set_memory_id(0);
+  ExpectRefused(r.SerializeAsString(), 1, "memory_id");
+  r = Valid();
+  r.mutable_deposit_memory()->set_bytes(0);
+  ExpectRefused(r.SerializeAsString(), 1, "bytes");
+  r = Valid();
+  r.clear_deposit_memory();
+  ExpectRefused(r.SerializeAsString(), 0, "deposit_memory");
+}
+
+TEST(DescriptorMessage, AnswersAreBoundedAndValidUtf8) {
+  v1::DescriptorResponse response;
+  ASSERT_TRUE(response.ParseFromString(
+      DescriptorAnswer(InvalidArgumentError("bad \xff\xfe bytes " + std::string(5000, 'x')))));
+  EXPECT_EQ(response.code(), static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_LE(response.message().size(), 1024U);
+  EXPECT_THAT(response.message(), HasSubstr("bad ?? bytes"));
+}
+
+}  // namespace
+}  // namespace stash::daemon

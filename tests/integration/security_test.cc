@@ -1,0 +1,360 @@
+// Issue-12 attacks against the real stashd, as a hostile local client would make them: client
+// memory travels only as sealed memfds over the descriptor channel, which only the process that
+// holds a session can use for it (docs/security.md).
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/descriptor_socket.h"
+#include "common/shm.h"
+#include "stash/v1/descriptor.pb.h"
+#include "stash/v1/stash.grpc.pb.h"
+#include "tests/integration/harness.h"
+
+namespace stash::testing {
+namespace {
+
+namespace v1 = stash::v1;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr uint64_t kBytes = 1 << 20;
+
+std::vector<std::string> Flags() {
+  return {"--pool-bytes=8MiB", "--page-bytes=64KiB", "--host-tier-bytes=0", "--backend=host"};
+}
+
+#define ASSERT_READY(daemon) \
+  ASSERT_TRUE((daemon).Ready()) << "stashd did not start: " << (daemon).process().Stderr()
+
+// One raw session on the gRPC socket, welcomed.
+class RawSession {
+ public:
+  explicit RawSession(const std::string& socket)
+      : stub_(v1::StashService::NewStub(
+            grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()))) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60 * TimeScale()));
+    stream_ = stub_->Session(&ctx_);
+    v1::SessionRequest hello;
+    hello.mutable_hello()->set_backend(v1::BACKEND_HOST);
+    hello.mutable_hello()->set_pid(getpid());
+    hello.mutable_hello()->set_client_version("security-test");
+    v1::SessionResponse r;
+    if (stream_->Write(hello) && stream_->Read(&r) && r.has_welcome()) welcome_ = r.welcome();
+  }
+  ~RawSession() {
+    stream_->WritesDone();
+    v1::SessionResponse r;
+    while (stream_->Read(&r)) {
+    }
+    (void)stream_->Finish();
+  }
+  const v1::Welcome& welcome() const { return welcome_; }
+
+  // Sends one request and returns its answer.
+  v1::SessionResponse Call(v1::SessionRequest request) {
+    request.set_request_id(++next_id_);
+    v1::SessionResponse r;
+    if (!stream_->Write(request) || !stream_->Read(&r)) r.set_code(-1);
+    return r;
+  }
+  v1::SessionResponse Register(uint64_t id, uint64_t bytes, int kind = v1::MEMORY_KIND_HOST_FD,
+                               const std::string& handle = "") {
+    v1::SessionRequest r;
+    r.mutable_register_memory()->set_memory_id(id);
+    r.mutable_register_memory()->set_kind(static_cast<v1::MemoryKind>(kind));
+    r.mutable_register_memory()->set_bytes(bytes);
+    r.mutable_register_memory()->set_handle(handle);
+    return Call(r);
+  }
+  // Stashes `rows` rows of 4 KiB of memory `id` (from offset 0) and reloads them into memory
+  // `into`; returns the reload's answer.
+  v1::SessionResponse RoundTrip(uint64_t id, uint64_t into, uint64_t rows) {
+    v1::SessionRequest st;
+    st.mutable_stash()->set_ticket(0x7777);
+    st.mutable_stash()->mutable_source()->set_memory_id(id);
+    st.mutable_stash()->set_row_bytes(4096);
+    st.mutable_stash()->set_max_rows(rows);
+    st.mutable_stash()->mutable_count()->set_value(rows);
+    v1::SessionResponse stashed = Call(st);
+    if (stashed.code() != 0) return stashed;
+    v1::SessionRequest rl;
+    rl.mutable_reload()->set_ticket(0x7777);
+    rl.mutable_reload()->mutable_destination()->set_memory_id(into);
+    return Call(rl);
+  }
+
+ private:
+  std::unique_ptr<v1::StashService::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+  v1::Welcome welcome_;
+  uint64_t next_id_ = 0;
+};
+
+UniqueFd Connect(const std::string& path) {
+  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) fd.reset();
+  return fd;
+}
+
+std::string DepositPacket(const v1::Welcome& welcome, uint64_t id, uint64_t bytes,
+                          const std::string* secret = nullptr) {
+  v1::DescriptorRequest request;
+  request.set_session_id(welcome.session_id());
+  request.set_session_secret(secret != nullptr ? *secret : welcome.descriptor_secret());
+  request.mutable_deposit_memory()->set_memory_id(id);
+  request.mutable_deposit_memory()->set_bytes(bytes);
+  return request.SerializeAsString();
+}
+
+// Sends one packet with `fds` on a fresh connection and returns the daemon's answer.
+v1::DescriptorResponse Send(const std::string& socket, const std::string& packet,
+                            const std::vector<int>& fds) {
+  v1::DescriptorResponse response;
+  response.set_code(-1);
+  UniqueFd c = Connect(socket + ".fd");
+  if (!c.valid() || !SendPacket(c.get(), packet, fds).ok() ||
+      !WaitReadable(c.get(), 10000 * TimeScale()).ok()) {
+    return response;
+  }
+  auto answer = ReceivePacket(c.get());
+  if (answer.ok()) response.ParseFromString(answer->bytes);
+  return response;
+}
+
+size_t StashdFilesInDevShm() {
+  size_t n = 0;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  while (dirent* e = readdir(dir)) {
+    if (std::strncmp(e->d_name, "stashd", 6) == 0) ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+constexpr int kPermissionDenied = static_cast<int>(grpc::StatusCode::PERMISSION_DENIED);
+constexpr int kInvalidArgument = static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT);
+constexpr int kFailedPrecondition = static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION);
+
+TEST(Security, OwnMemoryByDescriptorRoundTrips) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  RawSession s(daemon.socket());
+  ASSERT_EQ(s.welcome().descriptor_secret().size(), 32U);
+  auto source = SharedMemory::CreateSealed("security-test", kBytes);
+  auto target = SharedMemory::CreateSealed("security-test", kBytes);
+  ASSERT_TRUE(source.ok() && target.ok());
+  std::memset((*source)->data(), 0x3c, kBytes);
+  EXPECT_EQ(Send(daemon.socket(), DepositPacket(s.welcome(), 1, kBytes), {(*source)->fd()}).code(),
+            0);
+  EXPECT_EQ(Send(daemon.socket(), DepositPacket(s.welcome(), 2, kBytes), {(*target)->fd()}).code(),
+            0);
+  ASSERT_EQ(s.Register(1, kBytes).code(), 0);
+  ASSERT_EQ(s.Register(2, kBytes).code(), 0);
+  const v1::SessionResponse r = s.RoundTrip(1, 2, 16);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ((*target)->data()[16 * 4096 - 1], 0x3c);
+}
+
+// Item 1: memory is never named, so a session can reach only the descriptors it handed over.
+TEST(Security, NoSessionCanNameAnotherClientsMemory) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  RawSession victim(daemon.socket());
+  RawSession attacker(daemon.socket());
+  auto secret = SharedMemory::CreateSealed("security-test", kBytes);
+  ASSERT_TRUE(secret.ok());
+  ASSERT_EQ(
+      Send(daemon.socket(), DepositPacket(victim.welcome(), 9, kBytes), {(*secret)->fd()}).code(),
+      0);
+  // The old attack: a shm name (there is none to find: no stashd files in /dev/shm).
+  const v1::SessionResponse by_name =
+      attacker.Register(9, kBytes, 1, "/stashd-" + std::to_string(getpid()) + "-0123");
+  EXPECT_EQ(by_name.code(), kInvalidArgument);
+  EXPECT_THAT(by_name.message(), HasSubstr("removed"));
+  // The victim's memory id in the attacker's session: no descriptor there.
+  const v1::SessionResponse by_id = attacker.Register(9, kBytes);
+  EXPECT_EQ(by_id.code(), kFailedPrecondition) << by_id.message();
+  EXPECT_THAT(by_id.message(), HasSubstr("no descriptor was deposited"));
+  // Depositing into the victim's session needs its secret.
+  auto own = SharedMemory::CreateSealed("security-test", kBytes);
+  const std::string guess(32, 'g');
+  const v1::DescriptorResponse wrong =
+      Send(daemon.socket(), DepositPacket(victim.welcome(), 5, kBytes, &guess), {(*own)->fd()});
+  EXPECT_EQ(wrong.code(), kPermissionDenied) << wrong.message();
+  // The victim's session still reads its own memory.
+  ASSERT_EQ(victim.Register(9, kBytes).code(), 0);
+}
+
+// Item 1: a leaked secret is not enough: the descriptor channel serves a session only to the
+// process that said its Hello.
+TEST(Security, AnotherProcessWithTheSecretIsRefused) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  RawSession s(daemon.socket());
+  auto memory = SharedMemory::CreateSealed("security-test", kBytes);
+  ASSERT_TRUE(memory.ok());
+  const std::string packet = DepositPacket(s.welcome(), 3, kBytes);
+  const std::string path = daemon.socket() + ".fd";
+  int result[2];
+  ASSERT_EQ(pipe2(result, O_CLOEXEC), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Syscalls only: the parent's gRPC threads do not exist here.
+    int code = -1;
+    UniqueFd c = Connect(path);
+    if (c.valid() && SendPacket(c.get(), packet, {memory.value()->fd()}).ok() &&
+        WaitReadable(c.get(), 10000).ok()) {
+      auto answer = ReceivePacket(c.get());
+      v1::DescriptorResponse response;
+      if (answer.ok() && response.ParseFromString(answer->bytes)) code = response.code();
+    }
+    (void)!write(result[1], &code, sizeof(code));
+    _exit(0);
+  }
+  close(result[1]);
+  int code = 0;
+  ASSERT_EQ(read(result[0], &code, sizeof(code)), static_cast<ssize_t>(sizeof(code)));
+  close(result[0]);
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(code, kPermissionDenied);
+  EXPECT_EQ(s.Register(3, kBytes).code(), kFailedPrecondition);  // nothing was deposited
+  // The session's own process is still served.
+  EXPECT_EQ(Send(daemon.socket(), packet, {(*memory)->fd()}).code(), 0);
+  EXPECT_EQ(s.Register(3, kBytes).code(), 0);
+}
+
+// Item 2: memory that can shrink under the daemon's mapping (SIGBUS) is refused at the door.
+TEST(Security, MemoryThatCouldShrinkIsRefusedAndTheDaemonStaysUp) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  RawSession s(daemon.socket());
+  UniqueFd unsealed(memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(ftruncate(unsealed.get(), kBytes), 0);
+  const v1::DescriptorResponse r =
+      Send(daemon.socket(), DepositPacket(s.welcome(), 4, kBytes), {unsealed.get()});
+  EXPECT_EQ(r.code(), kInvalidArgument);
+  EXPECT_THAT(r.message(), HasSubstr("F_SEAL_SHRINK"));
+  EXPECT_EQ(s.Register(4, kBytes).code(), kFailedPrecondition);
+  // A sealed memfd smaller than it claims is refused too.
+  auto small = SharedMemory::CreateSealed("security-test", 4096);
+  const v1::DescriptorResponse smaller =
+      Send(daemon.socket(), DepositPacket(s.welcome(), 5, kBytes), {(*small)->fd()});
+  EXPECT_EQ(smaller.code(), kInvalidArgument);
+  EXPECT_THAT(smaller.message(), HasSubstr("less than"));
+  EXPECT_TRUE(daemon.process().running());
+  EXPECT_TRUE(SocketAccepts(daemon.socket()));
+}
+
+TEST(Security, MalformedDescriptorPacketsAreAnsweredAndCloseTheConnection) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  RawSession s(daemon.socket());
+  auto memory = SharedMemory::CreateSealed("security-test", kBytes);
+  const std::vector<std::string> bad = {std::string("\xff\xff\xff\xff", 4), "",
+                                        DepositPacket(s.welcome(), 0, kBytes)};
+  for (const std::string& packet : bad) {
+    const v1::DescriptorResponse r = Send(daemon.socket(), packet, {(*memory)->fd()});
+    EXPECT_EQ(r.code(), kInvalidArgument) << r.message();
+  }
+  // Two descriptors where one is expected.
+  const v1::DescriptorResponse two = Send(daemon.socket(), DepositPacket(s.welcome(), 6, kBytes),
+                                          {(*memory)->fd(), (*memory)->fd()});
+  EXPECT_EQ(two.code(), kInvalidArgument);
+  EXPECT_THAT(two.message(), HasSubstr("exactly one descriptor"));
+  EXPECT_TRUE(daemon.process().running());
+}
+
+// Item 11: client memory has no name, so a SIGKILLed client leaves nothing in /dev/shm.
+TEST(Security, KilledClientsLeaveNothingInDevShm) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  const size_t before = StashdFilesInDevShm();
+  Process client;
+  ASSERT_TRUE(client.Start({BinDir() + "/tests/integration/stash-test-client", daemon.socket(),
+                            "hold", std::to_string(64 << 10)},
+                           daemon.dir() + "/client"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30 * TimeScale());
+  while (client.Stdout().find("stashed") == std::string::npos && client.running() &&
+         std::chrono::steady_clock::now() < deadline) {
+    usleep(10000);
+  }
+  ASSERT_THAT(client.Stdout(), HasSubstr("stashed")) << client.Stderr();
+  EXPECT_EQ(StashdFilesInDevShm(), before);
+  client.StopWith(SIGKILL, std::chrono::seconds(10));
+  EXPECT_EQ(StashdFilesInDevShm(), before);
+}
+
+// Item 1 across Unix users (needs root to become another user): a second user allowed on the
+// sockets (group member) still cannot use a session of the first.
+TEST(Security, AnotherUserInTheSocketsGroupCannotUseAnotherUsersSession) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a second Unix user";
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  RawSession s(daemon.socket());
+  constexpr gid_t kNobody = 65534;
+  const std::string path = daemon.socket() + ".fd";
+  // Let group 65534 onto both sockets, as the stashd group would be.
+  ASSERT_EQ(chown(daemon.dir().c_str(), static_cast<uid_t>(-1), kNobody), 0);
+  ASSERT_EQ(chmod(daemon.dir().c_str(), 0750), 0);
+  ASSERT_EQ(chown(path.c_str(), static_cast<uid_t>(-1), kNobody), 0);
+  const std::string packet = DepositPacket(s.welcome(), 8, kBytes);  // even with the secret
+  int result[2];
+  ASSERT_EQ(pipe2(result, O_CLOEXEC), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = -2;
+    if (setgroups(0, nullptr) == 0 && setgid(kNobody) == 0 && setuid(kNobody) == 0) {
+      code = -1;
+      UniqueFd memfd(memfd_create("nobody", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      if (ftruncate(memfd.get(), kBytes) == 0 &&
+          fcntl(memfd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) == 0) {
+        UniqueFd c = Connect(path);
+        if (c.valid() && SendPacket(c.get(), packet, {memfd.get()}).ok() &&
+            WaitReadable(c.get(), 10000).ok()) {
+          auto answer = ReceivePacket(c.get());
+          v1::DescriptorResponse response;
+          if (answer.ok() && response.ParseFromString(answer->bytes)) code = response.code();
+        }
+      }
+    }
+    (void)!write(result[1], &code, sizeof(code));
+    _exit(0);
+  }
+  close(result[1]);
+  int code = 0;
+  ASSERT_EQ(read(result[0], &code, sizeof(code)), static_cast<ssize_t>(sizeof(code)));
+  close(result[0]);
+  waitpid(child, nullptr, 0);
+  ASSERT_NE(code, -2) << "could not become uid 65534";
+  ASSERT_NE(code, -1) << "uid 65534 could not reach the descriptor socket";
+  EXPECT_EQ(code, kPermissionDenied);
+  EXPECT_EQ(s.Register(8, kBytes).code(), kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace stash::testing
