@@ -99,16 +99,6 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
           " is not a known MemoryKind: use MEMORY_KIND_HOST_FD (3)" +
           (limits.backend == v1::BACKEND_CUDA ? " or MEMORY_KIND_CUDA_IPC (2)" : std::string()));
   }
-  // The name goes into shm_open (which stops at a NUL) and, when opening fails, into the status
-  // message, which protobuf must serialize as UTF-8. Not echoed: it may not be text.
-  if (reg.kind() == v1::MEMORY_KIND_HOST_SHM &&
-      (reg.handle()[0] != '/' || reg.handle().find('\0') != std::string::npos ||
-       !IsValidUtf8(reg.handle()))) {
-    return InvalidArgumentError(
-        "a MEMORY_KIND_HOST_SHM handle is a POSIX shared-memory name: \"/\" then UTF-8 text "
-        "without NUL bytes, as HostBuffer creates; this " +
-        std::to_string(reg.handle().size()) + "-byte handle is not one");
-  }
   if (s.declared_memories().contains(reg.memory_id())) {
     return AlreadyExistsError("memory " + std::to_string(reg.memory_id()) +
                               " is already registered in this session: pick a new memory_id");

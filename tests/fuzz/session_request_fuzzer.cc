@@ -8,17 +8,19 @@
 //   - a rejected request changes nothing; an admitted one changes exactly its own effect;
 //   - an admitted Stash's source, count reference and events lie inside a registered memory
 //     (checked in 128-bit arithmetic), aligned, with nonzero ids and sizes; likewise Reload;
-//   - an admitted host memory handle is what the protocol says it is (UTF-8, starts with "/",
-//     no NUL);
+//   - an admitted registration is of a kind this backend takes, with the handle that kind has
+//     (none for MEMORY_KIND_HOST_FD, 64 bytes for MEMORY_KIND_CUDA_IPC);
 //   - a status is OK with an empty message, or one of admission's documented codes with a
 //     message that is valid UTF-8, not empty and at most 4 KiB;
-//   - the in-flight and registration limits hold;
+//   - the in-flight and registration limits hold (per session and daemon-wide), and the
+//     daemon-wide count of registrations follows registrations and unregistrations;
 //   - every ticket this input stashed can be reloaded into the range it came from while that
 //     memory is still registered (the stash-then-reload path, run after the sequence).
 //
 // STASH_FUZZ_TRACE=1 prints each request and its status (to read what a crashing input does).
 #include <google/protobuf/stubs/logging.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +34,7 @@
 #include "daemon/session.h"
 #include "stash/v1/stash.pb.h"
 #include "tests/fuzz/session_input.h"
+#include "tests/fuzz/utf8.h"
 
 namespace stash::fuzz {
 namespace {
@@ -57,49 +60,13 @@ constexpr size_t kMaxMessageBytes = 4096;
     if (!(cond)) Violated(#cond, (request), (status)); \
   } while (0)
 
-// Written here rather than taken from the code under test, so the oracle is independent.
-bool IsUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    size_t n = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xe0) == 0xc0) {
-      n = 1;
-      cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      n = 2;
-      cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      n = 3;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + n >= s.size()) return false;  // truncated sequence
-    for (size_t k = 1; k <= n; ++k) {
-      const auto cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    const uint32_t min[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < min[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n + 1;
-  }
-  return true;
-}
-
 // The receive-side state of a session, as a value that can be compared.
 struct Model {
   std::map<uint64_t, uint64_t> memories;                      // id -> bytes
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> tickets;  // ticket -> (row_bytes, max_rows)
-  size_t names = 0;
 
   friend bool operator==(const Model& a, const Model& b) {
-    return a.memories == b.memories && a.tickets == b.tickets && a.names == b.names;
+    return a.memories == b.memories && a.tickets == b.tickets;
   }
 };
 
@@ -108,7 +75,6 @@ Model Snapshot(Session& s) {
   Model m;
   for (const auto& [id, bytes] : s.declared_memories()) m.memories[id] = bytes;
   for (const auto& [t, shape] : s.live_tickets()) m.tickets[t] = {shape.row_bytes, shape.max_rows};
-  m.names = s.registered_names().size();
   return m;
 }
 
@@ -122,10 +88,6 @@ bool Inside(const Model& m, const v1::MemoryRef& ref, u128 len) {
 
 bool EventOk(const Model& m, const v1::EventRef& ev) {
   return ev.has_counter() && ev.counter().offset() % 8 == 0 && Inside(m, ev.counter(), 8);
-}
-
-bool IsShmHandle(const std::string& h) {
-  return !h.empty() && h[0] == '/' && h.find('\0') == std::string::npos && IsUtf8(h);
 }
 
 // Where an admitted stash came from, to reload it there at the end.
@@ -142,9 +104,11 @@ class Harness {
       limits_.max_inflight = kTightInflight;
       limits_.max_memories = kTightMemories;
     }
-    MustAdmit(Register(kSmallMemory, kSmallMemoryBytes, v1::MEMORY_KIND_HOST_SHM));
-    MustAdmit(Register(kBigMemory, kBigMemoryBytes, v1::MEMORY_KIND_HOST_SHM));
-    MustAdmit(Register(kHugeMemory, kHugeMemoryBytes, v1::MEMORY_KIND_HOST_SHM));
+    if ((setup & kSetupTightTotal) != 0) limits_.max_memories_total = kTightMemoriesTotal;
+    limits_.memories_total = &memories_total_;
+    MustAdmit(Register(kSmallMemory, kSmallMemoryBytes, v1::MEMORY_KIND_HOST_FD));
+    MustAdmit(Register(kBigMemory, kBigMemoryBytes, v1::MEMORY_KIND_HOST_FD));
+    MustAdmit(Register(kHugeMemory, kHugeMemoryBytes, v1::MEMORY_KIND_HOST_FD));
     if (limits_.backend == v1::BACKEND_CUDA) {
       MustAdmit(Register(kCudaMemory, kCudaMemoryBytes, v1::MEMORY_KIND_CUDA_IPC));
     }
@@ -157,6 +121,7 @@ class Harness {
     if (request.has_hello()) CheckHelloOf(request.hello());
     const Model before = Snapshot(session_);
     const uint64_t inflight = session_.counters().inflight.load();
+    const uint64_t total = memories_total_.load();
     const Status status = daemon::AdmitRequest(request, session_, limits_);
     if (trace_) {
       std::fprintf(stderr, "%s -> %s\n", request.ShortDebugString().c_str(),
@@ -172,6 +137,7 @@ class Harness {
                      status.code() == StatusCode::kFailedPrecondition,
                  request, status);
       FUZZ_CHECK(after == before, request, status);
+      FUZZ_CHECK(memories_total_.load() == total, request, status);
       return;
     }
     FUZZ_CHECK(request.request_id() != 0, request, status);
@@ -183,9 +149,9 @@ class Harness {
         FUZZ_CHECK(reg.memory_id() != 0 && reg.bytes() != 0, request, status);
         FUZZ_CHECK(!before.memories.count(reg.memory_id()), request, status);
         FUZZ_CHECK(before.memories.size() < limits_.max_memories, request, status);
-        if (reg.kind() == v1::MEMORY_KIND_HOST_SHM) {
-          FUZZ_CHECK(IsShmHandle(reg.handle()), request, status);
-          ++expected.names;
+        FUZZ_CHECK(total < limits_.max_memories_total, request, status);
+        if (reg.kind() == v1::MEMORY_KIND_HOST_FD) {
+          FUZZ_CHECK(reg.handle().empty(), request, status);
         } else {
           FUZZ_CHECK(limits_.backend == v1::BACKEND_CUDA &&
                          reg.kind() == v1::MEMORY_KIND_CUDA_IPC && reg.handle().size() == 64,
@@ -239,6 +205,7 @@ class Harness {
         FUZZ_CHECK(!"admitted a Hello or a request without a kind", request, status);
     }
     FUZZ_CHECK(after == expected, request, status);
+    FUZZ_CHECK(memories_total_.load() == after.memories.size(), request, status);
     session_.counters().inflight.fetch_add(1);  // queued, as the pool does
   }
 
@@ -297,8 +264,7 @@ class Harness {
     m->set_memory_id(id);
     m->set_kind(kind);
     m->set_bytes(bytes);
-    m->set_handle(kind == v1::MEMORY_KIND_CUDA_IPC ? std::string(64, 'h')
-                                                   : "/stashd-fuzz-" + std::to_string(id));
+    if (kind == v1::MEMORY_KIND_CUDA_IPC) m->set_handle(std::string(64, 'h'));
     return r;
   }
 
@@ -323,6 +289,7 @@ class Harness {
   const uint8_t setup_;
   const bool trace_ = std::getenv("STASH_FUZZ_TRACE") != nullptr;
   AdmitLimits limits_;
+  std::atomic<uint64_t> memories_total_{0};  // this is the daemon's only session
   Session session_{SessionInfo{}, nullptr, nullptr};
   std::map<uint64_t, Stashed> stashed_;   // admitted by this input and still live
   uint64_t next_id_ = uint64_t{1} << 63;  // setup and follow-up ids, apart from the input's

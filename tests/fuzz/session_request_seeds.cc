@@ -42,17 +42,15 @@ v1::SessionRequest Hello(v1::Backend backend, int32_t device) {
 }
 
 v1::SessionRequest Register(uint64_t id, uint64_t bytes,
-                            v1::MemoryKind kind = v1::MEMORY_KIND_HOST_SHM) {
+                            v1::MemoryKind kind = v1::MEMORY_KIND_HOST_FD) {
   v1::SessionRequest r = Request();
   v1::RegisterMemory* m = r.mutable_register_memory();
   m->set_memory_id(id);
   m->set_kind(kind);
   m->set_bytes(bytes);
-  if (kind == v1::MEMORY_KIND_CUDA_IPC) {
+  if (kind == v1::MEMORY_KIND_CUDA_IPC) {  // MEMORY_KIND_HOST_FD has no handle
     m->set_handle(std::string(64, '\x5a'));
     m->set_device_uuid(std::string(16, '\x01'));
-  } else {
-    m->set_handle("/stashd-4242-00112233445566778899aabbccddeeff");
   }
   return r;
 }
@@ -165,6 +163,8 @@ std::vector<Seed> Seeds() {
   for (uint64_t i = 0; i < 6; ++i) burst.push_back(Register(10 + i, 4096));
   for (uint64_t i = 0; i < 6; ++i) burst.push_back(Stash(kTicket + i, kBigMemory, 0, 64, 16));
   add("tight-limits", kSetupTight, burst);
+  add("tight-total", kSetupTightTotal,
+      {Register(10, 4096), Register(11, 4096), Unregister(10), Register(12, 4096)});
   return seeds;
 }
 
