@@ -12,7 +12,7 @@
 //   budget = round_up(tokens_per_rank * topk * capacity_factor, align)
 // (HybridEP's num_permuted_tokens; tokens past it are dropped upstream).
 //
-// Stashes per layer, token-major, one per buffer (DESIGN.md §2):
+// Stashes per layer, token-major, one per buffer (docs/design.md):
 //   BF16:  the expert input [tokens, hidden] bf16             -> row_bytes = 2 * hidden
 //   MXFP8: columnwise data  [tokens, hidden] e4m3             -> row_bytes = hidden
 //          columnwise scale_inv [tokens/32, roundup(hidden,128)] e8m0 -> row_bytes = that, rows/32

@@ -17,6 +17,7 @@
 
 #include "client/cuda_memory.h"
 #include "client/descriptor_channel.h"
+#include "client/tier_stats.h"
 #include "common/grpc_status.h"
 #include "common/host_event.h"
 #include "common/macros.h"
@@ -45,6 +46,9 @@ Tier FromProtoTier(v1::Tier tier) {
   }
 }
 
+// How long closing a session waits for the daemon to drain its copies before cancelling.
+constexpr std::chrono::seconds kCloseDrainTimeout(10);
+
 std::string NoDaemon(const std::string& socket, const std::string& detail) {
   return "no stashd answers on " + socket + " (" + detail +
          "): start it with 'stashd --socket=" + socket +
@@ -63,13 +67,15 @@ struct HostBuffer::Rep {
   uint64_t id = 0;
   // Cuda backend: the buffer mapped for the GPU on first EnqueueSignal / EnqueueWait.
   std::mutex map_mu;
-  uint64_t device_address = 0;  // guarded by map_mu
-  std::function<void()> unmap;  // guarded by map_mu
+  uint64_t device_address = 0;    // guarded by map_mu
+  std::function<void()> release;  // guarded by map_mu
 };
 
 HostBuffer::HostBuffer(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
 HostBuffer::~HostBuffer() {
-  if (rep_->unmap) rep_->unmap();  // before the memory is unmapped
+  // Mapped for the GPU: streams may still wait on it, so it stays mapped until the process
+  // exits (CudaSide::MapHost).
+  if (rep_->release) rep_->release();
 }
 
 StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
@@ -535,6 +541,23 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
 }
 
 Client::~Client() {
+  // A healthy session ends by a half-close: the daemon ends the stream only once every copy and
+  // done write of the session finished, and only then does OnReadDone raise the pending done
+  // counters. A cancel would raise them at once while the daemon's copies still run, and a done
+  // write landing after that raise could lower a counter a stream waits on. Cancelled anyway
+  // after kCloseDrainTimeout (a daemon that does not answer).
+  bool healthy = false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    healthy = !impl_->broken && impl_->welcomed;
+  }
+  Impl* raw = impl_.get();
+  const bool half_closed =
+      healthy && impl_->writes.CloseAfterWrites([raw] { raw->StartWritesDone(); });
+  if (half_closed) {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    impl_->cv.wait_for(lock, kCloseDrainTimeout, [&] { return impl_->broken; });
+  }
   impl_->context.TryCancel();
   std::unique_lock<std::mutex> lock(impl_->mu);
   if (!impl_->hold_removed) {
@@ -765,8 +788,8 @@ StatusOr<uint64_t> DeviceCounter(CudaSide* cuda, const EventPoint& point, HostBu
   HostBuffer::Rep& rep = *buffer;
   std::lock_guard<std::mutex> lock(rep.map_mu);
   if (rep.device_address == 0) {
-    STASH_ASSIGN_OR_RETURN(rep.device_address,
-                           cuda->MapHost(rep.memory->data(), rep.memory->size(), &rep.unmap));
+    STASH_ASSIGN_OR_RETURN(rep.device_address, cuda->MapHost(rep.memory->data(), rep.memory->size(),
+                                                             rep.memory, &rep.release));
   }
   return rep.device_address + point.offset;
 }
@@ -835,17 +858,7 @@ StatusOr<SessionStats> Client::Stats() {
   out.session_id = impl_->welcome.session_id();
   out.pool = impl_->welcome.pool();
   out.page_bytes = impl_->welcome.page_bytes();
-  for (const v1::TierStats& t : response.tiers()) {
-    if (t.pool() == out.pool) {
-      out.pool_pages_total = t.pages_total();
-      out.pool_pages_used = t.pages_used();
-      out.pool_pages_high_water = t.pages_high_water();
-    } else if (t.pool() < 0) {
-      out.host_pages_total = t.pages_total();
-      out.host_pages_used = t.pages_used();
-      out.host_pages_high_water = t.pages_high_water();
-    }
-  }
+  for (const v1::TierStats& t : response.tiers()) AddTierStats(t, &out);
   for (const v1::SessionStats& s : response.sessions()) {
     if (s.session_id() != out.session_id) continue;
     out.stashes = s.stashes();

@@ -60,6 +60,17 @@ StatusOr<std::unique_ptr<CudaSide>> CudaSide::Open(int device) {
   side->device_ = device;
   CUdevice dev = 0;
   STASH_CU_RETURN_IF_ERROR(d, DeviceGet(&dev, device));
+  // Checked here, at Open, not at the first EnqueueWait in the middle of a training step.
+  int mem_ops = 0;
+  STASH_CU_RETURN_IF_ERROR(
+      d, DeviceGetAttribute(&mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev));
+  if (mem_ops == 0) {
+    return FailedPreconditionError(
+        "GPU " + std::to_string(device) +
+        " does not support 64-bit stream memory operations (cuStreamBatchMemOp, "
+        "cuStreamWaitValue64), which the cuda backend orders streams with: update the NVIDIA "
+        "driver (R580 or newer, which CUDA 13 needs)");
+  }
   CUuuid uuid{};
   STASH_CU_RETURN_IF_ERROR(d, DeviceGetUuid(&uuid, dev));
   side->uuid_.assign(uuid.bytes, sizeof(uuid.bytes));
@@ -180,7 +191,21 @@ std::vector<uint64_t> CudaSide::ForgetAll() {
   return allocations_.Clear();
 }
 
-StatusOr<uint64_t> CudaSide::MapHost(void* data, uint64_t bytes, std::function<void()>* unmap) {
+namespace {
+
+// Host memory a stream may still use after its owner freed it (see MapHost): kept mapped and
+// registered until the process exits. Never destroyed (no exit-time ordering with the driver).
+void KeepForProcessLifetime(std::shared_ptr<void> owner) {
+  static auto* mu = new std::mutex;
+  static auto* kept = new std::vector<std::shared_ptr<void>>;
+  std::lock_guard<std::mutex> lock(*mu);
+  kept->push_back(std::move(owner));
+}
+
+}  // namespace
+
+StatusOr<uint64_t> CudaSide::MapHost(void* data, uint64_t bytes, std::shared_ptr<void> owner,
+                                     std::function<void()>* release) {
   ContextScope scope(driver_, context_);
   if (!scope.status().ok()) return scope.status();
   STASH_CU_RETURN_IF_ERROR(
@@ -192,23 +217,17 @@ StatusOr<uint64_t> CudaSide::MapHost(void* data, uint64_t bytes, std::function<v
     driver_->MemHostUnregister(data);
     return driver_->Check(mapped, "cuMemHostGetDevicePointer");
   }
-  // The registration outlives this session when the buffer does: hold the context until then.
+  // The registration outlives this session when the buffer does: hold the context for good.
   CUdevice dev = 0;
   CUcontext held = nullptr;
   STASH_CU_RETURN_IF_ERROR(driver_, DeviceGet(&dev, device_));
   STASH_CU_RETURN_IF_ERROR(driver_, DevicePrimaryCtxRetain(&held, dev));
-  const CudaDriver* driver = driver_;
-  *unmap = [driver, data, held, dev] {
-    if (driver->CtxPushCurrent(held) == CUDA_SUCCESS) {
-      // No context-wide synchronize here: it would also wait for NCCL and every other stream
-      // (a deadlock when a peer waits at a barrier). The caller frees the buffer only after the
-      // streams that wait on or raise its counters passed them (client.h, HostBuffer).
-      driver->MemHostUnregister(data);
-      CUcontext popped = nullptr;
-      driver->CtxPopCurrent(&popped);
-    }
-    driver->DevicePrimaryCtxRelease(dev);
-  };
+  // A stream may have a wait on (or a write to) a counter here queued when the owner frees the
+  // memory: an exception path, a close before synchronize. Unregistering it then faults the
+  // trainer's context, and knowing when every stream passed it would mean synchronizing them
+  // (NCCL's too: a deadlock when a peer waits at a barrier). So the memory stays mapped and
+  // registered, with the context held, until the process exits.
+  *release = [owner = std::move(owner)]() mutable { KeepForProcessLifetime(std::move(owner)); };
   return static_cast<uint64_t>(device_address);
 }
 

@@ -57,8 +57,11 @@ class CudaSide {
   std::vector<uint64_t> ForgetAll();
 
   // Registers host memory for device access (portable, device-mapped) and returns its device
-  // address; `*unmap` undoes it (call before the memory goes away).
-  StatusOr<uint64_t> MapHost(void* data, uint64_t bytes, std::function<void()>* unmap);
+  // address. `owner` keeps the memory mapped. Call `*release` when the owner frees the memory:
+  // streams may still wait on counters there, so it stays mapped and registered (`owner` is
+  // kept) until the process exits instead of being unregistered under a waiting stream.
+  StatusOr<uint64_t> MapHost(void* data, uint64_t bytes, std::shared_ptr<void> owner,
+                             std::function<void()>* release);
 
   // Enqueues on `stream` (a CUstream / cudaStream_t; null = the legacy default stream): write
   // `value` to the 8 bytes at `address` after the stream's earlier work, or wait until they

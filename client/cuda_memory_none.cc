@@ -17,7 +17,8 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void*, uint64_t, const char*) {
 }
 uint64_t CudaSide::Forget(const void*) { return 0; }
 std::vector<uint64_t> CudaSide::ForgetAll() { return {}; }
-StatusOr<uint64_t> CudaSide::MapHost(void*, uint64_t, std::function<void()>*) {
+StatusOr<uint64_t> CudaSide::MapHost(void*, uint64_t, std::shared_ptr<void>,
+                                     std::function<void()>*) {
   return FailedPreconditionError("built without CUDA");
 }
 Status CudaSide::WriteValue(void*, uint64_t, uint64_t) {

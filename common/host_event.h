@@ -1,4 +1,4 @@
-// Host-backend events: 64-bit counters in shared memory (DESIGN.md §6). Recording an event
+// Host-backend events: 64-bit counters in shared memory (docs/design.md). Recording an event
 // raises its counter to a value and wakes futex waiters; waiting blocks until the counter reaches
 // a value. Counters only grow, so a waiter can never miss a signal.
 #ifndef STASH_COMMON_HOST_EVENT_H_

@@ -1,5 +1,5 @@
 // Shared memory regions: client memory on the host backend and the host backend's tiers
-// (DESIGN.md §6). Every region is a memfd: it has no name, so no other process can open it, and
+// (docs/design.md). Every region is a memfd: it has no name, so no other process can open it, and
 // it disappears when the last mapping and descriptor are gone (a SIGKILLed client leaves nothing
 // behind). Client memory is handed to the daemon as a file descriptor over the descriptor
 // channel (daemon/descriptor_server.h), sealed so that nobody can shrink it under a mapping.

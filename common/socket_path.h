@@ -1,4 +1,4 @@
-// Where stashd's Unix socket lives (DESIGN.md §8): one variable, the MPS convention.
+// Where stashd's Unix socket lives (docs/design.md): one variable, the MPS convention.
 #ifndef STASH_COMMON_SOCKET_PATH_H_
 #define STASH_COMMON_SOCKET_PATH_H_
 

@@ -61,11 +61,13 @@ class WriteQueue {
   // The stream's OnWriteDone. `ok` false drops everything queued and closes the queue.
   void OnWriteDone(bool ok) {
     bool idle = false;
+    std::function<void()> last;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!ok) {
         closed_ = true;
         queue_.clear();
+        last_ = nullptr;
       }
       in_flight_ = false;
       if (starting_) {
@@ -74,9 +76,11 @@ class WriteQueue {
       }
       if (!AdvanceLocked()) {
         idle = true;
+        last.swap(last_);
       }
     }
     if (idle) {
+      if (last) last();
       if (on_idle_) on_idle_();
       return;
     }
@@ -88,6 +92,24 @@ class WriteQueue {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
     queue_.clear();
+    last_ = nullptr;
+  }
+
+  // Refuses later Pushes; once everything queued is written, runs `last` once (a client's
+  // StartWritesDone), on the thread that sees the queue drain. Returns false, and never runs
+  // `last`, when the queue was closed already; `last` is dropped when a write fails.
+  bool CloseAfterWrites(std::function<void()> last) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return false;
+      closed_ = true;
+      if (in_flight_ || starting_ || !queue_.empty()) {
+        last_ = std::move(last);
+        return true;
+      }
+    }
+    last();
+    return true;
   }
 
   // Whether a write is in flight or starting.
@@ -114,14 +136,19 @@ class WriteQueue {
     while (true) {
       start_write_(&wire_);
       bool idle = false;
+      std::function<void()> last;
       {
         std::lock_guard<std::mutex> lock(mu_);
         starting_ = false;
         if (!completed_early_) return;
         completed_early_ = false;
-        if (!AdvanceLocked()) idle = true;
+        if (!AdvanceLocked()) {
+          idle = true;
+          last.swap(last_);
+        }
       }
       if (idle) {
+        if (last) last();
         if (on_idle_) on_idle_();
         return;
       }
@@ -137,6 +164,7 @@ class WriteQueue {
   bool starting_ = false;         // guarded by mu_: a thread is inside StartWrite
   bool completed_early_ = false;  // guarded by mu_: OnWriteDone ran while starting_
   bool closed_ = false;           // guarded by mu_
+  std::function<void()> last_;    // guarded by mu_: CloseAfterWrites' action, until it runs
 };
 
 }  // namespace stash

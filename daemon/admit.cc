@@ -209,7 +209,10 @@ Status CheckHello(const v1::Hello& hello, v1::Backend backend, int pools) {
                                    ": start stashd with --backend=" + BackendName(hello.backend()) +
                                    " or use a client built for " + BackendName(backend));
   }
-  if (hello.device() < 0 || hello.device() >= pools) {
+  // A cuda client names its GPU by UUID too: the daemon picks the pool by UUID, and the index is
+  // the client's own CUDA ordinal (device 5 of 8 may be pool 1 of a daemon serving 4).
+  const bool by_uuid = backend == v1::BACKEND_CUDA && !hello.device_uuid().empty();
+  if (hello.device() < 0 || (!by_uuid && hello.device() >= pools)) {
     return InvalidArgumentError("device " + std::to_string(hello.device()) +
                                 " is out of range: this daemon has " + std::to_string(pools) +
                                 " pool(s) (devices 0.." + std::to_string(pools - 1) + ")");

@@ -1,4 +1,4 @@
-// Admission: every request is validated before it is queued or touches memory (DESIGN.md §7).
+// Admission: every request is validated before it is queued or touches memory (docs/design.md).
 #ifndef STASH_DAEMON_ADMIT_H_
 #define STASH_DAEMON_ADMIT_H_
 
@@ -33,7 +33,9 @@ struct AdmitLimits {
 Status AdmitRequest(const stash::v1::SessionRequest& request, Session& session,
                     const AdmitLimits& limits);
 
-// Checks a Hello: backend must match, device must name one of `pools` pools.
+// Checks a Hello: backend must match, device must name one of `pools` pools, unless a cuda
+// Hello names its GPU by UUID (the pool is then picked by UUID and the index is the client's own
+// CUDA ordinal, which may be past the daemon's pool count).
 Status CheckHello(const stash::v1::Hello& hello, stash::v1::Backend backend, int pools);
 
 }  // namespace stash::daemon

@@ -1,4 +1,4 @@
-// A few threads that split one large copy (DESIGN.md §6: "a few threads split large copies").
+// A few threads that split one large copy (docs/design.md: "a few threads split large copies").
 #ifndef STASH_DAEMON_COPY_WORKERS_H_
 #define STASH_DAEMON_COPY_WORKERS_H_
 

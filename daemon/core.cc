@@ -226,10 +226,16 @@ Status DaemonCore::HandleDescriptors(const v1::DescriptorRequest& request,
   return InvalidArgumentError("the request has no known kind");
 }
 
-void DaemonCore::CloseSession(const std::shared_ptr<Session>& session) {
+void DaemonCore::CloseSession(const std::shared_ptr<Session>& session,
+                              std::function<void()> closed) {
+  bool open = false;
   {
     MutexLock lock(&mu_);
-    if (sessions_.erase(session->info().id) == 0) return;  // closed already
+    open = sessions_.erase(session->info().id) != 0;
+  }
+  if (!open) {  // closed already: its teardown is queued or done
+    if (closed) closed();
+    return;
   }
   {
     MutexLock lock(&session->mu());
@@ -237,7 +243,7 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session) {
                                           std::memory_order_relaxed);
     session->declared_memories().clear();
   }
-  pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session);
+  pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session, std::move(closed));
 }
 
 v1::SessionStats DaemonCore::SessionRow(Session& s) {
@@ -299,6 +305,9 @@ v1::GetStatsResponse DaemonCore::Stats() {
     t->set_pages_high_water(snap.pages_high_water);
     t->set_bytes_stashed(snap.bytes_stashed);
     t->set_stashes_live(snap.stashes_live);
+    const bool host = std::any_of(pools_.begin(), pools_.end(),
+                                  [&](const auto& pool) { return pool->host() == &tier; });
+    t->set_tier(host ? v1::TIER_HOST : v1::TIER_DEVICE);
   };
   for (const Tier* tier : tiers_) add_tier(*tier);
 

@@ -8,6 +8,7 @@
 #include "common/mutex.h"
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,14 +58,19 @@ class DaemonCore {
                            std::vector<UniqueFd> fds);
 
   // The stream ended: cancels queued work, returns pages, closes mappings (asynchronously, on
-  // the pool's queue, behind the request running now).
-  void CloseSession(const std::shared_ptr<Session>& session);
+  // the pool's queue, behind the request running now). `closed` (optional) runs once every copy
+  // and done write submitted for the session finished (Pool::CloseSession): end the session's
+  // stream only then, or a late done write could lower a counter the client raised.
+  void CloseSession(const std::shared_ptr<Session>& session,
+                    std::function<void()> closed = nullptr);
 
   stash::v1::GetStatsResponse Stats();
   stash::v1::ListSessionsResponse ListSessions();
   stash::v1::GetConfigResponse Config() const;
 
-  // Stops the pool queues (after their running request and queued teardowns).
+  // Drains and stops the pool queues: their running request, the work in flight (copies and
+  // done writes) and queued teardowns finish; later requests are answered UNAVAILABLE. Call it
+  // before ending the streams at shutdown.
   void Stop();
 
   stash::v1::Backend backend() const { return backend_; }

@@ -21,7 +21,11 @@ namespace {
 
 namespace v1 = stash::v1;
 
+// Every handled CUDA failure of the executor goes through here. It also clears the thread's
+// last error: a non-sticky failure (a refused cudaIpcOpenMemHandle, a failed cudaHostRegister)
+// stays in it otherwise, and everything of a pool runs on its one worker thread.
 Status CudaError(cudaError_t error, const char* expression, const char* file, int line) {
+  (void)cudaGetLastError();
   return Status(
       error == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal,
       std::string(expression) + " failed: " + cudaGetErrorName(error) + " (" +
@@ -140,6 +144,12 @@ class RegisteredShm final : public MappedMemory {
   std::unique_ptr<SharedMemory> shm_;
 };
 
+// A done counter in host memory to raise from the CPU as well, for CPU waiters.
+struct Wake {
+  uint64_t* counter;
+  uint64_t value;
+};
+
 class CudaExecutor final : public CopyExecutor {
  public:
   static StatusOr<std::unique_ptr<CudaExecutor>> Create(int device, const cudaUUID_t& uuid,
@@ -191,7 +201,7 @@ class CudaExecutor final : public CopyExecutor {
   CudaBuffer device_ring_;           // PageRing, then the ids
   kernels::PageRing* d_device_ring_ = nullptr;
   CudaBuffer host_pages_;            // pinned, mapped
-  CudaBuffer host_ring_;             // pinned, mapped: PageRing, then the ids
+  CudaBuffer host_ring_;             // device: the host tier's PageRing, then its ids
   CudaBuffer plans_;                 // device: one StashPlan per slot
   CudaBuffer plan_copies_;           // pinned: the plan of each slot, copied back after the stash
   CudaBuffer records_;               // device: the page-record arena
@@ -199,6 +209,7 @@ class CudaExecutor final : public CopyExecutor {
 
   // Touched only on the pool worker thread.
   std::function<void(Then)> post_;
+  std::vector<Wake> wakes_;  // raised since the last continuation; ride on the next one
   std::vector<int64_t> free_slots_;
   std::unique_ptr<RangeAllocator> record_space_;
 };
@@ -214,15 +225,19 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const c
   e->page_bytes_ = page;
   STASH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
 
+  // The driver's device handle, not the ordinal: cuDeviceGetAttribute takes a CUdevice.
+  CUdevice cu_device = 0;
+  STASH_CU_RETURN_IF_ERROR(driver, DeviceGet(&cu_device, device));
   int mem_ops = 0;
   STASH_CU_RETURN_IF_ERROR(
-      driver, DeviceGetAttribute(&mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
-                                 static_cast<CUdevice>(device)));
+      driver,
+      DeviceGetAttribute(&mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, cu_device));
   if (mem_ops == 0) {
     return FailedPreconditionError(
         name + " (" + UuidText(uuid) +
-        ") does not support 64-bit stream memory operations (cuStreamWriteValue64), which "
-        "stashd uses for done events: update the NVIDIA driver (R525 or newer)");
+        ") does not support 64-bit stream memory operations (cuStreamBatchMemOp), which "
+        "stashd uses for done events: update the NVIDIA driver (R580 or newer, which CUDA 13 "
+        "needs)");
   }
 
   size_t free_bytes = 0, total_bytes = 0;
@@ -249,19 +264,20 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const c
   STASH_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_ids, ids.data(), pages * 8, cudaMemcpyHostToDevice));
   e->device_tier_ = Tier::CreateAccounting(name, device, page, pages);
 
-  // This GPU's share of the host tier: pinned, mapped, its ring in pinned memory too.
+  // This GPU's share of the host tier: pinned, mapped pages. Its ring lives in device memory:
+  // the copy kernels read a page id per chunk and would otherwise read them across PCIe.
   if (host_pages > 0) {
     STASH_RETURN_IF_ERROR(
         e->host_pages_.Allocate(CudaBuffer::Kind::kPinnedMapped, host_pages * page));
-    STASH_RETURN_IF_ERROR(e->host_ring_.Allocate(CudaBuffer::Kind::kPinnedMapped,
+    STASH_RETURN_IF_ERROR(e->host_ring_.Allocate(CudaBuffer::Kind::kDevice,
                                                  sizeof(kernels::PageRing) + host_pages * 8));
-    auto* h_ring = e->host_ring_.host<kernels::PageRing>();
-    auto* h_ids = reinterpret_cast<uint64_t*>(h_ring + 1);
-    std::memcpy(h_ids, ids.data(), host_pages * 8);
-    // The kernels use the ring through its device address, and so the ids too.
-    *h_ring = kernels::PageRing{
-        reinterpret_cast<uint64_t*>(e->host_ring_.device<kernels::PageRing>() + 1), host_pages, 0,
-        host_pages};
+    auto* d_host_ring = e->host_ring_.device<kernels::PageRing>();
+    auto* d_host_ids = reinterpret_cast<uint64_t*>(d_host_ring + 1);
+    const kernels::PageRing host_ring{d_host_ids, host_pages, 0, host_pages};
+    STASH_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(d_host_ring, &host_ring, sizeof(host_ring), cudaMemcpyHostToDevice));
+    STASH_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(d_host_ids, ids.data(), host_pages * 8, cudaMemcpyHostToDevice));
     e->host_tier_ =
         Tier::CreateAccounting("host" + std::to_string(device), device, page, host_pages);
   }
@@ -322,6 +338,7 @@ StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMem
   void* base = nullptr;
   const cudaError_t opened = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
   if (opened != cudaSuccess) {
+    (void)cudaGetLastError();  // handled here: must not fail the pool's next launch
     return FailedPreconditionError(
         std::string("cudaIpcOpenMemHandle failed: ") + cudaGetErrorName(opened) + " (" +
         cudaGetErrorString(opened) +
@@ -343,32 +360,43 @@ StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMem
 }
 
 void CudaExecutor::After(Then then) {
-  auto* pending = new Then(std::move(then));
+  // The pool worker serves one GPU, but a host function launched with another device current
+  // would go to that device's context: set it before every enqueue.
+  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    DeviceLost(device_, CudaError(e, "cudaSetDevice", __FILE__, __LINE__).message());
+  }
+  // One host function per continuation: it also raises, from the CPU, the done counters whose
+  // GPU writes were enqueued since the last one (a second host function per operation would
+  // serialize the copy stream twice as often: the stream waits for each to return).
   struct Context {
     CudaExecutor* self;
-    Then* then;
+    Then then;
+    std::vector<Wake> wakes;
   };
-  auto* context = new Context{this, pending};
+  auto* context = new Context{this, std::move(then), std::move(wakes_)};
+  wakes_.clear();
   const cudaError_t error = cudaLaunchHostFunc(
       stream_,
       [](void* raw) {
         auto* c = static_cast<Context*>(raw);
-        c->self->post_(std::move(*c->then));
-        delete c->then;
+        for (const Wake& w : c->wakes) EventSignal(w.counter, w.value);
+        c->self->post_(std::move(c->then));
         delete c;
       },
       context);
   if (error != cudaSuccess) {
-    // Work queued before may still be running: `then` may only run once it finished.
+    const Status failed = CudaError(error, "cudaLaunchHostFunc", __FILE__, __LINE__);
+    // Work queued before may still be running: `then` (and the wakes) may only run once it
+    // finished.
     const cudaError_t drained = cudaStreamSynchronize(stream_);
     if (drained != cudaSuccess) {
       DeviceLost(device_,
                  CudaError(drained, "cudaStreamSynchronize", __FILE__, __LINE__).message());
     }
     Log("copy")->warn("gpu{}: {}; ran the continuation after draining the stream", device_,
-                      CudaError(error, "cudaLaunchHostFunc", __FILE__, __LINE__).message());
-    post_(std::move(*pending));
-    delete pending;
+                      failed.message());
+    for (const Wake& w : context->wakes) EventSignal(w.counter, w.value);
+    post_(std::move(context->then));
     delete context;
   }
 }
@@ -394,30 +422,13 @@ void CudaExecutor::Raise(const DoneSignal& done) {
       driver_->WriteValueAfterBarrier(reinterpret_cast<CUstream>(stream_), address, done.value);
   if (!st.ok()) DeviceLost(device_, "raising a done event: " + st.message());
   // A counter in host memory may also have a CPU waiter (WaitEvent sleeps on a futex, which a
-  // GPU write does not wake): raise it from the CPU too, right after the write, on CUDA's
-  // callback thread (no CUDA calls there). Counters only grow, so the second raise is a no-op
-  // for the value. The memory outlives the callback: unregistering fences this stream first.
+  // GPU write does not wake): the next continuation's host function raises it from the CPU too,
+  // after the write in stream order (the pool follows every Raise with a Stash, Reload or Fence
+  // continuation). Counters only grow, so the second raise is a no-op for the value. The memory
+  // outlives that host function: unregistering fences this stream first.
   if (done.memory->host() == nullptr) return;
-  struct Wake {
-    uint64_t* counter;
-    uint64_t value;
-  };
-  auto* wake = new Wake{reinterpret_cast<uint64_t*>(done.memory->host() + done.offset), done.value};
-  const cudaError_t launched = cudaLaunchHostFunc(
-      stream_,
-      [](void* raw) {
-        auto* w = static_cast<Wake*>(raw);
-        EventSignal(w->counter, w->value);
-        delete w;
-      },
-      wake);
-  if (launched != cudaSuccess) {
-    // Never raise it from here: the copy may not have run. The operation's answer carries the
-    // stream's error to the client.
-    Log("copy")->error("gpu{}: {}", device_,
-                       CudaError(launched, "cudaLaunchHostFunc", __FILE__, __LINE__).message());
-    delete wake;
-  }
+  wakes_.push_back(
+      Wake{reinterpret_cast<uint64_t*>(done.memory->host() + done.offset), done.value});
 }
 
 void CudaExecutor::Fence(Then then) { After(std::move(then)); }

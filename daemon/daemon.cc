@@ -240,12 +240,16 @@ void Daemon::Shutdown() {
   auto log = Log("main");
   log->info("shutting down: ending sessions");
   impl_->server->GetHealthCheckService()->SetServingStatus(false);
+  // Drain every pool before any stream ends: clients raise their pending done counters when
+  // their stream ends, and a copy's done write landing after that could lower a counter (the
+  // cuda executor's writes are plain stores) and hang a trainer's stream for ever. Requests
+  // arriving meanwhile are answered UNAVAILABLE.
+  impl_->core->Stop();
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (impl_->tcp_server != nullptr) impl_->tcp_server->Shutdown(deadline);
   impl_->server->Shutdown(deadline);
   impl_->server->Wait();
   impl_->descriptors.reset();
-  impl_->core->Stop();
   unlink(impl_->socket_path.c_str());
   unlink(impl_->lock_path.c_str());
   log->info("stopped; removed {}", impl_->socket_path);

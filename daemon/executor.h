@@ -133,7 +133,8 @@ class CopyExecutor {
 
   // Raises `done` in order with the work submitted before (a request answered with an error still
   // raises its done event: the daemon no longer touches its buffers, and a stream waiting on it
-  // must not hang).
+  // must not hang). Follow it with a Fence (or more work): the cuda executor's raise for CPU
+  // waiters rides on the next continuation's host callback.
   virtual void Raise(const DoneSignal& done) = 0;
 
   // `then` runs once everything submitted before finished.

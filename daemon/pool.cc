@@ -102,10 +102,19 @@ Pool::~Pool() { Stop(); }
 
 void Pool::Enqueue(std::shared_ptr<Session> session, v1::SessionRequest request,
                    Clock::time_point received) {
-  session->counters().inflight.fetch_add(1, std::memory_order_relaxed);
-  MutexLock lock(&mu_);
-  queue_.push_back(Op{std::move(session), std::move(request), received, false});
-  cv_.Signal();
+  {
+    MutexLock lock(&mu_);
+    if (!stopping_) {
+      session->counters().inflight.fetch_add(1, std::memory_order_relaxed);
+      queue_.push_back(Op{std::move(session), std::move(request), received, false, nullptr});
+      cv_.Signal();
+      return;
+    }
+  }
+  // Nothing is submitted for it: its done event (if any) may go up with this answer.
+  session->Send(Reply(request.request_id(),
+                      UnavailableError("stashd is shutting down: nothing was taken; reconnect "
+                                       "when it is back")));
 }
 
 void Pool::Post(CopyExecutor::Then then) {
@@ -126,17 +135,25 @@ CopyExecutor::Then Pool::Track(CopyExecutor::Then then) {
   };
 }
 
-void Pool::CloseSession(const std::shared_ptr<Session>& session) {
+void Pool::CloseSession(const std::shared_ptr<Session>& session, CopyExecutor::Then closed) {
   session->MarkClosed();
   session->DetachSink();
-  MutexLock lock(&mu_);
-  const auto before = queue_.size();
-  queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
-                              [&](const Op& op) { return op.session == session; }),
-               queue_.end());
-  session->counters().inflight.fetch_sub(before - queue_.size(), std::memory_order_relaxed);
-  queue_.push_back(Op{session, {}, Clock::now(), true});
-  cv_.Signal();
+  {
+    MutexLock lock(&mu_);
+    const auto before = queue_.size();
+    queue_.erase(
+        std::remove_if(queue_.begin(), queue_.end(),
+                       [&](const Op& op) { return op.session == session && !op.teardown; }),
+        queue_.end());
+    session->counters().inflight.fetch_sub(before - queue_.size(), std::memory_order_relaxed);
+    if (!stopped_) {
+      queue_.push_back(Op{session, {}, Clock::now(), true, std::move(closed)});
+      cv_.Signal();
+      return;
+    }
+  }
+  // The worker drained everything before it returned: no work of the session is in flight.
+  if (closed) closed();
 }
 
 void Pool::Stop() {
@@ -169,10 +186,18 @@ void Pool::Run() {
       while (!found && completions_.empty()) {
         if (outstanding_ > 0 && Clock::now() - health_checked_ > std::chrono::milliseconds(20)) {
           health_checked_ = Clock::now();
+          // Not under mu_: the check calls into the driver, and the executor's host callbacks
+          // need mu_ (Post) to hand over completions meanwhile.
+          mu_.Unlock();
           executor_->CheckHealth();
+          mu_.Lock();
+          continue;  // completions may have arrived meanwhile
         }
         if (queue_.empty()) {
-          if (stopping_ && outstanding_ == 0) return;
+          if (stopping_ && outstanding_ == 0) {
+            stopped_ = true;
+            return;
+          }
           if (outstanding_ == 0) {
             cv_.Wait(&mu_);
           } else {
@@ -220,7 +245,7 @@ void Pool::Run() {
 void Pool::Execute(Op& op) {
   const std::shared_ptr<Session>& s = op.session;
   if (op.teardown) {
-    DoTeardown(s);
+    DoTeardown(s, std::move(op.closed));
     return;
   }
   const v1::SessionRequest& req = op.request;
@@ -557,7 +582,7 @@ void Pool::DoBeginStep(const std::shared_ptr<Session>& s, const v1::SessionReque
   }));
 }
 
-void Pool::DoTeardown(const std::shared_ptr<Session>& s) {
+void Pool::DoTeardown(const std::shared_ptr<Session>& s, CopyExecutor::Then closed) {
   const size_t stashes = s->stashes().size();
   for (auto& [ticket, record] : s->stashes()) {
     ReloadWork work;  // release
@@ -571,11 +596,14 @@ void Pool::DoTeardown(const std::shared_ptr<Session>& s) {
   }
   s->stashes().clear();
   // The mappings close once the work in flight (and the releases above) finished.
-  executor_->Fence(Track([s, stashes] {
+  // Everything submitted before (the session's copies and done writes included) has finished
+  // then: only now may its stream end (CloseSession).
+  executor_->Fence(Track([s, stashes, closed = std::move(closed)] {
     s->memories().clear();  // unmaps
     s->counters().memories.store(0, std::memory_order_relaxed);
     Log("pool")->info("session {} (rank {}, pid {}) ended: returned {} stashes", s->info().id,
                       s->info().rank, s->info().pid, stashes);
+    if (closed) closed();
   }));
 }
 

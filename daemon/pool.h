@@ -1,4 +1,4 @@
-// One device pool and its serial copy queue (DESIGN.md §4: "one serial copy queue per pool").
+// One device pool and its serial copy queue (docs/design.md: "one serial copy queue per pool").
 //
 // Requests of the sessions on this pool are submitted to the pool's executor one at a time, in
 // the order they arrived per session; a session whose next request waits on a ready event that
@@ -43,11 +43,16 @@ class Pool {
                std::chrono::steady_clock::time_point received);
 
   // The session's stream ended: drops its queued requests and queues its teardown (pages
-  // returned, mappings closed) behind the request running now, if any.
-  void CloseSession(const std::shared_ptr<Session>& session);
+  // returned, mappings closed) behind the request running now, if any. `closed` (optional) runs
+  // once every copy and done write submitted for the session finished, so the caller may end
+  // the stream then: the client raises the session's pending done counters when its stream
+  // ends, and a done write of the daemon landing after that raise could move a counter back
+  // (the cuda executor's writes are plain stores). It runs on the worker, or at once when the
+  // pool has stopped (all work drained).
+  void CloseSession(const std::shared_ptr<Session>& session, CopyExecutor::Then closed = nullptr);
 
   // Finishes the request running now, the work in flight and the queued teardowns, then stops
-  // the worker.
+  // the worker. Requests queued later are answered UNAVAILABLE.
   void Stop();
 
   // Runs `then` on the worker thread (the executor's completions). Thread-safe.
@@ -59,6 +64,7 @@ class Pool {
     stash::v1::SessionRequest request;
     std::chrono::steady_clock::time_point received;
     bool teardown = false;
+    CopyExecutor::Then closed;  // teardown: runs once the session's work finished
   };
 
   void Run();
@@ -76,7 +82,7 @@ class Pool {
                 std::chrono::steady_clock::time_point received);
   void DoRelease(const std::shared_ptr<Session>& s, const stash::v1::SessionRequest& req);
   void DoBeginStep(const std::shared_ptr<Session>& s, const stash::v1::SessionRequest& req);
-  void DoTeardown(const std::shared_ptr<Session>& s);
+  void DoTeardown(const std::shared_ptr<Session>& s, CopyExecutor::Then closed);
   // Answers a stash once the executor finished it.
   void FinishStash(Session& s, const stash::v1::SessionRequest& req, StashRecord& record,
                    std::chrono::steady_clock::time_point received,
@@ -99,6 +105,7 @@ class Pool {
   uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;         // submitted continuations not yet run
   std::chrono::steady_clock::time_point health_checked_;  // worker thread only
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // the worker has returned: nothing runs any more
   std::thread worker_;
 };
 

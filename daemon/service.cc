@@ -28,9 +28,16 @@ class SessionReactor final
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      // The client closed its side or the connection broke: the lease ends here.
-      if (session_ != nullptr) core_->CloseSession(session_);
-      EndAfterWrites(grpc::Status::OK);
+      // The client closed its side or the connection broke: the lease ends here. The stream
+      // ends only once the pool finished every copy and done write of the session: the client
+      // raises its pending done counters when the stream ends, and a done write landing after
+      // that could move a counter back (a stream waiting on it would hang). The reactor lives
+      // until Finish, so `this` outlives the callback.
+      if (session_ != nullptr) {
+        core_->CloseSession(session_, [this] { EndAfterWrites(grpc::Status::OK); });
+      } else {
+        EndAfterWrites(grpc::Status::OK);
+      }
       return;
     }
     if (session_ == nullptr) {

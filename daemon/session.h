@@ -1,5 +1,5 @@
 // One connected rank: its identity, its limits, its stashes, and its counters. The session's
-// stream is the lease on everything it holds (DESIGN.md §7).
+// stream is the lease on everything it holds (docs/design.md).
 #ifndef STASH_DAEMON_SESSION_H_
 #define STASH_DAEMON_SESSION_H_
 

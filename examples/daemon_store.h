@@ -1,5 +1,5 @@
 // An ActivationStore that stashes every layer's input in stashd, the way a training rank does
-// (DESIGN.md §4): the stash is queued before the producer finishes, the row count travels by
+// (docs/design.md): the stash is queued before the producer finishes, the row count travels by
 // reference and is read by the daemon only after the ready event, the rank poisons its own copy
 // once the daemon confirms, and backward reloads into a poisoned buffer with a zeroed tail. A
 // stash that overflowed stays with the rank and backward uses the rank's own copy.

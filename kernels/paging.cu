@@ -1,5 +1,5 @@
 // CUDA kernels and launchers for the paging rules (see paging_cuda.h for the contract).
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>  // cudaLaunchKernelEx (the C++ template)
 
 #include <cstdarg>
 #include <cstdio>
@@ -26,6 +26,9 @@ __attribute__((format(printf, 2, 3))) LaunchResult Fail(LaunchStatus status, con
 }
 
 LaunchResult CudaFailure(cudaError_t error, const char* expression, const char* file, int line) {
+  // A failed launch also sets the thread's last error: clear it, so the next launch on this
+  // thread (the pool worker runs every GPU call of its pool) is not failed by this one.
+  (void)cudaGetLastError();
   LaunchResult result = Fail(LaunchStatus::kCudaError, "%s failed: %s (%s:%d)", expression,
                              cudaGetErrorString(error), file, line);
   result.cuda_error = static_cast<int>(error);
@@ -40,6 +43,22 @@ LaunchResult CudaFailure(cudaError_t error, const char* expression, const char* 
       return CudaFailure(stash_cuda_error_, #expr, __FILE__, __LINE__); \
     }                                                                   \
   } while (0)
+
+// Launches `kernel` on `stream` and returns that launch's own error. Not cudaGetLastError():
+// it returns any earlier error of this thread too (a refused cudaIpcOpenMemHandle, a failed
+// cudaHostRegister), which would fail a launch that went through.
+template <typename Args>
+cudaError_t Launch(void (*kernel)(Args), unsigned blocks, unsigned threads, cudaStream_t stream,
+                   const Args& args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = nullptr;
+  config.numAttrs = 0;
+  return cudaLaunchKernelEx(&config, kernel, args);
+}
 
 bool Aligned(const void* pointer, uintptr_t alignment) {
   return (reinterpret_cast<uintptr_t>(pointer) & (alignment - 1)) == 0;
@@ -70,11 +89,16 @@ LaunchResult CheckGeometryAndTiers(uint64_t max_rows, uint64_t row_bytes, uint64
   return LaunchResult{};
 }
 
-// Blocks for a grid-stride loop over the 16-byte vectors of `bytes` bytes (at least one).
-unsigned BlocksFor(uint64_t bytes) {
-  const uint64_t blocks = (VectorsFor(bytes) + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  if (blocks == 0) return 1;
-  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+// Blocks for a grid-stride loop over `items` work items (at least one).
+unsigned BlocksFor(uint64_t items) {
+  if (items == 0) return 1;
+  return static_cast<unsigned>(items < kMaxBlocks ? items : kMaxBlocks);
+}
+
+// Blocks for the chunks of a stash of at most `max_bytes` bytes: grids depend only on the static
+// maximum, so launches can be captured in a graph.
+unsigned ChunkBlocksFor(uint64_t max_bytes, uint64_t page_bytes) {
+  return BlocksFor(ChunksFor(PagesFor(max_bytes, page_bytes), ChunkShapeOf(page_bytes)));
 }
 
 // The tier a plan placed its stash in; a tier with a null ring when it placed nothing.
@@ -100,16 +124,33 @@ __global__ void StashPlanKernel(StashLaunch args) {
                            *args.device.d_ring, args.host.d_ring);
 }
 
-// (b) Every thread: copy its vectors into the pages at ring slots plan.head + slot.
+// (b) A block per chunk (grid-stride): the block's first thread reads the chunk's page id from
+// the ring at slot plan.head + slot once (and the first chunk of a page writes the page record);
+// every thread then copies 16-byte vectors of the chunk. The ring's head index is one modulo per
+// block; slots wrap with a subtract.
 __global__ void StashCopyKernel(StashLaunch args) {
+  __shared__ uint64_t id;
   const StashPlan plan = *args.d_plan;
   const CudaTier tier = PlacedTier(plan, args.device, args.host);
   if (tier.d_ring == nullptr) return;
   const PageRing ring = *tier.d_ring;  // the ids pointer and capacity; the head is plan.head
   const PagedSpan span{tier.d_base, args.page_bytes, args.d_page_record, plan.bytes};
-  const uint64_t vectors = VectorsFor(plan.bytes);
-  for (uint64_t v = GlobalThread(); v < vectors; v += GridThreads()) {
-    StashVector(args.d_src, ring, plan.head, span, v);
+  const ChunkShape shape = ChunkShapeOf(args.page_bytes);
+  const uint64_t chunks = ChunksFor(plan.pages, shape);
+  const uint64_t chunk_vectors = uint64_t{1} << (shape.chunk_shift - 4);
+  const uint64_t head_index = threadIdx.x == 0 ? plan.head % ring.capacity : 0;  // thread 0's
+  for (uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    if (threadIdx.x == 0) {
+      const uint64_t slot = chunk >> shape.chunks_shift;
+      id = ring.ids[RingIndexAfter(head_index, slot, ring.capacity)];
+      if ((chunk & ((uint64_t{1} << shape.chunks_shift) - 1)) == 0) args.d_page_record[slot] = id;
+    }
+    __syncthreads();
+    const uint64_t begin = ChunkBegin(chunk, shape);
+    for (uint64_t v = threadIdx.x; v < chunk_vectors; v += blockDim.x) {
+      StashChunkVector(args.d_src, span, shape, begin, id, v);
+    }
+    __syncthreads();  // nobody still reads `id` when thread 0 writes the next one
   }
 }
 
@@ -121,21 +162,46 @@ __global__ void StashPublishKernel(StashLaunch args) {
   tier.d_ring->head = plan.head + plan.pages;
 }
 
-// (d) Every thread: ReloadVector over its vectors (copy back, zero its share of the tail,
-// return the pages of the slots whose first vector it holds). The tail is read here and
-// published by the next kernel, so every thread returns pages relative to the same old tail.
+// (d) A block per chunk (grid-stride): the block's first thread reads the chunk's page id from
+// the page record once (and the first chunk of a page returns it to the ring at slot
+// tail + slot); every thread copies vectors of the chunk back. Then every thread zeroes its
+// share of the tail when asked. The tail is read here and published by the next kernel, so
+// every block returns pages relative to the same old tail.
 __global__ void ReloadPopKernel(ReloadLaunch args) {
+  __shared__ uint64_t id;
   const StashPlan plan = *args.d_plan;
   const CudaTier tier = PlacedTier(plan, args.device, args.host);
   if (tier.d_ring == nullptr) return;
-  PageRing ring = *tier.d_ring;  // a copy: ReturnPages writes through ring.ids only
-  const uint64_t tail = ring.tail;
+  const PageRing ring = *tier.d_ring;  // a copy: pages go back through ring.ids only
   const PagedSpan span{tier.d_base, args.page_bytes, const_cast<uint64_t*>(args.d_page_record),
                        plan.bytes};
-  const uint64_t max_bytes = args.max_rows * args.row_bytes;
-  const uint64_t vectors = VectorsFor(args.zero_tail ? max_bytes : plan.bytes);
-  for (uint64_t v = GlobalThread(); v < vectors; v += GridThreads()) {
-    ReloadVector(args.d_dst, span, ring, tail, max_bytes, args.zero_tail, v);
+  const ChunkShape shape = ChunkShapeOf(args.page_bytes);
+  const uint64_t chunks = ChunksFor(plan.pages, shape);
+  const uint64_t chunk_vectors = uint64_t{1} << (shape.chunk_shift - 4);
+  const uint64_t tail_index = threadIdx.x == 0 ? ring.tail % ring.capacity : 0;  // thread 0's
+  for (uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    if (threadIdx.x == 0) {
+      const uint64_t slot = chunk >> shape.chunks_shift;
+      id = args.d_page_record[slot];
+      if ((chunk & ((uint64_t{1} << shape.chunks_shift) - 1)) == 0) {
+        ring.ids[RingIndexAfter(tail_index, slot, ring.capacity)] = id;
+      }
+    }
+    __syncthreads();
+    if (args.d_dst != nullptr) {
+      const uint64_t begin = ChunkBegin(chunk, shape);
+      for (uint64_t v = threadIdx.x; v < chunk_vectors; v += blockDim.x) {
+        PopChunkVector(args.d_dst, span, shape, begin, id, v);
+      }
+    }
+    __syncthreads();
+  }
+  if (args.zero_tail && args.d_dst != nullptr) {
+    const uint64_t max_bytes = args.max_rows * args.row_bytes;
+    const uint64_t end = VectorsFor(max_bytes);
+    for (uint64_t v = (plan.bytes >> 4) + GlobalThread(); v < end; v += GridThreads()) {
+      ZeroTailVector(args.d_dst, plan.bytes, max_bytes, v);
+    }
   }
 }
 
@@ -190,12 +256,11 @@ LaunchResult CanImplementStash(const StashLaunch& args) {
 LaunchResult LaunchStash(const StashLaunch& args, cudaStream_t stream) {
   LaunchResult result = CanImplementStash(args);
   if (!result.ok()) return result;
-  StashPlanKernel<<<1, 1, 0, stream>>>(args);
-  STASH_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  StashCopyKernel<<<BlocksFor(args.max_rows * args.row_bytes), kThreadsPerBlock, 0, stream>>>(args);
-  STASH_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  StashPublishKernel<<<1, 1, 0, stream>>>(args);
-  STASH_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  STASH_CUDA_RETURN_IF_ERROR(Launch(StashPlanKernel, 1, 1, stream, args));
+  STASH_CUDA_RETURN_IF_ERROR(Launch(StashCopyKernel,
+                                    ChunkBlocksFor(args.max_rows * args.row_bytes, args.page_bytes),
+                                    kThreadsPerBlock, stream, args));
+  STASH_CUDA_RETURN_IF_ERROR(Launch(StashPublishKernel, 1, 1, stream, args));
   return result;
 }
 
@@ -220,10 +285,10 @@ LaunchResult CanImplementReload(const ReloadLaunch& args) {
 LaunchResult LaunchReload(const ReloadLaunch& args, cudaStream_t stream) {
   LaunchResult result = CanImplementReload(args);
   if (!result.ok()) return result;
-  ReloadPopKernel<<<BlocksFor(args.max_rows * args.row_bytes), kThreadsPerBlock, 0, stream>>>(args);
-  STASH_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  ReloadPublishKernel<<<1, 1, 0, stream>>>(args);
-  STASH_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  STASH_CUDA_RETURN_IF_ERROR(Launch(ReloadPopKernel,
+                                    ChunkBlocksFor(args.max_rows * args.row_bytes, args.page_bytes),
+                                    kThreadsPerBlock, stream, args));
+  STASH_CUDA_RETURN_IF_ERROR(Launch(ReloadPublishKernel, 1, 1, stream, args));
   return result;
 }
 

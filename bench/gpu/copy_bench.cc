@@ -1,7 +1,8 @@
 // stash-bench-gpu copy: the paging kernels (LaunchStash / LaunchReload of paging_cuda.h) into a
 // device pool of 256 KiB pages whose free ring holds a permuted page list, against one
 // cudaMemcpyAsync device-to-device of the same bytes, in the same run; plus the host-side cost
-// of one LaunchStash call (what the daemon pays per stash request on the CUDA backend).
+// of one LaunchStash call (what the daemon pays per stash request on the CUDA backend), and the
+// operations per second of small stashes submitted the way the daemon's executor does.
 //
 // Timing: every batch of iterations sits behind a Gate, so the events measure the GPU running
 // the work back to back. Each figure is the median over --iters iterations after a warm-up.
@@ -9,6 +10,7 @@
 // counted twice). Each size is verified once: the reloaded buffer must equal the source, byte
 // for byte.
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +43,9 @@ constexpr int kLaunchCalls = 200;  // LaunchStash calls timed on the host
 constexpr double kTargetRatio = 0.9;
 constexpr int64_t kTargetFromMiB = 64;
 constexpr double kTargetLaunchUs = 20.0;
+constexpr int kSmallPairs = 1000;  // stash + reload pairs per small-op run
+constexpr int kSmallRuns = 5;
+constexpr int kSmallWarmupPairs = 100;
 
 void CheckLaunch(const LaunchResult& result, const char* what) {
   if (!result.ok()) {
@@ -98,6 +103,41 @@ ReloadLaunch ReloadArgs(const Rig& rig, uint64_t bytes) {
   args.page_bytes = kPageBytes;
   args.device = kernels::CudaTier{rig.ring, rig.pool};
   return args;
+}
+
+// Small stashes per second, the way the daemon's cuda executor submits each operation: its
+// kernels, the plan copied back to pinned memory (stash) and host functions on the copy stream.
+// `host_functions` per operation: 1 is the executor's form (the continuation also wakes CPU
+// waiters), 2 the earlier form (a separate wake). A host function blocks the work behind it
+// until it returns, so each one costs stream time. Each operation pair is a stash and its
+// reload; wall time from the first enqueue until the last host function ran.
+double SmallOpsPerSecond(const Rig& rig, uint64_t bytes, StashPlan* pinned_plan, int host_functions,
+                         int pairs) {
+  static std::atomic<uint64_t> ran{0};
+  const auto bump = [](void*) { ran.fetch_add(1, std::memory_order_relaxed); };
+  const StashLaunch stash = StashArgs(rig, bytes);
+  const ReloadLaunch reload = ReloadArgs(rig, bytes);
+  BENCH_CUDA(cudaStreamSynchronize(rig.stream));
+  ran.store(0);
+  const double t0 = NowSeconds();
+  for (int i = 0; i < pairs; ++i) {
+    CheckLaunch(kernels::LaunchStash(stash, rig.stream), "LaunchStash");
+    BENCH_CUDA(cudaMemcpyAsync(pinned_plan, rig.plan, sizeof(StashPlan), cudaMemcpyDeviceToHost,
+                               rig.stream));
+    for (int f = 0; f < host_functions; ++f) {
+      BENCH_CUDA(cudaLaunchHostFunc(rig.stream, bump, nullptr));
+    }
+    CheckLaunch(kernels::LaunchReload(reload, rig.stream), "LaunchReload");
+    for (int f = 0; f < host_functions; ++f) {
+      BENCH_CUDA(cudaLaunchHostFunc(rig.stream, bump, nullptr));
+    }
+  }
+  BENCH_CUDA(cudaStreamSynchronize(rig.stream));
+  const double seconds = NowSeconds() - t0;
+  if (ran.load() != static_cast<uint64_t>(2 * pairs * host_functions)) {
+    Die(1, "small-op run: host functions ran " + std::to_string(ran.load()) + " times");
+  }
+  return 2.0 * pairs / seconds;
 }
 
 // One stash and reload of `bytes` into a cleared destination; returns "" when the plan placed
@@ -303,6 +343,22 @@ int RunCopy(const Options& options) {
   const double launch_median = Median(stash_launch_us);
   const bool launch_met = launch_median <= kTargetLaunchUs;
 
+  // Small stashes (one row) per second, with one and with two host functions per operation.
+  StashPlan* pinned_plan = nullptr;
+  BENCH_CUDA(cudaMallocHost(reinterpret_cast<void**>(&pinned_plan), sizeof(StashPlan)));
+  const int64_t one_row = 1;
+  BENCH_CUDA(
+      cudaMemcpyAsync(rig.count, &one_row, sizeof(one_row), cudaMemcpyHostToDevice, rig.stream));
+  SmallOpsPerSecond(rig, kRowBytes, pinned_plan, 1, kSmallWarmupPairs);  // warm-up
+  std::vector<double> small_one, small_two;
+  for (int i = 0; i < kSmallRuns; ++i) {
+    small_one.push_back(SmallOpsPerSecond(rig, kRowBytes, pinned_plan, 1, kSmallPairs));
+    small_two.push_back(SmallOpsPerSecond(rig, kRowBytes, pinned_plan, 2, kSmallPairs));
+  }
+  BENCH_CUDA(cudaFreeHost(pinned_plan));
+  const double small_one_median = Median(small_one);
+  const double small_two_median = Median(small_two);
+
   // The table.
   std::printf("%8s | %11s | %10s | %6s | %11s | %6s | %-16s | %s\n", "size MiB", "memcpy GB/s",
               "stash GB/s", "ratio", "reload GB/s", "ratio", "target (>=0.90x)", "verified");
@@ -353,6 +409,11 @@ int RunCopy(const Options& options) {
       "%.2f us over %d calls; target <= %.0f us: %s\nLaunchReload host cost: median %.2f us\n",
       launch_median, Percentile(stash_launch_us, 0.9), kLaunchCalls, kTargetLaunchUs,
       launch_met ? "met" : "MISSED", Median(reload_launch_us));
+  std::printf(
+      "small stashes (%" PRIu64
+      " bytes; stash + reload as the daemon submits them): %.0f ops/s "
+      "with one host function per operation, %.0f ops/s with two (median of %d runs of %d)\n",
+      kRowBytes, small_one_median, small_two_median, kSmallRuns, 2 * kSmallPairs);
   if (gate.timeouts() > 0) {
     std::printf("warning: %d timing batches ran without their gate (they include launch gaps)\n",
                 gate.timeouts());
@@ -374,16 +435,23 @@ int RunCopy(const Options& options) {
       {"launch", json::Object({{"stash_us", json::Summary(stash_launch_us)},
                                {"reload_us", json::Summary(reload_launch_us)},
                                {"calls", json::Int(kLaunchCalls)}})},
+      {"small_ops", json::Object({{"bytes", json::Int(kRowBytes)},
+                                  {"ops_per_run", json::Int(2 * kSmallPairs)},
+                                  {"one_host_function_ops_per_s", json::Summary(small_one)},
+                                  {"two_host_functions_ops_per_s", json::Summary(small_two)}})},
       {"gate_timeouts", json::Int(gate.timeouts())},
-      {"summary", json::Object({{"stash_ratio_min_from_64mib",
-                                 have_target_sizes ? json::Num(min_stash_ratio) : json::Null()},
-                                {"reload_ratio_min_from_64mib",
-                                 have_target_sizes ? json::Num(min_reload_ratio) : json::Null()},
-                                {"ratio_target_met",
-                                 have_target_sizes ? json::Bool(targets_met) : json::Null()},
-                                {"launch_stash_us_median", json::Num(launch_median)},
-                                {"launch_target_met", json::Bool(launch_met)},
-                                {"verified", json::Bool(all_verified)}})},
+      {"summary",
+       json::Object(
+           {{"stash_ratio_min_from_64mib",
+             have_target_sizes ? json::Num(min_stash_ratio) : json::Null()},
+            {"reload_ratio_min_from_64mib",
+             have_target_sizes ? json::Num(min_reload_ratio) : json::Null()},
+            {"ratio_target_met", have_target_sizes ? json::Bool(targets_met) : json::Null()},
+            {"launch_stash_us_median", json::Num(launch_median)},
+            {"small_ops_per_s_median", json::Num(small_one_median)},
+            {"small_ops_per_s_two_host_functions_median", json::Num(small_two_median)},
+            {"launch_target_met", json::Bool(launch_met)},
+            {"verified", json::Bool(all_verified)}})},
       {"ok", json::Bool(all_verified)},
   });
   WriteJsonFile(options.json_path, report);

@@ -1,5 +1,5 @@
 // stashctl as a library: main.cc hands it argv, tests call the same entry point with their own
-// streams. Commands: stats, sessions, config, health (DESIGN.md §8).
+// streams. Commands: stats, sessions, config, health (docs/design.md).
 #ifndef STASH_CLIENT_STASHCTL_STASHCTL_H_
 #define STASH_CLIENT_STASHCTL_STASHCTL_H_
 

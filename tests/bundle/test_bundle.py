@@ -226,6 +226,44 @@ def test_every_library_resolves_inside_the_bundle(bundle):
     check_resolves_inside(bundle)
 
 
+# ---- The oldest machine it runs on -------------------------------------------------------------
+
+# The oldest glibc of the usual GPU node OSes the bundle should run on: RHEL 8 / Rocky 8 (2.28);
+# Ubuntu 22.04 and DGX OS 6 have 2.35, RHEL 9 2.34.
+TARGET_GLIBC = (2, 28)
+
+
+def glibc_needed(path):
+    """The highest GLIBC_x.y version `objdump -T` lists for an ELF, as a tuple; (0,) for none."""
+    out = subprocess.run(["objdump", "-T", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    versions = [tuple(int(x) for x in v.split(".")) for v in re.findall(r"GLIBC_(\d+(?:\.\d+)+)", out)]
+    return max(versions, default=(0,))
+
+
+def test_requires_names_the_highest_glibc_any_shipped_elf_needs(bundle):
+    needs = {elf.relative_to(bundle): glibc_needed(elf) for elf in elves(bundle)}
+    highest = max(needs.values())
+    lines = dict(line.split(" ", 1) for line in (bundle / "REQUIRES").read_text().splitlines())
+    assert tuple(int(x) for x in lines["glibc"].split(".")) == highest, lines
+    if any(p.name.startswith("libcudart.so.13") for p in (bundle / "lib").iterdir()):
+        assert lines.get("driver") == "580", lines
+
+
+# The bundle is built on Debian 12 (glibc 2.36): everything linked there binds glibc 2.34+
+# symbols (__libc_start_main@GLIBC_2.34 in every executable, pthread_*@GLIBC_2.34 in Debian's
+# libstdc++, libgcc_s, protobuf, abseil), so static libstdc++/libgcc alone cannot bring it down
+# to 2.28: it needs a build on a glibc 2.28 base with gRPC, protobuf and abseil built there too
+# (not done yet; docs/cuda-backend.md). strict: once the bundle meets the target this xfail
+# turns into a failure, and the mark must go.
+@pytest.mark.xfail(strict=True, reason="bundle built on Debian 12 needs glibc 2.34+ "
+                   "(see docs/cuda-backend.md, review fixes item 3)")
+def test_every_shipped_elf_runs_on_glibc_2_28(bundle):
+    too_new = sorted(f"{elf.relative_to(bundle)}: GLIBC_{'.'.join(map(str, v))}"
+                     for elf in elves(bundle) if (v := glibc_needed(elf)) > TARGET_GLIBC)
+    assert not too_new, "needs a glibc newer than 2.28:\n" + "\n".join(too_new)
+
+
 # ---- Running from the bundle ------------------------------------------------------------------
 
 

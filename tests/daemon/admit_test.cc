@@ -558,5 +558,21 @@ TEST(CheckHello, DeviceOutOfRangeIsInvalidArgumentNamingTheRange) {
   EXPECT_THAT(s.message(), HasSubstr("devices 0..3"));
 }
 
+// A rank using device 5 of 8 on a daemon serving 4 GPUs: its UUID picks the pool, so its own
+// ordinal is no index into the daemon's pools. Without a UUID the index still must be in range.
+TEST(CheckHello, CudaDeviceIndexPastThePoolsIsOkWhenTheUuidNamesTheGpu) {
+  v1::Hello hello = HostHello(5);
+  hello.set_backend(v1::BACKEND_CUDA);
+  hello.set_device_uuid(std::string(16, '\x42'));
+  EXPECT_TRUE(CheckHello(hello, v1::BACKEND_CUDA, 4).ok());
+  hello.set_device(-1);
+  EXPECT_EQ(CheckHello(hello, v1::BACKEND_CUDA, 4).code(), StatusCode::kInvalidArgument);
+  hello.set_device(5);
+  hello.clear_device_uuid();
+  const Status s = CheckHello(hello, v1::BACKEND_CUDA, 4);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("devices 0..3"));
+}
+
 }  // namespace
 }  // namespace stash::daemon

@@ -1,24 +1,24 @@
-// libFuzzer target: arbitrary bytes as one descriptor-channel packet through
-// ParseDescriptorRequest, and arbitrary statuses through DescriptorAnswer
-// (daemon/descriptor_message.h), the pure functions the descriptor server runs on every packet.
+// libFuzzer target: arbitrary packets of the descriptor channel (proto/stash/v1/descriptor.proto)
+// through what the daemon runs on each: ParseDescriptorRequest, then for a parsed deposit the
+// descriptor check (CheckClientMemoryFd) on one of a few prepared descriptors, and the session's
+// deposit bookkeeping (Session::Deposit / TakeDeposit / CheckPeer).
 //
-// Input: byte 0 is how many descriptors came with the packet (0..7; the socket passes at most 4),
-// byte 1 picks a status code (0..16) for the answer check, the rest is the packet.
+// Input layout: byte 0 picks how many descriptors "arrived" with the packet (low 3 bits, 0..7)
+// and which prepared descriptor they are (bits 3..5); the rest is the packet.
 //
-// It aborts unless:
-//   - a packet that parses holds a 32-character lower-case hex session id, a 32-byte secret and
-//     a deposit_memory with nonzero memory_id and bytes, came with exactly one descriptor, and
-//     parses the same again after re-serialization;
-//   - a refused packet gets INVALID_ARGUMENT with a message that is not empty, is valid UTF-8,
-//     is at most 4 KiB and does not repeat the packet, its session id or its secret (when they
-//     hold bytes outside printable ASCII, which no message template has);
-//   - every answer (to the packet, and for the fuzzed code with the packet's bytes as its
-//     message) parses as a DescriptorResponse with the same code and memory_id, a valid UTF-8
-//     message of at most 1024 bytes (the same message when it already was one), and is not an
-//     empty packet (which reads as the connection closing) unless it answers nothing.
-//
-// STASH_FUZZ_TRACE=1 prints each parse result.
+// It aborts when what must always hold does not:
+//   - a packet that parses has a 32-hex-character session id, a 32-byte secret, a deposit with
+//     nonzero id and size, and exactly one descriptor;
+//   - the answer to any status (also one whose message is the packet's bytes) is a non-empty
+//     packet that parses as a DescriptorResponse with the same code and memory_id, a well-formed
+//     UTF-8 message (tests/fuzz/utf8.h) of at most 1024 bytes, unchanged when it already was
+//     one, that never contains the packet's secret;
+//   - only a sealed memfd at least as large as declared passes the check;
+//   - a deposit is taken back exactly once, and never for a size larger than deposited.
+#include <fcntl.h>
 #include <google/protobuf/stubs/logging.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -26,7 +26,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/shm.h"
 #include "daemon/descriptor_message.h"
+#include "daemon/session.h"
 #include "stash/v1/descriptor.pb.h"
 #include "tests/fuzz/utf8.h"
 
@@ -35,108 +37,110 @@ namespace {
 
 namespace v1 = stash::v1;
 
-constexpr size_t kMaxMessageBytes = 4096;
-constexpr size_t kMaxAnswerMessageBytes = 1024;
-
-[[noreturn]] void Violated(const char* invariant, const std::string& packet, const Status& status) {
-  v1::DescriptorRequest lenient;
-  const bool parses = lenient.ParseFromString(packet);
-  std::fprintf(stderr,
-               "descriptor_message_fuzzer: invariant violated: %s\n  packet (%zu bytes%s): %s\n"
-               "  status: %s\n",
-               invariant, packet.size(), parses ? ", parses" : ", does not parse",
-               parses ? lenient.ShortDebugString().c_str() : "", status.ToString().c_str());
+[[noreturn]] void Violated(const char* invariant) {
+  std::fprintf(stderr, "descriptor_message_fuzzer: invariant violated: %s\n", invariant);
   std::abort();
 }
 
-#define FUZZ_CHECK(cond, packet, status)              \
-  do {                                                \
-    if (!(cond)) Violated(#cond, (packet), (status)); \
+#define FUZZ_CHECK(cond)          \
+  do {                            \
+    if (!(cond)) Violated(#cond); \
   } while (0)
 
-bool IsLowerHex(const std::string& s) {
-  for (char c : s) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+constexpr uint64_t kSealedBytes = 1 << 16;
+
+// Descriptors the packet may "carry": a sealed memfd, an unsealed one, a write-sealed one, a
+// small sealed one, a pipe. Made once: the fuzzer runs millions of inputs.
+struct Prepared {
+  int fds[5];
+  Prepared() {
+    auto memfd = [](unsigned flags, uint64_t bytes, int seals) {
+      const int fd = memfd_create("fuzz", MFD_CLOEXEC | flags);
+      if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) std::abort();
+      if (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) != 0) std::abort();
+      return fd;
+    };
+    const int seals = static_cast<int>(kClientMemorySeals);
+    fds[0] = memfd(MFD_ALLOW_SEALING, kSealedBytes, seals);
+    fds[1] = memfd(MFD_ALLOW_SEALING, kSealedBytes, 0);
+    fds[2] = memfd(MFD_ALLOW_SEALING, kSealedBytes, F_SEAL_WRITE | seals);
+    fds[3] = memfd(MFD_ALLOW_SEALING, 4096, seals);
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0) std::abort();
+    fds[4] = pipe_fds[0];
   }
-  return true;
-}
+};
 
-// Whether `message` repeats `secretish`. Only bytes outside printable ASCII tell: the fuzzer
-// soon makes a session id out of the words of the message that refuses it.
-bool Repeats(const std::string& message, const std::string& secretish) {
-  bool binary = false;
-  for (char c : secretish) binary = binary || c < ' ' || c > '~';
-  return binary && secretish.size() >= 8 && message.find(secretish) != std::string::npos;
-}
-
-// DescriptorAnswer(status, memory_id) is a packet the client can read back.
-void CheckAnswer(const std::string& packet, const Status& status, uint64_t memory_id) {
+void CheckAnswer(const Status& status, uint64_t memory_id, const std::string& secret) {
   const std::string answer = daemon::DescriptorAnswer(status, memory_id);
-  FUZZ_CHECK(!answer.empty() || (status.ok() && memory_id == 0), packet, status);
+  FUZZ_CHECK(!answer.empty() || (status.ok() && memory_id == 0));
   v1::DescriptorResponse response;
-  FUZZ_CHECK(response.ParseFromString(answer), packet, status);
-  FUZZ_CHECK(response.code() == static_cast<int>(status.code()), packet, status);
-  FUZZ_CHECK(response.memory_id() == memory_id, packet, status);
-  FUZZ_CHECK(response.message().size() <= kMaxAnswerMessageBytes, packet, status);
-  FUZZ_CHECK(IsUtf8(response.message()), packet, status);
-  if (IsUtf8(status.message()) && status.message().size() <= kMaxAnswerMessageBytes) {
-    FUZZ_CHECK(response.message() == status.message(), packet, status);
-  }
-}
-
-void Run(const uint8_t* data, size_t size) {
-  if (size < 2) return;
-  const size_t descriptors = data[0] & 7;
-  const auto code = static_cast<StatusCode>(data[1] % 17);
-  const std::string packet(reinterpret_cast<const char*>(data) + 2, size - 2);
-
-  const StatusOr<v1::DescriptorRequest> parsed =
-      daemon::ParseDescriptorRequest(packet, descriptors);
-  if (std::getenv("STASH_FUZZ_TRACE") != nullptr) {
-    std::fprintf(
-        stderr, "%zu bytes, %zu descriptors -> %s\n", packet.size(), descriptors,
-        parsed.ok() ? parsed->ShortDebugString().c_str() : parsed.status().ToString().c_str());
-  }
-  const Status& status = parsed.status();
-  if (parsed.ok()) {
-    const v1::DescriptorRequest& r = *parsed;
-    FUZZ_CHECK(r.session_id().size() == 32 && IsLowerHex(r.session_id()), packet, status);
-    FUZZ_CHECK(r.session_secret().size() == 32, packet, status);
-    FUZZ_CHECK(r.has_deposit_memory() && r.deposit_memory().memory_id() != 0 &&
-                   r.deposit_memory().bytes() != 0,
-               packet, status);
-    FUZZ_CHECK(descriptors == 1, packet, status);
-    const auto again = daemon::ParseDescriptorRequest(r.SerializeAsString(), descriptors);
-    FUZZ_CHECK(again.ok() && again->SerializeAsString() == r.SerializeAsString(), packet, status);
-    CheckAnswer(packet, Status::Ok(), r.deposit_memory().memory_id());
-  } else {
-    FUZZ_CHECK(status.code() == StatusCode::kInvalidArgument, packet, status);
-    FUZZ_CHECK(!status.message().empty(), packet, status);
-    FUZZ_CHECK(status.message().size() <= kMaxMessageBytes, packet, status);
-    FUZZ_CHECK(IsUtf8(status.message()), packet, status);
-    FUZZ_CHECK(!Repeats(status.message(), packet), packet, status);
-    v1::DescriptorRequest lenient;
-    if (lenient.ParseFromString(packet)) {
-      FUZZ_CHECK(!Repeats(status.message(), lenient.session_id()), packet, status);
-      FUZZ_CHECK(!Repeats(status.message(), lenient.session_secret()), packet, status);
-    }
-    CheckAnswer(packet, status, 0);
-  }
-  // Any status the server may answer with, with the packet's bytes as its message.
-  const Status any = code == StatusCode::kOk ? Status::Ok() : Status(code, packet);
-  CheckAnswer(packet, any, size);
+  FUZZ_CHECK(response.ParseFromString(answer));
+  FUZZ_CHECK(response.code() == static_cast<int>(status.code()));
+  FUZZ_CHECK(response.memory_id() == memory_id);
+  FUZZ_CHECK(response.message().size() <= 1024);
+  FUZZ_CHECK(IsUtf8(response.message()));
+  // A message that already was short, well-formed UTF-8 goes out as it was.
+  FUZZ_CHECK(!(IsUtf8(status.message()) && status.message().size() <= 1024) ||
+             response.message() == status.message());
+  FUZZ_CHECK(secret.size() < 8 || response.message().find(secret) == std::string::npos);
 }
 
 }  // namespace
 }  // namespace stash::fuzz
 
-extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
-  // Parsing arbitrary bytes makes protobuf log (invalid UTF-8 in string fields).
-  google::protobuf::SetLogHandler(nullptr);
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  stash::fuzz::Run(data, size);
+  using namespace stash;        // NOLINT(google-build-using-namespace)
+  using namespace stash::fuzz;  // NOLINT(google-build-using-namespace)
+  static const bool quiet = [] {
+    google::protobuf::SetLogHandler(nullptr);  // parse failures of garbage are expected
+    return true;
+  }();
+  (void)quiet;
+  static const Prepared prepared;
+  if (size == 0) return 0;
+  const size_t descriptors = data[0] & 7;
+  const int fd = prepared.fds[((data[0] >> 3) & 7) % 5];
+  const std::string packet(reinterpret_cast<const char*>(data + 1), size - 1);
+
+  // Whatever text a status carries, its answer is a packet the client can parse.
+  CheckAnswer(InternalError(packet), size, "");
+
+  auto parsed = daemon::ParseDescriptorRequest(packet, descriptors);
+  if (!parsed.ok()) {
+    FUZZ_CHECK(parsed.status().code() == StatusCode::kInvalidArgument);
+    CheckAnswer(parsed.status(), 0, "");
+    return 0;
+  }
+  const v1::DescriptorRequest& request = *parsed;
+  FUZZ_CHECK(request.session_id().size() == 32);
+  FUZZ_CHECK(request.session_secret().size() == 32);
+  FUZZ_CHECK(request.has_deposit_memory());
+  FUZZ_CHECK(descriptors == 1);
+  const v1::DepositMemory& d = request.deposit_memory();
+  FUZZ_CHECK(d.memory_id() != 0 && d.bytes() != 0);
+
+  // The descriptor check: only a sealed memfd at least as large as declared passes.
+  const Status checked = CheckClientMemoryFd(fd, d.bytes());
+  const bool good = fd == prepared.fds[0]   ? d.bytes() <= kSealedBytes
+                    : fd == prepared.fds[3] ? d.bytes() <= 4096
+                                            : false;
+  FUZZ_CHECK(checked.ok() == good);
+  CheckAnswer(checked, d.memory_id(), request.session_secret());
+  if (!checked.ok()) return 0;
+
+  // The session's bookkeeping: a bound peer, one deposit, taken back once.
+  daemon::SessionInfo info;
+  info.pid = 1;
+  daemon::Session session(info, nullptr, nullptr);
+  FUZZ_CHECK(!session.CheckPeer({2, 0, 0}, false).ok());
+  FUZZ_CHECK(session.CheckPeer({2, 0, 0}, true).ok());
+  FUZZ_CHECK(!session.CheckPeer({3, 0, 0}, true).ok());
+  FUZZ_CHECK(session.Deposit(d.memory_id(), d.bytes(), UniqueFd(dup(fd)), 1).ok());
+  FUZZ_CHECK(!session.Deposit(d.memory_id() + 1, d.bytes(), UniqueFd(dup(fd)), 1).ok());
+  const uint64_t asked = (packet.size() & 1) != 0 ? d.bytes() : d.bytes() / 2 + 1;
+  auto taken = session.TakeDeposit(d.memory_id(), asked);
+  FUZZ_CHECK(taken.ok() == (asked <= d.bytes()));
+  FUZZ_CHECK(!session.TakeDeposit(d.memory_id(), 1).ok());
   return 0;
 }

@@ -38,9 +38,11 @@ find_bin() {
   esac
 }
 
+# The bundle's binaries find its lib/ through their RUNPATH ($ORIGIN/../lib). No LD_LIBRARY_PATH:
+# it would also reach python3, and `import torch` would then load the bundle's libraries instead
+# of its own.
 if [ "$layout" = bundle ]; then
   test_dir="$root/tests"
-  if [ -d "$root/lib" ]; then export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 else
   test_dir="$root/tests/gpu"
 fi
@@ -109,6 +111,41 @@ status_of() {  # status_of EXIT_CODE TIMEOUT_S
 echo "stash GPU check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $layout at $root"
 echo "output: $out"
 
+# ---- Preflight: glibc and the driver, before anything runs ----------------------------------------
+# What the binaries need: a bundle says it in REQUIRES (scripts/bundle: the highest GLIBC_
+# version any shipped ELF needs, and the driver series of its CUDA runtime); a build tree runs
+# where it was built. The target is glibc 2.28 (tests/bundle); CUDA 13 needs driver R580. Too
+# old: stop here with what to change, rather than with loader errors in every step.
+need_glibc=2.28 need_driver=580
+if [ "$layout" = bundle ] && [ -f "$root/REQUIRES" ]; then
+  need_glibc="$(sed -n 's/^glibc //p' "$root/REQUIRES")"
+  need_driver="$(sed -n 's/^driver //p' "$root/REQUIRES")"
+fi
+glibc="$(ldd --version 2>&1 | head -n 1)"
+driver="$(timeout 15 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+if [ -z "$driver" ] && [ -r /proc/driver/nvidia/version ]; then
+  driver="$(sed -n 's/.*Kernel Module *\([0-9][0-9.]*\).*/\1/p' /proc/driver/nvidia/version | head -n 1)"
+fi
+echo "\$ ldd --version: $glibc"
+echo "NVIDIA driver: ${driver:-none found}"
+glibc_version="$(echo "$glibc" | grep -o '[0-9]\+\.[0-9]\+$')"
+echo "needs: glibc >= ${need_glibc:-?}, NVIDIA driver >= R${need_driver:-?}"
+# Whether version $1 is older than $2 (x.y).
+older() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$1" ]; }
+if [ -n "$glibc_version" ] && [ -n "$need_glibc" ] && older "$glibc_version" "$need_glibc"; then
+  echo "stash GPU check: this machine's glibc $glibc_version is older than $need_glibc, which" \
+    "these binaries need: run them on a newer OS, or use a bundle built on an older base" \
+    "(docs/gpu-check.md)" | tee "$out/summary.txt"
+  exit 1
+fi
+driver_major="${driver%%.*}"
+if [ -n "$driver_major" ] && [ -n "$need_driver" ] && [ "$driver_major" -lt "$need_driver" ] 2>/dev/null; then
+  echo "stash GPU check: NVIDIA driver $driver is older than the R$need_driver series, which the" \
+    "CUDA runtime of these binaries needs: install driver R$need_driver or newer (or NVIDIA's" \
+    "CUDA forward-compatibility package)" | tee "$out/summary.txt"
+  exit 1
+fi
+
 # ---- The machine --------------------------------------------------------------------------------
 gpu_present=0
 {
@@ -121,12 +158,6 @@ cat "$out/nvidia-smi.log"
 if grep -q '^GPU [0-9]' "$out/nvidia-smi.log"; then gpu_present=1; fi
 # The first line after the csv header: "NVIDIA H200, 570.86.15, 143771 MiB".
 gpu_name="$(sed -n '/^name, driver_version/{n;p;q}' "$out/nvidia-smi.log")"
-# The binaries are built with CUDA 13, whose runtime needs a driver from the 580 series on
-# (or NVIDIA's forward-compatibility package): say so next to the driver version.
-driver_major="$(echo "$gpu_name" | sed -n 's/^[^,]*, *\([0-9]*\)\..*/\1/p')"
-if [ -n "$driver_major" ] && [ "$driver_major" -lt 580 ]; then
-  gpu_name="$gpu_name; WARNING: driver $driver_major < 580, the CUDA 13 runtime may refuse it"
-fi
 if [ "$gpu_present" = 1 ]; then
   record nvidia-smi pass "${gpu_name:-?}"
 else
@@ -138,12 +169,19 @@ mapfile -t gtests < <(find "$test_dir" -maxdepth 1 -type f -perm -u+x -name '*_t
 if [ ${#gtests[@]} -eq 0 ]; then
   record gtests "fail (no test binaries in $test_dir)" ""
 else
-  left_tests=${#gtests[@]}
-  for t in "${gtests[@]}"; do
+  # Each binary twice: CUDA's default lazy module loading, and EAGER (every kernel loaded at
+  # context creation, as some clusters set it): a kernel that only fails to load one way shows.
+  runs=()
+  for t in "${gtests[@]}"; do runs+=("LAZY $t" "EAGER $t"); done
+  left_tests=${#runs[@]}
+  for run in "${runs[@]}"; do
+    mode="${run%% *}" t="${run#* }"
     name="$(basename "$t")"
+    if [ "$mode" = EAGER ]; then name="$name-eager"; fi
     left_tests=$((left_tests - 1))
-    per_test="$(step_budget 120 $((left_tests + 4)))"
-    timeout --kill-after=10 "$per_test" "$t" --gtest_color=no >"$out/$name.log" 2>&1
+    per_test="$(step_budget 90 $((left_tests + 4)))"
+    CUDA_MODULE_LOADING="$mode" timeout --kill-after=10 "$per_test" "$t" --gtest_color=no \
+      >"$out/$name.log" 2>&1
     code=$?
     passed="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$out/$name.log" | tail -n 1)"
     failed="$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$out/$name.log" | tail -n 1)"
@@ -240,7 +278,7 @@ run_bench() {  # run_bench SUBCOMMAND CAP_S STEPS_AFTER
 
 status="$(run_bench copy 90 2)"
 j="$out/copy.json"
-record "bench copy" "$status" "stash $(json_num "$j" stash_ratio_min_from_64mib)x, reload $(json_num "$j" reload_ratio_min_from_64mib)x memcpy from 64 MiB (>= 0.9); LaunchStash $(json_num "$j" launch_stash_us_median) us (<= 20); verified $(json_num "$j" verified)" "$out/bench-copy.log"
+record "bench copy" "$status" "stash $(json_num "$j" stash_ratio_min_from_64mib)x, reload $(json_num "$j" reload_ratio_min_from_64mib)x memcpy from 64 MiB (>= 0.9); LaunchStash $(json_num "$j" launch_stash_us_median) us (<= 20); small stashes $(json_num "$j" small_ops_per_s_median) ops/s (2 host fns: $(json_num "$j" small_ops_per_s_two_host_functions_median)); verified $(json_num "$j" verified)" "$out/bench-copy.log"
 
 status="$(run_bench ipc 60 1)"
 j="$out/ipc.json"

@@ -455,6 +455,53 @@ TEST_F(PagingGpu, ReleaseReturnsPagesWithoutCopying) {
   EXPECT_EQ(RingFree(p->device->ring()), p->device->capacity());
 }
 
+// A failed CUDA call earlier on the thread (here a refused allocation; in the daemon a refused
+// cudaIpcOpenMemHandle or cudaHostRegister) leaves a non-sticky last error behind. Launches are
+// checked by their own return value, so it fails neither the stash nor the reload.
+TEST_F(PagingGpu, AStaleErrorOfTheThreadFailsNoLaunch) {
+  STASH_SEEDED_RNG(rng);
+  const PagingCase c = FindPagingCase("permuted_free_list");
+  std::unique_ptr<PreparedCase> p = Prepare(c, rng);
+  GpuTier device;
+  ASSERT_NO_FATAL_FAILURE(MirrorTier(*p->device, false, &device));
+  const uint64_t max_bytes = c.geometry.max_bytes();
+  CudaMemory src, record, plan;
+  ASSERT_CUDA_OK(src.Allocate(max_bytes, false));
+  ASSERT_NO_FATAL_FAILURE(Upload(src, 0, p->src, max_bytes));
+  ASSERT_CUDA_OK(record.Allocate(p->record.size() * 8, false));
+  ASSERT_CUDA_OK(plan.Allocate(sizeof(StashPlan), false));
+  StashLaunch stash;
+  stash.d_src = src.d();
+  stash.count = c.geometry.count;
+  stash.max_rows = c.geometry.max_rows;
+  stash.row_bytes = c.geometry.row_bytes;
+  stash.page_bytes = c.page_bytes;
+  stash.device = device.view();
+  stash.d_page_record = record.as<uint64_t>();
+  stash.d_plan = plan.as<StashPlan>();
+
+  void* huge = nullptr;
+  ASSERT_EQ(cudaMalloc(&huge, uint64_t{1} << 62), cudaErrorMemoryAllocation);
+  ASSERT_LAUNCHED(LaunchStash(stash, stream_));
+  ReloadLaunch release;
+  release.d_plan = plan.as<StashPlan>();
+  release.d_page_record = record.as<uint64_t>();
+  release.max_rows = c.geometry.max_rows;
+  release.row_bytes = c.geometry.row_bytes;
+  release.page_bytes = c.page_bytes;
+  release.device = device.view();
+  ASSERT_EQ(cudaMalloc(&huge, uint64_t{1} << 62), cudaErrorMemoryAllocation);
+  ASSERT_LAUNCHED(LaunchReload(release, stream_));
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  // The ring ends as the host's does after the same stash and release.
+  const StashPlan host_plan =
+      HostStash(p->src, c.geometry, c.page_bytes, *p->device, nullptr, p->record.data());
+  HostReload(nullptr, host_plan, c.geometry, c.page_bytes, *p->device, nullptr, p->record.data(),
+             false);
+  ASSERT_NO_FATAL_FAILURE(ExpectSameTier(*p->device, device, "device tier after release"));
+  (void)cudaGetLastError();  // the refused allocation's, for the tests after this one
+}
+
 // Grids depend only on static maxima and the count is read from device memory, so one captured
 // graph replays correctly for every count, overflow included.
 TEST_F(PagingGpu, CapturedGraphReplaysWithEachNewCount) {

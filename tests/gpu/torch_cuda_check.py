@@ -10,8 +10,9 @@ Usage: python3 torch_cuda_check.py [--steps N] [--cpu]  (STASHD_SOCKET names the
 PYTHONPATH and STASHD_CLIENT_LIB point at the package and libstash_client.so, as check.sh sets
 them). --cpu runs the same check on CPU tensors against a host-backend daemon, so that the script
 itself is tested where there is no GPU (tests/python runs it so).
-Exit status 0 when parity holds and the daemon holds nothing at the end; 1 otherwise; 2 when this
-machine has no CUDA-enabled torch (check.sh reports a skip).
+Exit status 0 when parity holds and the daemon holds nothing at the end; 1 otherwise, a torch that
+is installed but fails to import included; 2 when this machine has no torch module or a torch
+without CUDA (check.sh reports a skip).
 """
 
 from __future__ import annotations
@@ -35,9 +36,15 @@ def main() -> int:
     args = parser.parse_args()
     try:
         import torch
-    except ImportError:
+    except ModuleNotFoundError as e:
+        if e.name != "torch":  # torch is there but needs a module that is not
+            print(f"torch-cuda: import torch failed: {e!r}")
+            return 1
         print("torch-cuda: no torch on this machine")
         return 2
+    except Exception as e:  # noqa: BLE001 - torch is there and fails to load: a failure, not a skip
+        print(f"torch-cuda: import torch failed: {e!r}")
+        return 1
     if not args.cpu and not torch.cuda.is_available():
         print("torch-cuda: torch sees no CUDA device")
         return 2

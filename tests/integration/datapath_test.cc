@@ -338,6 +338,32 @@ TEST_F(Datapath, ReleaseReturnsPagesWithoutCopying) {
   EXPECT_EQ(client->Wait(*client->Release(*t)).status().code(), StatusCode::kNotFound);
 }
 
+// Closing a session: the client half-closes and returns once the daemon ended the stream, which
+// it does only after the pool finished everything submitted before the session's teardown and
+// the teardown itself (pages returned). Session B closes while the pool copies session A's large
+// stashes: when B's close returns, B's pages are back already, without polling. (A daemon that
+// ended the stream at once would leave them held behind A's copies; and a done write of the
+// daemon could then land after the client raised its counters.)
+TEST_F(Datapath, ClosingASessionReturnsOnceItsTeardownBehindOtherWorkFinished) {
+  StartDaemon({"--pool-bytes=96MiB"});
+  constexpr uint64_t kLargePages = (16 << 20) / kPage;
+  auto a = Connect(*daemon_);
+  auto b = Connect(*daemon_);
+  auto small = Buffer(1 << 20);
+  auto large = Buffer(16 << 20);
+  auto kept = b->Stash(Args(*small, 1024, 1024, 1024));
+  ASSERT_TRUE(b->Wait(*kept).ok());
+  auto first = a->Stash(Args(*large, 16 << 10, 1024, 1024));
+  ASSERT_TRUE(a->Wait(*first).ok());  // A's requests reach the pool
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->Stash(Args(*large, 16 << 10, 1024, 1024)).ok());
+  b.reset();
+  const stash::v1::GetStatsResponse stats = DaemonStats(*daemon_);
+  EXPECT_EQ(stats.daemon().sessions_live(), 1u);
+  // What is in use is A's stashes alone, each whole (B held 16 pages).
+  EXPECT_EQ(PagesUsed(stats) % kLargePages, 0u) << PagesUsed(stats) << " pages in use";
+  EXPECT_GE(PagesUsed(stats), kLargePages);
+}
+
 TEST_F(Datapath, PipelinedRequestsNeedNoWaitInBetween) {
   StartDaemon({"--pool-bytes=16MiB"});
   auto client = Connect(*daemon_);

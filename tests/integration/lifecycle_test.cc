@@ -1,4 +1,4 @@
-// The real stashd's lifecycle (DESIGN.md §7-§8): health and reflection, the control plane, one
+// The real stashd's lifecycle (docs/design.md): health and reflection, the control plane, one
 // daemon per socket, stale sockets, stop signals, socket permissions, the read-only TCP
 // listener, and the Session protocol's edge cases seen from a raw gRPC stream.
 #include <arpa/inet.h>

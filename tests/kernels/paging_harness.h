@@ -1,4 +1,4 @@
-// Test harness for the paging rules (DESIGN.md §5), shared by tests/kernels/paging_test.cc (host)
+// Test harness for the paging rules (docs/design.md), shared by tests/kernels/paging_test.cc (host)
 // and tests/gpu/paging_gpu_test.cc (CUDA parity):
 //  - HostTier: a tier in anonymous memory (MAP_NORESERVE, so a > 4 GiB tier costs only the pages
 //    a test touches) with its free ring;
@@ -309,7 +309,7 @@ inline uint64_t NeededPages(const PagingCase& c) {
                   c.page_bytes);
 }
 
-// The matrix of DESIGN.md §5 (upstream's branches, research/domain.md §5).
+// The matrix of docs/design.md (upstream's branches, research/domain.md §5).
 inline std::vector<PagingCase> PagingCases() {
   std::vector<PagingCase> cases;
   auto add = [&cases](PagingCase c) { cases.push_back(std::move(c)); };
@@ -424,6 +424,16 @@ inline std::vector<PagingCase> PagingCases() {
     c.geometry = {100, 1, 127, 12};
     c.zero_tail = true;
     c.dst_misalign = 3;
+    add(c);
+  }
+  {  // 64 KiB pages, several chunks each (a GPU block copies 16 KiB): 20 rows of 7168 bytes
+     // over slots 6, 7, 0 of 8, ragged mid-chunk; zero tail up to 30 rows, destination unaligned.
+    PagingCase c = NamedCase("large_pages");
+    c.page_bytes = uint64_t{1} << 16;
+    c.device_pages = 8, c.device_head = 2 * 8 + 6, c.device_free = 8;
+    c.geometry = {20, 1, 30, 7168};
+    c.zero_tail = true;
+    c.dst_misalign = 5;
     add(c);
   }
   {  // 5 GiB tier of 64 KiB pages; the stash lands in pages >= 2^32 / 64 KiB and the head is

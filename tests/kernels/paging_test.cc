@@ -1,5 +1,5 @@
 // The paging rules of kernels/include/stash/kernels/paging.h on the host, byte for byte
-// (DESIGN.md §5). Every stash is checked against an independent model of where its bytes must
+// (docs/design.md). Every stash is checked against an independent model of where its bytes must
 // go (TierHolds), which does not call paging.h.
 #include "stash/kernels/paging.h"
 
@@ -35,7 +35,7 @@ const HostTier* TierOf(const CaseResult& r, Placement placement) {
   return nullptr;
 }
 
-// Stash (in `slices` workers) and reload one case, checking every invariant of DESIGN.md §4
+// Stash (in `slices` workers) and reload one case, checking every invariant of docs/design.md
 // against the independent reference: placement and plan fields; the chosen tier holds the stash
 // in the pages at its head slots and every other byte of both tiers is unchanged (the unused
 // tail of the last page too); heads move by the pages only in the chosen tier; the page record
@@ -400,86 +400,150 @@ TEST(Paging, StashPagesDoesNotMoveTheHead) {
   EXPECT_EQ(p->device->ring().tail, before.tail);
 }
 
-// The GPU copies one 16-byte vector per thread in no particular order: the same bytes and page
-// record as the per-page loops.
-TEST(Paging, PerVectorCopyMatchesPerPageCopy) {
+// The GPU copy kernel gives each chunk of a page to a thread block in no particular order: the
+// block's first thread reads the page id once (from the ring at slot head + slot, wrapped by a
+// subtract) and its threads copy the chunk's vectors in no particular order. The same bytes and
+// page record as the per-page host loops, for pages smaller and larger than a chunk.
+TEST(Paging, PerChunkCopyMatchesPerPageCopy) {
   STASH_SEEDED_RNG(rng);
   for (const char* name : {"ragged_tail", "permuted_free_list", "unaligned_source_and_destination",
-                           "ring_wrap_around", "tiny_last_page"}) {
+                           "ring_wrap_around", "tiny_last_page", "large_pages"}) {
     SCOPED_TRACE(name);
     const PagingCase c = FindPagingCase(name);
     std::mt19937_64 replay = rng;
     std::unique_ptr<PreparedCase> pages = Prepare(c, rng);
-    std::unique_ptr<PreparedCase> vectors = Prepare(c, replay);
+    std::unique_ptr<PreparedCase> chunks = Prepare(c, replay);
     const uint64_t bytes = static_cast<uint64_t>(c.geometry.count) * c.geometry.row_bytes;
     const uint64_t n_pages = PagesFor(bytes, c.page_bytes);
     const uint64_t head = pages->device->ring().head;
     const PagedSpan page_span{pages->device->base(), c.page_bytes, pages->record.data(), bytes};
-    const PagedSpan vector_span{vectors->device->base(), c.page_bytes, vectors->record.data(),
-                                bytes};
+    const PagedSpan chunk_span{chunks->device->base(), c.page_bytes, chunks->record.data(), bytes};
     StashPages(pages->src, pages->device->ring(), head, page_span, 0, n_pages);
-    std::vector<uint64_t> order(VectorsFor(bytes) + 3);  // 3 vectors past the end: no-ops
-    std::iota(order.begin(), order.end(), uint64_t{0});
-    std::shuffle(order.begin(), order.end(), rng);
-    for (uint64_t v : order)
-      StashVector(vectors->src, vectors->device->ring(), head, vector_span, v);
-    EXPECT_EQ(vectors->record, pages->record);
-    EXPECT_EQ(std::memcmp(vectors->device->base(), pages->device->base(), pages->device->bytes()),
+
+    const ChunkShape shape = ChunkShapeOf(c.page_bytes);
+    const uint64_t chunk_vectors = (uint64_t{1} << shape.chunk_shift) / kVectorBytes;
+    std::vector<uint64_t> chunk_order(ChunksFor(n_pages, shape));
+    std::iota(chunk_order.begin(), chunk_order.end(), uint64_t{0});
+    std::vector<uint64_t> vector_order(chunk_vectors);
+    std::iota(vector_order.begin(), vector_order.end(), uint64_t{0});
+    const PageRing& ring = chunks->device->ring();
+    const uint64_t head_index = head % ring.capacity;
+    std::shuffle(chunk_order.begin(), chunk_order.end(), rng);
+    for (uint64_t chunk : chunk_order) {
+      const uint64_t slot = chunk >> shape.chunks_shift;
+      const uint64_t id = ring.ids[RingIndexAfter(head_index, slot, ring.capacity)];
+      if ((chunk & ((uint64_t{1} << shape.chunks_shift) - 1)) == 0)
+        chunk_span.page_record[slot] = id;
+      std::shuffle(vector_order.begin(), vector_order.end(), rng);
+      for (uint64_t v : vector_order) {
+        StashChunkVector(chunks->src, chunk_span, shape, ChunkBegin(chunk, shape), id, v);
+      }
+    }
+    EXPECT_EQ(chunks->record, pages->record);
+    EXPECT_EQ(std::memcmp(chunks->device->base(), pages->device->base(), pages->device->bytes()),
               0);
 
     PopPages(pages->dst, page_span, 0, n_pages);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (uint64_t v : order) PopVector(vectors->dst, vector_span, v);
+    std::shuffle(chunk_order.begin(), chunk_order.end(), rng);
+    for (uint64_t chunk : chunk_order) {
+      const uint64_t id = chunk_span.page_record[chunk >> shape.chunks_shift];
+      std::shuffle(vector_order.begin(), vector_order.end(), rng);
+      for (uint64_t v : vector_order) {
+        PopChunkVector(chunks->dst, chunk_span, shape, ChunkBegin(chunk, shape), id, v);
+      }
+    }
     // The whole destination window, the 64 guard bytes past max_bytes included.
-    EXPECT_EQ(std::memcmp(vectors->dst, pages->dst, c.geometry.max_bytes() + 64), 0);
-    EXPECT_EQ(std::memcmp(vectors->dst, vectors->src, bytes), 0);
+    EXPECT_EQ(std::memcmp(chunks->dst, pages->dst, c.geometry.max_bytes() + 64), 0);
+    EXPECT_EQ(std::memcmp(chunks->dst, chunks->src, bytes), 0);
   }
 }
 
-// The GPU reload kernel runs ReloadVector per 16-byte vector in no particular order: the same
-// destination bytes (zero tail included), the same ring ids and tail as the per-page host loops,
-// and for a release (no destination) the same returned pages.
-TEST(Paging, PerVectorReloadMatchesPerPageReload) {
+// The GPU reload kernel: per chunk in no particular order, the first thread reads the page id
+// from the page record and the first chunk of a page returns it at ring slot tail + slot; then
+// the zero tail per vector from bytes / 16 on. The same destination bytes (zero tail included),
+// the same ring ids and tail as the per-page host loops, and for a release (no destination) the
+// same returned pages.
+TEST(Paging, PerChunkReloadMatchesPerPageReload) {
   STASH_SEEDED_RNG(rng);
   for (const char* name :
        {"ragged_tail", "zero_tail", "unaligned_source_and_destination", "ring_wrap_around",
-        "zero_count", "host_spill", "overflow", "tiny_last_page"}) {
+        "zero_count", "host_spill", "overflow", "tiny_last_page", "large_pages"}) {
     for (bool release : {false, true}) {
       SCOPED_TRACE(::testing::Message() << name << (release ? " release" : " reload"));
       const PagingCase c = FindPagingCase(name);
       std::mt19937_64 replay = rng;
       std::unique_ptr<PreparedCase> pages = Prepare(c, rng);
-      std::unique_ptr<PreparedCase> vectors = Prepare(c, replay);
+      std::unique_ptr<PreparedCase> chunks = Prepare(c, replay);
       const StashPlan plan = HostStash(pages->src, c.geometry, c.page_bytes, *pages->device,
                                        pages->host_or_null(), pages->record.data());
-      const StashPlan same = HostStash(vectors->src, c.geometry, c.page_bytes, *vectors->device,
-                                       vectors->host_or_null(), vectors->record.data());
+      const StashPlan same = HostStash(chunks->src, c.geometry, c.page_bytes, *chunks->device,
+                                       chunks->host_or_null(), chunks->record.data());
       ASSERT_EQ(same.pages, plan.pages);
       HostReload(release ? nullptr : pages->dst, plan, c.geometry, c.page_bytes, *pages->device,
                  pages->host_or_null(), pages->record.data(), c.zero_tail);
 
-      HostTier* tier = PlacedTier(plan, *vectors->device, vectors->host_or_null());
+      HostTier* tier = PlacedTier(plan, *chunks->device, chunks->host_or_null());
       if (tier != nullptr) {
-        const PagedSpan span{tier->base(), c.page_bytes, vectors->record.data(), plan.bytes};
+        uint8_t* dst = release ? nullptr : chunks->dst;
+        const PagedSpan span{tier->base(), c.page_bytes, chunks->record.data(), plan.bytes};
         const uint64_t max_bytes = c.geometry.max_bytes();
-        const uint64_t tail = tier->ring().tail;
-        std::vector<uint64_t> order(VectorsFor(c.zero_tail ? max_bytes : plan.bytes));
-        std::iota(order.begin(), order.end(), uint64_t{0});
-        std::shuffle(order.begin(), order.end(), rng);
-        for (uint64_t v : order) {
-          ReloadVector(release ? nullptr : vectors->dst, span, tier->ring(), tail, max_bytes,
-                       c.zero_tail, v);
+        PageRing& ring = tier->ring();
+        const uint64_t tail_index = ring.tail % ring.capacity;
+        const ChunkShape shape = ChunkShapeOf(c.page_bytes);
+        std::vector<uint64_t> chunk_order(ChunksFor(plan.pages, shape));
+        std::iota(chunk_order.begin(), chunk_order.end(), uint64_t{0});
+        std::shuffle(chunk_order.begin(), chunk_order.end(), rng);
+        std::vector<uint64_t> vector_order((uint64_t{1} << shape.chunk_shift) / kVectorBytes);
+        std::iota(vector_order.begin(), vector_order.end(), uint64_t{0});
+        for (uint64_t chunk : chunk_order) {
+          const uint64_t slot = chunk >> shape.chunks_shift;
+          const uint64_t id = span.page_record[slot];
+          if ((chunk & ((uint64_t{1} << shape.chunks_shift) - 1)) == 0) {
+            ring.ids[RingIndexAfter(tail_index, slot, ring.capacity)] = id;
+          }
+          if (dst == nullptr) continue;
+          std::shuffle(vector_order.begin(), vector_order.end(), rng);
+          for (uint64_t v : vector_order) {
+            PopChunkVector(dst, span, shape, ChunkBegin(chunk, shape), id, v);
+          }
         }
-        tier->ring().tail = tail + plan.pages;
+        if (c.zero_tail && dst != nullptr) {
+          std::vector<uint64_t> tail_order;
+          for (uint64_t v = plan.bytes / kVectorBytes; v < VectorsFor(max_bytes); ++v) {
+            tail_order.push_back(v);
+          }
+          std::shuffle(tail_order.begin(), tail_order.end(), rng);
+          for (uint64_t v : tail_order) ZeroTailVector(dst, plan.bytes, max_bytes, v);
+        }
+        ring.tail += plan.pages;
       }
-      EXPECT_EQ(std::memcmp(vectors->dst - c.dst_misalign, pages->dst - c.dst_misalign,
+      EXPECT_EQ(std::memcmp(chunks->dst - c.dst_misalign, pages->dst - c.dst_misalign,
                             c.dst_misalign + c.geometry.max_bytes() + 64),
                 0);
-      EXPECT_EQ(vectors->device->ids(), pages->device->ids());
-      EXPECT_EQ(vectors->device->ring().tail, pages->device->ring().tail);
+      EXPECT_EQ(chunks->device->ids(), pages->device->ids());
+      EXPECT_EQ(chunks->device->ring().tail, pages->device->ring().tail);
       if (pages->host) {
-        EXPECT_EQ(vectors->host->ids(), pages->host->ids());
-        EXPECT_EQ(vectors->host->ring().tail, pages->host->ring().tail);
+        EXPECT_EQ(chunks->host->ids(), pages->host->ids());
+        EXPECT_EQ(chunks->host->ring().tail, pages->host->ring().tail);
+      }
+    }
+  }
+}
+
+// log2, ring wrap and page slot by shifts: the same answers as division and modulo.
+TEST(Paging, ShiftsAndConditionalWrapMatchDivisionAndModulo) {
+  for (uint32_t shift = 4; shift < 40; ++shift) {
+    const uint64_t page = uint64_t{1} << shift;
+    EXPECT_EQ(Log2(page), shift);
+    for (uint64_t offset : {uint64_t{0}, page - 1, page, 3 * page + 5, (uint64_t{1} << 45) + 17}) {
+      EXPECT_EQ(PageSlotOf(offset, page), offset / page) << offset << " / " << page;
+    }
+  }
+  for (uint64_t capacity : {uint64_t{1}, uint64_t{7}, uint64_t{4096}}) {
+    for (uint64_t head : {uint64_t{0}, capacity - 1, 5 * capacity + 3, (uint64_t{1} << 62) + 3}) {
+      for (uint64_t slot = 0; slot < capacity; ++slot) {
+        ASSERT_EQ(RingIndexAfter(head % capacity, slot, capacity), (head + slot) % capacity)
+            << "capacity " << capacity << " head " << head << " slot " << slot;
       }
     }
   }

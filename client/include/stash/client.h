@@ -41,9 +41,10 @@ namespace stash {
 // exists: no other process can open it, and nothing is left behind when the process dies).
 // Not copyable; freeing it unmaps it here (a daemon that still has it
 // registered keeps its own mapping until the client unregisters it or the session ends). A
-// buffer whose counters a GPU stream raises or waits on (EnqueueSignal / EnqueueWait) may be
-// freed only after those streams passed that work (a stream synchronize, say): freeing it under
-// a waiting stream faults the CUDA context.
+// buffer whose counters a GPU stream raised or waited on (EnqueueSignal / EnqueueWait) stays
+// mapped after it is freed, until the process exits: a stream may still wait on it (an
+// exception path, a close before synchronize), and unmapping it then would fault the CUDA
+// context. Allocate event buffers once per session, not per step.
 class STASH_EXPORT HostBuffer {
  public:
   // Allocates `bytes` (> 0) bytes, zero-filled, 64-byte aligned (page aligned in fact).

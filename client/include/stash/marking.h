@@ -1,5 +1,5 @@
 // Marking rules: which physical buffers of one autograd-saved grouped-linear input the stash
-// takes (DESIGN.md §2 "marked buffer"; research domain.md §1.3, §1.6).
+// takes (docs/design.md "marked buffer"; research domain.md §1.3, §1.6).
 //
 // Transformer Engine tags the tensors that Megatron's paged stash may take with a Python
 // attribute, `grouped_tensor_scale_inv` (mark_grouped_tensor, extended by TE PR #3423). The

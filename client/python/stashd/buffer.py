@@ -18,6 +18,10 @@ class Buffer:
 
     Not thread-safe to free while another thread uses it. Views (`view()`, `tensor()`) keep
     the Buffer object alive, but `free()` unmaps the memory at once: drop the views first.
+    Exception: a Buffer whose event counters a CUDA stream raised or waited on
+    (`Client.enqueue_signal` / `enqueue_wait`) stays mapped after `free()` until the process
+    exits, because a stream may still wait on it (freeing it under the wait would fault the
+    CUDA context).
     """
 
     def __init__(self, nbytes: int):

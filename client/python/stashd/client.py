@@ -6,6 +6,7 @@ import ctypes
 import dataclasses
 import enum
 import os
+import sys
 from typing import Optional, Tuple, Union
 
 from stashd import _lib
@@ -53,6 +54,8 @@ class Completion:
 class StepFlags:
     overflow: bool  # a stash of this step overflowed (its source stayed with the caller)
     spilled: bool   # a stash of this step went to the host tier
+    # stashd.torch could not reach the daemon in this step and kept tensors in-process
+    unavailable: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,8 +294,12 @@ class Client:
 
     def begin_step(self, step: int, *, wait: bool = True,
                    timeout_ms: Optional[float] = None) -> Union[Completion, int]:
-        """Starts a training step: clears the step flags. The Completion carries the previous
-        step's flags (step_overflow, step_spilled)."""
+        """Starts a training step: clears the step flags (stashd.torch's too). The Completion
+        carries the previous step's flags (step_overflow, step_spilled)."""
+        for ext in list(self._extensions.values()):
+            hook = getattr(ext, "begin_step", None)
+            if hook is not None:
+                hook(int(step))
         op = ctypes.c_uint64()
         self._check(self._lib.stash_begin_step(self._h(), int(step), ctypes.byref(op)))
         return self.wait(op.value, timeout_ms) if wait else op.value
@@ -316,11 +323,14 @@ class Client:
     # --- State ------------------------------------------------------------------------------
 
     def step_flags(self) -> StepFlags:
-        """The current step's flags, as far as answers have arrived."""
+        """The current step's flags, as far as answers have arrived. `unavailable` comes from
+        stashd.torch (a stash found no daemon and kept its tensor)."""
+        unavailable = any(getattr(ext, "step_unavailable", False)
+                          for ext in self._extensions.values())
         overflow, spilled = ctypes.c_int(), ctypes.c_int()
         self._check(self._lib.stash_step_flags(self._h(), ctypes.byref(overflow),
                                                ctypes.byref(spilled)))
-        return StepFlags(bool(overflow.value), bool(spilled.value))
+        return StepFlags(bool(overflow.value), bool(spilled.value), unavailable)
 
     def stats(self) -> Stats:
         """This session's counters and its pool's usage (one round trip to the daemon)."""
@@ -339,7 +349,31 @@ def _completion(c: "_lib.CompletionStruct") -> Completion:
                       step_overflow=bool(c.step_overflow), step_spilled=bool(c.step_spilled))
 
 
-def connect(socket: Optional[str] = None, device: int = 0, rank: int = -1, label: str = "",
+def default_device() -> int:
+    """The device a rank's session uses when connect() is not told: the current CUDA device
+    when PyTorch has initialised CUDA (torch.cuda.set_device(local_rank) is the usual setup),
+    else $LOCAL_RANK (set by torchrun and Megatron's launchers), else 0."""
+    torch = sys.modules.get("torch")  # never imported here: `import stashd` needs no torch
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_device())
+        except Exception:  # a CPU-only build or a broken driver: fall back to the launcher's
+            pass
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank:
+        try:
+            device = int(local_rank)
+        except ValueError:
+            raise ValueError(f"stashd.connect: $LOCAL_RANK must be an integer, got "
+                             f"{local_rank!r}; pass device= explicitly") from None
+        if device >= 0:
+            return device
+    return 0
+
+
+def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: int = -1,
+            label: str = "",
             allow_host_spill: bool = True, connect_timeout_ms: int = 5000,
             backend: str = "host") -> Client:
     """Opens a session with the daemon.
@@ -349,12 +383,15 @@ def connect(socket: Optional[str] = None, device: int = 0, rank: int = -1, label
 
     socket: the daemon's Unix socket; None = $STASHD_SOCKET, else the default
     (/run/stashd/stashd.sock, or the per-user fallback). device: this rank's GPU (the simulated
-    pool on the host backend). rank: -1 = unknown. label: shown by `stashctl sessions`.
+    pool on the host backend); None = default_device(): the current CUDA device, else
+    $LOCAL_RANK, else 0, so every rank of a node gets its own pool. rank: -1 = unknown. label: shown by `stashctl sessions`.
     allow_host_spill: False makes a full pool overflow instead of spilling to the host tier.
     Raises Unavailable, naming the socket, when no daemon answers within connect_timeout_ms.
     """
     if backend not in BACKENDS:
         raise ValueError(f"stashd.connect: backend must be 'host' or 'cuda', not {backend!r}")
+    if device is None:
+        device = default_device()
     lib = _lib.lib()
     handle = _lib.c_client_p()
     code = lib.stash_client_open(socket.encode() if socket else None, BACKENDS[backend],

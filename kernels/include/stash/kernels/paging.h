@@ -1,4 +1,4 @@
-// The paging rules of stashd, in one place for both machines (DESIGN.md §5).
+// The paging rules of stashd, in one place for both machines (docs/design.md).
 //
 // Plain descriptors and STASH_HOST_DEVICE functions: g++ compiles them for the host backend and
 // nvcc for the CUDA kernels, so the host tests pin exactly the semantics the GPU runs.
@@ -73,19 +73,36 @@ STASH_HOST_DEVICE uint64_t PagesFor(uint64_t bytes, uint64_t page_bytes) {
 // Free pages in a ring.
 STASH_HOST_DEVICE uint64_t RingFree(const PageRing& ring) { return ring.tail - ring.head; }
 
-// The page id at ring slot `head + slot`.
+// log2 of a power of two (page sizes are validated to be one): a shift replaces the 64-bit
+// division, which a GPU runs as a long software sequence.
+STASH_HOST_DEVICE uint32_t Log2(uint64_t power_of_two) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint32_t>(__ffsll(static_cast<long long>(power_of_two)) - 1);
+#else
+  return static_cast<uint32_t>(__builtin_ctzll(power_of_two));
+#endif
+}
+
+// The index into ring.ids of ring slot `base + slot`, where `base_index` = base % capacity was
+// computed once and slot < capacity: one conditional subtract instead of a modulo per page.
+STASH_HOST_DEVICE uint64_t RingIndexAfter(uint64_t base_index, uint64_t slot, uint64_t capacity) {
+  const uint64_t index = base_index + slot;
+  return index >= capacity ? index - capacity : index;
+}
+
+// The page id at ring slot `head + slot` (any slot).
 STASH_HOST_DEVICE uint64_t RingPageAt(const PageRing& ring, uint64_t head, uint64_t slot) {
   return ring.ids[(head + slot) % ring.capacity];
 }
 
-// Puts page id `id` back at ring slot `tail + slot`.
+// Puts page id `id` back at ring slot `tail + slot` (any slot).
 STASH_HOST_DEVICE void RingReturnAt(PageRing& ring, uint64_t tail, uint64_t slot, uint64_t id) {
   ring.ids[(tail + slot) % ring.capacity] = id;
 }
 
 // The page slot of byte `offset` of a stash, and the byte inside that page.
 STASH_HOST_DEVICE uint64_t PageSlotOf(uint64_t offset, uint64_t page_bytes) {
-  return offset / page_bytes;
+  return offset >> Log2(page_bytes);
 }
 STASH_HOST_DEVICE uint64_t OffsetInPage(uint64_t offset, uint64_t page_bytes) {
   return offset & (page_bytes - 1);
@@ -160,8 +177,9 @@ STASH_HOST_DEVICE void CopyBytes(uint8_t* dst, const uint8_t* src, uint64_t n) {
 // PagesFor(span.bytes) are ignored, so a worker may be handed a range sized for the static max.
 STASH_HOST_DEVICE void StashPages(const uint8_t* src, const PageRing& ring, uint64_t head,
                                   const PagedSpan& span, uint64_t first_slot, uint64_t end_slot) {
+  const uint64_t head_index = ring.capacity > 0 ? head % ring.capacity : 0;
   for (uint64_t slot = first_slot; slot < end_slot && slot * span.page_bytes < span.bytes; ++slot) {
-    const uint64_t id = RingPageAt(ring, head, slot);
+    const uint64_t id = ring.ids[RingIndexAfter(head_index, slot, ring.capacity)];
     span.page_record[slot] = id;
     const uint64_t begin = slot * span.page_bytes;
     const uint64_t end =
@@ -195,7 +213,7 @@ STASH_HOST_DEVICE void ZeroBytes(uint8_t* dst, uint64_t begin, uint64_t end) {
 #endif
 }
 
-// The GPU's unit of work: one 16-byte vector of a stash, bytes [16 v, min(16 v + 16, bytes)).
+// The GPU's unit of copy: one 16-byte vector of a stash, bytes [offset, min(offset + 16, bytes)).
 // page_bytes is a power of two >= 16, so a vector never straddles two pages.
 inline constexpr uint64_t kVectorBytes = 16;
 
@@ -204,28 +222,70 @@ STASH_HOST_DEVICE uint64_t VectorsFor(uint64_t bytes) {
   return (bytes + kVectorBytes - 1) / kVectorBytes;
 }
 
-// Stash copy of vector `v` of a stash planned at ring head `head` (vectors at or past
-// VectorsFor(span.bytes) do nothing). Each vector reads its page id from the ring itself; the
-// first vector of a page slot also writes the slot's page record entry. Same bytes as
-// StashPages, at a grain a GPU thread can take.
-STASH_HOST_DEVICE void StashVector(const uint8_t* src, const PageRing& ring, uint64_t head,
-                                   const PagedSpan& span, uint64_t v) {
-  const uint64_t begin = v * kVectorBytes;
-  if (begin >= span.bytes) return;
-  const uint64_t slot = PageSlotOf(begin, span.page_bytes);
-  const uint64_t in_page = OffsetInPage(begin, span.page_bytes);
-  const uint64_t id = RingPageAt(ring, head, slot);
-  if (in_page == 0) span.page_record[slot] = id;
-  const uint64_t n = span.bytes - begin < kVectorBytes ? span.bytes - begin : kVectorBytes;
-  CopyBytes(span.tier_base + id * span.page_bytes + in_page, src + begin, n);
+// The GPU's unit of work: a chunk of one page slot of a stash. The kernels give each chunk to one
+// thread block, whose first thread reads the slot's page id once (from the ring for a stash, from
+// the page record for a reload) and whose threads then copy the chunk's vectors. A chunk is
+// min(page_bytes, kChunkBytes) bytes; both are powers of two, so every index is a shift.
+inline constexpr uint64_t kChunkBytes = 16384;
+
+// The chunk geometry of a page size (a power of two >= 16).
+struct ChunkShape {
+  uint32_t page_shift;    // log2(page_bytes)
+  uint32_t chunk_shift;   // log2(chunk bytes)
+  uint32_t chunks_shift;  // log2(chunks per page) = page_shift - chunk_shift
+};
+
+STASH_HOST_DEVICE ChunkShape ChunkShapeOf(uint64_t page_bytes) {
+  ChunkShape shape{};
+  shape.page_shift = Log2(page_bytes);
+  shape.chunk_shift = page_bytes < kChunkBytes ? shape.page_shift : Log2(kChunkBytes);
+  shape.chunks_shift = shape.page_shift - shape.chunk_shift;
+  return shape;
 }
 
-// Reload copy of vector `v` of a stash into `dst` (vectors past the stash do nothing).
-STASH_HOST_DEVICE void PopVector(uint8_t* dst, const PagedSpan& span, uint64_t v) {
-  const uint64_t begin = v * kVectorBytes;
+// Chunks covering `pages` page slots.
+STASH_HOST_DEVICE uint64_t ChunksFor(uint64_t pages, const ChunkShape& shape) {
+  return pages << shape.chunks_shift;
+}
+
+// The first stash byte of chunk `chunk` (of all the stash's chunks, in page-slot order).
+STASH_HOST_DEVICE uint64_t ChunkBegin(uint64_t chunk, const ChunkShape& shape) {
+  return chunk << shape.chunk_shift;
+}
+
+// Stash copy of vector `v` of the chunk starting at stash byte `chunk_begin`, into page `id`
+// (the chunk's page slot's id; the kernel writes it to the page record once per slot). Vectors at
+// or past span.bytes do nothing.
+STASH_HOST_DEVICE void StashChunkVector(const uint8_t* src, const PagedSpan& span,
+                                        const ChunkShape& shape, uint64_t chunk_begin, uint64_t id,
+                                        uint64_t v) {
+  const uint64_t begin = chunk_begin + (v << 4);
   if (begin >= span.bytes) return;
   const uint64_t n = span.bytes - begin < kVectorBytes ? span.bytes - begin : kVectorBytes;
-  CopyBytes(dst + begin, SpanByte(span, begin), n);
+  const uint64_t in_page = begin & (span.page_bytes - 1);
+  CopyBytes(span.tier_base + (id << shape.page_shift) + in_page, src + begin, n);
+}
+
+// Reload copy of vector `v` of the chunk starting at stash byte `chunk_begin` from page `id` (the
+// chunk's page slot's id in the page record). Vectors at or past span.bytes do nothing.
+STASH_HOST_DEVICE void PopChunkVector(uint8_t* dst, const PagedSpan& span, const ChunkShape& shape,
+                                      uint64_t chunk_begin, uint64_t id, uint64_t v) {
+  const uint64_t begin = chunk_begin + (v << 4);
+  if (begin >= span.bytes) return;
+  const uint64_t n = span.bytes - begin < kVectorBytes ? span.bytes - begin : kVectorBytes;
+  const uint64_t in_page = begin & (span.page_bytes - 1);
+  CopyBytes(dst + begin, span.tier_base + (id << shape.page_shift) + in_page, n);
+}
+
+// Vector `v` of the zero tail of a reload: the part of bytes [16 v, 16 v + 16) that lies in
+// [bytes, max_bytes). The GPU hands out v from bytes / 16 on; a ragged first vector zeroes only
+// its part past the stash, which PopChunkVector never writes.
+STASH_HOST_DEVICE void ZeroTailVector(uint8_t* dst, uint64_t bytes, uint64_t max_bytes,
+                                      uint64_t v) {
+  const uint64_t begin = v << 4;
+  const uint64_t zero_begin = begin > bytes ? begin : bytes;
+  const uint64_t zero_end = begin + kVectorBytes < max_bytes ? begin + kVectorBytes : max_bytes;
+  if (zero_begin < zero_end) ZeroBytes(dst, zero_begin, zero_end);
 }
 
 // Returns a stash's pages to the ring at slots [tail, tail + pages), in page-slot order. The
@@ -234,30 +294,6 @@ STASH_HOST_DEVICE void ReturnPages(PageRing& ring, uint64_t tail, const uint64_t
                                    uint64_t first_slot, uint64_t end_slot) {
   for (uint64_t slot = first_slot; slot < end_slot; ++slot) {
     RingReturnAt(ring, tail, slot, page_record[slot]);
-  }
-}
-
-// One GPU work item of a reload (or release) of the stash `span` from `ring`: vector `v` of
-// [0, zero_tail ? max_bytes : span.bytes). It copies its part of the stash into `dst` (PopVector),
-// writes zeros over its part at or past span.bytes when `zero_tail`, and if it is the first
-// vector of a page slot returns that slot's page at ring slot `tail` + slot. `dst` nullptr =
-// release: only the pages go back (zero_tail is ignored). The caller publishes
-// tail += pages after every vector is done. Same effect as PopPages + ZeroBytes + ReturnPages.
-STASH_HOST_DEVICE void ReloadVector(uint8_t* dst, const PagedSpan& span, PageRing& ring,
-                                    uint64_t tail, uint64_t max_bytes, bool zero_tail, uint64_t v) {
-  const uint64_t begin = v * kVectorBytes;
-  if (begin < span.bytes) {
-    if (dst != nullptr) PopVector(dst, span, v);
-    if (OffsetInPage(begin, span.page_bytes) == 0) {
-      const uint64_t slot = PageSlotOf(begin, span.page_bytes);
-      ReturnPages(ring, tail, span.page_record, slot, slot + 1);
-    }
-  }
-  if (zero_tail && dst != nullptr) {
-    // The part of this vector at or past the stash's end (a ragged last vector has both).
-    const uint64_t zero_begin = begin > span.bytes ? begin : span.bytes;
-    const uint64_t zero_end = begin + kVectorBytes < max_bytes ? begin + kVectorBytes : max_bytes;
-    if (zero_begin < zero_end) ZeroBytes(dst, zero_begin, zero_end);
   }
 }
 

@@ -1,4 +1,4 @@
-// CUDA kernels for the paging rules of paging.h (DESIGN.md §4-§5), for the daemon's CUDA backend
+// CUDA kernels for the paging rules of paging.h (docs/design.md), for the daemon's CUDA backend
 // and the GPU tests. Every kernel calls the same STASH_HOST_DEVICE functions the host backend
 // runs, so tests/kernels pins what the GPU does and tests/gpu compares the two byte for byte.
 //
