@@ -249,7 +249,10 @@ class Harness {
     CheckMessage(as_request, status);
     if (status.ok()) {
       FUZZ_CHECK(hello.backend() == limits_.backend, as_request, status);
-      FUZZ_CHECK(hello.device() >= 0 && hello.device() < pools, as_request, status);
+      // A cuda Hello that names its GPU by UUID may carry an ordinal past the pool count
+      // (admit.h): the pool is picked by UUID.
+      const bool by_uuid = limits_.backend == v1::BACKEND_CUDA && !hello.device_uuid().empty();
+      FUZZ_CHECK(hello.device() >= 0 && (hello.device() < pools || by_uuid), as_request, status);
     } else {
       FUZZ_CHECK(status.code() == StatusCode::kInvalidArgument ||
                      status.code() == StatusCode::kFailedPrecondition,
