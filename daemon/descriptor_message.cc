@@ -1,5 +1,9 @@
 #include "daemon/descriptor_message.h"
 
+#include <string_view>
+
+#include "common/text.h"
+
 namespace stash::daemon {
 namespace {
 
@@ -32,6 +36,9 @@ std::string SafeUtf8(const std::string& text, size_t limit) {
     for (size_t k = 1; ok && k < len; ++k) {
       ok = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
     }
+    // Well-formed too: no overlong forms, surrogates or code points past U+10FFFF, which
+    // protobuf refuses to parse in a string (found by descriptor_message_fuzzer).
+    ok = ok && IsValidUtf8(std::string_view(text).substr(i, len));
     if (!ok) len = 1;
     if (out.size() + len > limit) break;
     if (ok) {

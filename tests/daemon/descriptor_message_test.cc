@@ -79,5 +79,14 @@ TEST(DescriptorMessage, AnswersAreBoundedAndValidUtf8) {
   EXPECT_THAT(response.message(), HasSubstr("bad ?? bytes"));
 }
 
+// Found by descriptor_message_fuzzer: sequences that look like UTF-8 but are not well-formed.
+TEST(DescriptorMessage, AnswersReplaceOverlongSurrogateAndOutOfRangeSequences) {
+  v1::DescriptorResponse response;
+  ASSERT_TRUE(response.ParseFromString(
+      DescriptorAnswer(InternalError("a\xc1\xa5 b\xed\xa0\x80 c\xf4\x90\x80\x80 d\xc3\xa9"), 7)));
+  EXPECT_EQ(response.message(), "a?? b??? c???? d\xc3\xa9");
+  EXPECT_EQ(response.memory_id(), 7U);
+}
+
 }  // namespace
 }  // namespace stash::daemon

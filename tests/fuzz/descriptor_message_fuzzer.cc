@@ -9,9 +9,10 @@
 // It aborts when what must always hold does not:
 //   - a packet that parses has a 32-hex-character session id, a 32-byte secret, a deposit with
 //     nonzero id and size, and exactly one descriptor;
-//   - the answer to any status is a non-empty packet that parses as a DescriptorResponse with
-//     the same code, a valid UTF-8 message of at most 1024 bytes that never contains the
-//     packet's secret;
+//   - the answer to any status (also one whose message is the packet's bytes) is a non-empty
+//     packet that parses as a DescriptorResponse with the same code and memory_id, a well-formed
+//     UTF-8 message (tests/fuzz/utf8.h) of at most 1024 bytes, unchanged when it already was
+//     one, that never contains the packet's secret;
 //   - only a sealed memfd at least as large as declared passes the check;
 //   - a deposit is taken back exactly once, and never for a size larger than deposited.
 #include <fcntl.h>
@@ -30,6 +31,7 @@
 #include "daemon/descriptor_message.h"
 #include "daemon/session.h"
 #include "stash/v1/descriptor.pb.h"
+#include "tests/fuzz/utf8.h"
 
 namespace stash::fuzz {
 namespace {
@@ -45,20 +47,6 @@ namespace v1 = stash::v1;
   do {                            \
     if (!(cond)) Violated(#cond); \
   } while (0)
-
-bool IsUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-    }
-    i += n;
-  }
-  return true;
-}
 
 constexpr uint64_t kSealedBytes = 1 << 16;
 
@@ -84,15 +72,27 @@ struct Prepared {
   }
 };
 
+// Whether `message` holds `secret`. Only secrets with a byte outside printable ASCII tell (real
+// ones are random bytes): the fuzzer soon builds a "secret" out of the words of a message.
+bool Repeats(const std::string& message, const std::string& secret) {
+  bool binary = false;
+  for (char c : secret) binary = binary || c < ' ' || c > '~';
+  return binary && secret.size() >= 8 && message.find(secret) != std::string::npos;
+}
+
 void CheckAnswer(const Status& status, uint64_t memory_id, const std::string& secret) {
   const std::string answer = daemon::DescriptorAnswer(status, memory_id);
   FUZZ_CHECK(!answer.empty() || (status.ok() && memory_id == 0));
   v1::DescriptorResponse response;
   FUZZ_CHECK(response.ParseFromString(answer));
   FUZZ_CHECK(response.code() == static_cast<int>(status.code()));
+  FUZZ_CHECK(response.memory_id() == memory_id);
   FUZZ_CHECK(response.message().size() <= 1024);
   FUZZ_CHECK(IsUtf8(response.message()));
-  FUZZ_CHECK(secret.size() < 8 || response.message().find(secret) == std::string::npos);
+  // A message that already was short, well-formed UTF-8 goes out as it was.
+  FUZZ_CHECK(!(IsUtf8(status.message()) && status.message().size() <= 1024) ||
+             response.message() == status.message());
+  FUZZ_CHECK(!Repeats(response.message(), secret));
 }
 
 }  // namespace
@@ -111,6 +111,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t descriptors = data[0] & 7;
   const int fd = prepared.fds[((data[0] >> 3) & 7) % 5];
   const std::string packet(reinterpret_cast<const char*>(data + 1), size - 1);
+
+  // Whatever text a status carries, its answer is a packet the client can parse.
+  CheckAnswer(InternalError(packet), size, "");
 
   auto parsed = daemon::ParseDescriptorRequest(packet, descriptors);
   if (!parsed.ok()) {

@@ -23,12 +23,15 @@ constexpr uint8_t kSetupCuda = 1 << 0;   // cuda backend (else host)
 constexpr uint8_t kSetupTight = 1 << 1;  // kTightInflight / kTightMemories instead of defaults
 // Bits 2..4: pools - 1 for CheckHello (1..8 pools).
 constexpr int PoolsOf(uint8_t setup) { return 1 + ((setup >> 2) & 7); }
+constexpr uint8_t kSetupTightTotal = 1 << 5;  // kTightMemoriesTotal over all sessions
 
 constexpr uint32_t kTightInflight = 8;
 constexpr uint64_t kTightMemories = 6;
+constexpr uint64_t kTightMemoriesTotal = 5;
 constexpr size_t kMaxRequests = 16;
 
-// Memories every input starts with (all MEMORY_KIND_HOST_FD; kCudaMemory only on cuda).
+// Memories every input starts with (MEMORY_KIND_HOST_FD; kCudaMemory, MEMORY_KIND_CUDA_IPC, only
+// on cuda).
 constexpr uint64_t kSmallMemory = 1;  // 4 KiB
 constexpr uint64_t kSmallMemoryBytes = 4096;
 constexpr uint64_t kBigMemory = 2;  // 1 MiB

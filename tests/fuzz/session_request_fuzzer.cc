@@ -8,17 +8,19 @@
 //   - a rejected request changes nothing; an admitted one changes exactly its own effect;
 //   - an admitted Stash's source, count reference and events lie inside a registered memory
 //     (checked in 128-bit arithmetic), aligned, with nonzero ids and sizes; likewise Reload;
-//   - an admitted host memory handle is what the protocol says it is (UTF-8, starts with "/",
-//     no NUL);
+//   - an admitted registration is of a kind this backend takes, with the handle that kind has
+//     (none for MEMORY_KIND_HOST_FD, 64 bytes for MEMORY_KIND_CUDA_IPC);
 //   - a status is OK with an empty message, or one of admission's documented codes with a
 //     message that is valid UTF-8, not empty and at most 4 KiB;
-//   - the in-flight and registration limits hold;
+//   - the in-flight and registration limits hold (per session and daemon-wide), and the
+//     daemon-wide count of registrations follows registrations and unregistrations;
 //   - every ticket this input stashed can be reloaded into the range it came from while that
 //     memory is still registered (the stash-then-reload path, run after the sequence).
 //
 // STASH_FUZZ_TRACE=1 prints each request and its status (to read what a crashing input does).
 #include <google/protobuf/stubs/logging.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +34,7 @@
 #include "daemon/session.h"
 #include "stash/v1/stash.pb.h"
 #include "tests/fuzz/session_input.h"
+#include "tests/fuzz/utf8.h"
 
 namespace stash::fuzz {
 namespace {
@@ -56,41 +59,6 @@ constexpr size_t kMaxMessageBytes = 4096;
   do {                                                 \
     if (!(cond)) Violated(#cond, (request), (status)); \
   } while (0)
-
-// Written here rather than taken from the code under test, so the oracle is independent.
-bool IsUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    size_t n = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xe0) == 0xc0) {
-      n = 1;
-      cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      n = 2;
-      cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      n = 3;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + n >= s.size()) return false;  // truncated sequence
-    for (size_t k = 1; k <= n; ++k) {
-      const auto cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    const uint32_t min[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < min[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n + 1;
-  }
-  return true;
-}
 
 // The receive-side state of a session, as a value that can be compared.
 struct Model {
@@ -136,6 +104,8 @@ class Harness {
       limits_.max_inflight = kTightInflight;
       limits_.max_memories = kTightMemories;
     }
+    if ((setup & kSetupTightTotal) != 0) limits_.max_memories_total = kTightMemoriesTotal;
+    limits_.memories_total = &memories_total_;
     MustAdmit(Register(kSmallMemory, kSmallMemoryBytes, v1::MEMORY_KIND_HOST_FD));
     MustAdmit(Register(kBigMemory, kBigMemoryBytes, v1::MEMORY_KIND_HOST_FD));
     MustAdmit(Register(kHugeMemory, kHugeMemoryBytes, v1::MEMORY_KIND_HOST_FD));
@@ -151,6 +121,7 @@ class Harness {
     if (request.has_hello()) CheckHelloOf(request.hello());
     const Model before = Snapshot(session_);
     const uint64_t inflight = session_.counters().inflight.load();
+    const uint64_t total = memories_total_.load();
     const Status status = daemon::AdmitRequest(request, session_, limits_);
     if (trace_) {
       std::fprintf(stderr, "%s -> %s\n", request.ShortDebugString().c_str(),
@@ -166,6 +137,7 @@ class Harness {
                      status.code() == StatusCode::kFailedPrecondition,
                  request, status);
       FUZZ_CHECK(after == before, request, status);
+      FUZZ_CHECK(memories_total_.load() == total, request, status);
       return;
     }
     FUZZ_CHECK(request.request_id() != 0, request, status);
@@ -177,6 +149,7 @@ class Harness {
         FUZZ_CHECK(reg.memory_id() != 0 && reg.bytes() != 0, request, status);
         FUZZ_CHECK(!before.memories.count(reg.memory_id()), request, status);
         FUZZ_CHECK(before.memories.size() < limits_.max_memories, request, status);
+        FUZZ_CHECK(total < limits_.max_memories_total, request, status);
         if (reg.kind() == v1::MEMORY_KIND_HOST_FD) {
           FUZZ_CHECK(reg.handle().empty(), request, status);
         } else {
@@ -232,6 +205,7 @@ class Harness {
         FUZZ_CHECK(!"admitted a Hello or a request without a kind", request, status);
     }
     FUZZ_CHECK(after == expected, request, status);
+    FUZZ_CHECK(memories_total_.load() == after.memories.size(), request, status);
     session_.counters().inflight.fetch_add(1);  // queued, as the pool does
   }
 
@@ -275,7 +249,10 @@ class Harness {
     CheckMessage(as_request, status);
     if (status.ok()) {
       FUZZ_CHECK(hello.backend() == limits_.backend, as_request, status);
-      FUZZ_CHECK(hello.device() >= 0 && hello.device() < pools, as_request, status);
+      // A cuda Hello that names its GPU by UUID may carry an ordinal past the pool count
+      // (admit.h): the pool is picked by UUID.
+      const bool by_uuid = limits_.backend == v1::BACKEND_CUDA && !hello.device_uuid().empty();
+      FUZZ_CHECK(hello.device() >= 0 && (hello.device() < pools || by_uuid), as_request, status);
     } else {
       FUZZ_CHECK(status.code() == StatusCode::kInvalidArgument ||
                      status.code() == StatusCode::kFailedPrecondition,
@@ -315,6 +292,7 @@ class Harness {
   const uint8_t setup_;
   const bool trace_ = std::getenv("STASH_FUZZ_TRACE") != nullptr;
   AdmitLimits limits_;
+  std::atomic<uint64_t> memories_total_{0};  // this is the daemon's only session
   Session session_{SessionInfo{}, nullptr, nullptr};
   std::map<uint64_t, Stashed> stashed_;   // admitted by this input and still live
   uint64_t next_id_ = uint64_t{1} << 63;  // setup and follow-up ids, apart from the input's

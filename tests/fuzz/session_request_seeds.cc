@@ -48,7 +48,7 @@ v1::SessionRequest Register(uint64_t id, uint64_t bytes,
   m->set_memory_id(id);
   m->set_kind(kind);
   m->set_bytes(bytes);
-  if (kind == v1::MEMORY_KIND_CUDA_IPC) {
+  if (kind == v1::MEMORY_KIND_CUDA_IPC) {  // MEMORY_KIND_HOST_FD has no handle
     m->set_handle(std::string(64, '\x5a'));
     m->set_device_uuid(std::string(16, '\x01'));
   }
@@ -128,7 +128,8 @@ std::vector<Seed> Seeds() {
   constexpr uint8_t kCuda = kSetupCuda | (3 << 2);  // 4 pools
   constexpr uint64_t kTicket = 0x5eed5eed5eed5eedULL;
   std::vector<Seed> seeds;
-  auto add = [&](const std::string& name, uint8_t setup, std::vector<v1::SessionRequest> reqs) {
+  auto add = [&](const std::string& name, uint8_t setup,
+                 const std::vector<v1::SessionRequest>& reqs) {
     seeds.emplace_back("seed-" + name, JoinInput(setup, reqs));
   };
   add("hello-host", kHost, {Hello(v1::BACKEND_HOST, 0)});
@@ -162,6 +163,8 @@ std::vector<Seed> Seeds() {
   for (uint64_t i = 0; i < 6; ++i) burst.push_back(Register(10 + i, 4096));
   for (uint64_t i = 0; i < 6; ++i) burst.push_back(Stash(kTicket + i, kBigMemory, 0, 64, 16));
   add("tight-limits", kSetupTight, burst);
+  add("tight-total", kSetupTightTotal,
+      {Register(10, 4096), Register(11, 4096), Unregister(10), Register(12, 4096)});
   return seeds;
 }
 
