@@ -231,7 +231,11 @@ class stash_saved_tensors:
 
     def _pack(self, t: torch.Tensor):
         try:
-            return self._pack_one(t)
+            packed = self._pack_one(t)
+            # What stays in-process goes back detached: a saved *output* returned as itself
+            # would hold its own grad_fn, a reference cycle through C++ that keeps the whole
+            # graph alive after the trainer drops it. Autograd restores the metadata on unpack.
+            return packed.detach() if isinstance(packed, torch.Tensor) else packed
         except BaseException as e:
             self._error = e
             hook_errors.record(e)
