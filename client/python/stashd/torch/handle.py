@@ -130,6 +130,7 @@ class StashedTensor:
     def _lost(self, error: StashError) -> StashError:
         """The error backward gets when the rows cannot come back."""
         if error.code == UNAVAILABLE or self._state.lost is not None:
+            self._state.daemon_lost(error)  # later stashes stay in-process; the step is flagged
             return error_for(UNAVAILABLE,
                              f"stashd.torch: cannot reload the stash of {self.key} (shape "
                              f"{tuple(self.shape)}, {self.dtype}): the daemon that held its rows "
