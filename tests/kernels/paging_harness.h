@@ -305,8 +305,9 @@ inline void PrintTo(const PagingCase& c, std::ostream* os) { *os << c.name; }
 inline uint64_t NeededPages(const PagingCase& c) {
   const uint32_t divisor = c.geometry.divisor == 0 ? 1 : c.geometry.divisor;
   if (c.geometry.count < 0) return 0;
-  return PagesFor((static_cast<uint64_t>(c.geometry.count) + divisor - 1) / divisor * c.geometry.row_bytes,
-                  c.page_bytes);
+  return PagesFor(
+      (static_cast<uint64_t>(c.geometry.count) + divisor - 1) / divisor * c.geometry.row_bytes,
+      c.page_bytes);
 }
 
 // The matrix of DESIGN.md §5 (upstream's branches, research/domain.md §5).

@@ -65,8 +65,9 @@ void RunCase(const PagingCase& c, int slices, std::mt19937_64& rng, CaseResult* 
   const uint32_t divisor = c.geometry.divisor == 0 ? 1 : c.geometry.divisor;
   const bool placed = plan.placement == Placement::kDevice || plan.placement == Placement::kHost;
   // A negative count keeps its own bits in rows, so the daemon's answer can quote it.
-  const uint64_t rows = c.geometry.count < 0 ? static_cast<uint64_t>(c.geometry.count)
-                                             : (static_cast<uint64_t>(c.geometry.count) + divisor - 1) / divisor;
+  const uint64_t rows = c.geometry.count < 0
+                            ? static_cast<uint64_t>(c.geometry.count)
+                            : (static_cast<uint64_t>(c.geometry.count) + divisor - 1) / divisor;
   EXPECT_EQ(plan.rows, rows);
   EXPECT_EQ(plan.bytes, placed ? rows * c.geometry.row_bytes : 0);
   EXPECT_EQ(plan.pages, placed ? NeededPages(c) : 0);

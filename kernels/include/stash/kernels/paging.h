@@ -98,10 +98,10 @@ STASH_HOST_DEVICE uint8_t* SpanByte(const PagedSpan& span, uint64_t offset) {
 }
 
 // Decides where a stash goes. `count` is the raw count (as read from memory), `divisor` 1 or 32
-// (0 means 1); rows = ceil(count / divisor). The own pool wins when it has the pages; else the host tier when `host` is
-// non-null and has them; else overflow. rows > max_rows is overflow: rows are compared, not
-// pages, so an overrun inside the last page is caught too. Zero rows place a stash of 0 pages
-// in the own pool.
+// (0 means 1); rows = ceil(count / divisor). The own pool wins when it has the pages; else the host
+// tier when `host` is non-null and has them; else overflow. rows > max_rows is overflow: rows are
+// compared, not pages, so an overrun inside the last page is caught too. Zero rows place a stash of
+// 0 pages in the own pool.
 STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t max_rows,
                                       uint64_t row_bytes, uint64_t page_bytes,
                                       const PageRing& device, const PageRing* host) {
