@@ -265,20 +265,20 @@ TEST(Paging, CountEqualToMaxRowsFits) {
   EXPECT_EQ(r.plan.pages, 2u);
 }
 
-TEST(Paging, DivisorThirtyTwoFloorsTheCountBeforePlanning) {
+TEST(Paging, DivisorThirtyTwoRoundsTheCountUpBeforePlanning) {
   STASH_SEEDED_RNG(rng);
   CaseResult r;
   STASH_RUN_CASE("divisor_32", 1, rng, &r);
-  EXPECT_EQ(r.plan.rows, 10u);
-  EXPECT_EQ(r.plan.bytes, 960u);
+  EXPECT_EQ(r.plan.rows, 11u);  // ceil(351 / 32): the partial last block keeps its row
+  EXPECT_EQ(r.plan.bytes, 11u * 96);
 
-  // 12 * 32 rows divide to exactly max_rows; one more block of 32 is past it.
+  // 12 * 32 tokens are exactly max_rows; one more token starts a 13th block, past it.
   std::vector<uint64_t> ids(64);
   std::iota(ids.begin(), ids.end(), uint64_t{0});
   const PageRing device{ids.data(), 64, 0, 64};
-  EXPECT_EQ(PlanStash(12 * 32 + 31, 32, 12, 96, 256, device, nullptr).placement,
-            Placement::kDevice);
-  EXPECT_EQ(PlanStash(13 * 32, 32, 12, 96, 256, device, nullptr).placement, Placement::kOverflow);
+  EXPECT_EQ(PlanStash(12 * 32, 32, 12, 96, 256, device, nullptr).placement, Placement::kDevice);
+  EXPECT_EQ(PlanStash(12 * 32 + 1, 32, 12, 96, 256, device, nullptr).placement,
+            Placement::kOverflow);
 }
 
 TEST(Paging, DivisorZeroMeansOne) {
