@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import weakref
 from typing import Dict, Optional, Tuple, Union
 
@@ -386,9 +387,13 @@ class stash_saved_tensors:
 def _unpack(packed):
     if not isinstance(packed, StashedTensor):
         return packed
+    state = packed._state
+    start = time.perf_counter_ns()
     try:
-        packed._state.prefetcher.on_unpack(packed)
+        state.prefetcher.on_unpack(packed)
         return packed.load()
     except BaseException as e:
         hook_errors.record(e)
         raise
+    finally:
+        state.counters["unpack_us"] += (time.perf_counter_ns() - start) // 1000

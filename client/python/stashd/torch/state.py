@@ -301,7 +301,10 @@ def counters(client: Client) -> Dict[str, int]:
     """What stashd.torch counted on this client: `empty_contexts` (contexts that stashed
     nothing, each warned about once per name), `recompute_skipped` (contexts entered during a
     checkpoint's recompute), `in_checkpoint` (contexts inside a non-reentrant checkpoint),
-    `unavailable_stashes` (tensors kept because the daemon could not be reached)."""
+    `unavailable_stashes` (tensors kept because the daemon could not be reached), `unpack_us`
+    (microseconds backward spent inside the unpack hook of stashed tensors: starting
+    prefetches, waiting for reloads, copying rows out; what prefetch takes off the critical
+    path)."""
     return dict(_TorchState.of(client).counters)
 
 
