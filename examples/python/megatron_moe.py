@@ -16,7 +16,6 @@ the node's daemon with its own device (LOCAL_RANK); this example needs no proces
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 
 import torch
@@ -194,7 +193,7 @@ def main(argv=None) -> int:
             if not torch.equal(a, b):
                 print(f"parity FAILED: {name} differs from the run without the stash")
                 return 1
-        print(f"parity OK: parameters bit-identical to the run without the stash")
+        print("parity OK: parameters bit-identical to the run without the stash")
     client.close()
     return 0
 

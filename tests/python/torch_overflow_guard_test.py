@@ -12,7 +12,6 @@ import pytest
 
 torch = pytest.importorskip("torch")  # stashd.torch is optional: skip without torch
 
-import stashd
 import stashd.torch as stash_torch
 from moe import make_params, moe_model
 
