@@ -1,7 +1,7 @@
 """One rank of torch_overflow_guard_test: trains one step of the test MoE stack under
 stash_torch.overflow_guard over a gloo group and prints a JSON line with what happened.
 
-usage: overflow_guard_worker.py RANK WORLD INIT_FILE SOCKET SEED
+usage: overflow_guard_worker.py RANK WORLD INIT_FILE SOCKET SEED CONNECT_KWARGS_JSON
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ TOKENS, HIDDEN, FFN, EXPERTS, TOPK, LAYERS = 64, 32, 32, 4, 2, 2
 
 
 def main() -> int:
-    rank, world, init_file, socket, seed = sys.argv[1:6]
+    rank, world, init_file, socket, seed, connect_kwargs = sys.argv[1:7]
     rank, world, seed = int(rank), int(world), int(seed)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
@@ -40,7 +40,8 @@ def main() -> int:
     expected = [t.grad.clone() for t in params]
     zero_grad()
 
-    client = stashd.connect(socket, rank=rank, label=f"guard-rank{rank}")
+    client = stashd.connect(socket, rank=rank, label=f"guard-rank{rank}",
+                            **json.loads(connect_kwargs))
     attempts = []
 
     def step():
