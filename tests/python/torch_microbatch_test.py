@@ -76,3 +76,16 @@ def test_explicit_microbatch_wins_over_the_scope(torch_client):
     with pytest.raises(ValueError, match="microbatch"):
         with stash_torch.microbatch(-1):
             pass
+
+
+def test_a_stash_left_from_the_previous_step_does_not_unbalance_this_steps_accounting(
+        torch_client):
+    torch_client.begin_step(0)
+    w = torch.randn(64, 8, requires_grad=True)
+    with stash_torch.stash_saved_tensors(torch_client, 64, 64, layer=1) as ctx:
+        out = (w * stash_torch.mark(torch.randn(64, 8))).sum()
+    assert ctx.stashed == 1
+    torch_client.begin_step(1)  # backward of step 0 runs late, after the step boundary
+    out.backward()
+    assert stash_torch.accounting(torch_client) == {}
+    assert torch_client.stats().stashes_live == 0

@@ -126,11 +126,16 @@ class _TorchState:
     def step_flags(self) -> Dict[str, bool]:
         return {"unavailable": self.step_unavailable}
 
-    def key_stats(self, key: Key) -> KeyStats:
+    def key_stats(self, key: Key, create: bool = True) -> KeyStats:
+        """This step's counters of `key`. create=False (reloads, releases): a key that did not
+        stash in this step (a handle left from an earlier step) gets a scratch KeyStats, so the
+        step's accounting never shows more reloads than stashes."""
         with self._lock:
             stats = self.accounting.get(key)
             if stats is None:
-                stats = self.accounting[key] = KeyStats()
+                stats = KeyStats()
+                if create:
+                    self.accounting[key] = stats
             return stats
 
     def warn_once(self, what: str, message: str) -> None:
