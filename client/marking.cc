@@ -328,7 +328,7 @@ StatusOr<std::vector<MarkedBuffer>> MarkedBuffers(const SavedInputView& view) {
 
 uint64_t ValidRows(int64_t count, uint32_t divisor) {
   if (count <= 0 || divisor == 0) return 0;
-  return static_cast<uint64_t>(count) / divisor;
+  return (static_cast<uint64_t>(count) + divisor - 1) / divisor;
 }
 
 }  // namespace stash

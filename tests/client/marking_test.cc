@@ -444,11 +444,12 @@ TEST(ValidRows, ScaleInvRowsAreTheCountOver32WhenPadded) {
   EXPECT_EQ(ValidRows(4096, RowDivisor(BufferRole::kColumnwiseScaleInv)), 128u);
 }
 
-TEST(ValidRows, PartialScaleBlockRoundsDown) {
-  // Unpadded counts lose their last partial block: why router padding must be on for MXFP8.
-  EXPECT_EQ(ValidRows(31, 32), 0u);
-  EXPECT_EQ(ValidRows(63, 32), 1u);
-  EXPECT_EQ(ValidRows(65, 32), 2u);
+TEST(ValidRows, PartialScaleBlockRoundsUp) {
+  // An unpadded count keeps the scale row of its last partial block (tokens 32..39 of 40).
+  EXPECT_EQ(ValidRows(31, 32), 1u);
+  EXPECT_EQ(ValidRows(40, 32), 2u);
+  EXPECT_EQ(ValidRows(63, 32), 2u);
+  EXPECT_EQ(ValidRows(65, 32), 3u);
 }
 
 TEST(ValidRows, NegativeCountOrZeroDivisorGivesNoRows) {
@@ -460,7 +461,7 @@ TEST(ValidRows, NegativeCountOrZeroDivisorGivesNoRows) {
 TEST(ValidRows, LargeCountsDoNotOverflow) {
   const int64_t big = std::numeric_limits<int64_t>::max();
   EXPECT_EQ(ValidRows(big, 1), static_cast<uint64_t>(big));
-  EXPECT_EQ(ValidRows(big, 32), static_cast<uint64_t>(big) / 32);
+  EXPECT_EQ(ValidRows(big, 32), static_cast<uint64_t>(big) / 32 + 1);  // 2^63 - 1 is odd
 }
 
 }  // namespace

@@ -305,8 +305,9 @@ inline void PrintTo(const PagingCase& c, std::ostream* os) { *os << c.name; }
 inline uint64_t NeededPages(const PagingCase& c) {
   const uint32_t divisor = c.geometry.divisor == 0 ? 1 : c.geometry.divisor;
   if (c.geometry.count < 0) return 0;
-  return PagesFor(static_cast<uint64_t>(c.geometry.count) / divisor * c.geometry.row_bytes,
-                  c.page_bytes);
+  return PagesFor(
+      (static_cast<uint64_t>(c.geometry.count) + divisor - 1) / divisor * c.geometry.row_bytes,
+      c.page_bytes);
 }
 
 // The matrix of docs/design.md (upstream's branches, research/domain.md §5).
@@ -395,7 +396,7 @@ inline std::vector<PagingCase> PagingCases() {
     c.geometry = {65, 1, 65, 32};
     add(c);
   }
-  {  // Columnwise scale_inv: 351 / 32 = 10 rows.
+  {  // Columnwise scale_inv: ceil(351 / 32) = 11 rows (the partial last block is a row).
     PagingCase c = NamedCase("divisor_32");
     c.geometry = {32 * 10 + 31, 32, 12, 96};
     add(c);

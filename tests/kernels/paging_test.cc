@@ -65,8 +65,9 @@ void RunCase(const PagingCase& c, int slices, std::mt19937_64& rng, CaseResult* 
   const uint32_t divisor = c.geometry.divisor == 0 ? 1 : c.geometry.divisor;
   const bool placed = plan.placement == Placement::kDevice || plan.placement == Placement::kHost;
   // A negative count keeps its own bits in rows, so the daemon's answer can quote it.
-  const uint64_t rows = c.geometry.count < 0 ? static_cast<uint64_t>(c.geometry.count)
-                                             : static_cast<uint64_t>(c.geometry.count) / divisor;
+  const uint64_t rows = c.geometry.count < 0
+                            ? static_cast<uint64_t>(c.geometry.count)
+                            : (static_cast<uint64_t>(c.geometry.count) + divisor - 1) / divisor;
   EXPECT_EQ(plan.rows, rows);
   EXPECT_EQ(plan.bytes, placed ? rows * c.geometry.row_bytes : 0);
   EXPECT_EQ(plan.pages, placed ? NeededPages(c) : 0);
@@ -264,20 +265,20 @@ TEST(Paging, CountEqualToMaxRowsFits) {
   EXPECT_EQ(r.plan.pages, 2u);
 }
 
-TEST(Paging, DivisorThirtyTwoFloorsTheCountBeforePlanning) {
+TEST(Paging, DivisorThirtyTwoRoundsTheCountUpBeforePlanning) {
   STASH_SEEDED_RNG(rng);
   CaseResult r;
   STASH_RUN_CASE("divisor_32", 1, rng, &r);
-  EXPECT_EQ(r.plan.rows, 10u);
-  EXPECT_EQ(r.plan.bytes, 960u);
+  EXPECT_EQ(r.plan.rows, 11u);  // ceil(351 / 32): the partial last block keeps its row
+  EXPECT_EQ(r.plan.bytes, 11u * 96);
 
-  // 12 * 32 rows divide to exactly max_rows; one more block of 32 is past it.
+  // 12 * 32 tokens are exactly max_rows; one more token starts a 13th block, past it.
   std::vector<uint64_t> ids(64);
   std::iota(ids.begin(), ids.end(), uint64_t{0});
   const PageRing device{ids.data(), 64, 0, 64};
-  EXPECT_EQ(PlanStash(12 * 32 + 31, 32, 12, 96, 256, device, nullptr).placement,
-            Placement::kDevice);
-  EXPECT_EQ(PlanStash(13 * 32, 32, 12, 96, 256, device, nullptr).placement, Placement::kOverflow);
+  EXPECT_EQ(PlanStash(12 * 32, 32, 12, 96, 256, device, nullptr).placement, Placement::kDevice);
+  EXPECT_EQ(PlanStash(12 * 32 + 1, 32, 12, 96, 256, device, nullptr).placement,
+            Placement::kOverflow);
 }
 
 TEST(Paging, DivisorZeroMeansOne) {

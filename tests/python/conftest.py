@@ -161,3 +161,23 @@ def wait_until(predicate, timeout_s: float, what: str):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.01)
+
+
+# The stashd.torch data modes the torch tests run in: name -> connect() keyword arguments.
+# Mapped mode adds one line here once connect(mode="mapped") exists.
+TORCH_MODES = {
+    "daemon-copy": {},
+}
+
+
+@pytest.fixture(params=sorted(TORCH_MODES))
+def mode(request) -> str:
+    """Each stashd.torch data mode in turn (see TORCH_MODES)."""
+    return request.param
+
+
+@pytest.fixture
+def torch_client(daemon, mode):
+    """A client on the default daemon in each data mode."""
+    with daemon.connect(label=f"pytest-{mode}", **TORCH_MODES[mode]) as c:
+        yield c

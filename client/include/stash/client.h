@@ -91,7 +91,7 @@ struct RowCount {
   // only when the copy runs (after `ready`): the sync-free case.
   const HostBuffer* buffer = nullptr;
   uint64_t offset = 0;
-  // rows = count / divisor: 1 for data, 32 for MXFP8 columnwise scale_inv.
+  // rows = ceil(count / divisor): 1 for data, 32 for MXFP8 columnwise scale_inv.
   uint32_t divisor = 1;
   // ...or (cuda backend), an int64 in GPU memory at this device pointer (8-byte aligned), read
   // by the daemon's copy kernel on the GPU: the routing count never comes to the host. Like the

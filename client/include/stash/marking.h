@@ -162,11 +162,10 @@ struct MarkedBuffer {
 // whole number of elements.
 STASH_EXPORT StatusOr<std::vector<MarkedBuffer>> MarkedBuffers(const SavedInputView& view);
 
-// The valid rows of a marked buffer when `count` tokens are valid: count / divisor, rounded down
-// (Megatron's rule for SCALE_INV_BLOCK_SIZE). The division is exact only when count is a
-// multiple of the divisor; for a columnwise scale_inv that holds because router padding for
-// quantization pads every expert's tokens to 32 (or more), so the tokens of a partial block
-// never exist. A negative count (garbage from a device scalar) and divisor 0 both give 0 rows.
+// The valid rows of a marked buffer when `count` tokens are valid: ceil(count / divisor), so
+// the scale row of a partial last block of 32 tokens is kept (40 tokens are 2 rows). With
+// router padding for quantization the count is a multiple of 32 and this is Megatron's
+// count / 32. A negative count (garbage from a device scalar) and divisor 0 both give 0 rows.
 // The result is not clamped to max_rows: a count beyond the budget is the caller's overflow.
 STASH_EXPORT uint64_t ValidRows(int64_t count, uint32_t divisor);
 

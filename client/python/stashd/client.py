@@ -162,7 +162,7 @@ class Client:
         """Stashes the valid row prefix of source[offset : offset + max_rows * row_bytes).
 
         count: valid tokens, an int or (buffer, offset) of an int64 read when the copy runs;
-        rows = count // divisor (1 for data, 32 for an MXFP8 columnwise scale_inv). ready: the
+        rows = ceil(count / divisor) (1 for data, 32 for an MXFP8 columnwise scale_inv). ready: the
         daemon copies only after this event (default: now). The source must stay unchanged
         until the answer arrives; on OVERFLOW (completion.overflowed) nothing was taken.
         Returns the Completion (wait=True) or the ticket (wait=False).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import weakref
 from typing import Dict, Optional, Tuple, Union
 
@@ -231,7 +232,11 @@ class stash_saved_tensors:
 
     def _pack(self, t: torch.Tensor):
         try:
-            return self._pack_one(t)
+            packed = self._pack_one(t)
+            # What stays in-process goes back detached: a saved *output* returned as itself
+            # would hold its own grad_fn, a reference cycle through C++ that keeps the whole
+            # graph alive after the trainer drops it. Autograd restores the metadata on unpack.
+            return packed.detach() if isinstance(packed, torch.Tensor) else packed
         except BaseException as e:
             self._error = e
             hook_errors.record(e)
@@ -382,9 +387,13 @@ class stash_saved_tensors:
 def _unpack(packed):
     if not isinstance(packed, StashedTensor):
         return packed
+    state = packed._state
+    start = time.perf_counter_ns()
     try:
-        packed._state.prefetcher.on_unpack(packed)
+        state.prefetcher.on_unpack(packed)
         return packed.load()
     except BaseException as e:
         hook_errors.record(e)
         raise
+    finally:
+        state.counters["unpack_us"] += (time.perf_counter_ns() - start) // 1000

@@ -94,7 +94,7 @@ class StashedTensor:
             if ctx is not None:
                 ctx.stashed -= 1
                 ctx.overflowed += 1
-            stats = self._state.key_stats(self.key)
+            stats = self._state.key_stats(self.key, create=False)
             stats.stashed -= 1
             stats.overflowed += 1
             return True
@@ -122,7 +122,7 @@ class StashedTensor:
                                             wait=False)
             self._client.enqueue_wait(done, stream)
         state.track_reload(op, self)
-        state.key_stats(self.key).reloaded += 1
+        state.key_stats(self.key, create=False).reloaded += 1
         return out
 
     # --- The host path ----------------------------------------------------------------------
@@ -130,6 +130,7 @@ class StashedTensor:
     def _lost(self, error: StashError) -> StashError:
         """The error backward gets when the rows cannot come back."""
         if error.code == UNAVAILABLE or self._state.lost is not None:
+            self._state.daemon_lost(error)  # later stashes stay in-process; the step is flagged
             return error_for(UNAVAILABLE,
                              f"stashd.torch: cannot reload the stash of {self.key} (shape "
                              f"{tuple(self.shape)}, {self.dtype}): the daemon that held its rows "
@@ -162,8 +163,7 @@ class StashedTensor:
                 return False  # load() retries it and raises with the key
             self._spent = True
             self._prefetch = (op, staging)
-        stats = self._state.key_stats(self.key)
-        stats.prefetched += 1
+        self._state.key_stats(self.key, create=False).prefetched += 1
         return True
 
     def load(self) -> torch.Tensor:
@@ -204,7 +204,7 @@ class StashedTensor:
         finally:
             state.give(staging)
         self._tensor = out
-        state.key_stats(self.key).reloaded += 1
+        state.key_stats(self.key, create=False).reloaded += 1
         state.reap()
         return out
 
@@ -213,10 +213,10 @@ class StashedTensor:
             prefetched, self._prefetch = self._prefetch, None
             if prefetched is not None:
                 self._state.orphan(*prefetched)  # read by nobody: its pages are free already
-                self._state.key_stats(self.key).reloaded += 1
+                self._state.key_stats(self.key, create=False).reloaded += 1
             elif not self._spent:
                 self._spent = True
-                self._state.key_stats(self.key).released += 1
+                self._state.key_stats(self.key, create=False).released += 1
                 if self._state.lost is None:
                     self._state.release_later(self.ticket)
         except Exception:  # interpreter shutdown or a dead daemon: the session end frees it

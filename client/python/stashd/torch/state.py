@@ -126,11 +126,16 @@ class _TorchState:
     def step_flags(self) -> Dict[str, bool]:
         return {"unavailable": self.step_unavailable}
 
-    def key_stats(self, key: Key) -> KeyStats:
+    def key_stats(self, key: Key, create: bool = True) -> KeyStats:
+        """This step's counters of `key`. create=False (reloads, releases): a key that did not
+        stash in this step (a handle left from an earlier step) gets a scratch KeyStats, so the
+        step's accounting never shows more reloads than stashes."""
         with self._lock:
             stats = self.accounting.get(key)
             if stats is None:
-                stats = self.accounting[key] = KeyStats()
+                stats = KeyStats()
+                if create:
+                    self.accounting[key] = stats
             return stats
 
     def warn_once(self, what: str, message: str) -> None:
@@ -301,7 +306,10 @@ def counters(client: Client) -> Dict[str, int]:
     """What stashd.torch counted on this client: `empty_contexts` (contexts that stashed
     nothing, each warned about once per name), `recompute_skipped` (contexts entered during a
     checkpoint's recompute), `in_checkpoint` (contexts inside a non-reentrant checkpoint),
-    `unavailable_stashes` (tensors kept because the daemon could not be reached)."""
+    `unavailable_stashes` (tensors kept because the daemon could not be reached), `unpack_us`
+    (microseconds backward spent inside the unpack hook of stashed tensors: starting
+    prefetches, waiting for reloads, copying rows out; what prefetch takes off the critical
+    path)."""
     return dict(_TorchState.of(client).counters)
 
 

@@ -48,7 +48,7 @@ enum class Placement : uint32_t {
 struct alignas(16) StashPlan {
   Placement placement;
   uint32_t reserved;
-  uint64_t rows;   // count / divisor (also on overflow: what the count said); on
+  uint64_t rows;   // ceil(count / divisor) (also on overflow: what the count said); on
                    // kInvalidCount the count's own bits, so the answer can quote it
   uint64_t bytes;  // rows * row_bytes; 0 unless placed
   uint64_t pages;  // PagesFor(bytes); 0 unless placed
@@ -115,10 +115,10 @@ STASH_HOST_DEVICE uint8_t* SpanByte(const PagedSpan& span, uint64_t offset) {
 }
 
 // Decides where a stash goes. `count` is the raw count (as read from memory), `divisor` 1 or 32
-// (0 means 1). The own pool wins when it has the pages; else the host tier when `host` is
-// non-null and has them; else overflow. rows > max_rows is overflow: rows are compared, not
-// pages, so an overrun inside the last page is caught too. Zero rows place a stash of 0 pages
-// in the own pool.
+// (0 means 1); rows = ceil(count / divisor). The own pool wins when it has the pages; else the host
+// tier when `host` is non-null and has them; else overflow. rows > max_rows is overflow: rows are
+// compared, not pages, so an overrun inside the last page is caught too. Zero rows place a stash of
+// 0 pages in the own pool.
 STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t max_rows,
                                       uint64_t row_bytes, uint64_t page_bytes,
                                       const PageRing& device, const PageRing* host) {
@@ -128,7 +128,9 @@ STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t 
     plan.rows = static_cast<uint64_t>(count);
     return plan;
   }
-  plan.rows = static_cast<uint64_t>(count) / (divisor == 0 ? 1u : divisor);
+  // ceil(count / divisor): a partial last block of a scale_inv (tokens 32..39 of 40) is a row.
+  const uint64_t d = divisor == 0 ? 1u : divisor;
+  plan.rows = (static_cast<uint64_t>(count) + d - 1) / d;
   if (plan.rows > max_rows) {
     plan.placement = Placement::kOverflow;
     return plan;

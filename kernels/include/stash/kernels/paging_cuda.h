@@ -72,7 +72,7 @@ struct StashLaunch {
   const uint8_t* d_src = nullptr;    // byte 0 of the marked buffer (max_rows * row_bytes bytes)
   const int64_t* d_count = nullptr;  // the count, read when the plan kernel runs; nullptr = `count`
   int64_t count = 0;                 // the count when d_count is nullptr
-  uint32_t divisor = 1;              // rows = count / divisor: 1 for data, 32 for columnwise
+  uint32_t divisor = 1;              // rows = ceil(count / divisor): 1 for data, 32 for columnwise
                                      // scale_inv; 0 = 1
   uint64_t max_rows = 0;             // static row budget of the buffer; more rows = overflow
   uint64_t row_bytes = 0;            // bytes per row; > 0
