@@ -4,6 +4,7 @@
 #include "common/logging.h"
 #include "common/macros.h"
 #include "common/random.h"
+#include "common/text.h"
 #include "common/version.h"
 #include "daemon/host_executor.h"
 #if defined(STASH_HAVE_CUDA)
@@ -149,7 +150,8 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   welcome->set_daemon_version(kVersion);
   welcome->set_pool(info.pool);
   Log("rpc")->info("session {} started: rank {}, pid {}, pool {}, label '{}', client {}", info.id,
-                   info.rank, info.pid, info.pool, info.label, info.client_version);
+                   info.rank, info.pid, info.pool, Escaped(info.label, kMaxTextBytes),
+                   Escaped(info.client_version, kMaxTextBytes));
   return session;
 }
 

@@ -81,6 +81,12 @@ Status CheckCounter(Session& s, const v1::EventRef* event, const char* which, co
   return Status::Ok();
 }
 
+// `status` of a reload that failed before it took the stash's pages, saying that they stay.
+Status WithStashKept(const Status& status, uint64_t ticket) {
+  return Status(status.code(), status.message() + "; the stash " + Hex(ticket) +
+                                   " is kept: reload it again or release it");
+}
+
 const v1::EventRef* DoneOfRequest(const v1::SessionRequest& req) {
   if (req.has_stash() && req.stash().has_done()) return &req.stash().done();
   if (req.has_reload() && req.reload().has_done()) return &req.reload().done();
@@ -392,7 +398,10 @@ void Pool::DoStash(const std::shared_ptr<Session>& s, const v1::SessionRequest& 
   record->max_rows = st.max_rows();
   work.record = record.get();
   // Live from now: a Reload queued behind this stash finds it even before the copy finished.
-  s->stashes()[st.ticket()] = record;
+  // Admission refuses a ticket while it is live or claimed, so no record is overwritten here.
+  auto [slot, inserted] = s->stashes().try_emplace(st.ticket(), record);
+  STASH_CHECK(inserted) << "ticket " << Hex(st.ticket()) << " admitted while still held";
+  (void)slot;
   const auto submitted = Clock::now();
   executor_->Stash(work, Track([this, s, req, record, received, submitted] {
                      FinishStash(*s, req, *record, received, submitted);
@@ -408,9 +417,12 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
   c.inflight.fetch_sub(1, std::memory_order_relaxed);
   if (record.tier == nullptr) {
     // Nothing taken: the ticket holds no data (a Reload already queued behind it is answered so).
+    // A Reload that took the record already forgot the ticket, which may be live again by now.
     auto it = s.stashes().find(st.ticket());
-    if (it != s.stashes().end() && it->second.get() == &record) s.stashes().erase(it);
-    s.ForgetTicket(st.ticket());
+    if (it != s.stashes().end() && it->second.get() == &record) {
+      s.stashes().erase(it);
+      s.ForgetTicket(st.ticket());
+    }
   }
   if (!record.error.ok()) {
     s.Send(Reply(req.request_id(), record.error));
@@ -465,19 +477,30 @@ void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest&
                     Clock::time_point received) {
   const v1::Reload& rl = req.reload();
   const DoneSignal done = DoneOf(*s, DoneOfRequest(req));
-  auto fail = [&](const Status& status) { FailAfterDone(s, req.request_id(), status, done); };
-  if (Status counters = CheckCounters(*s, req); !counters.ok()) return fail(counters);
+  // A reload that fails before it took the pages costs nothing: the stash stays, its ticket is
+  // live again (before the answer goes out), and a later reload or release finds it.
+  auto fail = [&](const Status& status) {
+    s->UnclaimTicket(rl.ticket());
+    FailAfterDone(s, req.request_id(), status, done);
+  };
   auto it = s->stashes().find(rl.ticket());
   if (it == s->stashes().end()) {
-    return fail(FailedPreconditionError("ticket " + Hex(rl.ticket()) +
-                                        " holds no data: its stash overflowed or failed, so "
-                                        "the data is still in your source buffer"));
+    // Its stash took nothing and forgot the ticket (which may be live again for a new stash).
+    return FailAfterDone(s, req.request_id(),
+                         FailedPreconditionError("ticket " + Hex(rl.ticket()) +
+                                                 " holds no data: its stash overflowed or "
+                                                 "failed, so the data is still in your source "
+                                                 "buffer"),
+                         done);
+  }
+  if (Status counters = CheckCounters(*s, req); !counters.ok()) {
+    return fail(WithStashKept(counters, rl.ticket()));
   }
   auto dst = Resolve(*s, rl.destination());
-  // The stash stays when the destination cannot be used: the client may reload it elsewhere.
-  if (!dst.ok()) return fail(dst.status());
+  if (!dst.ok()) return fail(WithStashKept(dst.status(), rl.ticket()));
   std::shared_ptr<StashRecord> record = std::move(it->second);
   s->stashes().erase(it);
+  s->ForgetTicket(rl.ticket());
   ReloadWork work;
   work.destination = *dst;
   work.zero_tail = rl.zero_tail();
@@ -534,6 +557,7 @@ void Pool::DoRelease(const std::shared_ptr<Session>& s, const v1::SessionRequest
   }
   std::shared_ptr<StashRecord> record = std::move(it->second);
   s->stashes().erase(it);
+  s->ForgetTicket(ticket);
   ReloadWork work;  // no destination: return the pages only
   work.record = record.get();
   executor_->Reload(

@@ -31,6 +31,10 @@ class ResponseSink {
 struct TicketShape {
   uint64_t row_bytes = 0;
   uint64_t max_rows = 0;
+  // A reload or release of it is queued. The ticket stays live until the pool worker took its
+  // pages (then it is forgotten) or that request failed (then it is live again), so a failed
+  // reload never costs the stash and the ticket cannot be reused while its pages may be held.
+  bool claimed = false;
 };
 
 // A registered client allocation as the pool worker sees it: mapped, or why it is not. Shared,
@@ -101,7 +105,10 @@ class Session {
   std::vector<std::string>& registered_names() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return registered_names_;
   }
+  // The pool worker consumed the ticket (or its stash took nothing): it may be reused.
   void ForgetTicket(uint64_t ticket);
+  // A queued reload or release of the ticket failed before taking its pages: it is live again.
+  void UnclaimTicket(uint64_t ticket);
 
   // Worker-side state: touched only by the session's pool worker thread.
   absl::flat_hash_map<uint64_t, ClientMemory>& memories() { return memories_; }

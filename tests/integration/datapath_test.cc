@@ -1,5 +1,6 @@
 // The data path end to end: the real stashd, the real client library, real processes.
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
@@ -526,6 +527,61 @@ TEST_F(Datapath, DoneEventOfARejectedRequestIsRaisedWithTheAnswer) {
   auto answer = client->Wait(*op, 10000 * TimeScale());
   EXPECT_EQ(answer.status().code(), StatusCode::kNotFound) << answer.status().ToString();
   EXPECT_TRUE(WaitEvent({events.get(), 8, 3}, 0));
+}
+
+// Makes `buffer` memory the daemon cannot open when the session first names it (the one place
+// that knows how: today the host backend opens a shm name, so it is unlinked).
+void MakeUnopenable(const HostBuffer& buffer) { shm_unlink(buffer.handle().c_str()); }
+
+// A reload that fails in the daemon (its destination, ready or done memory did not open) costs
+// nothing: the stash stays, a later reload gets the rows back, a release returns the pages, and
+// a session that ends with such a stash returns every page.
+TEST_F(Datapath, FailedReloadKeepsTheStash) {
+  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  auto client = Connect(*daemon_);
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(64 << 10);
+  FillRandom(*src, 31);
+  auto dst = Buffer(64 << 10);
+  auto broken = Buffer(64 << 10);
+  MakeUnopenable(*broken);
+  auto ticket = client->Stash(Args(*src, 1024, 64, 64));
+  ASSERT_TRUE(client->Wait(*ticket).ok());
+
+  const ReloadArgs failing[] = {
+      {*ticket, broken.get(), 0, false, {}, {}},                 // destination
+      {*ticket, dst.get(), 0, false, {broken.get(), 0, 1}, {}},  // ready event
+      {*ticket, dst.get(), 0, false, {}, {broken.get(), 8, 1}},  // done event
+  };
+  for (const ReloadArgs& args : failing) {
+    auto op = client->Reload(args);
+    ASSERT_TRUE(op.ok()) << op.status().ToString();
+    auto failed = client->Wait(*op, 10000 * TimeScale());
+    EXPECT_EQ(failed.status().code(), StatusCode::kFailedPrecondition)
+        << failed.status().ToString();
+    EXPECT_NE(failed.status().message().find("is kept"), std::string::npos)
+        << failed.status().message();
+    EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 1u);
+  }
+  auto reloaded = client->Wait(*client->Reload({*ticket, dst.get(), 0, false, {}, {}}));
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().ToString();
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), src->size()), 0);
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 0u);
+
+  // A release after a failed reload returns the pages.
+  auto second = client->Stash(Args(*src, 1024, 64, 64));
+  ASSERT_TRUE(client->Wait(*second).ok());
+  EXPECT_FALSE(client->Wait(*client->Reload({*second, broken.get(), 0, false, {}, {}})).ok());
+  auto released = client->Wait(*client->Release(*second));
+  ASSERT_TRUE(released.ok()) << released.status().ToString();
+  EXPECT_EQ(released->pages, 1u);
+
+  // The session ends holding a stash whose reload failed: every page returns.
+  auto third = client->Stash(Args(*src, 1024, 64, 64));
+  ASSERT_TRUE(client->Wait(*third).ok());
+  EXPECT_FALSE(client->Wait(*client->Reload({*third, broken.get(), 0, false, {}, {}})).ok());
+  client.reset();
+  EXPECT_TRUE(PagesReturnWithin(*daemon_, milliseconds(1000 * TimeScale())));
 }
 
 TEST_F(Datapath, OpenFailsWithAClearMessageWhenNoDaemonAnswers) {
