@@ -207,7 +207,7 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
   return row;
 }
 
-v1::GetStatsResponse DaemonCore::Stats() {
+v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
   v1::GetStatsResponse out;
   v1::DaemonStats* d = out.mutable_daemon();
   d->set_version(kVersion);
@@ -251,14 +251,17 @@ v1::GetStatsResponse DaemonCore::Stats() {
   std::sort(live.begin(), live.end(), [](const auto& a, const auto& b) {
     return std::tie(a->info().rank, a->info().id) < std::tie(b->info().rank, b->info().id);
   });
-  for (auto& s : live) *out.add_sessions() = SessionRow(*s);
+  const size_t rows = session_rows ? std::min(live.size(), kMaxSessionRows) : 0;
+  for (size_t i = 0; i < rows; ++i) *out.add_sessions() = SessionRow(*live[i]);
+  out.set_sessions_omitted(live.size() - rows);
   return out;
 }
 
-v1::ListSessionsResponse DaemonCore::ListSessions() {
+v1::ListSessionsResponse DaemonCore::ListSessions(bool session_rows) {
   v1::ListSessionsResponse out;
-  v1::GetStatsResponse stats = Stats();
+  v1::GetStatsResponse stats = Stats(session_rows);
   for (auto& row : *stats.mutable_sessions()) *out.add_sessions() = std::move(row);
+  out.set_sessions_omitted(stats.sessions_omitted());
   return out;
 }
 

@@ -265,7 +265,8 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
     case Command::kSessions: {
       v1::ListSessionsResponse reply;
       grpc::Status status = connection.ListSessions(&reply);
-      finish("ListSessions", status, reply, status.ok() ? RenderSessions(reply.sessions()) : "");
+      finish("ListSessions", status, reply,
+             status.ok() ? RenderSessions(reply.sessions(), reply.sessions_omitted()) : "");
       break;
     }
     case Command::kConfig: {
