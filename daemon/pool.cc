@@ -127,7 +127,9 @@ void Pool::Enqueue(std::shared_ptr<Session> session, v1::SessionRequest request,
                    Clock::time_point received) {
   session->counters().inflight.fetch_add(1, std::memory_order_relaxed);
   MutexLock lock(&mu_);
-  queue_.push_back(Op{std::move(session), std::move(request), received, false});
+  Lane& lane = lanes_[session.get()];
+  if (lane.session == nullptr) lane.session = session;
+  lane.ops.push_back(Op{std::move(session), std::move(request), received, false, next_seq_++});
   cv_.Signal();
 }
 
@@ -153,12 +155,11 @@ void Pool::CloseSession(const std::shared_ptr<Session>& session) {
   session->MarkClosed();
   session->DetachSink();
   MutexLock lock(&mu_);
-  const auto before = queue_.size();
-  queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
-                              [&](const Op& op) { return op.session == session; }),
-               queue_.end());
-  session->counters().inflight.fetch_sub(before - queue_.size(), std::memory_order_relaxed);
-  queue_.push_back(Op{session, {}, Clock::now(), true});
+  if (auto lane = lanes_.find(session.get()); lane != lanes_.end()) {
+    session->counters().inflight.fetch_sub(lane->second.ops.size(), std::memory_order_relaxed);
+    lanes_.erase(lane);
+  }
+  teardowns_.push_back(Op{session, {}, Clock::now(), true, next_seq_++});
   cv_.Signal();
 }
 
@@ -196,8 +197,32 @@ void Pool::SweepOrphans() {
                  orphans_.end());
 }
 
+bool Pool::TakeNext(Op* op) {
+  if (!teardowns_.empty()) {
+    *op = std::move(teardowns_.front());
+    teardowns_.pop_front();
+    return true;
+  }
+  // Each session's head only: a session whose head waits does not hold up the others, and the
+  // requests queued behind that head are not looked at.
+  Lane* best = nullptr;
+  for (auto& [key, lane] : lanes_) {
+    if (best != nullptr && lane.ops.front().seq > best->ops.front().seq) continue;
+    if (Ready(lane.ops.front())) best = &lane;
+  }
+  if (best == nullptr) return false;
+  *op = std::move(best->ops.front());
+  best->ops.pop_front();
+  if (best->ops.empty()) lanes_.erase(op->session.get());
+  return true;
+}
+
 void Pool::Run() {
-  auto backoff = std::chrono::microseconds(20);
+  // How long to sleep while every queued request waits on a client's ready event, which does not
+  // wake this thread: doubles while nothing moves, back to the minimum once anything does.
+  constexpr auto kMinBackoff = std::chrono::microseconds(20);
+  constexpr auto kMaxBackoff = std::chrono::microseconds(1000);
+  auto backoff = kMinBackoff;
   while (true) {
     Op op;
     std::deque<CopyExecutor::Then> completions;
@@ -210,47 +235,38 @@ void Pool::Run() {
           health_checked_ = Clock::now();
           executor_->CheckHealth();
         }
-        if (queue_.empty()) {
+        if (lanes_.empty() && teardowns_.empty()) {
           if (stopping_ && outstanding_ == 0) return;
           if (orphans_.empty() && outstanding_ == 0) {
             cv_.Wait(&mu_);
           } else {
             cv_.WaitWithTimeout(&mu_, std::chrono::milliseconds(20));
           }
+          backoff = kMinBackoff;
           continue;
         }
-        // The first op whose session has no earlier op still waiting for its ready event.
-        std::vector<const Session*> blocked;
-        for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-          const Session* s = it->session.get();
-          if (std::find(blocked.begin(), blocked.end(), s) != blocked.end()) continue;
-          if (Ready(*it)) {
-            op = std::move(*it);
-            queue_.erase(it);
-            found = true;
-            break;
-          }
-          blocked.push_back(s);
-        }
+        found = TakeNext(&op);
         if (!found) {
           // Everything waits on client events, which do not wake us: poll with backoff.
           if (stopping_) {
             // Shutting down: nobody will signal them now.
-            for (Op& dropped : queue_) {
-              dropped.session->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
+            for (auto& [key, lane] : lanes_) {
+              lane.session->counters().inflight.fetch_sub(lane.ops.size(),
+                                                          std::memory_order_relaxed);
             }
-            queue_.clear();
+            lanes_.clear();
             continue;
           }
-          cv_.WaitWithTimeout(&mu_, backoff);
-          backoff = std::min(backoff * 2, std::chrono::microseconds(1000));
+          // An Enqueue or a completion signals cv_ and ends the wait early.
+          const bool timed_out = cv_.WaitWithTimeout(&mu_, backoff);
+          backoff = timed_out ? std::min(backoff * 2, kMaxBackoff) : kMinBackoff;
         }
       }
       completions.swap(completions_);
     }
     for (CopyExecutor::Then& then : completions) then();
     if (op.session != nullptr) {
-      backoff = std::chrono::microseconds(20);
+      backoff = kMinBackoff;
       Execute(op);
     }
   }
