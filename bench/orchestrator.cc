@@ -542,19 +542,30 @@ Status PhaseIdle(Env& env, std::vector<Row>& rows) {
     w->CloseStdin();
     w->Stop(SIGTERM, 5000);
   }
+  held.clear();
+  // The baseline brackets the loaded run in time (before and after), so a shared machine's
+  // drifting load does not read as the daemon's.
+  Progress("idle: 4 KiB round trips after the load is gone");
+  STASH_ASSIGN_OR_RETURN(Fields after,
+                         RunWorker(env, {"--task=roundtrip", "--socket=" + daemon->socket(),
+                                         "--iters=" + std::to_string(iters)}));
+  const double quiet_median = (quiet["stash_median_us"] + after["stash_median_us"]) / 2;
+  const double quiet_p99 = (quiet["stash_p99_us"] + after["stash_p99_us"]) / 2;
   const std::string who = std::to_string(kSessions) + " sessions x " + std::to_string(kHeld) +
                           " requests waiting on unsignalled ready events";
   rows.push_back({"6",
                   "daemon CPU, " + who + " (/proc utime+stime over " + Fixed(window_s, 0) + " s)",
                   Fixed(100 * cpu, 1) + " % of a core", "", "", "<= 5 %", AtMost(100 * cpu, 5.0)});
-  const double ratio = loaded["stash_median_us"] / quiet["stash_median_us"];
+  const double ratio = loaded["stash_median_us"] / quiet_median;
   auto us = [](double v) { return Fixed(v, 1) + " us"; };
   rows.push_back({"6", "4 KiB Stash+Wait round trip of another session with that load, median",
-                  us(loaded["stash_median_us"]), "without the load " + us(quiet["stash_median_us"]),
+                  us(loaded["stash_median_us"]),
+                  "without it: " + us(quiet_median) + " (before " + us(quiet["stash_median_us"]) +
+                      ", after " + us(after["stash_median_us"]) + ")",
                   Ratio(ratio), "<= 1.20x", AtMost(ratio, 1.2)});
   rows.push_back({"6", "  the same, p99", us(loaded["stash_p99_us"]),
-                  "without the load " + us(quiet["stash_p99_us"]),
-                  Ratio(loaded["stash_p99_us"] / quiet["stash_p99_us"]), "", Verdict::kNoTarget});
+                  "without it: " + us(quiet_p99), Ratio(loaded["stash_p99_us"] / quiet_p99), "",
+                  Verdict::kNoTarget});
   return Status::Ok();
 }
 

@@ -197,32 +197,51 @@ void Pool::SweepOrphans() {
                  orphans_.end());
 }
 
-bool Pool::TakeNext(Op* op) {
+bool Pool::TakeNext(Op* op, Clock::time_point* wake) {
   if (!teardowns_.empty()) {
     *op = std::move(teardowns_.front());
     teardowns_.pop_front();
     return true;
   }
   // Each session's head only: a session whose head waits does not hold up the others, and the
-  // requests queued behind that head are not looked at.
+  // requests queued behind that head are not looked at. A waiting head is checked again on its
+  // own backoff (20 us doubling to 1 ms), not whenever another session moves, so sessions that
+  // wait do not tax the ones that do not. Heads at the longest backoff are checked together on
+  // a 1 ms grid: one wake-up for all of them.
+  const Clock::time_point now = Clock::now();
   Lane* best = nullptr;
+  *wake = Clock::time_point::max();
   for (auto& [key, lane] : lanes_) {
+    if (lane.next_check > now) {
+      *wake = std::min(*wake, lane.next_check);
+      continue;
+    }
     if (best != nullptr && lane.ops.front().seq > best->ops.front().seq) continue;
-    if (Ready(lane.ops.front())) best = &lane;
+    if (Ready(lane.ops.front())) {
+      best = &lane;
+      continue;
+    }
+    lane.backoff = std::clamp(lane.backoff * 2, kMinBackoff, kMaxBackoff);
+    lane.next_check = now + lane.backoff;
+    if (lane.backoff == kMaxBackoff) {
+      const auto grid = lane.next_check.time_since_epoch() / kMaxBackoff + 1;
+      lane.next_check = Clock::time_point(grid * kMaxBackoff);
+    }
+    *wake = std::min(*wake, lane.next_check);
   }
   if (best == nullptr) return false;
   *op = std::move(best->ops.front());
   best->ops.pop_front();
-  if (best->ops.empty()) lanes_.erase(op->session.get());
+  if (best->ops.empty()) {
+    lanes_.erase(op->session.get());
+  } else {
+    best->next_check = {};  // a new head: check it at once
+    best->backoff = {};
+  }
   return true;
 }
 
 void Pool::Run() {
-  // How long to sleep while every queued request waits on a client's ready event, which does not
-  // wake this thread: doubles while nothing moves, back to the minimum once anything does.
-  constexpr auto kMinBackoff = std::chrono::microseconds(20);
-  constexpr auto kMaxBackoff = std::chrono::microseconds(1000);
-  auto backoff = kMinBackoff;
   while (true) {
     Op op;
     std::deque<CopyExecutor::Then> completions;
@@ -242,10 +261,10 @@ void Pool::Run() {
           } else {
             cv_.WaitWithTimeout(&mu_, std::chrono::milliseconds(20));
           }
-          backoff = kMinBackoff;
           continue;
         }
-        found = TakeNext(&op);
+        Clock::time_point wake;
+        found = TakeNext(&op, &wake);
         if (!found) {
           // Everything waits on client events, which do not wake us: poll with backoff.
           if (stopping_) {
@@ -257,16 +276,19 @@ void Pool::Run() {
             lanes_.clear();
             continue;
           }
-          // An Enqueue or a completion signals cv_ and ends the wait early.
-          const bool timed_out = cv_.WaitWithTimeout(&mu_, backoff);
-          backoff = timed_out ? std::min(backoff * 2, kMaxBackoff) : kMinBackoff;
+          // Client events do not wake this thread: sleep until the next head is due for a
+          // check. An Enqueue or a completion signals cv_ and ends the wait early.
+          if (wake == Clock::time_point::max()) {
+            cv_.Wait(&mu_);
+          } else {
+            cv_.WaitWithTimeout(&mu_, std::max(wake - Clock::now(), Clock::duration::zero()));
+          }
         }
       }
       completions.swap(completions_);
     }
     for (CopyExecutor::Then& then : completions) then();
     if (op.session != nullptr) {
-      backoff = kMinBackoff;
       Execute(op);
     }
   }

@@ -68,7 +68,14 @@ class Pool {
   struct Lane {
     std::shared_ptr<Session> session;
     std::deque<Op> ops;
+    // When the head, found waiting on its ready event, is checked again, and the wait before
+    // that (doubling from kMinBackoff to kMaxBackoff); zero for a head not checked yet.
+    std::chrono::steady_clock::time_point next_check{};
+    std::chrono::steady_clock::duration backoff{};
   };
+  static constexpr std::chrono::steady_clock::duration kMinBackoff = std::chrono::microseconds(20);
+  static constexpr std::chrono::steady_clock::duration kMaxBackoff =
+      std::chrono::microseconds(1000);
 
   // Shared memory names of a closed session whose process had not exited yet at teardown. The
   // worker unlinks them once it has (a SIGKILLed client closes its socket before it is a
@@ -80,9 +87,11 @@ class Pool {
   };
 
   void Run();
-  // Takes the next op to run: a teardown, else the earliest-arrived lane head whose ready event
-  // is signalled. False when every lane waits on its client (or there is nothing).
-  bool TakeNext(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the next op to run: a teardown, else the earliest-arrived lane head (of those due for
+  // a check) whose ready event is signalled. False when every lane waits on its client; `wake`
+  // is then when the next head is due (time_point::max() when none is).
+  bool TakeNext(Op* op, std::chrono::steady_clock::time_point* wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SweepOrphans() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the op's ready event (if any) is signalled. Worker thread only.
   bool Ready(const Op& op);
