@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/host_event.h"
 #include "daemon/admit.h"
 #include "daemon/copy_workers.h"
 #include "daemon/host_executor.h"
@@ -323,8 +324,7 @@ TEST_F(PoolReload, TicketIsLiveAgainOnceItsFailedReloadIsAnswered) {
   const v1::SessionResponse second = Run(Reload(0x99, kOther));
   EXPECT_EQ(second.code(), static_cast<int>(StatusCode::kNotFound));
   EXPECT_THAT(second.message(), HasSubstr("queued"));
-  uint64_t one = 1;
-  std::memcpy(executor_->Bytes("events").data(), &one, sizeof(one));  // signal ready
+  EventSignal(reinterpret_cast<uint64_t*>(executor_->Bytes("events").data()), 1);  // ready
   EXPECT_NE(answers_.Get(first_id).code(), 0);
   ExpectReloadsIntact(0x99, 8);
 }
