@@ -83,8 +83,14 @@ class Answers final : public ResponseSink {
  public:
   void Send(v1::SessionResponse response) override {
     std::lock_guard<std::mutex> lock(mu_);
+    order_.push_back(response.request_id());
     answers_[response.request_id()] = std::move(response);
     cv_.notify_all();
+  }
+  // The request ids answered so far, in answer order.
+  std::vector<uint64_t> Order() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return order_;
   }
   // The answer to `request_id` (waits for it; the ctest timeout guards a hang).
   v1::SessionResponse Get(uint64_t request_id) {
@@ -97,6 +103,7 @@ class Answers final : public ResponseSink {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, v1::SessionResponse> answers_;
+  std::vector<uint64_t> order_;
 };
 
 // Memory ids the tests register.
@@ -126,19 +133,24 @@ class PoolReload : public ::testing::Test {
   ~PoolReload() override { pool_->Stop(); }
 
   // Admits and queues `r` as the daemon does; returns its answer.
-  v1::SessionResponse Run(v1::SessionRequest r) {
+  v1::SessionResponse Run(v1::SessionRequest r) { return answers_.Get(Submit(r, session_)); }
+
+  // Admits and queues `r` for `session` without waiting; returns its request id (an admission
+  // error is answered at once, as the daemon does).
+  uint64_t Submit(v1::SessionRequest r, const std::shared_ptr<Session>& session) {
     r.set_request_id(++next_id_);
-    const Status admitted = AdmitRequest(r, *session_, limits_);
+    const uint64_t id = r.request_id();
+    const Status admitted = AdmitRequest(r, *session, limits_);
     if (!admitted.ok()) {
       v1::SessionResponse answer;
-      answer.set_request_id(r.request_id());
+      answer.set_request_id(id);
       answer.set_code(static_cast<int>(admitted.code()));
       answer.set_message(admitted.message());
-      return answer;
+      session->Send(answer);
+      return id;
     }
-    const uint64_t id = r.request_id();
-    pool_->Enqueue(session_, std::move(r), std::chrono::steady_clock::now());
-    return answers_.Get(id);
+    pool_->Enqueue(session, std::move(r), std::chrono::steady_clock::now());
+    return id;
   }
 
   void Register(uint64_t id, const std::string& handle) {
@@ -327,6 +339,47 @@ TEST_F(PoolReload, TicketIsLiveAgainOnceItsFailedReloadIsAnswered) {
   EventSignal(reinterpret_cast<uint64_t*>(executor_->Bytes("events").data()), 1);  // ready
   EXPECT_NE(answers_.Get(first_id).code(), 0);
   ExpectReloadsIntact(0x99, 8);
+}
+
+// One session's head waits on a ready event nobody has signalled yet: another session's work
+// goes on meanwhile, and the waiting session's requests then run in their order.
+TEST_F(PoolReload, AWaitingSessionHoldsUpNoOtherAndKeepsItsOwnOrder) {
+  Answers other_answers;
+  auto other = std::make_shared<Session>(SessionInfo{}, &other_answers, nullptr);
+  v1::SessionRequest reg;
+  reg.mutable_register_memory()->set_memory_id(kGood);
+  reg.mutable_register_memory()->set_kind(v1::MEMORY_KIND_HOST_SHM);
+  reg.mutable_register_memory()->set_handle("other-session");
+  reg.mutable_register_memory()->set_bytes(kBytes * 4);
+  ASSERT_EQ(other_answers.Get(Submit(reg, other)).code(), 0);
+
+  auto stash = [](uint64_t ticket, bool held) {
+    v1::SessionRequest r;
+    v1::Stash* s = r.mutable_stash();
+    s->set_ticket(ticket);
+    s->mutable_source()->set_memory_id(kGood);
+    s->set_row_bytes(kRowBytes);
+    s->set_max_rows(kRows);
+    s->mutable_count()->set_value(kRows);
+    if (held) SetEvent(s->mutable_ready(), kEvents, 1);
+    return r;
+  };
+  const uint64_t held = Submit(stash(0x1, true), session_);
+  const uint64_t behind = Submit(stash(0x2, false), session_);  // ready, but queued behind
+  for (uint64_t t = 0x10; t < 0x14; ++t) {
+    const v1::SessionResponse done = other_answers.Get(Submit(stash(t, false), other));
+    ASSERT_EQ(done.code(), 0) << done.message();
+    ASSERT_EQ(other_answers.Get(Submit(Release(t), other)).code(), 0);
+  }
+  EXPECT_TRUE(answers_.Order().empty() || answers_.Order().back() < held);  // nothing of ours
+  EventSignal(reinterpret_cast<uint64_t*>(executor_->Bytes("events").data()), 1);
+  EXPECT_EQ(answers_.Get(held).code(), 0);
+  EXPECT_EQ(answers_.Get(behind).code(), 0);
+  const std::vector<uint64_t> order = answers_.Order();
+  ASSERT_GE(order.size(), 2u);
+  EXPECT_EQ(order[order.size() - 2], held);
+  EXPECT_EQ(order.back(), behind);
+  pool_->CloseSession(other);
 }
 
 }  // namespace
