@@ -19,7 +19,7 @@
 namespace {
 
 constexpr char kUsage[] =
-    "Usage: stash-bench [--quick] [--phases=copy,latency,saturate,ring,memory]\n"
+    "Usage: stash-bench [--quick] [--phases=copy,latency,saturate,ring,memory,idle]\n"
     "                   [--stashd=PATH] [--paging-bench=PATH] [--markdown-out=FILE]\n"
     "                   [--keep-dir=DIR]\n"
     "\n"

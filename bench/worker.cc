@@ -589,6 +589,74 @@ Status RunMemory(const Flags& flags) {
   return Status::Ok();
 }
 
+// --task=blocked: queues --requests stashes whose ready event nobody signals (the daemon holds
+// them all), prints "ready", and holds them until its stdin closes or it is killed.
+Status RunBlocked(const Flags& flags) {
+  const uint64_t requests = FlagU64(flags, "requests", 4095);
+  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(Flag(flags, "socket")));
+  STASH_ASSIGN_OR_RETURN(auto source, HostBuffer::Allocate(4096));
+  STASH_ASSIGN_OR_RETURN(auto events, HostBuffer::Allocate(4096));
+  StashArgs args;
+  args.source = source.get();
+  args.row_bytes = 64;
+  args.max_rows = 64;
+  args.count.value = 64;
+  // One answered stash first: both buffers are registered before the held ones queue, so all
+  // --requests of them fit under the daemon's in-flight limit.
+  args.ready = {events.get(), 0, 0};
+  STASH_ASSIGN_OR_RETURN(const Completion first, StashAndWait(*client, args));
+  STASH_RETURN_IF_ERROR(CheckPlaced(first, 4096));
+  args.ready = {events.get(), 8, 1};  // never signalled
+  for (uint64_t i = 0; i < requests; ++i) {
+    STASH_RETURN_IF_ERROR(client->Stash(args).status());
+  }
+  // Ready once the daemon holds them all (Stash returns before the request is even written).
+  auto stub = v1::StashService::NewStub(
+      grpc::CreateChannel("unix:" + Flag(flags, "socket"), grpc::InsecureChannelCredentials()));
+  for (bool held = false; !held; usleep(10000)) {
+    grpc::ClientContext context;
+    v1::GetStatsResponse stats;
+    const grpc::Status s = stub->GetStats(&context, v1::GetStatsRequest(), &stats);
+    if (!s.ok()) return UnavailableError("GetStats: " + s.error_message());
+    for (const v1::SessionStats& row : stats.sessions()) {
+      held |= row.session_id() == client->session_id() && row.requests_inflight() >= requests;
+    }
+  }
+  std::printf("ready\n");
+  std::fflush(stdout);
+  for (std::string line; std::getline(std::cin, line);) {
+  }
+  return Status::Ok();
+}
+
+// --task=roundtrip: --iters 4 KiB Stash+Wait then Reload+Wait; reports the Stash+Wait median.
+Status RunRoundTrip(const Flags& flags) {
+  const uint64_t iters = FlagU64(flags, "iters", 2000);
+  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(Flag(flags, "socket")));
+  STASH_ASSIGN_OR_RETURN(auto source, HostBuffer::Allocate(4096));
+  STASH_ASSIGN_OR_RETURN(auto destination, HostBuffer::Allocate(4096));
+  StashArgs args;
+  args.source = source.get();
+  args.row_bytes = 64;
+  args.max_rows = 64;
+  args.count.value = 64;
+  std::vector<double> samples;
+  for (uint64_t i = 0; i < iters + iters / 10; ++i) {  // the first tenth warms up
+    const auto t0 = Clock::now();
+    STASH_ASSIGN_OR_RETURN(const Completion done, StashAndWait(*client, args));
+    const auto t1 = Clock::now();
+    STASH_RETURN_IF_ERROR(CheckPlaced(done, 4096));
+    STASH_RETURN_IF_ERROR(ReloadAndWait(*client, done.ticket, *destination).status());
+    if (i >= iters / 10) samples.push_back(MicrosBetween(t0, t1));
+  }
+  Result result;
+  result.Add("stash_median_us", Median(samples))
+      .Add("stash_p99_us", Quantile(samples, 0.99))
+      .Add("samples", static_cast<double>(samples.size()));
+  result.Print();
+  return Status::Ok();
+}
+
 }  // namespace
 
 int RunWorker(const Flags& flags) {
@@ -603,6 +671,10 @@ int RunWorker(const Flags& flags) {
         Flag(flags, "mode", "stash") == "ping" ? RunSaturatePing(flags) : RunSaturateStash(flags);
   } else if (task == "memory") {
     status = RunMemory(flags);
+  } else if (task == "blocked") {
+    status = RunBlocked(flags);
+  } else if (task == "roundtrip") {
+    status = RunRoundTrip(flags);
   } else {
     status = InvalidArgumentError("unknown --task=" + task);
   }

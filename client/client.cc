@@ -24,6 +24,7 @@
 #include "common/random.h"
 #include "common/shm.h"
 #include "common/socket_path.h"
+#include "common/socket_probe.h"
 #include "common/version.h"
 #include "common/write_queue.h"
 #include "stash/v1/stash.grpc.pb.h"
@@ -470,9 +471,9 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
     STASH_ASSIGN_OR_RETURN(impl->cuda, CudaSide::Open(options.device));
   }
   impl->socket = ClientSocketPath(options.socket);
-  if (access(impl->socket.c_str(), F_OK) != 0) {
-    return UnavailableError(NoDaemon(impl->socket, "no such socket"));
-  }
+  // A missing, refused or forbidden socket is known at once; gRPC would only say "unavailable"
+  // once the connect timeout passed.
+  STASH_RETURN_IF_ERROR(ProbeSocket(impl->socket));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   impl->channel = grpc::CreateCustomChannel(GrpcUnixTarget(impl->socket),

@@ -4,12 +4,14 @@
 
 #include <grpcpp/support/status.h>
 
+#include "common/text.h"
 #include "stash/status.h"
 
 namespace stash {
 
+// The message is made valid UTF-8 (common/text.h): it may quote what a client sent.
 inline grpc::Status ToGrpcStatus(const Status& status) {
-  return {static_cast<grpc::StatusCode>(status.code()), status.message()};
+  return {static_cast<grpc::StatusCode>(status.code()), ValidUtf8(status.message())};
 }
 
 inline Status FromGrpcStatus(const grpc::Status& status) {

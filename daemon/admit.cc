@@ -1,6 +1,8 @@
 #include "daemon/admit.h"
 
+#include "common/macros.h"
 #include "common/text.h"
+#include "daemon/enum_choices.h"
 
 namespace stash::daemon {
 namespace {
@@ -16,6 +18,14 @@ const char* BackendName(v1::Backend b) {
     default:
       return "unspecified";
   }
+}
+
+// Names, labels and tags are at most kMaxTextBytes; the message gives the size, not the text.
+Status CheckTextSize(const std::string& text, const char* field) {
+  if (text.size() <= kMaxTextBytes) return Status::Ok();
+  return InvalidArgumentError(std::string(field) + " is " + std::to_string(text.size()) +
+                              " bytes, over the limit of " + std::to_string(kMaxTextBytes) +
+                              " bytes: shorten it");
 }
 
 // a * b, or false when it does not fit in 64 bits.
@@ -62,6 +72,24 @@ Status CheckEvent(Session& s, const v1::EventRef& ev, v1::Backend backend, const
   return CheckRange(s, ev.counter(), 8, what);
 }
 
+// A Reload or Release may name only a live ticket that no earlier queued Reload or Release
+// claimed. `it` is the ticket's entry in live_tickets (or end()).
+Status CheckUnclaimed(Session& s, absl::flat_hash_map<uint64_t, TicketShape>::iterator it,
+                      uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu()) {
+  if (it == s.live_tickets().end()) {
+    return NotFoundError("ticket " + Hex(ticket) +
+                         " is not a live stash of this session (never stashed here, already "
+                         "reloaded or released, or it overflowed)");
+  }
+  if (it->second.claimed) {
+    return NotFoundError("ticket " + Hex(ticket) +
+                         " is not a live stash of this session any more: an earlier reload or "
+                         "release of it is queued (already reloaded or released once that one "
+                         "succeeds; if it fails, the stash stays and may be reloaded again)");
+  }
+  return Status::Ok();
+}
+
 Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimits& limits)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu()) {
   if (reg.memory_id() == 0) return InvalidArgumentError("memory_id must be nonzero");
@@ -94,10 +122,7 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
             "travels as a sealed memfd over the descriptor channel (MEMORY_KIND_HOST_FD); "
             "update the client library");
       }
-      return InvalidArgumentError(
-          "memory kind " + std::to_string(reg.kind()) +
-          " is not a known MemoryKind: use MEMORY_KIND_HOST_FD (3)" +
-          (limits.backend == v1::BACKEND_CUDA ? " or MEMORY_KIND_CUDA_IPC (2)" : std::string()));
+      return InvalidArgumentError(UnknownEnumValue<v1::MemoryKind>("memory kind", reg.kind()));
   }
   if (s.declared_memories().contains(reg.memory_id())) {
     return AlreadyExistsError("memory " + std::to_string(reg.memory_id()) +
@@ -158,11 +183,16 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
 Status AdmitStash(const v1::Stash& st, Session& s, const AdmitLimits& limits)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu()) {
   if (st.ticket() == 0) return InvalidArgumentError("ticket must be nonzero");
+  if (Status r = CheckTextSize(st.name(), "Stash.name"); !r.ok()) return r;
   if (st.row_bytes() == 0) return InvalidArgumentError("row_bytes must be > 0");
   if (st.max_rows() == 0) return InvalidArgumentError("max_rows must be > 0");
-  if (s.live_tickets().contains(st.ticket())) {
-    return AlreadyExistsError("ticket " + Hex(st.ticket()) +
-                              " is already a live stash of this session: use a fresh ticket");
+  if (auto live = s.live_tickets().find(st.ticket()); live != s.live_tickets().end()) {
+    return AlreadyExistsError(
+        "ticket " + Hex(st.ticket()) + " is already a live stash of this session" +
+        (live->second.claimed ? " (a reload or release of it is still queued; it is free "
+                                "again once that one succeeded)"
+                              : "") +
+        ": use a fresh ticket");
   }
   uint64_t buffer_bytes = 0;
   if (!MulFits(st.max_rows(), st.row_bytes(), &buffer_bytes)) {
@@ -203,11 +233,7 @@ Status AdmitStash(const v1::Stash& st, Session& s, const AdmitLimits& limits)
 Status AdmitReload(const v1::Reload& rl, Session& s, const AdmitLimits& limits)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu()) {
   auto it = s.live_tickets().find(rl.ticket());
-  if (it == s.live_tickets().end()) {
-    return NotFoundError("ticket " + Hex(rl.ticket()) +
-                         " is not a live stash of this session (never stashed here, already "
-                         "reloaded or released, or it overflowed)");
-  }
+  if (Status r = CheckUnclaimed(s, it, rl.ticket()); !r.ok()) return r;
   if (!rl.has_destination()) return InvalidArgumentError("reload needs a destination");
   const TicketShape shape = it->second;
   if (Status r = CheckRange(s, rl.destination(), shape.max_rows * shape.row_bytes,
@@ -221,13 +247,27 @@ Status AdmitReload(const v1::Reload& rl, Session& s, const AdmitLimits& limits)
   if (rl.has_done()) {
     if (Status r = CheckEvent(s, rl.done(), limits.backend, "done event"); !r.ok()) return r;
   }
-  s.live_tickets().erase(it);
+  // Claimed, not erased: the ticket stays live until the pool worker took its pages, so a
+  // reload that fails there (memory that did not open, ...) leaves the stash for a later one.
+  it->second.claimed = true;
+  return Status::Ok();
+}
+
+Status AdmitRelease(const v1::Release& rl, Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu()) {
+  auto it = s.live_tickets().find(rl.ticket());
+  if (Status r = CheckUnclaimed(s, it, rl.ticket()); !r.ok()) return r;
+  it->second.claimed = true;
   return Status::Ok();
 }
 
 }  // namespace
 
 Status CheckHello(const v1::Hello& hello, v1::Backend backend, int pools) {
+  if (!v1::Backend_IsValid(hello.backend())) {
+    return InvalidArgumentError(UnknownEnumValue<v1::Backend>("Hello.backend", hello.backend()));
+  }
+  STASH_RETURN_IF_ERROR(CheckTextSize(hello.label(), "Hello.label"));
+  STASH_RETURN_IF_ERROR(CheckTextSize(hello.client_version(), "Hello.client_version"));
   if (hello.backend() == v1::BACKEND_UNSPECIFIED) {
     return FailedPreconditionError(std::string("Hello names no backend: set Hello.backend to ") +
                                    v1::Backend_Name(backend) + ", the backend this daemon runs");
@@ -290,15 +330,8 @@ Status AdmitRequest(const v1::SessionRequest& request, Session& session,
       return AdmitStash(request.stash(), session, limits);
     case v1::SessionRequest::kReload:
       return AdmitReload(request.reload(), session, limits);
-    case v1::SessionRequest::kRelease: {
-      const uint64_t ticket = request.release().ticket();
-      if (session.live_tickets().erase(ticket) == 0) {
-        return NotFoundError("ticket " + Hex(ticket) +
-                             " is not a live stash of this session (never stashed here, already "
-                             "reloaded or released, or it overflowed)");
-      }
-      return Status::Ok();
-    }
+    case v1::SessionRequest::kRelease:
+      return AdmitRelease(request.release(), session);
     case v1::SessionRequest::kBeginStep:
       return Status::Ok();
     case v1::SessionRequest::KIND_NOT_SET:

@@ -3,6 +3,7 @@
 #define STASH_DAEMON_ADMIT_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "daemon/session.h"
@@ -10,6 +11,10 @@
 #include "stash/v1/stash.pb.h"
 
 namespace stash::daemon {
+
+// The most bytes of a name, label or tag a client may send (Stash.name, Hello.label,
+// Hello.client_version): they are kept for the session's life and shown by stats.
+inline constexpr size_t kMaxTextBytes = 256;
 
 struct AdmitLimits {
   stash::v1::Backend backend = stash::v1::BACKEND_HOST;
@@ -33,7 +38,9 @@ struct AdmitLimits {
 
 // Checks one post-Hello request against the session's registered memory and live tickets.
 // On OK, records its effect on that receive-side state (memory declared or forgotten, ticket
-// live or gone) so the next request is checked against it; on error nothing changes. Codes:
+// live, or claimed by a reload or release: the pool worker forgets it once it took the pages,
+// or makes it live again when that request failed) so the next request is checked against it;
+// on error nothing changes. Codes:
 // INVALID_ARGUMENT (malformed or out of range), NOT_FOUND (unknown memory or ticket),
 // ALREADY_EXISTS (reused id or ticket), RESOURCE_EXHAUSTED (too many in flight or registered),
 // FAILED_PRECONDITION (a second Hello, or memory of the other backend). Messages say what to
@@ -41,9 +48,10 @@ struct AdmitLimits {
 Status AdmitRequest(const stash::v1::SessionRequest& request, Session& session,
                     const AdmitLimits& limits);
 
-// Checks a Hello: backend must match, device must name one of `pools` pools, unless a cuda
-// Hello names its GPU by UUID (the pool is then picked by UUID and the index is the client's own
-// CUDA ordinal, which may be past the daemon's pool count).
+// Checks a Hello: backend must be known and match, device must name one of `pools` pools unless
+// a cuda Hello names its GPU by UUID (the pool is then picked by UUID and the index is the
+// client's own CUDA ordinal, which may be past the daemon's pool count), label and
+// client_version at most kMaxTextBytes.
 Status CheckHello(const stash::v1::Hello& hello, stash::v1::Backend backend, int pools);
 
 }  // namespace stash::daemon

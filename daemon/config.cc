@@ -24,6 +24,7 @@ ABSL_FLAG(std::string, host_tier_bytes, "1GiB", "host tier bytes");
 ABSL_FLAG(std::string, devices, "1", "simulated GPUs");
 ABSL_FLAG(std::string, log_level, "info", "log level");
 ABSL_FLAG(std::string, listen, "", "TCP listen address");
+ABSL_FLAG(std::string, listen_sessions, "false", "per-session rows on the TCP listener");
 ABSL_FLAG(std::string, copy_threads, "2", "copy threads");
 ABSL_FLAG(std::string, max_inflight, "4096", "max in-flight requests per session");
 
@@ -137,6 +138,19 @@ const Knob kKnobs[] = {
        }
        if (host.empty()) host = "127.0.0.1";
        c->listen = host + ":" + port;
+       return Status::Ok();
+     }},
+    {"listen_sessions", "true|false",
+     "Also serve per-session rows (pids, labels, session ids) on the --listen port. Off by "
+     "default: any local user can reach that port, so it serves node-level numbers only",
+     [](std::string_view v, DaemonConfig* c) {
+       if (v == "true" || v == "1") {
+         c->listen_sessions = true;
+       } else if (v == "false" || v == "0") {
+         c->listen_sessions = false;
+       } else {
+         return InvalidArgumentError("must be true or false");
+       }
        return Status::Ok();
      }},
     {"copy_threads", "N", "Threads that split one large copy on the host backend (1..64)",

@@ -25,6 +25,7 @@ struct DaemonConfig {
   uint32_t devices = 1;                   // host backend: simulated GPUs, one pool each
   std::string log_level = "info";
   std::string listen;            // "" = no TCP; else HOST:PORT, stats only
+  bool listen_sessions = false;  // the TCP listener also serves per-session rows
   uint32_t copy_threads = 2;     // threads that split one large copy (>= 1)
   uint32_t max_inflight = 4096;  // queued requests per session before
                                  // RESOURCE_EXHAUSTED

@@ -5,6 +5,7 @@
 #include "common/macros.h"
 #include "common/random.h"
 #include "common/shm.h"
+#include "common/text.h"
 #include "common/version.h"
 #include "daemon/descriptor_server.h"
 #include "daemon/host_executor.h"
@@ -181,7 +182,8 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   welcome->set_pool(info.pool);
   welcome->set_descriptor_secret(info.secret);
   Log("rpc")->info("session {} started: rank {}, pid {}, pool {}, label '{}', client {}", info.id,
-                   info.rank, info.pid, info.pool, info.label, info.client_version);
+                   info.rank, info.pid, info.pool, Escaped(info.label, kMaxTextBytes),
+                   Escaped(info.client_version, kMaxTextBytes));
   return session;
 }
 
@@ -290,7 +292,7 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
   return row;
 }
 
-v1::GetStatsResponse DaemonCore::Stats() {
+v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
   v1::GetStatsResponse out;
   v1::DaemonStats* d = out.mutable_daemon();
   d->set_version(kVersion);
@@ -337,14 +339,17 @@ v1::GetStatsResponse DaemonCore::Stats() {
   std::sort(live.begin(), live.end(), [](const auto& a, const auto& b) {
     return std::tie(a->info().rank, a->info().id) < std::tie(b->info().rank, b->info().id);
   });
-  for (auto& s : live) *out.add_sessions() = SessionRow(*s);
+  const size_t rows = session_rows ? std::min(live.size(), kMaxSessionRows) : 0;
+  for (size_t i = 0; i < rows; ++i) *out.add_sessions() = SessionRow(*live[i]);
+  out.set_sessions_omitted(live.size() - rows);
   return out;
 }
 
-v1::ListSessionsResponse DaemonCore::ListSessions() {
+v1::ListSessionsResponse DaemonCore::ListSessions(bool session_rows) {
   v1::ListSessionsResponse out;
-  v1::GetStatsResponse stats = Stats();
+  v1::GetStatsResponse stats = Stats(session_rows);
   for (auto& row : *stats.mutable_sessions()) *out.add_sessions() = std::move(row);
+  out.set_sessions_omitted(stats.sessions_omitted());
   return out;
 }
 

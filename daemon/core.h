@@ -30,6 +30,10 @@ namespace stash::daemon {
 // The knob rows of `config` as GetConfig reports them (also `stashd --print-config`).
 void AddConfigEntries(const DaemonConfig& config, stash::v1::GetConfigResponse* out);
 
+// The most per-session rows GetStats and ListSessions return (each row is at most ~400 bytes:
+// labels are bounded by kMaxTextBytes), far below gRPC's 4 MiB default message limit.
+inline constexpr size_t kMaxSessionRows = 1024;
+
 // Thread-safe.
 class DaemonCore {
  public:
@@ -64,8 +68,11 @@ class DaemonCore {
   void CloseSession(const std::shared_ptr<Session>& session,
                     std::function<void()> closed = nullptr);
 
-  stash::v1::GetStatsResponse Stats();
-  stash::v1::ListSessionsResponse ListSessions();
+  // Counters of the daemon and its tiers, and one row per live session (the first
+  // kMaxSessionRows by rank), so a response stays small whatever clients send. Without
+  // `session_rows` (the TCP listener) no row is given. `sessions_omitted` counts the rows left out.
+  stash::v1::GetStatsResponse Stats(bool session_rows = true);
+  stash::v1::ListSessionsResponse ListSessions(bool session_rows = true);
   stash::v1::GetConfigResponse Config() const;
 
   // Drains and stops the pool queues: their running request, the work in flight (copies and

@@ -38,9 +38,11 @@ std::string DirOf(const std::string& path) {
   return path.substr(0, slash);
 }
 
-// Creates the socket's directory (and parents) when missing; a directory created here gets mode
-// 0750 and the `stashd` group when that group exists: members may connect (search permission on
-// the directory, write permission on the sockets) but not rename or replace the sockets.
+// Creates the socket's directory when missing, and only that one: its parent must exist (a
+// daemon started as root must not create directories anywhere a mistyped --socket points). A
+// directory created here gets mode 0750 and the `stashd` group when that group exists: members
+// may connect (search permission on the directory, write permission on the sockets) but not
+// rename or replace the sockets.
 Status PrepareSocketDir(const std::string& dir, gid_t group) {
   struct stat st {};
   if (stat(dir.c_str(), &st) == 0) {
@@ -49,7 +51,13 @@ Status PrepareSocketDir(const std::string& dir, gid_t group) {
     }
     return Status::Ok();
   }
-  if (dir != "/" && dir != ".") STASH_RETURN_IF_ERROR(PrepareSocketDir(DirOf(dir), group));
+  const std::string parent = DirOf(dir);
+  if (stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return FailedPreconditionError("cannot create socket directory " + dir + ": its parent " +
+                                   parent +
+                                   " does not exist (stashd creates only the socket's own "
+                                   "directory): create it first or pick another --socket");
+  }
   if (mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
     return ErrnoStatus("cannot create socket directory " + dir);
   }
@@ -233,19 +241,28 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   impl->server->GetHealthCheckService()->SetServingStatus(true);
 
   if (!config.listen.empty()) {
-    impl->tcp_service = std::make_unique<StashServiceImpl>(impl->core.get(), false);
+    // Any local user reaches this port, past the socket's group: node-level numbers only,
+    // unless the operator asked for the session rows too.
+    impl->tcp_service =
+        std::make_unique<StashServiceImpl>(impl->core.get(), false, config.listen_sessions);
     grpc::ServerBuilder tcp;
     int port = 0;
     tcp.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
     tcp.RegisterService(impl->tcp_service.get());
+    // gRPC sets SO_REUSEPORT by default, which lets a second daemon bind the same port and the
+    // kernel split connections between the two: refuse a port in use instead.
+    tcp.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     impl->tcp_server = tcp.BuildAndStart();
     if (impl->tcp_server == nullptr || port == 0) {
       impl->server->Shutdown();
       return UnavailableError("cannot listen on --listen=" + config.listen +
-                              ": is the port free and the address local?");
+                              ": the port is in use (another stashd?) or the address is not "
+                              "local: pick a free port");
     }
     impl->tcp_server->GetHealthCheckService()->SetServingStatus(true);
-    log->info("serving read-only stats on tcp {}", config.listen);
+    log->info("serving read-only stats on tcp {} ({})", config.listen,
+              config.listen_sessions ? "with per-session rows: --listen-sessions"
+                                     : "node-level numbers only");
   }
 
   log->info(

@@ -38,7 +38,7 @@ std::string SafeUtf8(const std::string& text, size_t limit) {
     }
     // Well-formed too: no overlong forms, surrogates or code points past U+10FFFF, which
     // protobuf refuses to parse in a string (found by descriptor_message_fuzzer).
-    ok = ok && IsValidUtf8(std::string_view(text).substr(i, len));
+    ok = ok && IsUtf8(std::string_view(text).substr(i, len));
     if (!ok) len = 1;
     if (out.size() + len > limit) break;
     if (ok) {

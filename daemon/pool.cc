@@ -77,6 +77,12 @@ Status CheckCounter(Session& s, const v1::EventRef* event, const char* which, co
   return Status::Ok();
 }
 
+// `status` of a reload that failed before it took the stash's pages, saying that they stay.
+Status WithStashKept(const Status& status, uint64_t ticket) {
+  return Status(status.code(), status.message() + "; the stash " + Hex(ticket) +
+                                   " is kept: reload it again or release it");
+}
+
 const v1::EventRef* DoneOfRequest(const v1::SessionRequest& req) {
   if (req.has_stash() && req.stash().has_done()) return &req.stash().done();
   if (req.has_reload() && req.reload().has_done()) return &req.reload().done();
@@ -106,7 +112,10 @@ void Pool::Enqueue(std::shared_ptr<Session> session, v1::SessionRequest request,
     MutexLock lock(&mu_);
     if (!stopping_) {
       session->counters().inflight.fetch_add(1, std::memory_order_relaxed);
-      queue_.push_back(Op{std::move(session), std::move(request), received, false, nullptr});
+      Lane& lane = lanes_[session.get()];
+      if (lane.session == nullptr) lane.session = session;
+      lane.ops.push_back(
+          Op{std::move(session), std::move(request), received, false, nullptr, next_seq_++});
       cv_.Signal();
       return;
     }
@@ -140,14 +149,12 @@ void Pool::CloseSession(const std::shared_ptr<Session>& session, CopyExecutor::T
   session->DetachSink();
   {
     MutexLock lock(&mu_);
-    const auto before = queue_.size();
-    queue_.erase(
-        std::remove_if(queue_.begin(), queue_.end(),
-                       [&](const Op& op) { return op.session == session && !op.teardown; }),
-        queue_.end());
-    session->counters().inflight.fetch_sub(before - queue_.size(), std::memory_order_relaxed);
+    if (auto lane = lanes_.find(session.get()); lane != lanes_.end()) {
+      session->counters().inflight.fetch_sub(lane->second.ops.size(), std::memory_order_relaxed);
+      lanes_.erase(lane);
+    }
     if (!stopped_) {
-      queue_.push_back(Op{session, {}, Clock::now(), true, std::move(closed)});
+      teardowns_.push_back(Op{session, {}, Clock::now(), true, std::move(closed), next_seq_++});
       cv_.Signal();
       return;
     }
@@ -175,8 +182,51 @@ bool Pool::Ready(const Op& op) {
   return EventReached(counter, ready->value());
 }
 
+bool Pool::TakeNext(Op* op, Clock::time_point* wake) {
+  if (!teardowns_.empty()) {
+    *op = std::move(teardowns_.front());
+    teardowns_.pop_front();
+    return true;
+  }
+  // Each session's head only: a session whose head waits does not hold up the others, and the
+  // requests queued behind that head are not looked at. A waiting head is checked again on its
+  // own backoff (20 us doubling to 1 ms), not whenever another session moves, so sessions that
+  // wait do not tax the ones that do not. Heads at the longest backoff are checked together on
+  // a 1 ms grid: one wake-up for all of them.
+  const Clock::time_point now = Clock::now();
+  Lane* best = nullptr;
+  *wake = Clock::time_point::max();
+  for (auto& [key, lane] : lanes_) {
+    if (lane.next_check > now) {
+      *wake = std::min(*wake, lane.next_check);
+      continue;
+    }
+    if (best != nullptr && lane.ops.front().seq > best->ops.front().seq) continue;
+    if (Ready(lane.ops.front())) {
+      best = &lane;
+      continue;
+    }
+    lane.backoff = std::clamp(lane.backoff * 2, kMinBackoff, kMaxBackoff);
+    lane.next_check = now + lane.backoff;
+    if (lane.backoff == kMaxBackoff) {
+      const auto grid = lane.next_check.time_since_epoch() / kMaxBackoff + 1;
+      lane.next_check = Clock::time_point(grid * kMaxBackoff);
+    }
+    *wake = std::min(*wake, lane.next_check);
+  }
+  if (best == nullptr) return false;
+  *op = std::move(best->ops.front());
+  best->ops.pop_front();
+  if (best->ops.empty()) {
+    lanes_.erase(op->session.get());
+  } else {
+    best->next_check = {};  // a new head: check it at once
+    best->backoff = {};
+  }
+  return true;
+}
+
 void Pool::Run() {
-  auto backoff = std::chrono::microseconds(20);
   while (true) {
     Op op;
     std::deque<CopyExecutor::Then> completions;
@@ -193,7 +243,7 @@ void Pool::Run() {
           mu_.Lock();
           continue;  // completions may have arrived meanwhile
         }
-        if (queue_.empty()) {
+        if (lanes_.empty() && teardowns_.empty()) {
           if (stopping_ && outstanding_ == 0) {
             stopped_ = true;
             return;
@@ -205,38 +255,32 @@ void Pool::Run() {
           }
           continue;
         }
-        // The first op whose session has no earlier op still waiting for its ready event.
-        std::vector<const Session*> blocked;
-        for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-          const Session* s = it->session.get();
-          if (std::find(blocked.begin(), blocked.end(), s) != blocked.end()) continue;
-          if (Ready(*it)) {
-            op = std::move(*it);
-            queue_.erase(it);
-            found = true;
-            break;
-          }
-          blocked.push_back(s);
-        }
+        Clock::time_point wake;
+        found = TakeNext(&op, &wake);
         if (!found) {
           // Everything waits on client events, which do not wake us: poll with backoff.
           if (stopping_) {
             // Shutting down: nobody will signal them now.
-            for (Op& dropped : queue_) {
-              dropped.session->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
+            for (auto& [key, lane] : lanes_) {
+              lane.session->counters().inflight.fetch_sub(lane.ops.size(),
+                                                          std::memory_order_relaxed);
             }
-            queue_.clear();
+            lanes_.clear();
             continue;
           }
-          cv_.WaitWithTimeout(&mu_, backoff);
-          backoff = std::min(backoff * 2, std::chrono::microseconds(1000));
+          // Client events do not wake this thread: sleep until the next head is due for a
+          // check. An Enqueue or a completion signals cv_ and ends the wait early.
+          if (wake == Clock::time_point::max()) {
+            cv_.Wait(&mu_);
+          } else {
+            cv_.WaitWithTimeout(&mu_, std::max(wake - Clock::now(), Clock::duration::zero()));
+          }
         }
       }
       completions.swap(completions_);
     }
     for (CopyExecutor::Then& then : completions) then();
     if (op.session != nullptr) {
-      backoff = std::chrono::microseconds(20);
       Execute(op);
     }
   }
@@ -411,7 +455,10 @@ void Pool::DoStash(const std::shared_ptr<Session>& s, const v1::SessionRequest& 
   record->max_rows = st.max_rows();
   work.record = record.get();
   // Live from now: a Reload queued behind this stash finds it even before the copy finished.
-  s->stashes()[st.ticket()] = record;
+  // Admission refuses a ticket while it is live or claimed, so no record is overwritten here.
+  auto [slot, inserted] = s->stashes().try_emplace(st.ticket(), record);
+  STASH_CHECK(inserted) << "ticket " << Hex(st.ticket()) << " admitted while still held";
+  (void)slot;
   const auto submitted = Clock::now();
   executor_->Stash(work, Track([this, s, req, record, received, submitted] {
                      FinishStash(*s, req, *record, received, submitted);
@@ -427,9 +474,12 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
   c.inflight.fetch_sub(1, std::memory_order_relaxed);
   if (record.tier == nullptr) {
     // Nothing taken: the ticket holds no data (a Reload already queued behind it is answered so).
+    // A Reload that took the record already forgot the ticket, which may be live again by now.
     auto it = s.stashes().find(st.ticket());
-    if (it != s.stashes().end() && it->second.get() == &record) s.stashes().erase(it);
-    s.ForgetTicket(st.ticket());
+    if (it != s.stashes().end() && it->second.get() == &record) {
+      s.stashes().erase(it);
+      s.ForgetTicket(st.ticket());
+    }
   }
   if (!record.error.ok()) {
     s.Send(Reply(req.request_id(), record.error));
@@ -484,19 +534,30 @@ void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest&
                     Clock::time_point received) {
   const v1::Reload& rl = req.reload();
   const DoneSignal done = DoneOf(*s, DoneOfRequest(req));
-  auto fail = [&](const Status& status) { FailAfterDone(s, req.request_id(), status, done); };
-  if (Status counters = CheckCounters(*s, req); !counters.ok()) return fail(counters);
+  // A reload that fails before it took the pages costs nothing: the stash stays, its ticket is
+  // live again (before the answer goes out), and a later reload or release finds it.
+  auto fail = [&](const Status& status) {
+    s->UnclaimTicket(rl.ticket());
+    FailAfterDone(s, req.request_id(), status, done);
+  };
   auto it = s->stashes().find(rl.ticket());
   if (it == s->stashes().end()) {
-    return fail(FailedPreconditionError("ticket " + Hex(rl.ticket()) +
-                                        " holds no data: its stash overflowed or failed, so "
-                                        "the data is still in your source buffer"));
+    // Its stash took nothing and forgot the ticket (which may be live again for a new stash).
+    return FailAfterDone(s, req.request_id(),
+                         FailedPreconditionError("ticket " + Hex(rl.ticket()) +
+                                                 " holds no data: its stash overflowed or "
+                                                 "failed, so the data is still in your source "
+                                                 "buffer"),
+                         done);
+  }
+  if (Status counters = CheckCounters(*s, req); !counters.ok()) {
+    return fail(WithStashKept(counters, rl.ticket()));
   }
   auto dst = Resolve(*s, rl.destination());
-  // The stash stays when the destination cannot be used: the client may reload it elsewhere.
-  if (!dst.ok()) return fail(dst.status());
+  if (!dst.ok()) return fail(WithStashKept(dst.status(), rl.ticket()));
   std::shared_ptr<StashRecord> record = std::move(it->second);
   s->stashes().erase(it);
+  s->ForgetTicket(rl.ticket());
   ReloadWork work;
   work.destination = *dst;
   work.zero_tail = rl.zero_tail();
@@ -553,6 +614,7 @@ void Pool::DoRelease(const std::shared_ptr<Session>& s, const v1::SessionRequest
   }
   std::shared_ptr<StashRecord> record = std::move(it->second);
   s->stashes().erase(it);
+  s->ForgetTicket(ticket);
   ReloadWork work;  // no destination: return the pages only
   work.record = record.get();
   executor_->Reload(

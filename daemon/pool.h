@@ -9,6 +9,7 @@
 #define STASH_DAEMON_POOL_H_
 
 #include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
 #include "common/mutex.h"
 
 #include <chrono>
@@ -65,9 +66,29 @@ class Pool {
     std::chrono::steady_clock::time_point received;
     bool teardown = false;
     CopyExecutor::Then closed;  // teardown: runs once the session's work finished
+    uint64_t seq = 0;           // arrival order across sessions
   };
+  // The queued requests of one session, in arrival order. The worker looks only at each lane's
+  // head, so requests waiting on a ready event nobody signals cost one check per session per
+  // poll, however many are queued behind it.
+  struct Lane {
+    std::shared_ptr<Session> session;
+    std::deque<Op> ops;
+    // When the head, found waiting on its ready event, is checked again, and the wait before
+    // that (doubling from kMinBackoff to kMaxBackoff); zero for a head not checked yet.
+    std::chrono::steady_clock::time_point next_check{};
+    std::chrono::steady_clock::duration backoff{};
+  };
+  static constexpr std::chrono::steady_clock::duration kMinBackoff = std::chrono::microseconds(20);
+  static constexpr std::chrono::steady_clock::duration kMaxBackoff =
+      std::chrono::microseconds(1000);
 
   void Run();
+  // Takes the next op to run: a teardown, else the earliest-arrived lane head (of those due for
+  // a check) whose ready event is signalled. False when every lane waits on its client; `wake`
+  // is then when the next head is due (time_point::max() when none is).
+  bool TakeNext(Op* op, std::chrono::steady_clock::time_point* wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the op's ready event (if any) is signalled. Worker thread only.
   bool Ready(const Op& op);
   void Execute(Op& op);
@@ -100,7 +121,9 @@ class Pool {
 
   Mutex mu_;
   CondVar cv_;
-  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const Session*, Lane> lanes_ ABSL_GUARDED_BY(mu_);  // non-empty lanes
+  std::deque<Op> teardowns_ ABSL_GUARDED_BY(mu_);                         // always ready: run first
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<CopyExecutor::Then> completions_ ABSL_GUARDED_BY(mu_);
   uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;         // submitted continuations not yet run
   std::chrono::steady_clock::time_point health_checked_;  // worker thread only

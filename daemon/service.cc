@@ -1,30 +1,51 @@
 #include "daemon/service.h"
 
+#include <grpcpp/support/slice.h>
+
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/write_queue.h"
+#include "daemon/wire.h"
 
 namespace stash::daemon {
 namespace {
 
 namespace v1 = stash::v1;
 
+// The bytes of a received message, in one piece.
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  out.reserve(buffer.Length());
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+grpc::ByteBuffer Serialize(const google::protobuf::Message& message) {
+  const std::string bytes = message.SerializeAsString();
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
 // One session stream. Reads are serialized by gRPC; responses come from pool workers through
 // Send() and go out one write at a time, in order.
-class SessionReactor final
-    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>,
-      public ResponseSink {
+class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                             public ResponseSink {
  public:
   explicit SessionReactor(DaemonCore* core)
       : core_(core),
-        writes_([this](const v1::SessionResponse* r) { StartWrite(r); },
-                [this] { MaybeFinish(); }) {
-    StartRead(&request_);
+        writes_([this](const grpc::ByteBuffer* r) { StartWrite(r); }, [this] { MaybeFinish(); }) {
+    StartRead(&incoming_);
   }
 
-  void Send(v1::SessionResponse response) override { writes_.Push(std::move(response)); }
+  void Send(v1::SessionResponse response) override { writes_.Push(Serialize(response)); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -40,15 +61,31 @@ class SessionReactor final
       }
       return;
     }
+    ++received_;
+    v1::SessionRequest request;
+    if (Status parsed = ParseMessage(Flatten(incoming_), &request); !parsed.ok()) {
+      // The stream's framing can no longer be trusted to mean what the client meant: end it,
+      // and say why (gRPC's own handler would end it with OK and no reason).
+      Log("rpc")->info("session {}: message {} is malformed, ending the stream: {}",
+                       session_ != nullptr ? session_->info().id : std::string("(no Hello yet)"),
+                       received_, parsed.message());
+      if (session_ != nullptr) core_->CloseSession(session_);
+      EndAfterWrites(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                  "message " + std::to_string(received_) +
+                                      " of this Session stream is " + parsed.message() +
+                                      "; the stream ends here"));
+      return;
+    }
+    incoming_.Clear();
     if (session_ == nullptr) {
-      if (!request_.has_hello()) {
+      if (!request.has_hello()) {
         EndAfterWrites(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                     "the first request of a session must be Hello"));
         return;
       }
       v1::SessionResponse response;
-      response.set_request_id(request_.request_id());
-      auto session = core_->OpenSession(request_.hello(), this, response.mutable_welcome());
+      response.set_request_id(request.request_id());
+      auto session = core_->OpenSession(request.hello(), this, response.mutable_welcome());
       if (!session.ok()) {
         EndAfterWrites(ToGrpcStatus(session.status()));
         return;
@@ -56,10 +93,9 @@ class SessionReactor final
       session_ = std::move(session).value();
       Send(std::move(response));
     } else {
-      core_->HandleRequest(session_, std::move(request_));
+      core_->HandleRequest(session_, std::move(request));
     }
-    request_.Clear();
-    StartRead(&request_);
+    StartRead(&incoming_);
   }
 
   void OnWriteDone(bool ok) override { writes_.OnWriteDone(ok); }
@@ -95,9 +131,10 @@ class SessionReactor final
   }
 
   DaemonCore* const core_;
-  v1::SessionRequest request_;        // read side only
+  grpc::ByteBuffer incoming_;         // read side only
+  uint64_t received_ = 0;             // messages read; read side only
   std::shared_ptr<Session> session_;  // set by Hello, read side only
-  WriteQueue<v1::SessionResponse> writes_;
+  WriteQueue<grpc::ByteBuffer> writes_;
 
   std::mutex mu_;
   bool ending_ = false;    // guarded by mu_
@@ -105,8 +142,7 @@ class SessionReactor final
   grpc::Status end_status_;
 };
 
-class RejectSession final
-    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+class RejectSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   RejectSession() {
     Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
@@ -116,39 +152,50 @@ class RejectSession final
   void OnDone() override { delete this; }
 };
 
+// Answers a unary call: parses the request as `Request` (INVALID_ARGUMENT with the reason when
+// it is not one), then serializes what `answer` returns.
+template <typename Request, typename Answer>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
+                                const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                Answer answer) {
+  auto* reactor = context->DefaultReactor();
+  Request parsed;
+  if (Status s = ParseMessage(Flatten(*request), &parsed); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  *response = Serialize(answer());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 }  // namespace
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* StashServiceImpl::Session(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StashServiceImpl::Session(
     grpc::CallbackServerContext* /*context*/) {
   if (!allow_sessions_) return new RejectSession();
   return new SessionReactor(core_);
 }
 
 grpc::ServerUnaryReactor* StashServiceImpl::GetStats(grpc::CallbackServerContext* context,
-                                                     const v1::GetStatsRequest* /*request*/,
-                                                     v1::GetStatsResponse* response) {
-  *response = core_->Stats();
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return Unary<v1::GetStatsRequest>(context, request, response,
+                                    [this] { return core_->Stats(session_rows_); });
 }
 
 grpc::ServerUnaryReactor* StashServiceImpl::ListSessions(grpc::CallbackServerContext* context,
-                                                         const v1::ListSessionsRequest* /*request*/,
-                                                         v1::ListSessionsResponse* response) {
-  *response = core_->ListSessions();
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return Unary<v1::ListSessionsRequest>(context, request, response,
+                                        [this] { return core_->ListSessions(session_rows_); });
 }
 
 grpc::ServerUnaryReactor* StashServiceImpl::GetConfig(grpc::CallbackServerContext* context,
-                                                      const v1::GetConfigRequest* /*request*/,
-                                                      v1::GetConfigResponse* response) {
-  *response = core_->Config();
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return Unary<v1::GetConfigRequest>(context, request, response,
+                                     [this] { return core_->Config(); });
 }
 
 }  // namespace stash::daemon

@@ -1,34 +1,49 @@
 // The gRPC edge: thin callback-API handlers that convert requests and call DaemonCore.
+//
+// The handlers take raw bytes and parse them themselves (daemon/wire.h), so a malformed request
+// is answered INVALID_ARGUMENT with a reason instead of gRPC's silent drop.
 #ifndef STASH_DAEMON_SERVICE_H_
 #define STASH_DAEMON_SERVICE_H_
+
+#include <grpcpp/support/byte_buffer.h>
 
 #include "daemon/core.h"
 #include "stash/v1/stash.grpc.pb.h"
 
 namespace stash::daemon {
 
-class StashServiceImpl final : public stash::v1::StashService::CallbackService {
+// Every method of StashService with raw (ByteBuffer) callback handlers.
+using RawStashService = stash::v1::StashService::WithRawCallbackMethod_Session<
+    stash::v1::StashService::WithRawCallbackMethod_GetStats<
+        stash::v1::StashService::WithRawCallbackMethod_ListSessions<
+            stash::v1::StashService::WithRawCallbackMethod_GetConfig<
+                stash::v1::StashService::Service>>>>;
+
+class StashServiceImpl final : public RawStashService {
  public:
   // `core` outlives the service. Without `allow_sessions` (the TCP listener) the service is
-  // read-only: Session answers PERMISSION_DENIED.
-  StashServiceImpl(DaemonCore* core, bool allow_sessions)
-      : core_(core), allow_sessions_(allow_sessions) {}
+  // read-only: Session answers PERMISSION_DENIED. Without `session_rows` GetStats and
+  // ListSessions carry no per-session rows (no pids, labels or session ids), only their count
+  // in `sessions_omitted`.
+  StashServiceImpl(DaemonCore* core, bool allow_sessions, bool session_rows = true)
+      : core_(core), allow_sessions_(allow_sessions), session_rows_(session_rows) {}
 
-  grpc::ServerBidiReactor<stash::v1::SessionRequest, stash::v1::SessionResponse>* Session(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
-                                     const stash::v1::GetStatsRequest* request,
-                                     stash::v1::GetStatsResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
-                                         const stash::v1::ListSessionsRequest* request,
-                                         stash::v1::ListSessionsResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetConfig(grpc::CallbackServerContext* context,
-                                      const stash::v1::GetConfigRequest* request,
-                                      stash::v1::GetConfigResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
  private:
   DaemonCore* const core_;  // non-owning
   const bool allow_sessions_;
+  const bool session_rows_;
 };
 
 }  // namespace stash::daemon

@@ -1,5 +1,7 @@
 #include "daemon/session.h"
 
+#include "common/text.h"
+
 namespace stash::daemon {
 
 Session::Session(SessionInfo info, ResponseSink* sink, std::atomic<uint64_t>* daemon_rejected)
@@ -13,6 +15,9 @@ double Session::AgeSeconds() const {
 }
 
 void Session::Send(stash::v1::SessionResponse response) {
+  // The last guard: a message may quote what a client sent, and `message` is a proto3 string,
+  // which a generated client refuses to parse (dropping the whole stream) unless it is UTF-8.
+  if (!IsUtf8(response.message())) response.set_message(ValidUtf8(response.message()));
   if (response.code() != 0) {
     counters_.rejected.fetch_add(1, std::memory_order_relaxed);
     if (daemon_rejected_ != nullptr) daemon_rejected_->fetch_add(1, std::memory_order_relaxed);
@@ -110,6 +115,12 @@ Status Session::CheckPeer(const PeerCredentials& peer) {
 std::optional<PeerCredentials> Session::peer() const {
   MutexLock lock(&mu_);
   return peer_;
+}
+
+void Session::UnclaimTicket(uint64_t ticket) {
+  MutexLock lock(&mu_);
+  auto it = live_tickets_.find(ticket);
+  if (it != live_tickets_.end()) it->second.claimed = false;
 }
 
 }  // namespace stash::daemon

@@ -33,6 +33,10 @@ class ResponseSink {
 struct TicketShape {
   uint64_t row_bytes = 0;
   uint64_t max_rows = 0;
+  // A reload or release of it is queued. The ticket stays live until the pool worker took its
+  // pages (then it is forgotten) or that request failed (then it is live again), so a failed
+  // reload never costs the stash and the ticket cannot be reused while its pages may be held.
+  bool claimed = false;
 };
 
 // A registered client allocation as the pool worker sees it: mapped, or why it is not. Shared,
@@ -111,7 +115,10 @@ class Session {
   absl::flat_hash_map<uint64_t, uint64_t>& declared_by() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return declared_by_;
   }
+  // The pool worker consumed the ticket (or its stash took nothing): it may be reused.
   void ForgetTicket(uint64_t ticket);
+  // A queued reload or release of the ticket failed before taking its pages: it is live again.
+  void UnclaimTicket(uint64_t ticket);
 
   // Descriptor channel: keeps a checked client memfd for `memory_id` until RegisterMemory maps
   // it (a second deposit under one id replaces the first). RESOURCE_EXHAUSTED past

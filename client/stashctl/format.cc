@@ -202,6 +202,18 @@ std::string Table::Render() const {
   return out;
 }
 
+namespace {
+
+// Says how many session rows the daemon left out; empty when none.
+std::string OmittedLine(uint64_t omitted) {
+  if (omitted == 0) return "";
+  return Num(omitted) + (omitted == 1 ? " session" : " sessions") +
+         " not shown (a TCP listener serves node-level numbers only unless started with "
+         "--listen-sessions; rows stop at 1024)\n";
+}
+
+}  // namespace
+
 std::string RenderStats(const v1::GetStatsResponse& stats) {
   const v1::DaemonStats& d = stats.daemon();
   std::string out;
@@ -237,17 +249,23 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   out += "\n";
   out += tiers.Render();
   out += "\n";
-  if (stats.sessions().empty()) {
+  if (stats.sessions().empty() && stats.sessions_omitted() == 0) {
     out += "no sessions connected\n";
   } else {
-    out += SessionTable(stats.sessions(), /*with_identity=*/false);
+    if (!stats.sessions().empty()) {
+      out += SessionTable(stats.sessions(), /*with_identity=*/false);
+    }
+    out += OmittedLine(stats.sessions_omitted());
   }
   return out;
 }
 
-std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions) {
-  if (sessions.empty()) return "no sessions connected\n";
-  return SessionTable(sessions, /*with_identity=*/true);
+std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
+                           uint64_t omitted) {
+  if (sessions.empty() && omitted == 0) return "no sessions connected\n";
+  std::string out;
+  if (!sessions.empty()) out += SessionTable(sessions, /*with_identity=*/true);
+  return out + OmittedLine(omitted);
 }
 
 std::string RenderConfig(const v1::GetConfigResponse& config) {

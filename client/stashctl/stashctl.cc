@@ -24,6 +24,7 @@
 #include "client/stashctl/health.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "common/socket_path.h"
+#include "common/socket_probe.h"
 #include "common/text.h"
 #include "common/version.h"
 #include "stash/v1/stash.grpc.pb.h"
@@ -199,11 +200,8 @@ std::string ErrorLine(const Options& options, const char* rpc, const grpc::Statu
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
       if (options.target.empty()) {
-        struct stat st {};
-        if (stat(options.socket.c_str(), &st) == 0 &&
-            access(options.socket.c_str(), R_OK | W_OK) != 0) {
-          return "stashctl: permission denied on " + where +
-                 ": run as a member of the group that owns it (see ls -l " + where + ")";
+        if (ProbeSocket(options.socket).code() == StatusCode::kPermissionDenied) {
+          return "stashctl: " + PermissionDeniedMessage(options.socket);
         }
         return "stashctl: no stashd answers on " + where +
                ": start it with 'stashd --socket=" + options.socket +
@@ -265,7 +263,8 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
     case Command::kSessions: {
       v1::ListSessionsResponse reply;
       grpc::Status status = connection.ListSessions(&reply);
-      finish("ListSessions", status, reply, status.ok() ? RenderSessions(reply.sessions()) : "");
+      finish("ListSessions", status, reply,
+             status.ok() ? RenderSessions(reply.sessions(), reply.sessions_omitted()) : "");
       break;
     }
     case Command::kConfig: {

@@ -283,6 +283,25 @@ TEST(StashctlFormat, StatsSayWhenNoSessionIsConnected) {
   EXPECT_NE(RenderStats(stats).find("no sessions connected"), std::string::npos);
 }
 
+// A TCP listener without --listen-sessions (or a daemon past its row cap) leaves rows out: the
+// tables say how many, instead of "no sessions connected".
+TEST(StashctlFormat, OmittedSessionsAreCountedNotHidden) {
+  v1::GetStatsResponse stats = SampleStats();
+  stats.clear_sessions();
+  stats.set_sessions_omitted(3);
+  std::string text = RenderStats(stats);
+  EXPECT_EQ(text.find("no sessions connected"), std::string::npos) << text;
+  EXPECT_NE(text.find("3 sessions not shown"), std::string::npos) << text;
+  text = RenderSessions(stats.sessions(), 1);
+  EXPECT_NE(text.find("1 session not shown"), std::string::npos) << text;
+  stats = SampleStats();
+  stats.set_sessions_omitted(2);
+  text = RenderSessions(stats.sessions(), stats.sessions_omitted());
+  EXPECT_EQ(text.rfind("SESSION", 0), 0u) << text;
+  EXPECT_NE(text.find("2 sessions not shown"), std::string::npos) << text;
+  EXPECT_EQ(RenderSessions(stats.sessions(), 0).find("not shown"), std::string::npos);
+}
+
 TEST(StashctlFormat, SessionsTableShowsTheSessionIdPrefixAndUnknownRankAsDash) {
   v1::GetStatsResponse stats = SampleStats();
   stats.mutable_sessions(0)->set_rank(-1);

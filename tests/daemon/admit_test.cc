@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/mutex.h"
+#include "daemon/enum_choices.h"
 #include "daemon/session.h"
 
 namespace stash::daemon {
@@ -98,9 +99,11 @@ class Admit : public ::testing::Test {
     return AdmitRequest(request, session_, limits_);
   }
 
+  // Live and free to reload or release: stashed, and no queued reload or release claimed it.
   bool TicketLive(uint64_t ticket) {
     MutexLock lock(&session_.mu());
-    return session_.live_tickets().contains(ticket);
+    auto it = session_.live_tickets().find(ticket);
+    return it != session_.live_tickets().end() && !it->second.claimed;
   }
   bool MemoryDeclared(uint64_t id) {
     MutexLock lock(&session_.mu());
@@ -180,17 +183,6 @@ TEST_F(Admit, RegisterOfAShmNameIsRefusedWithWhatReplacedIt) {
   EXPECT_FALSE(MemoryDeclared(2));
 }
 
-TEST_F(Admit, RegisterOfAnUnknownKindNamesTheValidOnes) {
-  for (int kind : {0, 4, 99, -1}) {
-    const Status s =
-        AdmitRequest(Register(2, 2, 4096, static_cast<v1::MemoryKind>(kind)), session_, limits_);
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << kind << ": " << s.ToString();
-    EXPECT_THAT(s.message(), HasSubstr("kind " + std::to_string(kind))) << s.ToString();
-    EXPECT_THAT(s.message(), HasSubstr("MEMORY_KIND_HOST_FD (3)")) << s.ToString();
-  }
-  EXPECT_FALSE(MemoryDeclared(2));
-}
-
 TEST_F(Admit, RegisterOfTheOtherBackendsMemoryIsFailedPrecondition) {
   EXPECT_REJECTED(Check(Register(2, 2, 4096, v1::MEMORY_KIND_CUDA_IPC, std::string(64, 'h'))),
                   kFailedPrecondition, "MEMORY_KIND_HOST_FD");
@@ -247,11 +239,41 @@ TEST(AdmitCuda, TheCudaBackendTakesDeviceAndHostMemoryButNotUnspecified) {
                   .ok());
   Status s = AdmitRequest(Register(3, 3, 4096, v1::MEMORY_KIND_UNSPECIFIED), session, limits);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_THAT(s.message(), HasSubstr("MEMORY_KIND_CUDA_IPC (2)"));
+  EXPECT_THAT(s.message(), HasSubstr("MEMORY_KIND_CUDA_IPC or MEMORY_KIND_HOST_FD"));
   s = AdmitRequest(Register(4, 4, 4096, v1::MEMORY_KIND_CUDA_IPC, std::string(63, 'h')), session,
                    limits);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_THAT(s.message(), HasSubstr("64 bytes"));
+}
+
+TEST_F(Admit, UnknownMemoryKindIsInvalidArgumentNamingTheKnownOnes) {
+  for (int kind : {0, 4, 99, -1}) {
+    const Status s = Check(Register(2, 2, 4096, static_cast<v1::MemoryKind>(kind)));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << kind << ": " << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr("memory kind " + std::to_string(kind) +
+                                       " is not a known MemoryKind: use MEMORY_KIND_CUDA_IPC or "
+                                       "MEMORY_KIND_HOST_FD"));
+    EXPECT_FALSE(MemoryDeclared(2));
+  }
+}
+
+TEST(EnumChoices, NamesEveryValueButTheUnspecifiedOne) {
+  EXPECT_EQ(EnumChoices<v1::Backend>(), "BACKEND_HOST or BACKEND_CUDA");
+  EXPECT_EQ(EnumChoices<v1::Tier>(), "TIER_DEVICE, TIER_HOST or TIER_OVERFLOW");
+  EXPECT_EQ(UnknownEnumValue<v1::Backend>("backend", 99),
+            "backend 99 is not a known Backend: use BACKEND_HOST or BACKEND_CUDA");
+}
+
+TEST_F(Admit, StashNameOverTheLimitIsInvalidArgumentWithoutEchoingIt) {
+  v1::SessionRequest r = Stash(2, kTicket);
+  r.mutable_stash()->set_name(std::string(kMaxTextBytes, 'n'));
+  ASSERT_TRUE(Check(r).ok());
+  r = Stash(3, kTicket + 1);
+  r.mutable_stash()->set_name(std::string(kMaxTextBytes + 1, 'n'));
+  const Status s = Check(r);
+  EXPECT_REJECTED(s, kInvalidArgument, "Stash.name is 257 bytes, over the limit of 256 bytes");
+  EXPECT_THAT(s.message(), Not(HasSubstr("nnn")));
+  EXPECT_FALSE(TicketLive(kTicket + 1));
 }
 
 TEST_F(Admit, RegisterOfAnIdInUseIsAlreadyExistsAndKeepsTheFirst) {
@@ -293,12 +315,28 @@ TEST_F(Admit, StashWithALiveTicketIsAlreadyExists) {
   EXPECT_TRUE(TicketLive(kTicket));
 }
 
+// A queued reload or release claims the ticket; the pool worker forgets it once it took the
+// pages (ForgetTicket), and only then may a stash reuse it.
 TEST_F(Admit, TicketIsReusableOnceReloadedOrReleased) {
   ASSERT_TRUE(Check(Stash(2, kTicket)).ok());
   ASSERT_TRUE(Check(Reload(3, kTicket)).ok());
+  EXPECT_REJECTED(Check(Stash(4, kTicket)), kAlreadyExists, "still queued");
+  session_.ForgetTicket(kTicket);  // the worker took the pages
   EXPECT_TRUE(Check(Stash(4, kTicket)).ok());
   ASSERT_TRUE(Check(Release(5, kTicket)).ok());
+  session_.ForgetTicket(kTicket);
   EXPECT_TRUE(Check(Stash(6, kTicket)).ok());
+}
+
+// The worker could not run the reload (its memory did not open): the stash is live again.
+TEST_F(Admit, TicketIsLiveAgainAfterItsReloadFailed) {
+  ASSERT_TRUE(Check(Stash(2, kTicket)).ok());
+  ASSERT_TRUE(Check(Reload(3, kTicket)).ok());
+  session_.UnclaimTicket(kTicket);
+  EXPECT_TRUE(TicketLive(kTicket));
+  EXPECT_TRUE(Check(Reload(4, kTicket)).ok());
+  session_.UnclaimTicket(kTicket);
+  EXPECT_TRUE(Check(Release(5, kTicket)).ok());
 }
 
 TEST_F(Admit, StashWithZeroRowBytesIsInvalidArgument) {
@@ -502,10 +540,14 @@ TEST_F(Admit, SecondReloadOrReleaseOfATicketIsNotFound) {
   ASSERT_TRUE(Check(Stash(2, kTicket)).ok());
   ASSERT_TRUE(Check(Reload(3, kTicket)).ok());
   EXPECT_REJECTED(Check(Reload(4, kTicket)), kNotFound, "already reloaded or released");
+  EXPECT_REJECTED(Check(Release(5, kTicket)), kNotFound, "reload or release of it is queued");
+  session_.ForgetTicket(kTicket);
   ASSERT_TRUE(Check(Stash(5, kTicket)).ok());
   ASSERT_TRUE(Check(Release(6, kTicket)).ok());
   EXPECT_REJECTED(Check(Release(7, kTicket)), kNotFound, "not a live stash");
   EXPECT_REJECTED(Check(Reload(8, kTicket)), kNotFound, "not a live stash");
+  session_.ForgetTicket(kTicket);
+  EXPECT_REJECTED(Check(Reload(9, kTicket)), kNotFound, "not a live stash");
 }
 
 // ---- Whole sequences --------------------------------------------------------------------------
@@ -569,6 +611,31 @@ TEST(CheckHello, WrongBackendIsFailedPreconditionNamingTheFix) {
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
   EXPECT_THAT(s.message(), HasSubstr("BACKEND_HOST"));
   EXPECT_THAT(s.message(), Not(HasSubstr("--backend=unspecified")));
+}
+
+TEST(CheckHello, UnknownBackendIsInvalidArgumentNamingTheKnownOnes) {
+  v1::Hello hello = HostHello();
+  hello.set_backend(static_cast<v1::Backend>(99));
+  const Status s = CheckHello(hello, v1::BACKEND_HOST, 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(s.message(),
+            "Hello.backend 99 is not a known Backend: use BACKEND_HOST or BACKEND_CUDA");
+}
+
+TEST(CheckHello, LabelAndVersionOverTheLimitAreInvalidArgumentWithoutEchoingThem) {
+  v1::Hello hello = HostHello();
+  hello.set_label(std::string(kMaxTextBytes, 'l'));
+  hello.set_client_version(std::string(kMaxTextBytes, 'v'));
+  EXPECT_TRUE(CheckHello(hello, v1::BACKEND_HOST, 1).ok());
+  hello.set_label(std::string(5 << 20, 'l'));
+  Status s = CheckHello(hello, v1::BACKEND_HOST, 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString().substr(0, 200);
+  EXPECT_EQ(s.message(), "Hello.label is 5242880 bytes, over the limit of 256 bytes: shorten it");
+  hello.set_label("");
+  hello.set_client_version(std::string(300, 'v'));
+  s = CheckHello(hello, v1::BACKEND_HOST, 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("Hello.client_version is 300 bytes"));
 }
 
 TEST(CheckHello, DeviceOutOfRangeIsInvalidArgumentNamingTheRange) {

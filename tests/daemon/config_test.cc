@@ -41,6 +41,7 @@ const Knob kKnobs[] = {
     {"devices", "--devices", "STASHD_DEVICES", "1", "4", "8"},
     {"log_level", "--log-level", "STASHD_LOG_LEVEL", "info", "debug", "warn"},
     {"listen", "--listen", "STASHD_LISTEN", "", "127.0.0.1:7070", "127.0.0.1:7071"},
+    {"listen_sessions", "--listen-sessions", "STASHD_LISTEN_SESSIONS", "false", "true", "1"},
     {"copy_threads", "--copy-threads", "STASHD_COPY_THREADS", "2", "8", "4"},
     {"max_inflight", "--max-inflight", "STASHD_MAX_INFLIGHT", "4096", "128", "64"},
 };

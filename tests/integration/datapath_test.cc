@@ -1,5 +1,12 @@
 // The data path end to end: the real stashd, the real client library, real processes.
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
@@ -554,6 +561,50 @@ TEST_F(Datapath, DoneEventOfARejectedRequestIsRaisedWithTheAnswer) {
   EXPECT_TRUE(WaitEvent({events.get(), 8, 3}, 0));
 }
 
+// A reload the daemon refuses costs nothing: the stash stays, a later reload gets the rows back,
+// a release returns the pages, and a session that ends with such a stash returns every page.
+// (Client memory is a sealed memfd checked before it is registered, so the daemon's own failures
+// to open memory, which take the same path in the pool, are made with a fake executor in
+// tests/daemon/pool_reload_test.cc.)
+TEST_F(Datapath, FailedReloadKeepsTheStash) {
+  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  auto client = Connect(*daemon_);
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(64 << 10);
+  FillRandom(*src, 31);
+  auto dst = Buffer(64 << 10);
+  auto broken = Buffer(4096);  // too small for the stash's 64 KiB
+  auto ticket = client->Stash(Args(*src, 1024, 64, 64));
+  ASSERT_TRUE(client->Wait(*ticket).ok());
+
+  for (int i = 0; i < 3; ++i) {
+    auto op = client->Reload({*ticket, broken.get(), 0, false, {}, {}});
+    ASSERT_TRUE(op.ok()) << op.status().ToString();
+    auto failed = client->Wait(*op, 10000 * TimeScale());
+    EXPECT_EQ(failed.status().code(), StatusCode::kInvalidArgument) << failed.status().ToString();
+    EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 1u);
+  }
+  auto reloaded = client->Wait(*client->Reload({*ticket, dst.get(), 0, false, {}, {}}));
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().ToString();
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), src->size()), 0);
+  EXPECT_EQ(PagesUsed(DaemonStats(*daemon_)), 0u);
+
+  // A release after a failed reload returns the pages.
+  auto second = client->Stash(Args(*src, 1024, 64, 64));
+  ASSERT_TRUE(client->Wait(*second).ok());
+  EXPECT_FALSE(client->Wait(*client->Reload({*second, broken.get(), 0, false, {}, {}})).ok());
+  auto released = client->Wait(*client->Release(*second));
+  ASSERT_TRUE(released.ok()) << released.status().ToString();
+  EXPECT_EQ(released->pages, 1u);
+
+  // The session ends holding a stash whose reload failed: every page returns.
+  auto third = client->Stash(Args(*src, 1024, 64, 64));
+  ASSERT_TRUE(client->Wait(*third).ok());
+  EXPECT_FALSE(client->Wait(*client->Reload({*third, broken.get(), 0, false, {}, {}})).ok());
+  client.reset();
+  EXPECT_TRUE(PagesReturnWithin(*daemon_, milliseconds(1000 * TimeScale())));
+}
+
 TEST_F(Datapath, OpenFailsWithAClearMessageWhenNoDaemonAnswers) {
   testing::TempDir dir;
   Options o;
@@ -563,6 +614,92 @@ TEST_F(Datapath, OpenFailsWithAClearMessageWhenNoDaemonAnswers) {
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(c.status().message().find(o.socket), std::string::npos);
   EXPECT_NE(c.status().message().find("stashd --socket="), std::string::npos);
+}
+
+// A socket file nobody listens on (its daemon died) is refused at once: UNAVAILABLE without
+// waiting out the connect timeout, an hour here (the ctest timeout fails a test that waits).
+TEST_F(Datapath, OpenOfASocketNobodyListensOnIsUnavailableAtOnce) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/dead.sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(fd);  // the file stays; nothing listens
+  Options o;
+  o.socket = path;
+  o.connect_timeout_ms = 3600 * 1000;
+  auto c = Client::Open(o);
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("nothing listens on it"), std::string::npos)
+      << c.status().message();
+  EXPECT_NE(c.status().message().find("stashd --socket=" + path), std::string::npos);
+}
+
+// A user the socket's mode leaves out gets PERMISSION_DENIED at once, naming the socket's group
+// and how to join it (not "no stashd answers" after the connect timeout).
+TEST_F(Datapath, OpenOfASocketThisUserMayNotUseIsPermissionDeniedNamingTheGroup) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root: the test drops to user nobody in a child process, since root "
+                    "passes every permission check";
+  }
+  const struct passwd* nobody = getpwnam("nobody");
+  if (nobody == nullptr) GTEST_SKIP() << "no user 'nobody' on this machine";
+  const uid_t uid = nobody->pw_uid;
+  const gid_t gid = nobody->pw_gid;
+  testing::TempDir dir;
+  ASSERT_EQ(chmod(dir.path().c_str(), 0755), 0);
+  const std::string path = dir.path() + "/stashd.sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 4), 0);           // a live daemon's socket...
+  ASSERT_EQ(chmod(path.c_str(), 0), 0);  // ...that lets nobody in
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  const struct group* owner = getgrgid(st.st_gid);
+  ASSERT_NE(owner, nullptr);
+  const std::string group = owner->gr_name;
+
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t child = fork();  // this test process has started no threads
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(out[0]);
+    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(3);
+    Options o;
+    o.socket = path;
+    o.connect_timeout_ms = 3600 * 1000;
+    auto c = Client::Open(o);
+    const std::string report =
+        std::to_string(static_cast<int>(c.status().code())) + "\n" + c.status().message();
+    const ssize_t n = write(out[1], report.data(), report.size());
+    _exit(n == static_cast<ssize_t>(report.size()) ? 0 : 4);
+  }
+  close(out[1]);
+  std::string report;
+  char buf[512];
+  ssize_t n = 0;
+  while ((n = read(out[0], buf, sizeof(buf))) > 0) report.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  close(fd);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const auto newline = report.find('\n');
+  ASSERT_NE(newline, std::string::npos) << report;
+  EXPECT_EQ(report.substr(0, newline),
+            std::to_string(static_cast<int>(StatusCode::kPermissionDenied)))
+      << report;
+  EXPECT_NE(report.find("permission denied on " + path), std::string::npos) << report;
+  EXPECT_NE(report.find("group '" + group + "'"), std::string::npos) << report;
+  EXPECT_NE(report.find("usermod -aG " + group), std::string::npos) << report;
 }
 
 TEST_F(Datapath, DevicePointersOnTheHostBackendAreRefusedWithTheFix) {

@@ -12,11 +12,13 @@
 #include <gmock/gmock.h>
 #include <google/protobuf/descriptor.pb.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -35,6 +37,7 @@ namespace health = grpc::health::v1;
 namespace reflection = grpc::reflection::v1alpha;
 using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Small pools start fast; the host backend needs no GPU.
 std::vector<std::string> Flags(std::vector<std::string> extra = {}, bool with_backend = true) {
@@ -357,6 +360,8 @@ TEST(Lifecycle, BackendCudaWithoutACudaBackendExitsWithAClearMessage) {
 TEST(Lifecycle, SocketsAreMode0660AndADirectoryTheDaemonCreatesIs0750) {
   TempDir dir;
   const std::string run = dir.path() + "/run";
+  ASSERT_EQ(mkdir(run.c_str(), 0770), 0);
+  chmod(run.c_str(), 0770);
   const std::string path = run + "/stashd/stashd.sock";
   Process daemon;
   std::vector<std::string> argv = {Stashd(), "--socket=" + path};
@@ -401,7 +406,119 @@ TEST(Lifecycle, ASocketDirectoryOthersCanWriteIsRefused) {
   EXPECT_EQ(daemon.StopWith(SIGTERM, StopLimit()), 0);
 }
 
+// A mistyped --socket (or one run as root) must not create directories anywhere: only the
+// socket's own directory, under a parent that exists.
+TEST(Lifecycle, SocketDirectoryIsCreatedOnlyUnderAParentThatExists) {
+  TempDir dir;
+  const std::string missing = dir.path() + "/a";
+  std::vector<std::string> argv = {Stashd(), "--socket=" + missing + "/b/s.sock"};
+  for (const std::string& f : Flags()) argv.push_back(f);
+  std::string err;
+  EXPECT_EQ(RunCommand(argv, nullptr, &err), 1) << err;
+  const auto lines = LinesWith(err, "stashd: ");
+  ASSERT_EQ(lines.size(), 1u) << err;
+  EXPECT_THAT(lines[0], HasSubstr("its parent " + missing + " does not exist"));
+  EXPECT_FALSE(Exists(missing));
+}
+
 // ---- TCP --------------------------------------------------------------------------------------
+
+// A second daemon asking for the first one's TCP port is refused (gRPC's default SO_REUSEPORT
+// would let both listen and mix their stats).
+TEST(Lifecycle, SecondDaemonOnTheSameTcpPortIsRefused) {
+  const int port = FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  const std::string listen_flag = "--listen=127.0.0.1:" + std::to_string(port);
+  DaemonProcess first(Flags({listen_flag}));
+  ASSERT_READY(first);
+  v1::GetStatsResponse stats;
+  const grpc::Status s = GetStats(TcpChannel("127.0.0.1:" + std::to_string(port)), &stats, true);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+
+  TempDir dir;
+  std::vector<std::string> argv = {Stashd(), "--socket=" + dir.path() + "/stashd.sock"};
+  for (const std::string& f : Flags({listen_flag})) argv.push_back(f);
+  std::string err;
+  EXPECT_EQ(RunCommand(argv, nullptr, &err), 1) << err;
+  const auto lines = LinesWith(err, "stashd: ");
+  ASSERT_EQ(lines.size(), 1u) << err;
+  EXPECT_THAT(lines[0], HasSubstr(listen_flag));
+  EXPECT_THAT(lines[0], HasSubstr("in use"));
+  EXPECT_TRUE(first.process().running());
+}
+
+// A session with a label, a rank and a pid, held open on the Unix socket.
+struct OpenSession {
+  explicit OpenSession(const std::string& socket)
+      : stub(v1::StashService::NewStub(UnixChannel(socket))) {
+    ctx.set_deadline(Deadline());
+    stream = stub->Session(&ctx);
+    v1::SessionRequest hello;
+    hello.mutable_hello()->set_backend(v1::BACKEND_HOST);
+    hello.mutable_hello()->set_label("secret-job-label");
+    hello.mutable_hello()->set_pid(424242);
+    hello.mutable_hello()->set_rank(7);
+    v1::SessionResponse welcome;
+    ok = stream->Write(hello) && stream->Read(&welcome) && welcome.has_welcome();
+    session_id = welcome.welcome().session_id();
+  }
+  ~OpenSession() {
+    stream->WritesDone();
+    stream->Finish();
+  }
+  std::unique_ptr<v1::StashService::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream;
+  bool ok = false;
+  std::string session_id;
+};
+
+// The TCP port is reachable by any local user, past the socket's group: it serves node-level
+// numbers only (no pids, labels or session ids) unless the operator asks for more.
+TEST(Lifecycle, TcpListenerServesOnlyNodeLevelNumbersUnlessAsked) {
+  for (const bool asked : {false, true}) {
+    SCOPED_TRACE(asked ? "--listen-sessions" : "default");
+    const int port = FreeLoopbackPort();
+    ASSERT_GT(port, 0);
+    const std::string address = "127.0.0.1:" + std::to_string(port);
+    std::vector<std::string> extra = {"--listen=" + address};
+    if (asked) extra.push_back("--listen-sessions=true");
+    DaemonProcess daemon(Flags(extra));
+    ASSERT_READY(daemon);
+    OpenSession session(daemon.socket());
+    ASSERT_TRUE(session.ok);
+
+    auto channel = TcpChannel(address);
+    v1::GetStatsResponse stats;
+    grpc::Status s = GetStats(channel, &stats, /*wait_for_ready=*/true);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(stats.daemon().sessions_live(), 1u);
+    auto stub = v1::StashService::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    v1::ListSessionsResponse listed;
+    s = stub->ListSessions(&ctx, v1::ListSessionsRequest(), &listed);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    const std::string wire = stats.SerializeAsString() + listed.SerializeAsString();
+    if (asked) {
+      ASSERT_EQ(stats.sessions_size(), 1);
+      EXPECT_EQ(stats.sessions(0).label(), "secret-job-label");
+      EXPECT_EQ(listed.sessions_size(), 1);
+      EXPECT_EQ(stats.sessions_omitted(), 0u);
+    } else {
+      EXPECT_EQ(stats.sessions_size(), 0);
+      EXPECT_EQ(listed.sessions_size(), 0);
+      EXPECT_EQ(stats.sessions_omitted(), 1u);
+      EXPECT_EQ(listed.sessions_omitted(), 1u);
+      EXPECT_EQ(wire.find("secret-job-label"), std::string::npos);
+      EXPECT_EQ(wire.find(session.session_id), std::string::npos);
+    }
+    // The Unix socket always has the rows.
+    ASSERT_TRUE(GetStats(UnixChannel(daemon.socket()), &stats).ok());
+    ASSERT_EQ(stats.sessions_size(), 1);
+    EXPECT_EQ(stats.sessions(0).pid(), 424242);
+  }
+}
 
 TEST(Lifecycle, TcpListenerServesStatsAndRefusesSessions) {
   const int port = FreeLoopbackPort();
@@ -585,6 +702,118 @@ TEST(SessionProtocol, BadRequestIsAnsweredAndTheStreamGoesOn) {
   EXPECT_FALSE(stream->Read(&response));
   const grpc::Status s = stream->Finish();
   EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
+}
+
+// ---- Malformed input --------------------------------------------------------------------------
+
+grpc::ByteBuffer Bytes(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Sends `messages` (raw bytes, whatever they hold) on a new Session stream, reads until the
+// daemon ends it, and returns how it ended; `answers` counts the responses read.
+grpc::Status EndOfRawStream(const std::string& socket, const std::vector<std::string>& messages,
+                            int* answers = nullptr) {
+  auto channel = UnixChannel(socket);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  const grpc::internal::RpcMethod method("/stash.v1.StashService/Session",
+                                         grpc::internal::RpcMethod::BIDI_STREAMING);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel.get(), method, &ctx));
+  for (const std::string& m : messages) {
+    if (!stream->Write(Bytes(m))) break;
+  }
+  grpc::ByteBuffer response;
+  int read = 0;
+  while (stream->Read(&response)) ++read;
+  if (answers != nullptr) *answers = read;
+  return stream->Finish();
+}
+
+std::string HelloBytes(const std::string& label = "job") {
+  v1::SessionRequest hello = Hello(v1::BACKEND_HOST, 0);
+  hello.mutable_hello()->set_label(label);
+  return hello.SerializeAsString();
+}
+
+// gRPC's generated handler ended such a stream with OK and no reason; the daemon now says what
+// is wrong, and a session opened before the bad message ends (its pages return).
+TEST(SessionProtocol, MalformedMessagesEndTheStreamWithInvalidArgumentAndAReason) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  const std::string hello = HelloBytes();
+  std::string nested;
+  for (int i = 0; i < 200; ++i) nested += '\x4b';  // start group, unknown field 9
+  std::mt19937 rng(7);
+  std::string random(64, '\0');
+  for (char& c : random) c = static_cast<char>(rng() | 0x80);  // every byte a bad tag varint
+  struct Case {
+    const char* name;
+    std::vector<std::string> messages;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"truncated Hello", {hello.substr(0, hello.size() - 3)}, "truncated"},
+      {"invalid UTF-8 in a label",
+       {HelloBytes("job-\xff\xfe")},
+       "stash.v1.Hello.label is not "
+       "valid UTF-8"},
+      {"random bytes", {random}, "not a valid stash.v1.SessionRequest"},
+      {"a length past the end", {std::string("\x12\x64", 2) + "abc"}, "says 100 bytes"},
+      {"deeply nested unknown groups", {nested}, "nested deeper than 100"},
+      {"after a good Hello", {hello, std::string("\x3a\x7f", 2)}, "message 2 of this"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const grpc::Status s = EndOfRawStream(daemon.socket(), c.messages);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.says));
+    EXPECT_THAT(s.error_message(), Not(HasSubstr("job-")));
+  }
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(GetStats(UnixChannel(daemon.socket()), &stats).ok());
+  EXPECT_EQ(stats.daemon().sessions_live(), 0u);
+  EXPECT_EQ(stats.daemon().sessions_total(), 1u);
+}
+
+// Names, labels and tags are bounded, and unknown enum values are named with the known ones.
+TEST(SessionProtocol, OversizeLabelAndUnknownBackendAreRefusedWithTheRule) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  grpc::Status s = EndOfRawStream(daemon.socket(), {HelloBytes(std::string(5 << 20, 'l'))});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "Hello.label is 5242880 bytes, over the limit of 256 bytes: shorten it");
+  v1::SessionRequest unknown = Hello(v1::BACKEND_HOST, 0);
+  unknown.mutable_hello()->set_backend(static_cast<v1::Backend>(99));
+  s = EndOfRawStream(daemon.socket(), {unknown.SerializeAsString()});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("backend 99 is not a known Backend: use BACKEND_HOST or BACKEND_CUDA"));
+  // Everyone else's stats still answer.
+  v1::GetStatsResponse stats;
+  EXPECT_TRUE(GetStats(UnixChannel(daemon.socket()), &stats).ok());
+}
+
+TEST(SessionProtocol, UnaryCallsWithUnparsablePayloadsAreInvalidArgument) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  auto channel = UnixChannel(daemon.socket());
+  for (const char* name : {"GetStats", "ListSessions", "GetConfig"}) {
+    SCOPED_TRACE(name);
+    const std::string path = std::string("/stash.v1.StashService/") + name;  // outlives method
+    const grpc::internal::RpcMethod method(path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    grpc::ByteBuffer response;
+    const grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channel.get(), method, &ctx, Bytes(std::string("\x0a\x05", 2) + "ab"), &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("truncated"));
+  }
 }
 
 }  // namespace

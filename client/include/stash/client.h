@@ -169,7 +169,10 @@ struct SessionStats {
 class STASH_EXPORT Client {
  public:
   // Connects (socket from options, $STASHD_SOCKET, or the default) and says Hello.
-  // UNAVAILABLE when no daemon answers (the message names the socket and how to start one);
+  // UNAVAILABLE when no daemon answers (the message names the socket and how to start one): at
+  // once when the socket is missing or refuses (its daemon is gone), else after
+  // Options::connect_timeout_ms; PERMISSION_DENIED at once when this user may not use the socket
+  // (the message names its group and how to join it);
   // FAILED_PRECONDITION / INVALID_ARGUMENT when the daemon refuses the Hello (other backend,
   // device out of range).
   static StatusOr<std::unique_ptr<Client>> Open(const Options& options);
