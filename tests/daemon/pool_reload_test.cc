@@ -132,7 +132,6 @@ class PoolReload : public ::testing::Test {
     session_ = std::make_shared<Session>(SessionInfo{}, &answers_, nullptr);
     Register(kGood, "good");
     Register(kOther, "other");
-    Register(kUnopened, "fail");
     Register(kDevice, "device:counters");
     Register(kEvents, "events");
   }
@@ -140,6 +139,37 @@ class PoolReload : public ::testing::Test {
 
   // Admits and queues `r` as the daemon does; returns its answer.
   v1::SessionResponse Run(v1::SessionRequest r) { return answers_.Get(Submit(r, session_)); }
+
+  // Runs `r` against memory kUnopened whose registration fails in the pool. A failed
+  // registration frees its id, so only requests admitted before it ran see the failed memory:
+  // both queue behind a stash of 0 rows held on its ready event, released together.
+  v1::SessionResponse RunBehindAFailedRegistration(v1::SessionRequest r) {
+    uint64_t& gate = *reinterpret_cast<uint64_t*>(executor_->Bytes("events").data() + 64);
+    v1::SessionRequest held;
+    held.mutable_stash()->set_ticket(0x6a7e0000 + gate);
+    held.mutable_stash()->mutable_source()->set_memory_id(kGood);
+    held.mutable_stash()->set_row_bytes(kRowBytes);
+    held.mutable_stash()->set_max_rows(kRows);
+    held.mutable_stash()->mutable_count()->set_value(0);
+    SetEvent(held.mutable_stash()->mutable_ready(), kEvents, gate + 1);
+    held.mutable_stash()->mutable_ready()->mutable_counter()->set_offset(64);
+    const uint64_t held_id = Submit(held, session_);
+    v1::SessionRequest reg;
+    v1::RegisterMemory* m = reg.mutable_register_memory();
+    m->set_memory_id(kUnopened);
+    m->set_kind(v1::MEMORY_KIND_CUDA_IPC);
+    m->set_handle(Handle("fail"));
+    m->set_bytes(kBytes * 4);
+    const uint64_t reg_id = Submit(reg, session_);
+    const uint64_t id = Submit(r, session_);
+    EventSignal(&gate, gate + 1);
+    EXPECT_EQ(answers_.Get(held_id).code(), 0);
+    EXPECT_NE(answers_.Get(reg_id).code(), 0);
+    v1::SessionRequest release;
+    release.mutable_release()->set_ticket(held.stash().ticket());
+    EXPECT_EQ(Run(release).code(), 0);
+    return answers_.Get(id);
+  }
 
   // Admits and queues `r` for `session` without waiting; returns its request id (an admission
   // error is answered at once, as the daemon does).
@@ -234,6 +264,7 @@ struct FailedReload {
   const char* name;
   void (*make)(v1::SessionRequest& reload);
   const char* says;
+  bool unopened = true;  // names memory whose registration failed
 };
 
 const FailedReload kFailedReloads[] = {
@@ -250,10 +281,10 @@ const FailedReload kFailedReloads[] = {
      "could not be opened"},
     {"ReadyEventInDeviceMemory",
      [](v1::SessionRequest& r) { SetEvent(r.mutable_reload()->mutable_ready(), kDevice, 1); },
-     "device memory"},
+     "device memory", false},
     {"DoneEventInDeviceMemory",
      [](v1::SessionRequest& r) { SetEvent(r.mutable_reload()->mutable_done(), kDevice, 1); },
-     "device memory"},
+     "device memory", false},
 };
 
 TEST_F(PoolReload, FailedReloadKeepsTheStashForEveryWayItCanFail) {
@@ -267,7 +298,7 @@ TEST_F(PoolReload, FailedReloadKeepsTheStashForEveryWayItCanFail) {
 
     v1::SessionRequest bad = Reload(ticket, kOther);
     way.make(bad);
-    const v1::SessionResponse failed = Run(bad);
+    const v1::SessionResponse failed = way.unopened ? RunBehindAFailedRegistration(bad) : Run(bad);
     EXPECT_NE(failed.code(), 0);
     EXPECT_THAT(failed.message(), HasSubstr(way.says));
     EXPECT_THAT(failed.message(), HasSubstr("is kept"));
@@ -284,7 +315,7 @@ TEST_F(PoolReload, FailedReloadKeepsTheStashForEveryWayItCanFail) {
 
 TEST_F(PoolReload, FailedReloadThenReleaseReturnsThePages) {
   StashGood(0x51, 9);
-  ASSERT_NE(Run(Reload(0x51, kUnopened)).code(), 0);
+  ASSERT_NE(RunBehindAFailedRegistration(Reload(0x51, kUnopened)).code(), 0);
   const v1::SessionResponse released = Run(Release(0x51));
   ASSERT_EQ(released.code(), 0) << released.message();
   EXPECT_EQ(released.release().pages(), kBytes / kPage);
@@ -334,7 +365,7 @@ TEST_F(PoolReload, TicketIsLiveAgainOnceItsFailedReloadIsAnswered) {
   StashGood(0x99, 8);
   v1::SessionRequest first = Reload(0x99, kOther);
   SetEvent(first.mutable_reload()->mutable_ready(), kEvents, 1);  // held back
-  SetEvent(first.mutable_reload()->mutable_done(), kUnopened, 1);
+  SetEvent(first.mutable_reload()->mutable_done(), kDevice, 1);   // fails in the pool
   first.set_request_id(++next_id_);
   ASSERT_TRUE(AdmitRequest(first, *session_, limits_).ok());
   const uint64_t first_id = first.request_id();

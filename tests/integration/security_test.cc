@@ -74,6 +74,24 @@ class RawSession {
   }
   const v1::Welcome& welcome() const { return welcome_; }
 
+  // Waits (up to 10 s) until the daemon has admitted and queued `n` requests of this session.
+  bool AwaitInflight(uint64_t n) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10 * TimeScale());
+    while (std::chrono::steady_clock::now() < until) {
+      grpc::ClientContext ctx;
+      v1::GetStatsResponse stats;
+      if (stub_->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok()) {
+        for (const v1::SessionStats& row : stats.sessions()) {
+          if (row.session_id() == welcome_.session_id() && row.requests_inflight() >= n) {
+            return true;
+          }
+        }
+      }
+      usleep(1000);
+    }
+    return false;
+  }
+
   // Sends one request and returns its answer.
   v1::SessionResponse Call(v1::SessionRequest request) {
     request.set_request_id(++next_id_);
@@ -360,7 +378,10 @@ TEST(Security, AFailedRegistrationUndoesOnlyItself) {
   // All five are admitted at once: X is declared, undeclared, declared again.
   std::vector<v1::SessionResponse> answers =
       s.Pipeline({held(0x91, 1), reg, unreg, held(0x92, 2), reg}, 3, [&] {
-        EventSignal(ready, 1);  // the first Register runs now, without a descriptor: it fails
+        // Once all five are admitted (the Unregister and second Register included), the first
+        // Register runs, without a descriptor: it fails.
+        ASSERT_TRUE(s.AwaitInflight(5));
+        EventSignal(ready, 1);
       });
   ASSERT_EQ(answers.size(), 3U);
   EXPECT_EQ(answers[1].code(), kFailedPrecondition) << answers[1].message();
