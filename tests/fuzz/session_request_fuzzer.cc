@@ -74,7 +74,11 @@ Model Snapshot(Session& s) {
   MutexLock lock(&s.mu());
   Model m;
   for (const auto& [id, bytes] : s.declared_memories()) m.memories[id] = bytes;
-  for (const auto& [t, shape] : s.live_tickets()) m.tickets[t] = {shape.row_bytes, shape.max_rows};
+  // A ticket claimed by a queued Reload or Release is no longer live for new requests (it stays
+  // in the map until the worker took its pages, so that a failed reload can give it back).
+  for (const auto& [t, shape] : s.live_tickets()) {
+    if (!shape.claimed) m.tickets[t] = {shape.row_bytes, shape.max_rows};
+  }
   return m;
 }
 
@@ -106,6 +110,10 @@ class Harness {
     }
     if ((setup & kSetupTightTotal) != 0) limits_.max_memories_total = kTightMemoriesTotal;
     limits_.memories_total = &memories_total_;
+    // Memories up to 2^62 bytes exercise the 64-bit range arithmetic; the byte caps of a
+    // registration have their unit tests (Admit.RegistrationsAreBoundedInBytes).
+    limits_.max_memory_bytes = UINT64_MAX;
+    limits_.max_counter_memory_bytes = UINT64_MAX;
     MustAdmit(Register(kSmallMemory, kSmallMemoryBytes, v1::MEMORY_KIND_HOST_FD));
     MustAdmit(Register(kBigMemory, kBigMemoryBytes, v1::MEMORY_KIND_HOST_FD));
     MustAdmit(Register(kHugeMemory, kHugeMemoryBytes, v1::MEMORY_KIND_HOST_FD));
