@@ -111,3 +111,12 @@ def test_tool_script_fails_when_it_cannot_list_files(copy_without_git, script, a
     assert run.returncode != 0, run.stdout + run.stderr
     assert "clean" not in run.stdout, run.stdout
     assert "git" in run.stderr, run.stderr
+
+
+def test_demo_script_shows_stats_while_the_ranks_hold_pages():
+    # stash-demo --hold-command runs while every rank holds its last step's stashes
+    # (tests/integration/demo_test.cc, Demo.HoldCommandRunsWhileEveryRankHoldsPages).
+    text = (REPO / "scripts" / "demo").read_text(encoding="utf-8")
+    demo = text[text.index('"$bin/examples/stash-demo"'):]
+    demo = demo[:demo.index("\n\n")]
+    assert "--hold-command" in demo and "stashctl stats" in demo, demo

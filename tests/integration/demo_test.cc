@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -232,6 +233,70 @@ TEST_F(Demo, ParityWhenOverflowing) {
   EXPECT_NE(run.output.find("step 1 rank 0 (device 0) | previous step overflow=yes"),
             std::string::npos)
       << run.output;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST_F(Demo, HoldCommandRunsWhileEveryRankHoldsPages) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
+  const std::string held = dir_ + "/held.json";
+  const DemoRun run =
+      RunDemo({"--hold-command=" + BinDir() + "/client/stashctl/stashctl --socket=" + socket_ +
+               " sessions --json > " + held});
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("every rank holds step 1's stashes; running --hold-command"),
+            std::string::npos)
+      << run.output;
+  // Both sessions hold pages while the command runs (3 layers' inputs each).
+  const std::string json = ReadFile(held);
+  static const std::regex kLive(R"re("pages_live":\s*"?(\d+))re");
+  int holding = 0;
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), kLive);
+       it != std::sregex_iterator(); ++it) {
+    if (std::stol((*it)[1]) > 0) ++holding;
+  }
+  EXPECT_EQ(holding, 2) << json;
+}
+
+TEST_F(Demo, HoldCommandFailureFailsTheRun) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
+  const DemoRun run = RunDemo({"--hold-command=exit 3"});
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("stash-demo: --hold-command 'exit 3' failed"), std::string::npos)
+      << run.output;
+  // The ranks were let go all the same and finished their steps.
+  EXPECT_NE(run.output.find("total over 2 ranks"), std::string::npos) << run.output;
+}
+
+TEST_F(Demo, RanksDieWithTheLauncher) {
+  // Orphaned ranks are reparented to this process, so it can reap them and see how they ended.
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0) << std::strerror(errno);
+  ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
+  const std::string pids_file = dir_ + "/pids";
+  // While the ranks hold their stashes, the command kills the launcher (its parent).
+  const DemoRun run =
+      RunDemo({"--hold-command=echo $STASH_DEMO_RANK_PIDS > " + pids_file + "; kill -TERM $PPID"});
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  EXPECT_EQ(run.exit_code, 128 + SIGTERM) << run.output;
+  std::istringstream pids(ReadFile(pids_file));
+  std::vector<pid_t> ranks;
+  for (pid_t pid = 0; pids >> pid;) ranks.push_back(pid);
+  ASSERT_EQ(ranks.size(), 2U) << "pids: " << ReadFile(pids_file) << "\n" << run.output;
+  for (const pid_t pid : ranks) {
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (::waitpid(pid, &status, WNOHANG) != pid) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+          << "rank " << pid << " outlived its launcher by 10 s";
+    }
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)
+        << "rank " << pid << " ended with wait status " << status;
+  }
 }
 
 TEST_F(Demo, BadFlagExitsTwoWithOneLine) {
