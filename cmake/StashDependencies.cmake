@@ -4,6 +4,8 @@ find_package(absl REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
+# The daemon's /metrics endpoint (Debian: prometheus-cpp-dev).
+find_package(prometheus-cpp CONFIG REQUIRED)
 if(STASH_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

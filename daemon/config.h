@@ -28,6 +28,7 @@ struct DaemonConfig {
   uint32_t copy_threads = 2;     // threads that split one large copy (>= 1)
   uint32_t max_inflight = 4096;  // queued requests per session before
                                  // RESOURCE_EXHAUSTED
+  std::string metrics_listen;    // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.
   struct Entry {
@@ -44,7 +45,14 @@ struct CommandLine {
   enum class Action { kRun, kHelp, kVersion, kPrintConfig };
   Action action = Action::kRun;
   DaemonConfig config;
+  // Lines to log as warnings once logging is set up (e.g. a misspelled STASHD_* variable).
+  std::vector<std::string> warnings;
 };
+
+// Warnings for STASHD_* variables in `env` (NAME=value strings, a null-terminated array) that
+// are no stashd knob and no variable of the other stashd tools: one per variable, naming the
+// closest knob and listing the known ones.
+std::vector<std::string> UnknownEnvWarnings(char** env);
 
 // Parses argv (abseil flags; `--pool-bytes` and `--pool_bytes` both work) and the STASHD_*
 // environment. INVALID_ARGUMENT names the knob, the value and what is allowed. Call once per

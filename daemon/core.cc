@@ -245,8 +245,8 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
   SessionCounters& c = s.counters();
   v1::SessionStats row;
   row.set_session_id(info.id);
-  row.set_rank(info.rank);
-  row.set_pid(info.pid);
+  row.set_rank(static_cast<int32_t>(info.rank));
+  row.set_pid(static_cast<int32_t>(info.pid));
   row.set_pool(info.pool);
   row.set_label(info.label);
   row.set_age_s(s.AgeSeconds());
@@ -264,6 +264,9 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
   row.set_step_overflow(c.step_overflow.load());
   row.set_step_spilled(c.step_spilled.load());
   row.set_memories(c.memories.load());
+  row.set_bytes_live(c.bytes_live.load());
+  row.set_step(c.step.load());
+  row.set_step_begun(c.step_begun.load());
   return row;
 }
 

@@ -68,6 +68,8 @@ class DaemonCore {
   void Stop();
 
   stash::v1::Backend backend() const { return backend_; }
+  // The daemon-wide counters and histograms (metrics.cc reads them).
+  const DaemonCounters& counters() const { return counters_; }
   size_t pools() const { return pools_.size(); }
 
  private:

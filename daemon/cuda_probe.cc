@@ -1,5 +1,6 @@
 // The one place the daemon asks the CUDA runtime anything before the CUDA backend exists.
 #include "daemon/daemon.h"
+#include "daemon/planned_config.h"
 
 #if defined(STASH_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -24,6 +25,19 @@ bool CudaDeviceAnswers(std::string* why) {
 #else
   *why = "this stashd was built without CUDA (STASH_ENABLE_CUDA=OFF)";
   return false;
+#endif
+}
+
+}  // namespace stash::daemon
+
+namespace stash::daemon {
+
+int CudaDeviceCount() {
+#if defined(STASH_HAVE_CUDA)
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+#else
+  return 0;
 #endif
 }
 

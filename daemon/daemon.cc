@@ -24,6 +24,7 @@
 #include "common/version.h"
 #include "daemon/core.h"
 #include "daemon/descriptor_server.h"
+#include "daemon/metrics.h"
 #include "daemon/service.h"
 
 namespace stash::daemon {
@@ -91,6 +92,7 @@ struct Daemon::Impl {
   std::unique_ptr<StashServiceImpl> tcp_service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> tcp_server;
+  std::unique_ptr<MetricsServer> metrics;  // reads core: gone before it
   Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
 
@@ -219,6 +221,18 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     log->info("serving read-only stats on tcp {}", config.listen);
   }
 
+  if (!config.metrics_listen.empty()) {
+    auto metrics = MetricsServer::Start(config.metrics_listen, impl->core.get());
+    if (!metrics.ok()) {
+      if (impl->tcp_server != nullptr) impl->tcp_server->Shutdown();
+      impl->server->Shutdown();
+      return metrics.status();
+    }
+    impl->metrics = std::move(metrics).value();
+    const std::string host = config.metrics_listen.substr(0, config.metrics_listen.rfind(':'));
+    log->info("serving Prometheus metrics on http://{}:{}/metrics", host, impl->metrics->port());
+  }
+
   log->info(
       "stashd {} serving on {} (backend {}, {} pool(s) of {}, page {}, host tier {})", kVersion,
       impl->socket_path, backend == v1::BACKEND_CUDA ? "cuda" : "host", impl->core->pools(),
@@ -244,6 +258,7 @@ void Daemon::Shutdown() {
   if (impl_->tcp_server != nullptr) impl_->tcp_server->Shutdown(deadline);
   impl_->server->Shutdown(deadline);
   impl_->server->Wait();
+  impl_->metrics.reset();
   impl_->descriptors.reset();
   impl_->core->Stop();
   unlink(impl_->socket_path.c_str());

@@ -432,6 +432,7 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
     c.bytes_stashed.fetch_add(plan.bytes, std::memory_order_relaxed);
     c.stashes_live.fetch_add(1, std::memory_order_relaxed);
     c.pages_live.fetch_add(plan.pages, std::memory_order_relaxed);
+    c.bytes_live.fetch_add(plan.bytes, std::memory_order_relaxed);
     counters_->stashes.fetch_add(1, std::memory_order_relaxed);
     counters_->bytes_stashed.fetch_add(plan.bytes, std::memory_order_relaxed);
     if (spilled) {
@@ -488,6 +489,7 @@ void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest&
         const kernels::StashPlan& plan = record->plan;
         c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
         c.pages_live.fetch_sub(plan.pages, std::memory_order_relaxed);
+        c.bytes_live.fetch_sub(plan.bytes, std::memory_order_relaxed);
         c.reloads.fetch_add(1, std::memory_order_relaxed);
         c.bytes_reloaded.fetch_add(plan.bytes, std::memory_order_relaxed);
         counters_->reloads.fetch_add(1, std::memory_order_relaxed);
@@ -534,6 +536,7 @@ void Pool::DoRelease(const std::shared_ptr<Session>& s, const v1::SessionRequest
         }
         c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
         c.pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
+        c.bytes_live.fetch_sub(record->plan.bytes, std::memory_order_relaxed);
         c.releases.fetch_add(1, std::memory_order_relaxed);
         counters_->releases.fetch_add(1, std::memory_order_relaxed);
         v1::SessionResponse r = Reply(req.request_id());
@@ -553,6 +556,8 @@ void Pool::DoBeginStep(const std::shared_ptr<Session>& s, const v1::SessionReque
     begun->set_overflow(c.step_overflow.exchange(false, std::memory_order_relaxed));
     begun->set_spilled(c.step_spilled.exchange(false, std::memory_order_relaxed));
     begun->set_live_stashes(s->stashes().size());
+    c.step.store(req.begin_step().step(), std::memory_order_relaxed);
+    c.step_begun.store(true, std::memory_order_relaxed);
     s->Send(std::move(r));
   }));
 }
@@ -562,12 +567,13 @@ void Pool::DoTeardown(const std::shared_ptr<Session>& s) {
   for (auto& [ticket, record] : s->stashes()) {
     ReloadWork work;  // release
     work.record = record.get();
-    executor_->Reload(work, Track([s, record = record] {
-                        if (record->tier == nullptr) return;
-                        s->counters().stashes_live.fetch_sub(1, std::memory_order_relaxed);
-                        s->counters().pages_live.fetch_sub(record->plan.pages,
-                                                           std::memory_order_relaxed);
-                      }));
+    executor_->Reload(
+        work, Track([s, record = record] {
+          if (record->tier == nullptr) return;
+          s->counters().stashes_live.fetch_sub(1, std::memory_order_relaxed);
+          s->counters().pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
+          s->counters().bytes_live.fetch_sub(record->plan.bytes, std::memory_order_relaxed);
+        }));
   }
   s->stashes().clear();
   // The mappings close once the work in flight (and the releases above) finished.

@@ -55,10 +55,13 @@ struct SessionCounters {
   std::atomic<uint64_t> rejected{0};
   std::atomic<uint64_t> stashes_live{0};
   std::atomic<uint64_t> pages_live{0};
+  std::atomic<uint64_t> bytes_live{0};
   std::atomic<uint64_t> inflight{0};
   std::atomic<uint64_t> memories{0};
   std::atomic<bool> step_overflow{false};
   std::atomic<bool> step_spilled{false};
+  std::atomic<uint64_t> step{0};  // of the last BeginStep
+  std::atomic<bool> step_begun{false};
 };
 
 // Who is at the other end of a descriptor-channel connection (SO_PEERCRED, in the daemon's pid

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -468,6 +469,7 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
   options.count = absl::GetFlag(FLAGS_stashctl_count);
   options.timeout_s = absl::GetFlag(FLAGS_stashctl_timeout);
   const CommandSpec* command = nullptr;
+  bool version = false;  // --version: the rest of the line still says which daemon to ask
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h" || arg == "--helpfull" || arg == "help") {
@@ -475,8 +477,8 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
       return result;
     }
     if (arg == "--version") {
-      result.action = CommandLine::Action::kVersion;
-      return result;
+      version = true;
+      continue;
     }
     if (arg.rfind("--", 0) != 0) {
       if (arg.size() > 1 && arg[0] == '-') {
@@ -518,6 +520,11 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
       return InvalidArgumentError("flag --" + Dashed(name) + " needs a value: " + flag->expect);
     }
     if (!flag->apply(value, &options)) return BadValue(*flag, value);
+  }
+  if (version) {
+    result.action = CommandLine::Action::kVersion;
+    if (options.target.empty()) options.socket = ClientSocketPath(options.socket);
+    return result;
   }
   if (command == nullptr) {
     return InvalidArgumentError(
@@ -563,10 +570,23 @@ int RunStashctl(int argc, char** argv, std::ostream& out, std::ostream& err, boo
       out << UsageText();
       out.flush();
       return kExitOk;
-    case CommandLine::Action::kVersion:
+    case CommandLine::Action::kVersion: {
+      // This tool's version, then the daemon's: they may differ after an upgrade. Exit 0 either
+      // way: the version of stashctl was printed.
       out << "stashctl " << kVersion << "\n";
+      Options options = parsed->options;
+      options.timeout_s = std::min(options.timeout_s, 1.0);
+      Connection connection(options);
+      v1::GetConfigResponse reply;
+      const grpc::Status status = connection.GetConfig(&reply);
+      if (status.ok()) {
+        out << "stashd " << reply.version() << " (" << Where(options) << ")\n";
+      } else {
+        out << "stashd: unknown, " << ErrorLine(options, "GetConfig", status).substr(10) << "\n";
+      }
       out.flush();
       return kExitOk;
+    }
     case CommandLine::Action::kRun:
       break;
   }

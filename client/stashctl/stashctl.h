@@ -59,8 +59,8 @@ std::string UsageText();
 // Returns an exit code (kExitOk, kExitFailure).
 int Run(const Options& options, std::ostream& out, std::ostream& err, bool out_is_tty);
 
-// ParseCommandLine, then --help / --version / Run. Usage errors print one line on `err` and
-// return kExitUsage.
+// ParseCommandLine, then --help / --version (stashctl's and the daemon's, if one answers) / Run.
+// Usage errors print one line on `err` and return kExitUsage.
 int RunStashctl(int argc, char** argv, std::ostream& out, std::ostream& err,
                 bool out_is_tty = false);
 

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -154,7 +155,9 @@ TEST(StashctlFormat, LatenciesAndRatesCarryTheirUnitsAndDashWhenUnmeasured) {
   EXPECT_EQ(FormatLatencyUs(41.4, true), "41 us");
   EXPECT_EQ(FormatLatencyUs(503439, true), "503.4 ms");
   EXPECT_EQ(FormatLatencyUs(41.4, false), "-");
-  EXPECT_EQ(FormatGbps(12.44), "12.4 GB/s");
+  EXPECT_EQ(FormatGbps(12.44), "11.6 GiB/s");  // 12.44e9 B/s in powers of 1024, like sizes
+  EXPECT_EQ(FormatGbps(1.073741824), "1.00 GiB/s");
+  EXPECT_EQ(FormatGbps(0.524288), "500.0 MiB/s");
   EXPECT_EQ(FormatGbps(0), "-");
 }
 
@@ -252,13 +255,49 @@ TEST(StashctlFormat, StatsShowTheDaemonLineTiersWithBarsAndSessions) {
       << text;
   EXPECT_NE(text.find("stashed 3 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("p50 19 us  p99 230 us"), std::string::npos) << text;
-  EXPECT_NE(text.find("12.4 GB/s"), std::string::npos) << text;
+  EXPECT_NE(text.find("11.6 GiB/s"), std::string::npos) << text;
   EXPECT_NE(text.find("gpu0  [#######.............]  35%"), std::string::npos) << text;
   EXPECT_NE(text.find("22.5 MiB / 64 MiB"), std::string::npos) << text;
   EXPECT_NE(text.find("host  [....................]   0%"), std::string::npos) << text;
   EXPECT_NE(text.find("0 B / 1 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("job-a"), std::string::npos) << text;
   EXPECT_NE(text.find("overflow,spilled"), std::string::npos) << text;
+}
+
+TEST(StashctlFormat, EveryColumnNamesItsUnitAndHighWaterShowsPagesAndBytes) {
+  const std::string text = RenderStats(SampleStats());
+  for (const char* header :
+       {"USED/TOTAL PAGES", "USED / TOTAL BYTES", "PAYLOAD BYTES", "HIGH WATER PAGES",
+        "HIGH WATER BYTES", "STASHED BYTES", "HELD BYTES", "HELD PAGES", "STEP FLAGS"}) {
+    EXPECT_NE(text.find(header), std::string::npos) << header << "\n" << text;
+  }
+  // 120 pages of 256 KiB.
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(gpu0 .* 120 +30 MiB +4\n)"))) << text;
+}
+
+TEST(StashctlFormat, JsonShowsRankAndPidAsNumbers) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  ASSERT_TRUE(
+      google::protobuf::util::MessageToJsonString(SampleStats().sessions(0), &json, options).ok());
+  EXPECT_NE(json.find("\"rank\":7,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"pid\":4242,"), std::string::npos) << json;
+}
+
+TEST(StashctlFormat, SessionsShowBytesHeldNowBesideTheTotalAndTheStepBesideItsFlags) {
+  v1::GetStatsResponse stats = SampleStats();
+  v1::SessionStats* s = stats.mutable_sessions(0);
+  s->set_bytes_live(22ULL << 20);
+  s->set_step(41);
+  s->set_step_begun(true);
+  const std::string text = RenderSessions(stats.sessions());
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(3 GiB +22 MiB +90 )"))) << text;
+  EXPECT_NE(text.find("41 overflow,spilled"), std::string::npos) << text;
+  s->set_step_overflow(false);
+  s->set_step_spilled(false);
+  EXPECT_NE(RenderSessions(stats.sessions()).find("  41\n"), std::string::npos)
+      << RenderSessions(stats.sessions());
 }
 
 TEST(StashctlFormat, StatsTierColumnsLineUp) {
@@ -604,6 +643,21 @@ class StashctlWithDaemon : public StashctlBinaryTest {
   pid_t daemon_ = -1;
   std::string log_;
 };
+
+TEST_F(StashctlWithDaemon, VersionShowsTheDaemonsVersionToo) {
+  const Outcome o = Stashctl({"--version", "--socket", socket_});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out.rfind("stashctl ", 0), 0U) << o.out;
+  EXPECT_NE(o.out.find("\nstashd " STASH_VERSION_STRING " (" + socket_ + ")\n"), std::string::npos)
+      << o.out;
+}
+
+TEST_F(StashctlBinaryTest, VersionSaysWhenNoDaemonAnswers) {
+  const Outcome o = Stashctl({"--version", "--socket", socket_});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("\nstashd: unknown, no stashd answers on " + socket_), std::string::npos)
+      << o.out;
+}
 
 TEST_F(StashctlWithDaemon, HealthSaysServingWhenDaemonRuns) {
   const Outcome o = Stashctl({"health", "--socket", socket_});
