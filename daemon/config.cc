@@ -26,6 +26,7 @@ ABSL_FLAG(std::string, page_bytes, "256KiB", "page bytes");
 ABSL_FLAG(std::string, host_tier_bytes, "1GiB", "host tier bytes");
 ABSL_FLAG(std::string, devices, "1", "simulated GPUs");
 ABSL_FLAG(std::string, log_level, "info", "log level");
+ABSL_FLAG(std::string, log_format, "text", "log format");
 ABSL_FLAG(std::string, listen, "", "TCP listen address");
 ABSL_FLAG(std::string, copy_threads, "2", "copy threads");
 ABSL_FLAG(std::string, max_inflight, "4096", "max in-flight requests per session");
@@ -119,6 +120,14 @@ const Knob kKnobs[] = {
              "must be one of trace, debug, info, warn, "
              "error, critical, off");
        c->log_level = std::string(v);
+       return Status::Ok();
+     }},
+    {"log_format", "text|json",
+     "How log lines look: text, or json (one object per line: time with UTC offset, level, "
+     "logger, message) for log shippers",
+     [](std::string_view v, DaemonConfig* c) {
+       if (!ParseLogFormat(v).ok()) return InvalidArgumentError("must be text or json");
+       c->log_format = std::string(v);
        return Status::Ok();
      }},
     {"listen", "HOST:PORT",

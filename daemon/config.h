@@ -24,11 +24,12 @@ struct DaemonConfig {
   uint64_t host_tier_bytes = 1ULL << 30;  // 0 = no host tier
   uint32_t devices = 1;                   // host backend: simulated GPUs, one pool each
   std::string log_level = "info";
-  std::string listen;            // "" = no TCP; else HOST:PORT, stats only
-  uint32_t copy_threads = 2;     // threads that split one large copy (>= 1)
-  uint32_t max_inflight = 4096;  // queued requests per session before
-                                 // RESOURCE_EXHAUSTED
-  std::string metrics_listen;    // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
+  std::string log_format = "text";  // "text" or "json" (one object per line)
+  std::string listen;               // "" = no TCP; else HOST:PORT, stats only
+  uint32_t copy_threads = 2;        // threads that split one large copy (>= 1)
+  uint32_t max_inflight = 4096;     // queued requests per session before
+                                    // RESOURCE_EXHAUSTED
+  std::string metrics_listen;       // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.
   struct Entry {

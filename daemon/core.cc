@@ -1,4 +1,5 @@
 #include "daemon/core.h"
+#include "daemon/event_log.h"
 
 #include "common/bytes.h"
 #include "common/logging.h"
@@ -180,8 +181,7 @@ void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
   const auto received = std::chrono::steady_clock::now();
   Status status = AdmitRequest(request, *session, limits_);
   if (!status.ok()) {
-    Log("rpc")->debug("session {}: request {} rejected: {}", session->info().id,
-                      request.request_id(), status.ToString());
+    EventLog::Get().Reject(session->info(), request, status);
     v1::SessionResponse r;
     r.set_request_id(request.request_id());
     r.set_code(static_cast<int>(status.code()));

@@ -24,6 +24,7 @@
 #include "common/version.h"
 #include "daemon/core.h"
 #include "daemon/descriptor_server.h"
+#include "daemon/memory_fit.h"
 #include "daemon/metrics.h"
 #include "daemon/service.h"
 
@@ -167,7 +168,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     unlink(impl->socket_path.c_str());
   }
 
-  // Tiers and queues.
+  // Tiers and queues, if the machine can hold them.
+  STASH_RETURN_IF_ERROR(CheckMemoryFits(config, backend, ReadFreeMemory(backend)));
   STASH_ASSIGN_OR_RETURN(impl->core, DaemonCore::Create(config, backend, impl->socket_path));
 
   // The descriptor channel, before gRPC: a client that got its Welcome finds it there.

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
       break;
   }
   stash::SetLogLevel(*stash::ParseLogLevel(parsed->config.log_level));
+  stash::SetLogFormat(*stash::ParseLogFormat(parsed->config.log_format));
   for (const std::string& warning : parsed->warnings) stash::Log("main")->warn("{}", warning);
   return d::RunDaemon(parsed->config);
 }

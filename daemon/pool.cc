@@ -1,4 +1,5 @@
 #include "daemon/pool.h"
+#include "daemon/event_log.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -423,6 +424,7 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
     c.overflows.fetch_add(1, std::memory_order_relaxed);
     c.step_overflow.store(true, std::memory_order_relaxed);
     counters_->overflows.fetch_add(1, std::memory_order_relaxed);
+    EventLog::Get().Overflow(s.info(), st, plan.rows);
   } else {
     const bool spilled = plan.placement == kernels::Placement::kHost;
     done->set_tier(spilled ? v1::TIER_HOST : v1::TIER_DEVICE);
@@ -439,6 +441,7 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
       c.spills.fetch_add(1, std::memory_order_relaxed);
       c.step_spilled.store(true, std::memory_order_relaxed);
       counters_->spills.fetch_add(1, std::memory_order_relaxed);
+      EventLog::Get().Spill(s.info(), st, plan.bytes);
     }
     if (plan.bytes > 0) counters_->stash_copy.Add(plan.bytes, copy_seconds);
   }

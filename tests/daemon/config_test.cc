@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,7 @@ const Knob kKnobs[] = {
     {"host_tier_bytes", "--host-tier-bytes", "STASHD_HOST_TIER_BYTES", "1GiB", "0", "2GiB"},
     {"devices", "--devices", "STASHD_DEVICES", "1", "4", "8"},
     {"log_level", "--log-level", "STASHD_LOG_LEVEL", "info", "debug", "warn"},
+    {"log_format", "--log-format", "STASHD_LOG_FORMAT", "text", "json", "json"},
     {"listen", "--listen", "STASHD_LISTEN", "", "127.0.0.1:7070", "127.0.0.1:7071"},
     {"copy_threads", "--copy-threads", "STASHD_COPY_THREADS", "2", "8", "4"},
     {"max_inflight", "--max-inflight", "STASHD_MAX_INFLIGHT", "4096", "128", "64"},
@@ -168,6 +171,48 @@ TEST_F(Config, PrintConfigShowsWhatTheDaemonWouldServeWithoutPlaceholders) {
   EXPECT_TRUE(HasEntry(defaults, "socket", defaults.socket(), "default"));
   EXPECT_NE(defaults.backend(), stash::v1::BACKEND_UNSPECIFIED);
   EXPECT_EQ(defaults.pools(), 1U);
+}
+
+TEST_F(Config, PoolsBeyondFreeMemoryRefuseToStartWithTheNumbers) {
+  char dir[] = "/tmp/stash-config-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const Result r = Stashd({std::string("--socket=") + dir + "/s.sock", "--backend=host",
+                           "--devices=64", "--pool-bytes=64TiB", "--log-level=error"});
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the tiers need 4 PiB of host memory (--pool-bytes=64 TiB x "
+                               "--devices=64 + --host-tier-bytes=1 GiB) but only"));
+  EXPECT_THAT(r.err, HasSubstr("MemAvailable"));
+}
+
+// A daemon that logs a warning (an unknown STASHD_ variable) and then refuses to start (its pools
+// do not fit), so its whole log is on stderr when it exits.
+Result LogOfARefusedStart(const std::string& format) {
+  char dir[] = "/tmp/stash-config-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return {};
+  Result r = Stashd({std::string("--socket=") + dir + "/s.sock", "--backend=host", "--devices=64",
+                     "--pool-bytes=64TiB", "--log-format=" + format},
+                    {"STASHD_NO_SUCH_KNOB=\"quoted\""});
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+TEST_F(Config, JsonLogLinesAreObjectsWithTimeZone) {
+  const Result r = LogOfARefusedStart("json");
+  EXPECT_EQ(r.code, 1) << r.err;
+  static const std::regex kLine(
+      R"re(\{"time":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d","level":"warning",)re"
+      R"re("logger":"stashd\.main","message":"STASHD_NO_SUCH_KNOB is set but is no stashd knob[^"]*"\}\n)re");
+  EXPECT_TRUE(std::regex_search(r.err, kLine)) << r.err;
+}
+
+TEST_F(Config, TextLogLinesCarryTheTimeZone) {
+  const Result r = LogOfARefusedStart("text");
+  EXPECT_EQ(r.code, 1) << r.err;
+  static const std::regex kLine(
+      R"re((^|\n)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d warning \[stashd\.main\] )re"
+      R"re(STASHD_NO_SUCH_KNOB is set)re");
+  EXPECT_TRUE(std::regex_search(r.err, kLine)) << r.err;
 }
 
 TEST_F(Config, MisspelledEnvVarIsAWarningNamingTheKnobs) {

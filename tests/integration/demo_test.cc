@@ -229,6 +229,10 @@ TEST_F(Demo, ParityWhenOverflowing) {
   const Totals t = ParseTotals(run.output);
   ASSERT_TRUE(t.found) << run.output;
   EXPECT_GT(t.overflows, 0) << run.output;
+  // The daemon logged the overflows (rate-limited), naming the session's rank and the layer.
+  EXPECT_TRUE(std::regex_search(DaemonLog(), std::regex(R"(overflow: session [0-9a-f]{8} rank \d )"
+                                                        R"(pool \d label 'stash-demo' layer \d)")))
+      << DaemonLog();
   // BeginStep of step 1 reports step 0's overflow.
   EXPECT_NE(run.output.find("step 1 rank 0 (device 0) | previous step overflow=yes"),
             std::string::npos)
