@@ -6,6 +6,9 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 # The daemon's /metrics endpoint (Debian: prometheus-cpp-dev).
 find_package(prometheus-cpp CONFIG REQUIRED)
+# sd_notify for systemd's Type=notify (Debian: libsystemd-dev).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 if(STASH_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -27,6 +27,7 @@
 #include "daemon/memory_fit.h"
 #include "daemon/metrics.h"
 #include "daemon/service.h"
+#include "daemon/systemd.h"
 
 namespace stash::daemon {
 namespace {
@@ -282,10 +283,12 @@ int RunDaemon(const DaemonConfig& config) {
     std::fprintf(stderr, "stashd: %s\n", daemon.status().message().c_str());
     return 1;
   }
+  NotifyReady("serving on " + (*daemon)->socket_path());
   int sig = 0;
   while (sigwait(&stop, &sig) != 0) {
   }
   Log("main")->info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  NotifyStopping("stopping: ending sessions");
   (*daemon)->Shutdown();
   return 0;
 }
