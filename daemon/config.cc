@@ -31,6 +31,7 @@ ABSL_FLAG(std::string, listen, "", "TCP listen address");
 ABSL_FLAG(std::string, copy_threads, "2", "copy threads");
 ABSL_FLAG(std::string, max_inflight, "4096", "max in-flight requests per session");
 ABSL_FLAG(std::string, metrics_listen, "", "Prometheus /metrics listen address");
+ABSL_FLAG(std::string, drain_timeout, "5", "seconds to drain on SIGTERM");
 
 namespace stash::daemon {
 namespace {
@@ -166,6 +167,16 @@ const Knob kKnobs[] = {
        uint64_t n = 0;
        STASH_RETURN_IF_ERROR(ParseUint(v, 1, 1 << 20, &n));
        c->max_inflight = static_cast<uint32_t>(n);
+       return Status::Ok();
+     }},
+    {"drain_timeout", "SECONDS",
+     "On SIGTERM, refuse new sessions and stashes and wait up to SECONDS (0..3600) for the "
+     "ranks to reload what they stashed and close their sessions, then stop. A second SIGTERM "
+     "stops at once. 0 = stop at once",
+     [](std::string_view v, DaemonConfig* c) {
+       uint64_t n = 0;
+       STASH_RETURN_IF_ERROR(ParseUint(v, 0, 3600, &n));
+       c->drain_timeout_s = static_cast<uint32_t>(n);
        return Status::Ok();
      }},
     {"metrics_listen", "HOST:PORT",

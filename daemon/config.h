@@ -29,6 +29,7 @@ struct DaemonConfig {
   uint32_t copy_threads = 2;        // threads that split one large copy (>= 1)
   uint32_t max_inflight = 4096;     // queued requests per session before
                                     // RESOURCE_EXHAUSTED
+  uint32_t drain_timeout_s = 5;     // SIGTERM: seconds to let ranks reload before stopping
   std::string metrics_listen;       // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.

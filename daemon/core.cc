@@ -135,6 +135,11 @@ void DaemonCore::Stop() {
 StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hello,
                                                            ResponseSink* sink,
                                                            v1::Welcome* welcome) {
+  if (draining()) {
+    return UnavailableError("stashd on " + socket_path_ +
+                            " is draining (stashctl drain or SIGTERM) and takes no new sessions: "
+                            "start the job once it was restarted");
+  }
   STASH_RETURN_IF_ERROR(CheckHello(hello, backend_, static_cast<int>(pools_.size())));
   SessionInfo info;
   info.id = RandomHex(16);
@@ -179,7 +184,11 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
 void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
                                v1::SessionRequest request) {
   const auto received = std::chrono::steady_clock::now();
-  Status status = AdmitRequest(request, *session, limits_);
+  Status status = draining() && request.has_stash()
+                      ? UnavailableError(
+                            "stashd is draining and takes no new stashes: keep the "
+                            "buffer; reloads and releases of earlier stashes go on")
+                      : AdmitRequest(request, *session, limits_);
   if (!status.ok()) {
     EventLog::Get().Reject(session->info(), request, status);
     v1::SessionResponse r;
@@ -275,6 +284,7 @@ v1::GetStatsResponse DaemonCore::Stats() {
   v1::DaemonStats* d = out.mutable_daemon();
   d->set_version(kVersion);
   d->set_backend(backend_);
+  d->set_draining(draining());
   d->set_uptime_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   d->set_sessions_total(counters_.sessions_total.load());
   d->set_stashes(counters_.stashes.load());

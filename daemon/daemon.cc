@@ -109,6 +109,12 @@ Daemon::~Daemon() { Shutdown(); }
 
 const std::string& Daemon::socket_path() const { return impl_->socket_path; }
 
+void Daemon::Drain() { impl_->core->Drain(); }
+
+uint64_t Daemon::SessionsLive() { return impl_->core->SessionsLive(); }
+
+uint64_t Daemon::StashesLive() { return impl_->core->StashesLive(); }
+
 StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   auto log = Log("main");
   auto impl = std::make_unique<Impl>();
@@ -269,6 +275,51 @@ void Daemon::Shutdown() {
   log->info("stopped; removed {}", impl_->socket_path);
 }
 
+// Drains until every session ended or held nothing (no stash, no request in flight) for a whole
+// second, `timeout` passed or another stop signal arrived. The second lets a rank finish what it
+// does after its last reload (a stats call, a clean close) instead of seeing the daemon vanish
+// under it; an idle session does not hold the stop up longer than that.
+static void DrainFor(Daemon& daemon, std::chrono::seconds timeout, const sigset_t& stop) {
+  if (timeout.count() == 0) return;
+  daemon.Drain();
+  auto log = Log("main");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Checked every 20 ms: the counters are spread over the sessions, and a stop need not be
+  // faster than that.
+  const struct timespec tick = {0, 20 * 1000 * 1000};
+  auto idle_since = std::chrono::steady_clock::time_point::max();
+  while (true) {
+    const uint64_t sessions = daemon.SessionsLive();
+    if (sessions == 0) {
+      log->info("drained: every session ended");
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (daemon.StashesLive() != 0) {
+      idle_since = std::chrono::steady_clock::time_point::max();
+    } else if (idle_since == std::chrono::steady_clock::time_point::max()) {
+      idle_since = now;
+    } else if (now - idle_since >= std::chrono::seconds(1)) {
+      log->info("drained: {} session(s) hold nothing", sessions);
+      return;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      log->warn(
+          "drain timeout ({} s): stopping with {} session(s) holding {} stash(es) or "
+          "request(s); their pages return and their ranks see UNAVAILABLE",
+          timeout.count(), sessions, daemon.StashesLive());
+      return;
+    }
+    if (sigtimedwait(&stop, nullptr, &tick) > 0) {
+      log->warn(
+          "second stop signal: stopping now with {} session(s) holding {} stash(es) or "
+          "request(s)",
+          sessions, daemon.StashesLive());
+      return;
+    }
+  }
+}
+
 int RunDaemon(const DaemonConfig& config) {
   // Block the stop signals in every thread the daemon starts; this thread waits for them.
   sigset_t stop;
@@ -288,7 +339,8 @@ int RunDaemon(const DaemonConfig& config) {
   while (sigwait(&stop, &sig) != 0) {
   }
   Log("main")->info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  NotifyStopping("stopping: ending sessions");
+  NotifyStopping("draining, then stopping");
+  DrainFor(**daemon, std::chrono::seconds(config.drain_timeout_s), stop);
   (*daemon)->Shutdown();
   return 0;
 }

@@ -144,4 +144,20 @@ grpc::ServerUnaryReactor* StashServiceImpl::GetConfig(grpc::CallbackServerContex
   return reactor;
 }
 
+grpc::ServerUnaryReactor* StashServiceImpl::Drain(grpc::CallbackServerContext* context,
+                                                  const v1::DrainRequest* /*request*/,
+                                                  v1::DrainResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  if (!allow_sessions_) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                 "the TCP listener is read-only: drain over the Unix socket"));
+    return reactor;
+  }
+  core_->Drain();
+  response->set_sessions_live(core_->SessionsLive());
+  response->set_stashes_live(core_->StashesLive());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 }  // namespace stash::daemon

@@ -25,6 +25,9 @@ class StashServiceImpl final : public stash::v1::StashService::CallbackService {
   grpc::ServerUnaryReactor* GetConfig(grpc::CallbackServerContext* context,
                                       const stash::v1::GetConfigRequest* request,
                                       stash::v1::GetConfigResponse* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const stash::v1::DrainRequest* request,
+                                  stash::v1::DrainResponse* response) override;
 
  private:
   DaemonCore* const core_;  // non-owning

@@ -214,7 +214,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   std::string out;
   out += "stashd " + OrDash(d.version()) + "  backend " + BackendName(d.backend()) + "  up " +
          FormatDuration(d.uptime_s()) + "  sessions " + Num(d.sessions_live()) + " live / " +
-         Num(d.sessions_total()) + " total\n";
+         Num(d.sessions_total()) + " total" + (d.draining() ? "  DRAINING" : "") + "\n";
   out += "stashes " + Num(d.stashes()) + "  reloads " + Num(d.reloads()) + "  releases " +
          Num(d.releases()) + "  stashed " + FormatBytes(d.bytes_stashed()) + "  reloaded " +
          FormatBytes(d.bytes_reloaded()) + "\n";

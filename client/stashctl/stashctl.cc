@@ -111,6 +111,9 @@ const CommandSpec kCommands[] = {
      "the daemon's effective knobs (value, where it came from, help), backend, socket, pools"},
     {"health", Command::kHealth,
      "the gRPC health check: prints SERVING and exits 0, else prints the status and exits 1"},
+    {"drain", Command::kDrain,
+     "start draining without stopping: new sessions and stashes are refused, ranks reload what "
+     "they stashed (SIGTERM does the same, then stops); `stashctl stats` shows what is left"},
 };
 
 const FlagSpec* FindFlag(std::string_view name) {
@@ -157,6 +160,11 @@ class Connection {
     grpc::ClientContext context;
     SetDeadline(&context);
     return stash_->ListSessions(&context, v1::ListSessionsRequest(), reply);
+  }
+  grpc::Status Drain(v1::DrainResponse* reply) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stash_->Drain(&context, v1::DrainRequest(), reply);
   }
   grpc::Status GetConfig(v1::GetConfigResponse* reply) {
     grpc::ClientContext context;
@@ -273,6 +281,16 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
       v1::GetConfigResponse reply;
       grpc::Status status = connection.GetConfig(&reply);
       finish("GetConfig", status, reply, status.ok() ? RenderConfig(reply) : "");
+      break;
+    }
+    case Command::kDrain: {
+      v1::DrainResponse reply;
+      grpc::Status status = connection.Drain(&reply);
+      finish("Drain", status, reply,
+             "draining: stashd on " + Where(options) + " refuses new sessions and stashes; " +
+                 std::to_string(reply.sessions_live()) + " session(s) hold " +
+                 std::to_string(reply.stashes_live()) +
+                 " stash(es) or request(s) in flight (see stashctl stats)\n");
       break;
     }
     case Command::kHealth: {
@@ -490,7 +508,7 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
       }
       if (found == nullptr) {
         return InvalidArgumentError("unknown command '" + arg +
-                                    "': expected stats, sessions, config or health (see "
+                                    "': expected stats, sessions, config, health or drain (see "
                                     "stashctl --help)");
       }
       if (command != nullptr) {
@@ -528,7 +546,7 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
   }
   if (command == nullptr) {
     return InvalidArgumentError(
-        "no command given: use stats, sessions, config or health (see stashctl --help)");
+        "no command given: use stats, sessions, config, health or drain (see stashctl --help)");
   }
   options.command = command->command;
   if (options.count > 0 && options.watch_s <= 0) {

@@ -17,7 +17,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 
-enum class Command { kStats, kSessions, kConfig, kHealth };
+enum class Command { kStats, kSessions, kConfig, kHealth, kDrain };
 
 // The effective command line.
 struct Options {

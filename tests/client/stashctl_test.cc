@@ -771,6 +771,20 @@ TEST_F(StashctlWithDaemon, WatchStopsOnSigint) {
   EXPECT_EQ(WEXITSTATUS(*status), 0);
 }
 
+TEST_F(StashctlWithDaemon, DrainRefusesNewWorkWithoutStoppingAndStatsSayIt) {
+  const Outcome drain = Stashctl({"drain", "--socket", socket_});
+  EXPECT_EQ(drain.exit_code, 0) << drain.err;
+  EXPECT_NE(drain.out.find("draining: stashd on " + socket_ +
+                           " refuses new sessions and stashes; 0 session(s) hold 0"),
+            std::string::npos)
+      << drain.out;
+  // Still serving, and saying it drains.
+  EXPECT_EQ(Stashctl({"health", "--socket", socket_}).out, "SERVING\n");
+  const Outcome stats = Stashctl({"stats", "--socket", socket_});
+  EXPECT_NE(stats.out.find("  DRAINING\n"), std::string::npos) << stats.out;
+  EXPECT_EQ(Stashctl({"drain", "--socket", socket_}).exit_code, 0);  // idempotent
+}
+
 TEST_F(StashctlWithDaemon, DaemonStopsCleanlyOnSigtermAndRemovesItsSocket) {
   ASSERT_EQ(kill(daemon_, SIGTERM), 0);
   const std::optional<int> status = WaitFor(daemon_, std::chrono::seconds(5));

@@ -46,6 +46,7 @@ const Knob kKnobs[] = {
     {"listen", "--listen", "STASHD_LISTEN", "", "127.0.0.1:7070", "127.0.0.1:7071"},
     {"copy_threads", "--copy-threads", "STASHD_COPY_THREADS", "2", "8", "4"},
     {"max_inflight", "--max-inflight", "STASHD_MAX_INFLIGHT", "4096", "128", "64"},
+    {"drain_timeout", "--drain-timeout", "STASHD_DRAIN_TIMEOUT", "5", "0", "30"},
     {"metrics_listen", "--metrics-listen", "STASHD_METRICS_LISTEN", "", "127.0.0.1:9464",
      "127.0.0.1:9465"},
 };

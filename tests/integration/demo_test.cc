@@ -303,6 +303,29 @@ TEST_F(Demo, RanksDieWithTheLauncher) {
   }
 }
 
+TEST_F(Demo, SigtermDrainsTheRanksStashesRefusesNewSessionsThenStops) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
+  const std::string second = dir_ + "/second";
+  // While the ranks hold their last step's stashes: SIGTERM the daemon, then try a new job.
+  const DemoRun run =
+      RunDemo({"--hold-command=kill -TERM " + std::to_string(daemon_pid_) + "; " + BinDir() +
+               "/examples/stash-demo --socket=" + socket_ + " --ranks=1 --steps=1 --layers=1 > " +
+               second + ".out 2>&1; echo $? > " + second + ".rc"});
+  // The holding ranks reloaded everything and kept parity.
+  EXPECT_EQ(run.exit_code, 0) << run.output << DaemonLog();
+  EXPECT_NE(run.output.find("parity: OK on all 2 ranks"), std::string::npos) << run.output;
+  EXPECT_EQ(ReadFile(second + ".rc"), "1\n") << ReadFile(second + ".out");
+  EXPECT_NE(ReadFile(second + ".out").find("is draining"), std::string::npos)
+      << ReadFile(second + ".out");
+  // Drained, the daemon stops by itself, cleanly.
+  int status = 0;
+  ASSERT_EQ(::waitpid(daemon_pid_, &status, 0), daemon_pid_);
+  daemon_pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << DaemonLog();
+  // By draining, not by the 5 s timeout (which logs a warning).
+  EXPECT_EQ(DaemonLog().find("drain timeout"), std::string::npos) << DaemonLog();
+}
+
 TEST_F(Demo, BadFlagExitsTwoWithOneLine) {
   const DemoRun run = Run({BinDir() + "/examples/stash-demo", "--topk=5", "--experts=4"});
   EXPECT_EQ(run.exit_code, 2) << run.output;
