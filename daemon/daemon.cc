@@ -26,6 +26,7 @@
 #include "daemon/descriptor_server.h"
 #include "daemon/memory_fit.h"
 #include "daemon/metrics.h"
+#include "daemon/reflection_v1.h"
 #include "daemon/service.h"
 #include "daemon/systemd.h"
 
@@ -92,6 +93,7 @@ struct Daemon::Impl {
   std::unique_ptr<DescriptorServer> descriptors;  // uses core: declared after it, gone before
   std::unique_ptr<StashServiceImpl> service;
   std::unique_ptr<StashServiceImpl> tcp_service;
+  std::unique_ptr<ReflectionV1Service> reflection_v1;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> tcp_server;
   std::unique_ptr<MetricsServer> metrics;  // reads core: gone before it
@@ -196,6 +198,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(GrpcUnixTarget(impl->socket_path), grpc::InsecureServerCredentials());
   builder.RegisterService(impl->service.get());
+  impl->reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      "stash.v1.StashService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+      "grpc.reflection.v1.ServerReflection"});
+  builder.RegisterService(impl->reflection_v1.get());
   builder.SetMaxReceiveMessageSize(16 << 20);
   // The socket is born 0660 (its mode is the access control): a chmod after bind would leave a
   // window in which clients connect to a socket with the umask's mode.

@@ -21,7 +21,7 @@ bool RateLimiter::Allow(Clock::time_point now, uint64_t* held_back) {
 }
 
 EventLog& EventLog::Get() {
-  static EventLog* const log = new EventLog();  // never destroyed: pool threads may log late
+  static auto* const log = new EventLog();  // never destroyed: pool threads may log late
   return *log;
 }
 
