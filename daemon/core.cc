@@ -276,6 +276,7 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
   row.set_bytes_live(c.bytes_live.load());
   row.set_step(c.step.load());
   row.set_step_begun(c.step_begun.load());
+  for (v1::LiveStashes& live : s.live_tags().Rows()) *row.add_live() = std::move(live);
   return row;
 }
 

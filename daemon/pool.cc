@@ -435,6 +435,7 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
     c.stashes_live.fetch_add(1, std::memory_order_relaxed);
     c.pages_live.fetch_add(plan.pages, std::memory_order_relaxed);
     c.bytes_live.fetch_add(plan.bytes, std::memory_order_relaxed);
+    s.live_tags().Add(st.ticket(), st.layer(), st.microbatch(), st.name(), plan.bytes, plan.pages);
     counters_->stashes.fetch_add(1, std::memory_order_relaxed);
     counters_->bytes_stashed.fetch_add(plan.bytes, std::memory_order_relaxed);
     if (spilled) {
@@ -493,6 +494,7 @@ void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest&
         c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
         c.pages_live.fetch_sub(plan.pages, std::memory_order_relaxed);
         c.bytes_live.fetch_sub(plan.bytes, std::memory_order_relaxed);
+        session.live_tags().Remove(reload.ticket());
         c.reloads.fetch_add(1, std::memory_order_relaxed);
         c.bytes_reloaded.fetch_add(plan.bytes, std::memory_order_relaxed);
         counters_->reloads.fetch_add(1, std::memory_order_relaxed);
@@ -540,6 +542,7 @@ void Pool::DoRelease(const std::shared_ptr<Session>& s, const v1::SessionRequest
         c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
         c.pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
         c.bytes_live.fetch_sub(record->plan.bytes, std::memory_order_relaxed);
+        s->live_tags().Remove(ticket);
         c.releases.fetch_add(1, std::memory_order_relaxed);
         counters_->releases.fetch_add(1, std::memory_order_relaxed);
         v1::SessionResponse r = Reply(req.request_id());
@@ -579,6 +582,7 @@ void Pool::DoTeardown(const std::shared_ptr<Session>& s) {
         }));
   }
   s->stashes().clear();
+  s->live_tags().Clear();
   // The mappings close once the work in flight (and the releases above) finished.
   executor_->Fence(Track([s, stashes] {
     s->memories().clear();  // unmaps

@@ -17,6 +17,7 @@
 
 #include "common/unique_fd.h"
 #include "daemon/executor.h"
+#include "daemon/live_tags.h"
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
 
@@ -94,6 +95,8 @@ class Session {
 
   const SessionInfo& info() const { return info_; }
   SessionCounters& counters() { return counters_; }
+  // What it holds now by (layer, microbatch, name); thread-safe.
+  LiveTags& live_tags() { return live_tags_; }
   double AgeSeconds() const;
 
   // Sends a response if the stream is still there; drops it otherwise. Counts non-OK codes.
@@ -143,6 +146,7 @@ class Session {
   std::atomic<uint64_t>* const daemon_rejected_;  // non-owning, may be null
 
   SessionCounters counters_;
+  LiveTags live_tags_;
   std::atomic<bool> closed_{false};
 
   Mutex sink_mu_;

@@ -253,9 +253,33 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   return out;
 }
 
-std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions) {
+std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
+                           bool detail) {
   if (sessions.empty()) return "no sessions connected\n";
-  return SessionTable(sessions, /*with_identity=*/true);
+  std::string out = SessionTable(sessions, /*with_identity=*/true);
+  if (!detail) return out;
+  using A = Table::Align;
+  for (const v1::SessionStats& s : sessions) {
+    out += "\nsession " + OrDash(s.session_id().substr(0, 8)) + " (rank " + RankText(s.rank()) +
+           ", pool " + std::to_string(s.pool()) + "): ";
+    if (s.live().empty()) {
+      out += "holds no stashes\n";
+      continue;
+    }
+    out += "live stashes by layer, microbatch and name\n";
+    Table table({{"LAYER", A::kRight},
+                 {"MICROBATCH", A::kRight},
+                 {"NAME", A::kLeft},
+                 {"STASHES", A::kRight},
+                 {"HELD BYTES", A::kRight},
+                 {"HELD PAGES", A::kRight}});
+    for (const v1::LiveStashes& l : s.live()) {
+      table.AddRow({Num(l.layer()), Num(l.microbatch()), OrDash(l.name()), Num(l.stashes()),
+                    FormatBytes(l.bytes()), Num(l.pages())});
+    }
+    out += table.Render();
+  }
+  return out;
 }
 
 std::string RenderConfig(const v1::GetConfigResponse& config) {

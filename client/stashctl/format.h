@@ -64,8 +64,10 @@ size_t DisplayWidth(std::string_view text);
 // The daemon lines, the tier table and the session table of `stashctl stats`.
 std::string RenderStats(const v1::GetStatsResponse& stats);
 
-// The session table alone (`stashctl sessions`); a line saying there are none when empty.
-std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions);
+// The session table alone (`stashctl sessions`); a line saying there are none when empty. With
+// `detail`, then per session what it holds now by layer, microbatch and name.
+std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
+                           bool detail = false);
 
 // The daemon's identity, pools and geometry, then the knob table (`stashctl config`).
 std::string RenderConfig(const v1::GetConfigResponse& config);

@@ -37,6 +37,7 @@
 ABSL_FLAG(std::string, stashctl_socket, "", "Unix socket of the daemon");
 ABSL_FLAG(std::string, stashctl_target, "", "HOST:PORT of a read-only TCP listener");
 ABSL_FLAG(bool, stashctl_json, false, "print JSON");
+ABSL_FLAG(bool, stashctl_detail, false, "sessions: live stashes by tag");
 ABSL_FLAG(double, stashctl_watch, 0, "refresh period, seconds");
 ABSL_FLAG(int64_t, stashctl_count, 0, "frames to print with --watch");
 ABSL_FLAG(double, stashctl_timeout, 2, "deadline per request, seconds");
@@ -80,6 +81,10 @@ const FlagSpec kFlags[] = {
      "Print the reply as one JSON object for scripts (proto field names, every field present; "
      "64-bit counters are strings, as proto3 JSON has them)",
      "true or false", [](std::string_view v, Options* o) { return Parse(v, &o->json); }},
+    {"detail", nullptr,
+     "With sessions: also what each session holds now by layer, microbatch and name (JSON "
+     "always has it, as `live`)",
+     "true or false", [](std::string_view v, Options* o) { return Parse(v, &o->detail); }},
     {"watch", "SECONDS",
      "Refresh every SECONDS (fractions allowed) until Ctrl-C. A terminal is cleared between "
      "frames; a pipe gets frames separated by a blank line (with --json: one object per line)",
@@ -274,7 +279,8 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
     case Command::kSessions: {
       v1::ListSessionsResponse reply;
       grpc::Status status = connection.ListSessions(&reply);
-      finish("ListSessions", status, reply, status.ok() ? RenderSessions(reply.sessions()) : "");
+      finish("ListSessions", status, reply,
+             status.ok() ? RenderSessions(reply.sessions(), options.detail) : "");
       break;
     }
     case Command::kConfig: {
@@ -483,6 +489,7 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
   options.socket = absl::GetFlag(FLAGS_stashctl_socket);
   options.target = absl::GetFlag(FLAGS_stashctl_target);
   options.json = absl::GetFlag(FLAGS_stashctl_json);
+  options.detail = absl::GetFlag(FLAGS_stashctl_detail);
   options.watch_s = absl::GetFlag(FLAGS_stashctl_watch);
   options.count = absl::GetFlag(FLAGS_stashctl_count);
   options.timeout_s = absl::GetFlag(FLAGS_stashctl_timeout);

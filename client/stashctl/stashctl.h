@@ -29,6 +29,8 @@ struct Options {
   std::string target;
   // Print the reply as JSON (proto field names, every field) instead of a table.
   bool json = false;
+  // sessions: also what each session holds by layer, microbatch and name.
+  bool detail = false;
   // Refresh period in seconds; 0 = print once.
   double watch_s = 0;
   // With watch_s > 0: frames to print before exiting; 0 = until SIGINT.

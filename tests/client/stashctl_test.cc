@@ -275,6 +275,24 @@ TEST(StashctlFormat, EveryColumnNamesItsUnitAndHighWaterShowsPagesAndBytes) {
   EXPECT_TRUE(std::regex_search(text, std::regex(R"(gpu0 .* 120 +30 MiB +4\n)"))) << text;
 }
 
+TEST(StashctlFormat, SessionsDetailShowsLiveStashesByLayerMicrobatchAndName) {
+  v1::GetStatsResponse stats = SampleStats();
+  v1::LiveStashes* live = stats.mutable_sessions(0)->add_live();
+  live->set_layer(7);
+  live->set_microbatch(1);
+  live->set_name("experts");
+  live->set_stashes(2);
+  live->set_bytes(3ULL << 20);
+  live->set_pages(12);
+  const std::string text = RenderSessions(stats.sessions(), /*detail=*/true);
+  EXPECT_NE(text.find("session 01234567 (rank 7, pool 0): live stashes by layer, microbatch and "
+                      "name\nLAYER  MICROBATCH  NAME     STASHES  HELD BYTES  HELD PAGES\n"
+                      "    7           1  experts        2       3 MiB          12\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(RenderSessions(stats.sessions()).find("LAYER"), std::string::npos);
+}
+
 TEST(StashctlFormat, JsonShowsRankAndPidAsNumbers) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;

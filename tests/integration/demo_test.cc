@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -249,9 +250,9 @@ std::string ReadFile(const std::string& path) {
 TEST_F(Demo, HoldCommandRunsWhileEveryRankHoldsPages) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
   const std::string held = dir_ + "/held.json";
-  const DemoRun run =
-      RunDemo({"--hold-command=" + BinDir() + "/client/stashctl/stashctl --socket=" + socket_ +
-               " sessions --json > " + held});
+  const std::string stashctl = BinDir() + "/client/stashctl/stashctl --socket=" + socket_;
+  const DemoRun run = RunDemo({"--hold-command=" + stashctl + " sessions --json > " + held + "; " +
+                               stashctl + " sessions --detail > " + held + ".txt"});
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("every rank holds step 1's stashes; running --hold-command"),
             std::string::npos)
@@ -265,6 +266,12 @@ TEST_F(Demo, HoldCommandRunsWhileEveryRankHoldsPages) {
     if (std::stol((*it)[1]) > 0) ++holding;
   }
   EXPECT_EQ(holding, 2) << json;
+  // --detail: the table (3 lines), then per rank a blank line, its title, a header and one row
+  // per layer (3 layers, microbatch 0).
+  const std::string detail = ReadFile(held + ".txt");
+  EXPECT_EQ(std::count(detail.begin(), detail.end(), '\n'), 3 + 2 * 6) << detail;
+  EXPECT_TRUE(std::regex_search(detail, std::regex(R"(\n +2 +0 +expert_fc_input +1 )"))) << detail;
+  EXPECT_NE(json.find("\"name\": \"expert_fc_input\""), std::string::npos) << json;
 }
 
 TEST_F(Demo, HoldCommandFailureFailsTheRun) {
