@@ -4,6 +4,11 @@ find_package(absl REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
+# The daemon's /metrics endpoint (Debian: prometheus-cpp-dev).
+find_package(prometheus-cpp CONFIG REQUIRED)
+# sd_notify for systemd's Type=notify (Debian: libsystemd-dev).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 if(STASH_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

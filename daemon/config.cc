@@ -4,7 +4,10 @@
 #include <absl/flags/parse.h>
 #include <absl/flags/reflection.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <sstream>
 #include <string_view>
@@ -23,10 +26,13 @@ ABSL_FLAG(std::string, page_bytes, "256KiB", "page bytes");
 ABSL_FLAG(std::string, host_tier_bytes, "1GiB", "host tier bytes");
 ABSL_FLAG(std::string, devices, "1", "simulated GPUs");
 ABSL_FLAG(std::string, log_level, "info", "log level");
+ABSL_FLAG(std::string, log_format, "text", "log format");
 ABSL_FLAG(std::string, listen, "", "TCP listen address");
 ABSL_FLAG(std::string, listen_sessions, "false", "per-session rows on the TCP listener");
 ABSL_FLAG(std::string, copy_threads, "2", "copy threads");
 ABSL_FLAG(std::string, max_inflight, "4096", "max in-flight requests per session");
+ABSL_FLAG(std::string, metrics_listen, "", "Prometheus /metrics listen address");
+ABSL_FLAG(std::string, drain_timeout, "5", "seconds to drain on SIGTERM");
 
 namespace stash::daemon {
 namespace {
@@ -118,6 +124,14 @@ const Knob kKnobs[] = {
        c->log_level = std::string(v);
        return Status::Ok();
      }},
+    {"log_format", "text|json",
+     "How log lines look: text, or json (one object per line: time with UTC offset, level, "
+     "logger, message) for log shippers",
+     [](std::string_view v, DaemonConfig* c) {
+       if (!ParseLogFormat(v).ok()) return InvalidArgumentError("must be text or json");
+       c->log_format = std::string(v);
+       return Status::Ok();
+     }},
     {"listen", "HOST:PORT",
      "Also serve stats (read-only: no sessions) over TCP; a bare :PORT or PORT binds "
      "127.0.0.1. Empty = off",
@@ -167,6 +181,38 @@ const Knob kKnobs[] = {
        uint64_t n = 0;
        STASH_RETURN_IF_ERROR(ParseUint(v, 1, 1 << 20, &n));
        c->max_inflight = static_cast<uint32_t>(n);
+       return Status::Ok();
+     }},
+    {"drain_timeout", "SECONDS",
+     "On SIGTERM, refuse new sessions and stashes and wait up to SECONDS (0..3600) for the "
+     "ranks to reload what they stashed and close their sessions, then stop. A second SIGTERM "
+     "stops at once. 0 = stop at once",
+     [](std::string_view v, DaemonConfig* c) {
+       uint64_t n = 0;
+       STASH_RETURN_IF_ERROR(ParseUint(v, 0, 3600, &n));
+       c->drain_timeout_s = static_cast<uint32_t>(n);
+       return Status::Ok();
+     }},
+    {"metrics_listen", "HOST:PORT",
+     "Serve Prometheus metrics at http://HOST:PORT/metrics (node-level numbers and per-session "
+     "counters; no control). A bare PORT binds 127.0.0.1; port 0 picks a free one (logged). "
+     "Empty = off",
+     [](std::string_view v, DaemonConfig* c) {
+       if (v.empty()) {
+         c->metrics_listen.clear();
+         return Status::Ok();
+       }
+       std::string addr(v);
+       const auto colon = addr.rfind(':');
+       std::string host = colon == std::string::npos ? "" : addr.substr(0, colon);
+       const std::string port = colon == std::string::npos ? addr : addr.substr(colon + 1);
+       uint64_t port_num = 0;
+       if (!ParseUint(port, 0, 65535, &port_num).ok()) {
+         return InvalidArgumentError(
+             "must be HOST:PORT with a port from 0 to 65535, e.g. 127.0.0.1:9464");
+       }
+       if (host.empty()) host = "127.0.0.1";
+       c->metrics_listen = host + ":" + port;
        return Status::Ok();
      }},
 };
@@ -340,7 +386,61 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
     config.entries.push_back({knob.name, value, source, knob.help});
   }
   STASH_RETURN_IF_ERROR(ValidateConfig(config));
+  result.warnings = UnknownEnvWarnings(environ);
   return result;
+}
+
+namespace {
+
+// Edit distance, for "did you mean".
+size_t Distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> UnknownEnvWarnings(char** env) {
+  // Read by the client library, the Slurm scripts, the image build and the tests, not stashd.
+  static const char* const kOthers[] = {"STASHD_CLIENT_LIB", "STASHD_BIN_DIR",
+                                        "STASHD_GID",        "STASHD_TEST_SEED",
+                                        "STASHD_MARKER",     "STASHD_MARKER_ATTRIBUTE"};
+  std::vector<std::string> out;
+  if (env == nullptr) return out;
+  std::string known;
+  for (const Knob& knob : kKnobs) known += (known.empty() ? "" : ", ") + EnvName(knob.name);
+  for (char** e = env; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (entry.rfind("STASHD_", 0) != 0) continue;
+    const std::string name(entry.substr(0, entry.find('=')));
+    bool found = false;
+    std::string closest;
+    size_t best = SIZE_MAX;
+    for (const Knob& knob : kKnobs) {
+      const std::string env_name = EnvName(knob.name);
+      if (env_name == name) found = true;
+      if (const size_t d = Distance(name, env_name); d < best) {
+        best = d;
+        closest = env_name;
+      }
+    }
+    for (const char* other : kOthers) found = found || name == other;
+    if (found) continue;
+    std::string line = name + " is set but is no stashd knob; it is ignored.";
+    if (best <= 3) line += " Did you mean " + closest + "?";
+    out.push_back(line + " The knobs: " + known);
+  }
+  return out;
 }
 
 }  // namespace stash::daemon

@@ -24,11 +24,14 @@ struct DaemonConfig {
   uint64_t host_tier_bytes = 1ULL << 30;  // 0 = no host tier
   uint32_t devices = 1;                   // host backend: simulated GPUs, one pool each
   std::string log_level = "info";
-  std::string listen;            // "" = no TCP; else HOST:PORT, stats only
-  bool listen_sessions = false;  // the TCP listener also serves per-session rows
-  uint32_t copy_threads = 2;     // threads that split one large copy (>= 1)
-  uint32_t max_inflight = 4096;  // queued requests per session before
-                                 // RESOURCE_EXHAUSTED
+  std::string log_format = "text";  // "text" or "json" (one object per line)
+  std::string listen;               // "" = no TCP; else HOST:PORT, stats only
+  bool listen_sessions = false;     // the TCP listener also serves per-session rows
+  uint32_t copy_threads = 2;        // threads that split one large copy (>= 1)
+  uint32_t max_inflight = 4096;     // queued requests per session before
+                                    // RESOURCE_EXHAUSTED
+  uint32_t drain_timeout_s = 5;     // SIGTERM: seconds to let ranks reload before stopping
+  std::string metrics_listen;       // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.
   struct Entry {
@@ -45,7 +48,14 @@ struct CommandLine {
   enum class Action { kRun, kHelp, kVersion, kPrintConfig };
   Action action = Action::kRun;
   DaemonConfig config;
+  // Lines to log as warnings once logging is set up (e.g. a misspelled STASHD_* variable).
+  std::vector<std::string> warnings;
 };
+
+// Warnings for STASHD_* variables in `env` (NAME=value strings, a null-terminated array) that
+// are no stashd knob and no variable of the other stashd tools: one per variable, naming the
+// closest knob and listing the known ones.
+std::vector<std::string> UnknownEnvWarnings(char** env);
 
 // Parses argv (abseil flags; `--pool-bytes` and `--pool_bytes` both work) and the STASHD_*
 // environment. INVALID_ARGUMENT names the knob, the value and what is allowed. Call once per

@@ -1,4 +1,5 @@
 #include "daemon/core.h"
+#include "daemon/event_log.h"
 
 #include "common/bytes.h"
 #include "common/logging.h"
@@ -145,6 +146,11 @@ void DaemonCore::Stop() {
 StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hello,
                                                            ResponseSink* sink,
                                                            v1::Welcome* welcome) {
+  if (draining()) {
+    return UnavailableError("stashd on " + socket_path_ +
+                            " is draining (stashctl drain or SIGTERM) and takes no new sessions: "
+                            "start the job once it was restarted");
+  }
   STASH_RETURN_IF_ERROR(CheckHello(hello, backend_, static_cast<int>(pools_.size())));
   SessionInfo info;
   info.id = RandomHex(16);
@@ -190,10 +196,13 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
 void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
                                v1::SessionRequest request) {
   const auto received = std::chrono::steady_clock::now();
-  Status status = AdmitRequest(request, *session, limits_);
+  Status status = draining() && request.has_stash()
+                      ? UnavailableError(
+                            "stashd is draining and takes no new stashes: keep the "
+                            "buffer; reloads and releases of earlier stashes go on")
+                      : AdmitRequest(request, *session, limits_);
   if (!status.ok()) {
-    Log("rpc")->debug("session {}: request {} rejected: {}", session->info().id,
-                      request.request_id(), status.ToString());
+    EventLog::Get().Reject(session->info(), request, status);
     v1::SessionResponse r;
     r.set_request_id(request.request_id());
     r.set_code(static_cast<int>(status.code()));
@@ -270,8 +279,8 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
   SessionCounters& c = s.counters();
   v1::SessionStats row;
   row.set_session_id(info.id);
-  row.set_rank(info.rank);
-  row.set_pid(info.pid);
+  row.set_rank(static_cast<int32_t>(info.rank));
+  row.set_pid(static_cast<int32_t>(info.pid));
   row.set_pool(info.pool);
   row.set_label(info.label);
   row.set_age_s(s.AgeSeconds());
@@ -289,6 +298,10 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
   row.set_step_overflow(c.step_overflow.load());
   row.set_step_spilled(c.step_spilled.load());
   row.set_memories(c.memories.load());
+  row.set_bytes_live(c.bytes_live.load());
+  row.set_step(c.step.load());
+  row.set_step_begun(c.step_begun.load());
+  for (v1::LiveStashes& live : s.live_tags().Rows()) *row.add_live() = std::move(live);
   return row;
 }
 
@@ -297,6 +310,7 @@ v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
   v1::DaemonStats* d = out.mutable_daemon();
   d->set_version(kVersion);
   d->set_backend(backend_);
+  d->set_draining(draining());
   d->set_uptime_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   d->set_sessions_total(counters_.sessions_total.load());
   d->set_stashes(counters_.stashes.load());

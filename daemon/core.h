@@ -80,7 +80,17 @@ class DaemonCore {
   // before ending the streams at shutdown.
   void Stop();
 
+  // Draining (daemon/drain.cc): from now on OpenSession and Stash requests get UNAVAILABLE;
+  // reloads, releases and the rest go on. Idempotent; there is no way back but a restart.
+  void Drain();
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+  // What is left: sessions connected, and stashes held plus requests in flight over all of them.
+  uint64_t SessionsLive();
+  uint64_t StashesLive();
+
   stash::v1::Backend backend() const { return backend_; }
+  // The daemon-wide counters and histograms (metrics.cc reads them).
+  const DaemonCounters& counters() const { return counters_; }
   size_t pools() const { return pools_.size(); }
 
  private:
@@ -103,6 +113,7 @@ class DaemonCore {
   std::vector<Tier*> tiers_;             // every tier once, pools' own first; for stats
 
   DaemonCounters counters_;
+  std::atomic<bool> draining_{false};
 
   Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

@@ -24,7 +24,11 @@
 #include "common/version.h"
 #include "daemon/core.h"
 #include "daemon/descriptor_server.h"
+#include "daemon/memory_fit.h"
+#include "daemon/metrics.h"
+#include "daemon/reflection_v1.h"
 #include "daemon/service.h"
+#include "daemon/systemd.h"
 
 namespace stash::daemon {
 namespace {
@@ -124,8 +128,10 @@ struct Daemon::Impl {
   std::unique_ptr<DescriptorServer> descriptors;  // uses core: declared after it, gone before
   std::unique_ptr<StashServiceImpl> service;
   std::unique_ptr<StashServiceImpl> tcp_service;
+  std::unique_ptr<ReflectionV1Service> reflection_v1;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> tcp_server;
+  std::unique_ptr<MetricsServer> metrics;  // reads core: gone before it
   Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
 
@@ -139,6 +145,12 @@ Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Daemon::~Daemon() { Shutdown(); }
 
 const std::string& Daemon::socket_path() const { return impl_->socket_path; }
+
+void Daemon::Drain() { impl_->core->Drain(); }
+
+uint64_t Daemon::SessionsLive() { return impl_->core->SessionsLive(); }
+
+uint64_t Daemon::StashesLive() { return impl_->core->StashesLive(); }
 
 StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   auto log = Log("main");
@@ -202,7 +214,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     unlink(impl->socket_path.c_str());
   }
 
-  // Tiers and queues.
+  // Tiers and queues, if the machine can hold them.
+  STASH_RETURN_IF_ERROR(CheckMemoryFits(config, backend, ReadFreeMemory(backend)));
   STASH_ASSIGN_OR_RETURN(impl->core, DaemonCore::Create(config, backend, impl->socket_path));
 
   // The descriptor channel, before gRPC: a client that got its Welcome finds it there.
@@ -222,6 +235,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(GrpcUnixTarget(impl->socket_path), grpc::InsecureServerCredentials());
   builder.RegisterService(impl->service.get());
+  impl->reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      "stash.v1.StashService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+      "grpc.reflection.v1.ServerReflection"});
+  builder.RegisterService(impl->reflection_v1.get());
   builder.SetMaxReceiveMessageSize(16 << 20);
   // The socket is born 0660 (its mode is the access control): a chmod after bind would leave a
   // window in which clients connect to a socket with the umask's mode.
@@ -265,6 +282,18 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                                      : "node-level numbers only");
   }
 
+  if (!config.metrics_listen.empty()) {
+    auto metrics = MetricsServer::Start(config.metrics_listen, impl->core.get());
+    if (!metrics.ok()) {
+      if (impl->tcp_server != nullptr) impl->tcp_server->Shutdown();
+      impl->server->Shutdown();
+      return metrics.status();
+    }
+    impl->metrics = std::move(metrics).value();
+    const std::string host = config.metrics_listen.substr(0, config.metrics_listen.rfind(':'));
+    log->info("serving Prometheus metrics on http://{}:{}/metrics", host, impl->metrics->port());
+  }
+
   log->info(
       "stashd {} serving on {} (backend {}, {} pool(s) of {}, page {}, host tier {})", kVersion,
       impl->socket_path, backend == v1::BACKEND_CUDA ? "cuda" : "host", impl->core->pools(),
@@ -295,10 +324,56 @@ void Daemon::Shutdown() {
   if (impl_->tcp_server != nullptr) impl_->tcp_server->Shutdown(deadline);
   impl_->server->Shutdown(deadline);
   impl_->server->Wait();
+  impl_->metrics.reset();
   impl_->descriptors.reset();
   unlink(impl_->socket_path.c_str());
   unlink(impl_->lock_path.c_str());
   log->info("stopped; removed {}", impl_->socket_path);
+}
+
+// Drains until every session ended or held nothing (no stash, no request in flight) for a whole
+// second, `timeout` passed or another stop signal arrived. The second lets a rank finish what it
+// does after its last reload (a stats call, a clean close) instead of seeing the daemon vanish
+// under it; an idle session does not hold the stop up longer than that.
+static void DrainFor(Daemon& daemon, std::chrono::seconds timeout, const sigset_t& stop) {
+  if (timeout.count() == 0) return;
+  daemon.Drain();
+  auto log = Log("main");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Checked every 20 ms: the counters are spread over the sessions, and a stop need not be
+  // faster than that.
+  const struct timespec tick = {0, 20 * 1000 * 1000};
+  auto idle_since = std::chrono::steady_clock::time_point::max();
+  while (true) {
+    const uint64_t sessions = daemon.SessionsLive();
+    if (sessions == 0) {
+      log->info("drained: every session ended");
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (daemon.StashesLive() != 0) {
+      idle_since = std::chrono::steady_clock::time_point::max();
+    } else if (idle_since == std::chrono::steady_clock::time_point::max()) {
+      idle_since = now;
+    } else if (now - idle_since >= std::chrono::seconds(1)) {
+      log->info("drained: {} session(s) hold nothing", sessions);
+      return;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      log->warn(
+          "drain timeout ({} s): stopping with {} session(s) holding {} stash(es) or "
+          "request(s); their pages return and their ranks see UNAVAILABLE",
+          timeout.count(), sessions, daemon.StashesLive());
+      return;
+    }
+    if (sigtimedwait(&stop, nullptr, &tick) > 0) {
+      log->warn(
+          "second stop signal: stopping now with {} session(s) holding {} stash(es) or "
+          "request(s)",
+          sessions, daemon.StashesLive());
+      return;
+    }
+  }
 }
 
 int RunDaemon(const DaemonConfig& config) {
@@ -315,10 +390,13 @@ int RunDaemon(const DaemonConfig& config) {
     std::fprintf(stderr, "stashd: %s\n", daemon.status().message().c_str());
     return 1;
   }
+  NotifyReady("serving on " + (*daemon)->socket_path());
   int sig = 0;
   while (sigwait(&stop, &sig) != 0) {
   }
   Log("main")->info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  NotifyStopping("draining, then stopping");
+  DrainFor(**daemon, std::chrono::seconds(config.drain_timeout_s), stop);
   (*daemon)->Shutdown();
   return 0;
 }

@@ -27,6 +27,12 @@ class Daemon {
 
   const std::string& socket_path() const;
 
+  // Starts draining: new sessions and stashes are refused, the rest goes on (DaemonCore::Drain).
+  void Drain();
+  // Sessions connected (0 = drained), and stashes held plus requests in flight over all of them.
+  uint64_t SessionsLive();
+  uint64_t StashesLive();
+
   // Stops accepting, ends every session (their pages return), removes the socket. Idempotent.
   void Shutdown();
 
@@ -36,7 +42,9 @@ class Daemon {
   std::unique_ptr<Impl> impl_;
 };
 
-// Runs a daemon in the foreground until SIGTERM or SIGINT, then shuts it down cleanly.
+// Runs a daemon in the foreground until SIGTERM or SIGINT, then drains (new sessions and stashes
+// refused) until every session ended, for up to config.drain_timeout_s (a second signal cuts it
+// short), and shuts it down cleanly.
 // Returns the process exit code: 0 after a clean stop, 1 when it could not start.
 int RunDaemon(const DaemonConfig& config);
 

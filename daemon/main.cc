@@ -8,6 +8,7 @@
 #include "daemon/config.h"
 #include "daemon/core.h"
 #include "daemon/daemon.h"
+#include "daemon/planned_config.h"
 #include "stash/v1/stash.pb.h"
 
 int main(int argc, char** argv) {
@@ -25,9 +26,10 @@ int main(int argc, char** argv) {
       std::printf("stashd %s\n", stash::kVersion);
       return 0;
     case d::CommandLine::Action::kPrintConfig: {
-      stash::v1::GetConfigResponse config;
-      d::AddConfigEntries(parsed->config, &config);
-      config.set_version(stash::kVersion);
+      for (const std::string& warning : parsed->warnings) {
+        std::fprintf(stderr, "stashd: warning: %s\n", warning.c_str());
+      }
+      const stash::v1::GetConfigResponse config = d::PlannedConfig(parsed->config);
       std::string json;
       google::protobuf::util::JsonPrintOptions options;
       options.add_whitespace = true;
@@ -41,5 +43,7 @@ int main(int argc, char** argv) {
       break;
   }
   stash::SetLogLevel(*stash::ParseLogLevel(parsed->config.log_level));
+  stash::SetLogFormat(*stash::ParseLogFormat(parsed->config.log_format));
+  for (const std::string& warning : parsed->warnings) stash::Log("main")->warn("{}", warning);
   return d::RunDaemon(parsed->config);
 }

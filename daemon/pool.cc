@@ -1,4 +1,5 @@
 #include "daemon/pool.h"
+#include "daemon/event_log.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -506,6 +507,7 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
     c.overflows.fetch_add(1, std::memory_order_relaxed);
     c.step_overflow.store(true, std::memory_order_relaxed);
     counters_->overflows.fetch_add(1, std::memory_order_relaxed);
+    EventLog::Get().Overflow(s.info(), st, plan.rows);
   } else {
     const bool spilled = plan.placement == kernels::Placement::kHost;
     done->set_tier(spilled ? v1::TIER_HOST : v1::TIER_DEVICE);
@@ -515,12 +517,15 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
     c.bytes_stashed.fetch_add(plan.bytes, std::memory_order_relaxed);
     c.stashes_live.fetch_add(1, std::memory_order_relaxed);
     c.pages_live.fetch_add(plan.pages, std::memory_order_relaxed);
+    c.bytes_live.fetch_add(plan.bytes, std::memory_order_relaxed);
+    s.live_tags().Add(st.ticket(), st.layer(), st.microbatch(), st.name(), plan.bytes, plan.pages);
     counters_->stashes.fetch_add(1, std::memory_order_relaxed);
     counters_->bytes_stashed.fetch_add(plan.bytes, std::memory_order_relaxed);
     if (spilled) {
       c.spills.fetch_add(1, std::memory_order_relaxed);
       c.step_spilled.store(true, std::memory_order_relaxed);
       counters_->spills.fetch_add(1, std::memory_order_relaxed);
+      EventLog::Get().Spill(s.info(), st, plan.bytes);
     }
     if (plan.bytes > 0) counters_->stash_copy.Add(plan.bytes, copy_seconds);
   }
@@ -582,6 +587,8 @@ void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest&
         const kernels::StashPlan& plan = record->plan;
         c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
         c.pages_live.fetch_sub(plan.pages, std::memory_order_relaxed);
+        c.bytes_live.fetch_sub(plan.bytes, std::memory_order_relaxed);
+        session.live_tags().Remove(reload.ticket());
         c.reloads.fetch_add(1, std::memory_order_relaxed);
         c.bytes_reloaded.fetch_add(plan.bytes, std::memory_order_relaxed);
         counters_->reloads.fetch_add(1, std::memory_order_relaxed);
@@ -629,6 +636,8 @@ void Pool::DoRelease(const std::shared_ptr<Session>& s, const v1::SessionRequest
         }
         c.stashes_live.fetch_sub(1, std::memory_order_relaxed);
         c.pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
+        c.bytes_live.fetch_sub(record->plan.bytes, std::memory_order_relaxed);
+        s->live_tags().Remove(ticket);
         c.releases.fetch_add(1, std::memory_order_relaxed);
         counters_->releases.fetch_add(1, std::memory_order_relaxed);
         v1::SessionResponse r = Reply(req.request_id());
@@ -648,6 +657,8 @@ void Pool::DoBeginStep(const std::shared_ptr<Session>& s, const v1::SessionReque
     begun->set_overflow(c.step_overflow.exchange(false, std::memory_order_relaxed));
     begun->set_spilled(c.step_spilled.exchange(false, std::memory_order_relaxed));
     begun->set_live_stashes(s->stashes().size());
+    c.step.store(req.begin_step().step(), std::memory_order_relaxed);
+    c.step_begun.store(true, std::memory_order_relaxed);
     s->Send(std::move(r));
   }));
 }
@@ -657,14 +668,16 @@ void Pool::DoTeardown(const std::shared_ptr<Session>& s, CopyExecutor::Then clos
   for (auto& [ticket, record] : s->stashes()) {
     ReloadWork work;  // release
     work.record = record.get();
-    executor_->Reload(work, Track([s, record = record] {
-                        if (record->tier == nullptr) return;
-                        s->counters().stashes_live.fetch_sub(1, std::memory_order_relaxed);
-                        s->counters().pages_live.fetch_sub(record->plan.pages,
-                                                           std::memory_order_relaxed);
-                      }));
+    executor_->Reload(
+        work, Track([s, record = record] {
+          if (record->tier == nullptr) return;
+          s->counters().stashes_live.fetch_sub(1, std::memory_order_relaxed);
+          s->counters().pages_live.fetch_sub(record->plan.pages, std::memory_order_relaxed);
+          s->counters().bytes_live.fetch_sub(record->plan.bytes, std::memory_order_relaxed);
+        }));
   }
   s->stashes().clear();
+  s->live_tags().Clear();
   // The mappings close once the work in flight (and the releases above) finished.
   // Everything submitted before (the session's copies and done writes included) has finished
   // then: only now may its stream end (CloseSession).

@@ -198,4 +198,22 @@ grpc::ServerUnaryReactor* StashServiceImpl::GetConfig(grpc::CallbackServerContex
                                      [this] { return core_->Config(); });
 }
 
+grpc::ServerUnaryReactor* StashServiceImpl::Drain(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  if (!allow_sessions_) {
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                 "the TCP listener is read-only: drain over the Unix socket"));
+    return reactor;
+  }
+  return Unary<v1::DrainRequest>(context, request, response, [this] {
+    core_->Drain();
+    v1::DrainResponse answer;
+    answer.set_sessions_live(core_->SessionsLive());
+    answer.set_stashes_live(core_->StashesLive());
+    return answer;
+  });
+}
+
 }  // namespace stash::daemon

@@ -17,7 +17,8 @@ using RawStashService = stash::v1::StashService::WithRawCallbackMethod_Session<
     stash::v1::StashService::WithRawCallbackMethod_GetStats<
         stash::v1::StashService::WithRawCallbackMethod_ListSessions<
             stash::v1::StashService::WithRawCallbackMethod_GetConfig<
-                stash::v1::StashService::Service>>>>;
+                stash::v1::StashService::WithRawCallbackMethod_Drain<
+                    stash::v1::StashService::Service>>>>>;
 
 class StashServiceImpl final : public RawStashService {
  public:
@@ -39,6 +40,9 @@ class StashServiceImpl final : public RawStashService {
   grpc::ServerUnaryReactor* GetConfig(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
 
  private:
   DaemonCore* const core_;  // non-owning

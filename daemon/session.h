@@ -17,6 +17,7 @@
 
 #include "common/unique_fd.h"
 #include "daemon/executor.h"
+#include "daemon/live_tags.h"
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
 
@@ -59,10 +60,13 @@ struct SessionCounters {
   std::atomic<uint64_t> rejected{0};
   std::atomic<uint64_t> stashes_live{0};
   std::atomic<uint64_t> pages_live{0};
+  std::atomic<uint64_t> bytes_live{0};
   std::atomic<uint64_t> inflight{0};
   std::atomic<uint64_t> memories{0};
   std::atomic<bool> step_overflow{false};
   std::atomic<bool> step_spilled{false};
+  std::atomic<uint64_t> step{0};  // of the last BeginStep
+  std::atomic<bool> step_begun{false};
 };
 
 // Who is at the other end of a descriptor-channel connection (SO_PEERCRED, in the daemon's pid
@@ -95,6 +99,8 @@ class Session {
 
   const SessionInfo& info() const { return info_; }
   SessionCounters& counters() { return counters_; }
+  // What it holds now by (layer, microbatch, name); thread-safe.
+  LiveTags& live_tags() { return live_tags_; }
   double AgeSeconds() const;
 
   // Sends a response if the stream is still there; drops it otherwise. Counts non-OK codes.
@@ -159,6 +165,7 @@ class Session {
   std::atomic<uint64_t>* const daemon_rejected_;  // non-owning, may be null
 
   SessionCounters counters_;
+  LiveTags live_tags_;
   std::atomic<bool> closed_{false};
 
   Mutex sink_mu_;

@@ -5,6 +5,7 @@
 namespace stash::daemon {
 
 void SampleWindow::Add(double value) {
+  histogram_.Observe(value);
   MutexLock lock(&mu_);
   if (samples_.size() < capacity_) {
     samples_.push_back(value);
@@ -27,7 +28,13 @@ double SampleWindow::Quantile(double q) const {
   return copy[k];
 }
 
+// Copy rates from 100 MB/s to 1 TB/s, in bytes per second.
+ThroughputWindow::ThroughputWindow(size_t capacity)
+    : capacity_(capacity),
+      histogram_({1e8, 2.5e8, 5e8, 1e9, 2.5e9, 5e9, 1e10, 2.5e10, 5e10, 1e11, 2.5e11, 1e12}) {}
+
 void ThroughputWindow::Add(uint64_t bytes, double seconds) {
+  if (seconds > 0) histogram_.Observe(static_cast<double>(bytes) / seconds);
   MutexLock lock(&mu_);
   if (samples_.size() < capacity_) {
     samples_.emplace_back(bytes, seconds);

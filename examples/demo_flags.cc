@@ -112,6 +112,14 @@ const FlagSpec kFlags[] = {
      "Static budget: max_tokens = round_up(tokens * topk * F, 32) rows per layer; routed "
      "tokens beyond it are dropped and counted (0 < F <= 64)",
      [](std::string_view v, DemoFlags* f) { return ParseFactor(v, &f->capacity_factor); }},
+    {"hold-command", "CMD", "(none)",
+     "Once every rank holds its last step's stashes (forward done, backward not started), run "
+     "CMD with /bin/sh and wait for it; the ranks then finish. $STASH_DEMO_RANK_PIDS holds the "
+     "ranks' pids. E.g. --hold-command='stashctl stats' shows the pages the ranks hold",
+     [](std::string_view v, DemoFlags* f) {
+       f->hold_command = std::string(v);
+       return std::string();
+     }},
 };
 
 const FlagSpec* FindFlag(std::string_view name) {

@@ -22,6 +22,9 @@ struct DemoFlags {
   int steps = 3;                 // training steps
   uint64_t seed = 1;             // base seed of routing, inputs and weights
   double capacity_factor = 1.5;  // static budget = tokens * topk * capacity_factor, padded
+  // Run by /bin/sh while every rank holds its last step's stashes (after that forward pass,
+  // before its backward); the ranks go on when it exits. Empty = none.
+  std::string hold_command;
 };
 
 struct ParsedCommandLine {

@@ -1,13 +1,17 @@
 #include "examples/launcher.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -30,6 +34,7 @@ struct Child {
   bool has_totals = false;  // it reported its totals: it finished every step
   bool parity_failed = false;
   bool reported_error = false;
+  bool holding = false;  // it holds its last step's stashes and waits for the hold byte
   RankTotals totals;
   int wait_status = 0;
 };
@@ -53,11 +58,18 @@ class Launcher {
     // Nothing buffered may be inherited and printed twice.
     std::fflush(stdout);
     std::fflush(stderr);
+    if (!flags_.hold_command.empty() && ::pipe2(hold_, O_CLOEXEC) != 0) {
+      std::fprintf(stderr, "stash-demo: cannot create the hold pipe: %s\n", std::strerror(errno));
+      return 1;
+    }
     int started = 0;
     for (; started < flags_.ranks; ++started) {
       if (!Start(started)) break;
     }
+    if (hold_[0] >= 0) ::close(hold_[0]);
+    hold_[0] = -1;
     Collect(started);
+    Release();
     for (int r = 0; r < started; ++r) Reap(children_[static_cast<size_t>(r)]);
     return Verdict(started);
   }
@@ -77,10 +89,15 @@ class Launcher {
       return false;
     }
     if (pid == 0) {
+      // The rank ends with the launcher: SIGTERM when it dies (also when it was killed), so no
+      // rank trains on for nobody. A launcher that died before prctl leaves us with another
+      // parent already.
+      if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != launcher_) ::_exit(1);
       // The rank: keep only its own write end. _exit skips the launcher's atexit work.
       for (int r = 0; r < rank; ++r) ::close(children_[static_cast<size_t>(r)].fd);
       ::close(fds[0]);
-      const int code = RunRank(flags_, rank, fds[1]);
+      if (hold_[1] >= 0) ::close(hold_[1]);
+      const int code = RunRank(flags_, rank, fds[1], hold_[0]);
       ::_exit(code);
     }
     ::close(fds[1]);  // so the pipe reads EOF when the rank is gone
@@ -111,6 +128,7 @@ class Launcher {
         if (fds[i].revents != 0) Read(ranks[i]);
       }
       PrintReadySteps(started);
+      MaybeRunHoldCommand(started);
     }
     finished_ = true;
     PrintReadySteps(started);
@@ -150,6 +168,8 @@ class Launcher {
     } else if (kind == kParityLine && fields.size() == 1) {
       c.parity_failed = true;
       parity_lines_.push_back(fields[0]);
+    } else if (kind == kHoldLine) {
+      c.holding = true;
     } else if (kind == kTotalsLine) {
       if (std::optional<RankTotals> t = DecodeTotals(fields)) {
         c.totals = *t;
@@ -196,6 +216,46 @@ class Launcher {
       }
     }
     std::fflush(stdout);
+  }
+
+  // Once every rank holds its last step's stashes (or ended), runs --hold-command, then lets
+  // the ranks go on.
+  void MaybeRunHoldCommand(int started) {
+    if (hold_[1] < 0) return;
+    std::string pids;
+    for (int r = 0; r < started; ++r) {
+      const Child& c = children_[static_cast<size_t>(r)];
+      if (!c.holding && !c.eof) return;
+      if (c.holding) pids += (pids.empty() ? "" : " ") + std::to_string(c.pid);
+    }
+    if (!pids.empty()) {
+      std::printf("stash-demo: every rank holds step %d's stashes; running --hold-command\n",
+                  flags_.steps - 1);
+      std::fflush(stdout);
+      ::setenv("STASH_DEMO_RANK_PIDS", pids.c_str(), 1);
+      const int status = std::system(flags_.hold_command.c_str());
+      std::fflush(stdout);
+      if (status != 0) {
+        hold_error_ = "--hold-command '" + flags_.hold_command + "' failed (wait status " +
+                      std::to_string(status) + ")";
+      }
+    }
+    Release();
+  }
+
+  // One byte per rank through the hold pipe, then closing it: every holding rank goes on.
+  void Release() {
+    if (hold_[1] < 0) return;
+    const std::string bytes(static_cast<size_t>(flags_.ranks), 'g');
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(hold_[1], bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // no rank reads any more
+      done += static_cast<size_t>(n);
+    }
+    ::close(hold_[1]);
+    hold_[1] = -1;
   }
 
   void Reap(Child& c) {
@@ -269,10 +329,11 @@ class Launcher {
     for (const std::string& line : parity_lines_) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
 
+    if (!hold_error_.empty()) errors_.emplace_back(hold_error_, std::vector<int>{});
     // Errors once per distinct message: "no daemon" on every rank is one line.
     for (const auto& [message, ranks] : errors_) {
       std::string who;
-      if (static_cast<int>(ranks.size()) < flags_.ranks || flags_.ranks == 1) {
+      if (!ranks.empty() && (static_cast<int>(ranks.size()) < flags_.ranks || flags_.ranks == 1)) {
         who = ranks.size() == 1 ? "rank " : "ranks ";
         for (size_t i = 0; i < ranks.size(); ++i) {
           who += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
@@ -299,6 +360,9 @@ class Launcher {
   }
 
   const DemoFlags flags_;
+  const pid_t launcher_ = ::getpid();
+  int hold_[2] = {-1, -1};  // the hold pipe (--hold-command): ranks read, the launcher writes
+  std::string hold_error_;  // why --hold-command failed; empty = it did not
   std::vector<Child> children_;
   std::map<std::pair<int, int>, std::string> steps_;  // (step, rank) -> line, not printed yet
   std::vector<std::string> parity_lines_;

@@ -1,6 +1,10 @@
 #include "examples/rank.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -35,8 +39,8 @@ Status CheckStepFlags(const char* when, bool overflow, bool spilled, const Stash
 
 class Rank {
  public:
-  Rank(const DemoFlags& flags, int rank, int report_fd)
-      : flags_(flags), rank_(rank), report_(report_fd) {
+  Rank(const DemoFlags& flags, int rank, int report_fd, int hold_fd)
+      : flags_(flags), rank_(rank), report_(report_fd), hold_fd_(hold_fd) {
     shape_.max_tokens = TokenBudget(flags.tokens, flags.topk, flags.capacity_factor);
     shape_.hidden = flags.hidden;
     shape_.experts = flags.experts;
@@ -143,6 +147,9 @@ class Rank {
     if (Status s = CheckStepFlags("CurrentStepFlags", now.overflow, now.spilled, tally); !s.ok()) {
       return Prefixed(step, s);
     }
+    if (step + 1 == flags_.steps && hold_fd_ >= 0) {
+      if (Status s = Hold(); !s.ok()) return Prefixed(step, s);
+    }
     if (Status s = StashedBackward(inputs, &got); !s.ok()) return Prefixed(step, s);
 
     // Worst case: every layer's input kept at the static budget, as without paging.
@@ -212,6 +219,23 @@ class Rank {
     return store_->tally();
   }
 
+  // Tells the launcher this rank holds its last step's stashes, then waits for its byte.
+  Status Hold() {
+    report_.Write(kHoldLine, {});
+    char byte = 0;
+    while (true) {
+      const ssize_t n = ::read(hold_fd_, &byte, 1);
+      if (n == 1) return Status::Ok();
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0)
+        return InternalError(std::string("cannot read the hold pipe: ") + std::strerror(errno));
+      // End of file without the byte: the launcher died (it always writes before closing). Its
+      // death signal (PR_SET_PDEATHSIG, SIGTERM) is on its way and ends this process; going on
+      // would train and report to nobody.
+      while (true) ::pause();
+    }
+  }
+
   // "step 1: <message>"; step -1 = before the first step. The launcher names the rank.
   static Status Prefixed(int step, const Status& status) {
     if (step < 0) return status;
@@ -221,6 +245,7 @@ class Rank {
   const DemoFlags flags_;
   const int rank_;
   ReportWriter report_;
+  const int hold_fd_;  // -1 = no hold; not owned
   StackShape shape_;
   std::vector<std::vector<float>> weights_;
   // The store's buffers are registered with the session: the store goes first.
@@ -235,8 +260,8 @@ class Rank {
 
 }  // namespace
 
-int RunRank(const DemoFlags& flags, int rank, int report_fd) {
-  Rank r(flags, rank, report_fd);
+int RunRank(const DemoFlags& flags, int rank, int report_fd, int hold_fd) {
+  Rank r(flags, rank, report_fd, hold_fd);
   return r.Run();
 }
 

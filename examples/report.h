@@ -17,11 +17,13 @@ namespace stash::demo {
 //   error   text                                           the rank stopped on this error
 //   parity  text                                           bits differ: rank, step, layer, element
 //   totals  RankTotals fields                              the rank's whole run
+//   hold    (none)                                         holding the last step's stashes
 inline constexpr std::string_view kOpenLine = "open";
 inline constexpr std::string_view kStepLine = "step";
 inline constexpr std::string_view kErrorLine = "error";
 inline constexpr std::string_view kParityLine = "parity";
 inline constexpr std::string_view kTotalsLine = "totals";
+inline constexpr std::string_view kHoldLine = "hold";
 
 // A rank's run, summed over its steps.
 struct RankTotals {

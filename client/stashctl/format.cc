@@ -22,11 +22,13 @@ std::string Num(uint64_t value) { return std::to_string(value); }
 std::string RankText(int64_t rank) { return rank < 0 ? "-" : std::to_string(rank); }
 std::string OrDash(const std::string& text) { return text.empty() ? "-" : text; }
 
+// "12 overflow,spilled", "12" (no flag), "- spilled" (no BeginStep yet), "-".
 std::string StepFlags(const v1::SessionStats& s) {
-  if (s.step_overflow() && s.step_spilled()) return "overflow,spilled";
-  if (s.step_overflow()) return "overflow";
-  if (s.step_spilled()) return "spilled";
-  return "-";
+  std::string flags;
+  if (s.step_overflow()) flags = "overflow";
+  if (s.step_spilled()) flags += flags.empty() ? "spilled" : ",spilled";
+  const std::string step = s.step_begun() ? std::to_string(s.step()) : "-";
+  return flags.empty() ? step : step + " " + flags;
 }
 
 // Control characters become '?'; everything else (UTF-8 included) passes.
@@ -56,14 +58,16 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
       columns.end(),
       {{"RANK", A::kRight}, {"PID", A::kRight}, {"POOL", A::kRight}, {"LABEL", A::kLeft}});
   if (with_identity) columns.push_back({"AGE", A::kRight});
+  // Every header names its unit: counts of stashes or requests unless it says bytes or pages.
   columns.insert(columns.end(), {{"STASHES", A::kRight},
                                  {"RELOADS", A::kRight},
-                                 {"BYTES", A::kRight},
+                                 {"STASHED BYTES", A::kRight},
+                                 {"HELD BYTES", A::kRight},
+                                 {"HELD PAGES", A::kRight},
                                  {"SPILLS", A::kRight},
                                  {"OVERFLOWS", A::kRight},
                                  {"REJECTED", A::kRight},
-                                 {"LIVE PAGES", A::kRight},
-                                 {"STEP", A::kLeft}});
+                                 {"STEP FLAGS", A::kLeft}});
   Table table(std::move(columns));
   for (const v1::SessionStats& s : sessions) {
     std::vector<std::string> row;
@@ -77,10 +81,11 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
     row.push_back(Num(s.stashes()));
     row.push_back(Num(s.reloads()));
     row.push_back(FormatBytes(s.bytes_stashed()));
+    row.push_back(FormatBytes(s.bytes_live()));
+    row.push_back(Num(s.pages_live()));
     row.push_back(Num(s.spills()));
     row.push_back(Num(s.overflows()));
     row.push_back(Num(s.rejected()));
-    row.push_back(Num(s.pages_live()));
     row.push_back(StepFlags(s));
     table.AddRow(std::move(row));
   }
@@ -139,7 +144,9 @@ std::string FormatLatencyUs(double us, bool valid) {
 
 std::string FormatGbps(double gbps) {
   if (!std::isfinite(gbps) || gbps <= 0) return "-";
-  return Printf(gbps < 10 ? "%.2f GB/s" : "%.1f GB/s", gbps);
+  const double gib = gbps * 1e9 / static_cast<double>(1ULL << 30);
+  if (gib < 1) return Printf(gib * 1024 < 10 ? "%.2f MiB/s" : "%.1f MiB/s", gib * 1024);
+  return Printf(gib < 10 ? "%.2f GiB/s" : "%.1f GiB/s", gib);
 }
 
 std::string BackendName(v1::Backend backend) {
@@ -219,7 +226,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   std::string out;
   out += "stashd " + OrDash(d.version()) + "  backend " + BackendName(d.backend()) + "  up " +
          FormatDuration(d.uptime_s()) + "  sessions " + Num(d.sessions_live()) + " live / " +
-         Num(d.sessions_total()) + " total\n";
+         Num(d.sessions_total()) + " total" + (d.draining() ? "  DRAINING" : "") + "\n";
   out += "stashes " + Num(d.stashes()) + "  reloads " + Num(d.reloads()) + "  releases " +
          Num(d.releases()) + "  stashed " + FormatBytes(d.bytes_stashed()) + "  reloaded " +
          FormatBytes(d.bytes_reloaded()) + "\n";
@@ -233,10 +240,11 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   using A = Table::Align;
   Table tiers({{"TIER", A::kLeft},
                {"USAGE", A::kLeft},
-               {"PAGES", A::kRight},
-               {"USED / TOTAL", A::kRight},
-               {"PAYLOAD", A::kRight},
-               {"HIGH-WATER", A::kRight},
+               {"USED/TOTAL PAGES", A::kRight},
+               {"USED / TOTAL BYTES", A::kRight},
+               {"PAYLOAD BYTES", A::kRight},
+               {"HIGH WATER PAGES", A::kRight},
+               {"HIGH WATER BYTES", A::kRight},
                {"LIVE STASHES", A::kRight}});
   for (const v1::TierStats& t : stats.tiers()) {
     tiers.AddRow({t.name(), UsageBar(t.pages_used(), t.pages_total()),
@@ -244,7 +252,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
                   FormatBytes(t.pages_used() * t.page_bytes()) + " / " +
                       FormatBytes(t.pages_total() * t.page_bytes()),
                   FormatBytes(t.bytes_stashed()), Num(t.pages_high_water()),
-                  Num(t.stashes_live())});
+                  FormatBytes(t.pages_high_water() * t.page_bytes()), Num(t.stashes_live())});
   }
   out += "\n";
   out += tiers.Render();
@@ -261,11 +269,34 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
 }
 
 std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
-                           uint64_t omitted) {
+                           uint64_t omitted, bool detail) {
   if (sessions.empty() && omitted == 0) return "no sessions connected\n";
   std::string out;
   if (!sessions.empty()) out += SessionTable(sessions, /*with_identity=*/true);
-  return out + OmittedLine(omitted);
+  out += OmittedLine(omitted);
+  if (!detail) return out;
+  using A = Table::Align;
+  for (const v1::SessionStats& s : sessions) {
+    out += "\nsession " + OrDash(s.session_id().substr(0, 8)) + " (rank " + RankText(s.rank()) +
+           ", pool " + std::to_string(s.pool()) + "): ";
+    if (s.live().empty()) {
+      out += "holds no stashes\n";
+      continue;
+    }
+    out += "live stashes by layer, microbatch and name\n";
+    Table table({{"LAYER", A::kRight},
+                 {"MICROBATCH", A::kRight},
+                 {"NAME", A::kLeft},
+                 {"STASHES", A::kRight},
+                 {"HELD BYTES", A::kRight},
+                 {"HELD PAGES", A::kRight}});
+    for (const v1::LiveStashes& l : s.live()) {
+      table.AddRow({Num(l.layer()), Num(l.microbatch()), OrDash(l.name()), Num(l.stashes()),
+                    FormatBytes(l.bytes()), Num(l.pages())});
+    }
+    out += table.Render();
+  }
+  return out;
 }
 
 std::string RenderConfig(const v1::GetConfigResponse& config) {

@@ -24,7 +24,8 @@ std::string FormatDuration(double seconds);
 // "3.2 us", "41 us", "503.4 ms", "12.0 s"; "-" when `valid` is false (nothing measured yet).
 std::string FormatLatencyUs(double us, bool valid);
 
-// "12.4 GB/s" (1e9 bytes per second); "-" when zero (nothing measured yet).
+// A rate given in GB/s (1e9 bytes per second, as the protocol has it) shown in the family of the
+// sizes (powers of 1024): "11.6 GiB/s", "512.0 MiB/s"; "-" when zero (nothing measured yet).
 std::string FormatGbps(double gbps);
 
 // "host", "cuda" or "unspecified".
@@ -64,9 +65,10 @@ size_t DisplayWidth(std::string_view text);
 std::string RenderStats(const v1::GetStatsResponse& stats);
 
 // The session table alone (`stashctl sessions`); a line saying there are none when empty, and
-// one saying how many the daemon left out (`omitted`) when it did.
+// one saying how many the daemon left out (`omitted`) when it did. With `detail`, then per
+// session what it holds now by layer, microbatch and name.
 std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
-                           uint64_t omitted = 0);
+                           uint64_t omitted = 0, bool detail = false);
 
 // The daemon's identity, pools and geometry, then the knob table (`stashctl config`).
 std::string RenderConfig(const v1::GetConfigResponse& config);

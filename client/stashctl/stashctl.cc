@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -37,6 +38,7 @@
 ABSL_FLAG(std::string, stashctl_socket, "", "Unix socket of the daemon");
 ABSL_FLAG(std::string, stashctl_target, "", "HOST:PORT of a read-only TCP listener");
 ABSL_FLAG(bool, stashctl_json, false, "print JSON");
+ABSL_FLAG(bool, stashctl_detail, false, "sessions: live stashes by tag");
 ABSL_FLAG(double, stashctl_watch, 0, "refresh period, seconds");
 ABSL_FLAG(int64_t, stashctl_count, 0, "frames to print with --watch");
 ABSL_FLAG(double, stashctl_timeout, 2, "deadline per request, seconds");
@@ -80,6 +82,10 @@ const FlagSpec kFlags[] = {
      "Print the reply as one JSON object for scripts (proto field names, every field present; "
      "64-bit counters are strings, as proto3 JSON has them)",
      "true or false", [](std::string_view v, Options* o) { return Parse(v, &o->json); }},
+    {"detail", nullptr,
+     "With sessions: also what each session holds now by layer, microbatch and name (JSON "
+     "always has it, as `live`)",
+     "true or false", [](std::string_view v, Options* o) { return Parse(v, &o->detail); }},
     {"watch", "SECONDS",
      "Refresh every SECONDS (fractions allowed) until Ctrl-C. A terminal is cleared between "
      "frames; a pipe gets frames separated by a blank line (with --json: one object per line)",
@@ -111,6 +117,9 @@ const CommandSpec kCommands[] = {
      "the daemon's effective knobs (value, where it came from, help), backend, socket, pools"},
     {"health", Command::kHealth,
      "the gRPC health check: prints SERVING and exits 0, else prints the status and exits 1"},
+    {"drain", Command::kDrain,
+     "start draining without stopping: new sessions and stashes are refused, ranks reload what "
+     "they stashed (SIGTERM does the same, then stops); `stashctl stats` shows what is left"},
 };
 
 const FlagSpec* FindFlag(std::string_view name) {
@@ -157,6 +166,11 @@ class Connection {
     grpc::ClientContext context;
     SetDeadline(&context);
     return stash_->ListSessions(&context, v1::ListSessionsRequest(), reply);
+  }
+  grpc::Status Drain(v1::DrainResponse* reply) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stash_->Drain(&context, v1::DrainRequest(), reply);
   }
   grpc::Status GetConfig(v1::GetConfigResponse* reply) {
     grpc::ClientContext context;
@@ -264,13 +278,24 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
       v1::ListSessionsResponse reply;
       grpc::Status status = connection.ListSessions(&reply);
       finish("ListSessions", status, reply,
-             status.ok() ? RenderSessions(reply.sessions(), reply.sessions_omitted()) : "");
+             status.ok() ? RenderSessions(reply.sessions(), reply.sessions_omitted(), options.detail)
+                         : "");
       break;
     }
     case Command::kConfig: {
       v1::GetConfigResponse reply;
       grpc::Status status = connection.GetConfig(&reply);
       finish("GetConfig", status, reply, status.ok() ? RenderConfig(reply) : "");
+      break;
+    }
+    case Command::kDrain: {
+      v1::DrainResponse reply;
+      grpc::Status status = connection.Drain(&reply);
+      finish("Drain", status, reply,
+             "draining: stashd on " + Where(options) + " refuses new sessions and stashes; " +
+                 std::to_string(reply.sessions_live()) + " session(s) hold " +
+                 std::to_string(reply.stashes_live()) +
+                 " stash(es) or request(s) in flight (see stashctl stats)\n");
       break;
     }
     case Command::kHealth: {
@@ -463,10 +488,12 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
   options.socket = absl::GetFlag(FLAGS_stashctl_socket);
   options.target = absl::GetFlag(FLAGS_stashctl_target);
   options.json = absl::GetFlag(FLAGS_stashctl_json);
+  options.detail = absl::GetFlag(FLAGS_stashctl_detail);
   options.watch_s = absl::GetFlag(FLAGS_stashctl_watch);
   options.count = absl::GetFlag(FLAGS_stashctl_count);
   options.timeout_s = absl::GetFlag(FLAGS_stashctl_timeout);
   const CommandSpec* command = nullptr;
+  bool version = false;  // --version: the rest of the line still says which daemon to ask
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h" || arg == "--helpfull" || arg == "help") {
@@ -474,8 +501,8 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
       return result;
     }
     if (arg == "--version") {
-      result.action = CommandLine::Action::kVersion;
-      return result;
+      version = true;
+      continue;
     }
     if (arg.rfind("--", 0) != 0) {
       if (arg.size() > 1 && arg[0] == '-') {
@@ -487,7 +514,7 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
       }
       if (found == nullptr) {
         return InvalidArgumentError("unknown command '" + arg +
-                                    "': expected stats, sessions, config or health (see "
+                                    "': expected stats, sessions, config, health or drain (see "
                                     "stashctl --help)");
       }
       if (command != nullptr) {
@@ -518,9 +545,14 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
     }
     if (!flag->apply(value, &options)) return BadValue(*flag, value);
   }
+  if (version) {
+    result.action = CommandLine::Action::kVersion;
+    if (options.target.empty()) options.socket = ClientSocketPath(options.socket);
+    return result;
+  }
   if (command == nullptr) {
     return InvalidArgumentError(
-        "no command given: use stats, sessions, config or health (see stashctl --help)");
+        "no command given: use stats, sessions, config, health or drain (see stashctl --help)");
   }
   options.command = command->command;
   if (options.count > 0 && options.watch_s <= 0) {
@@ -562,10 +594,23 @@ int RunStashctl(int argc, char** argv, std::ostream& out, std::ostream& err, boo
       out << UsageText();
       out.flush();
       return kExitOk;
-    case CommandLine::Action::kVersion:
+    case CommandLine::Action::kVersion: {
+      // This tool's version, then the daemon's: they may differ after an upgrade. Exit 0 either
+      // way: the version of stashctl was printed.
       out << "stashctl " << kVersion << "\n";
+      Options options = parsed->options;
+      options.timeout_s = std::min(options.timeout_s, 1.0);
+      Connection connection(options);
+      v1::GetConfigResponse reply;
+      const grpc::Status status = connection.GetConfig(&reply);
+      if (status.ok()) {
+        out << "stashd " << reply.version() << " (" << Where(options) << ")\n";
+      } else {
+        out << "stashd: unknown, " << ErrorLine(options, "GetConfig", status).substr(10) << "\n";
+      }
       out.flush();
       return kExitOk;
+    }
     case CommandLine::Action::kRun:
       break;
   }

@@ -17,7 +17,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 
-enum class Command { kStats, kSessions, kConfig, kHealth };
+enum class Command { kStats, kSessions, kConfig, kHealth, kDrain };
 
 // The effective command line.
 struct Options {
@@ -29,6 +29,8 @@ struct Options {
   std::string target;
   // Print the reply as JSON (proto field names, every field) instead of a table.
   bool json = false;
+  // sessions: also what each session holds by layer, microbatch and name.
+  bool detail = false;
   // Refresh period in seconds; 0 = print once.
   double watch_s = 0;
   // With watch_s > 0: frames to print before exiting; 0 = until SIGINT.
@@ -59,8 +61,8 @@ std::string UsageText();
 // Returns an exit code (kExitOk, kExitFailure).
 int Run(const Options& options, std::ostream& out, std::ostream& err, bool out_is_tty);
 
-// ParseCommandLine, then --help / --version / Run. Usage errors print one line on `err` and
-// return kExitUsage.
+// ParseCommandLine, then --help / --version (stashctl's and the daemon's, if one answers) / Run.
+// Usage errors print one line on `err` and return kExitUsage.
 int RunStashctl(int argc, char** argv, std::ostream& out, std::ostream& err,
                 bool out_is_tty = false);
 

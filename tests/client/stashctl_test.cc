@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -154,7 +155,9 @@ TEST(StashctlFormat, LatenciesAndRatesCarryTheirUnitsAndDashWhenUnmeasured) {
   EXPECT_EQ(FormatLatencyUs(41.4, true), "41 us");
   EXPECT_EQ(FormatLatencyUs(503439, true), "503.4 ms");
   EXPECT_EQ(FormatLatencyUs(41.4, false), "-");
-  EXPECT_EQ(FormatGbps(12.44), "12.4 GB/s");
+  EXPECT_EQ(FormatGbps(12.44), "11.6 GiB/s");  // 12.44e9 B/s in powers of 1024, like sizes
+  EXPECT_EQ(FormatGbps(1.073741824), "1.00 GiB/s");
+  EXPECT_EQ(FormatGbps(0.524288), "500.0 MiB/s");
   EXPECT_EQ(FormatGbps(0), "-");
 }
 
@@ -252,13 +255,67 @@ TEST(StashctlFormat, StatsShowTheDaemonLineTiersWithBarsAndSessions) {
       << text;
   EXPECT_NE(text.find("stashed 3 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("p50 19 us  p99 230 us"), std::string::npos) << text;
-  EXPECT_NE(text.find("12.4 GB/s"), std::string::npos) << text;
+  EXPECT_NE(text.find("11.6 GiB/s"), std::string::npos) << text;
   EXPECT_NE(text.find("gpu0  [#######.............]  35%"), std::string::npos) << text;
   EXPECT_NE(text.find("22.5 MiB / 64 MiB"), std::string::npos) << text;
   EXPECT_NE(text.find("host  [....................]   0%"), std::string::npos) << text;
   EXPECT_NE(text.find("0 B / 1 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("job-a"), std::string::npos) << text;
   EXPECT_NE(text.find("overflow,spilled"), std::string::npos) << text;
+}
+
+TEST(StashctlFormat, EveryColumnNamesItsUnitAndHighWaterShowsPagesAndBytes) {
+  const std::string text = RenderStats(SampleStats());
+  for (const char* header :
+       {"USED/TOTAL PAGES", "USED / TOTAL BYTES", "PAYLOAD BYTES", "HIGH WATER PAGES",
+        "HIGH WATER BYTES", "STASHED BYTES", "HELD BYTES", "HELD PAGES", "STEP FLAGS"}) {
+    EXPECT_NE(text.find(header), std::string::npos) << header << "\n" << text;
+  }
+  // 120 pages of 256 KiB.
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(gpu0 .* 120 +30 MiB +4\n)"))) << text;
+}
+
+TEST(StashctlFormat, SessionsDetailShowsLiveStashesByLayerMicrobatchAndName) {
+  v1::GetStatsResponse stats = SampleStats();
+  v1::LiveStashes* live = stats.mutable_sessions(0)->add_live();
+  live->set_layer(7);
+  live->set_microbatch(1);
+  live->set_name("experts");
+  live->set_stashes(2);
+  live->set_bytes(3ULL << 20);
+  live->set_pages(12);
+  const std::string text = RenderSessions(stats.sessions(), 0, /*detail=*/true);
+  EXPECT_NE(text.find("session 01234567 (rank 7, pool 0): live stashes by layer, microbatch and "
+                      "name\nLAYER  MICROBATCH  NAME     STASHES  HELD BYTES  HELD PAGES\n"
+                      "    7           1  experts        2       3 MiB          12\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(RenderSessions(stats.sessions()).find("LAYER"), std::string::npos);
+}
+
+TEST(StashctlFormat, JsonShowsRankAndPidAsNumbers) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  ASSERT_TRUE(
+      google::protobuf::util::MessageToJsonString(SampleStats().sessions(0), &json, options).ok());
+  EXPECT_NE(json.find("\"rank\":7,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"pid\":4242,"), std::string::npos) << json;
+}
+
+TEST(StashctlFormat, SessionsShowBytesHeldNowBesideTheTotalAndTheStepBesideItsFlags) {
+  v1::GetStatsResponse stats = SampleStats();
+  v1::SessionStats* s = stats.mutable_sessions(0);
+  s->set_bytes_live(22ULL << 20);
+  s->set_step(41);
+  s->set_step_begun(true);
+  const std::string text = RenderSessions(stats.sessions());
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(3 GiB +22 MiB +90 )"))) << text;
+  EXPECT_NE(text.find("41 overflow,spilled"), std::string::npos) << text;
+  s->set_step_overflow(false);
+  s->set_step_spilled(false);
+  EXPECT_NE(RenderSessions(stats.sessions()).find("  41\n"), std::string::npos)
+      << RenderSessions(stats.sessions());
 }
 
 TEST(StashctlFormat, StatsTierColumnsLineUp) {
@@ -624,6 +681,21 @@ class StashctlWithDaemon : public StashctlBinaryTest {
   std::string log_;
 };
 
+TEST_F(StashctlWithDaemon, VersionShowsTheDaemonsVersionToo) {
+  const Outcome o = Stashctl({"--version", "--socket", socket_});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out.rfind("stashctl ", 0), 0U) << o.out;
+  EXPECT_NE(o.out.find("\nstashd " STASH_VERSION_STRING " (" + socket_ + ")\n"), std::string::npos)
+      << o.out;
+}
+
+TEST_F(StashctlBinaryTest, VersionSaysWhenNoDaemonAnswers) {
+  const Outcome o = Stashctl({"--version", "--socket", socket_});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_NE(o.out.find("\nstashd: unknown, no stashd answers on " + socket_), std::string::npos)
+      << o.out;
+}
+
 TEST_F(StashctlWithDaemon, HealthSaysServingWhenDaemonRuns) {
   const Outcome o = Stashctl({"health", "--socket", socket_});
   EXPECT_EQ(o.exit_code, 0) << o.err;
@@ -734,6 +806,20 @@ TEST_F(StashctlWithDaemon, WatchStopsOnSigint) {
   }
   EXPECT_TRUE(WIFEXITED(*status)) << "status " << *status;
   EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
+TEST_F(StashctlWithDaemon, DrainRefusesNewWorkWithoutStoppingAndStatsSayIt) {
+  const Outcome drain = Stashctl({"drain", "--socket", socket_});
+  EXPECT_EQ(drain.exit_code, 0) << drain.err;
+  EXPECT_NE(drain.out.find("draining: stashd on " + socket_ +
+                           " refuses new sessions and stashes; 0 session(s) hold 0"),
+            std::string::npos)
+      << drain.out;
+  // Still serving, and saying it drains.
+  EXPECT_EQ(Stashctl({"health", "--socket", socket_}).out, "SERVING\n");
+  const Outcome stats = Stashctl({"stats", "--socket", socket_});
+  EXPECT_NE(stats.out.find("  DRAINING\n"), std::string::npos) << stats.out;
+  EXPECT_EQ(Stashctl({"drain", "--socket", socket_}).exit_code, 0);  // idempotent
 }
 
 TEST_F(StashctlWithDaemon, DaemonStopsCleanlyOnSigtermAndRemovesItsSocket) {

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -40,10 +42,14 @@ const Knob kKnobs[] = {
     {"host_tier_bytes", "--host-tier-bytes", "STASHD_HOST_TIER_BYTES", "1GiB", "0", "2GiB"},
     {"devices", "--devices", "STASHD_DEVICES", "1", "4", "8"},
     {"log_level", "--log-level", "STASHD_LOG_LEVEL", "info", "debug", "warn"},
+    {"log_format", "--log-format", "STASHD_LOG_FORMAT", "text", "json", "json"},
     {"listen", "--listen", "STASHD_LISTEN", "", "127.0.0.1:7070", "127.0.0.1:7071"},
     {"listen_sessions", "--listen-sessions", "STASHD_LISTEN_SESSIONS", "false", "true", "1"},
     {"copy_threads", "--copy-threads", "STASHD_COPY_THREADS", "2", "8", "4"},
     {"max_inflight", "--max-inflight", "STASHD_MAX_INFLIGHT", "4096", "128", "64"},
+    {"drain_timeout", "--drain-timeout", "STASHD_DRAIN_TIMEOUT", "5", "0", "30"},
+    {"metrics_listen", "--metrics-listen", "STASHD_METRICS_LISTEN", "", "127.0.0.1:9464",
+     "127.0.0.1:9465"},
 };
 
 const char* const kSizeKnobs[] = {"pool_bytes", "page_bytes", "host_tier_bytes"};
@@ -100,7 +106,10 @@ const stash::v1::ConfigEntry* Entry(const stash::v1::GetConfigResponse& config,
                                     const std::string& source) {
   const stash::v1::ConfigEntry* e = Entry(config, name);
   if (e == nullptr) return ::testing::AssertionFailure() << "no entry " << name;
-  if (e->value() != value || e->source() != source) {
+  // The default socket ("") is shown resolved: the path a daemon would serve on.
+  const std::string want = name == "socket" && value.empty() ? config.socket() : value;
+  if (want.empty() && name == "socket") return ::testing::AssertionFailure() << "no socket";
+  if (e->value() != want || e->source() != source) {
     return ::testing::AssertionFailure() << name << " = '" << e->value() << "' (" << e->source()
                                          << "), want '" << value << "' (" << source << ")";
   }
@@ -142,6 +151,81 @@ TEST_F(Config, DefaultsAreReportedWithSourceDefault) {
     EXPECT_FALSE(Entry(config, k.name)->help().empty()) << k.name;
   }
   EXPECT_FALSE(config.version().empty());
+}
+
+TEST_F(Config, PrintConfigShowsWhatTheDaemonWouldServeWithoutPlaceholders) {
+  stash::v1::GetConfigResponse config;
+  ASSERT_TRUE(PrintConfig({"--backend=host", "--devices=3", "--pool-bytes=64MiB",
+                           "--page-bytes=64KiB", "--host-tier-bytes=1MiB"},
+                          {"STASHD_SOCKET=/tmp/planned/s.sock"}, &config));
+  EXPECT_EQ(config.socket(), "/tmp/planned/s.sock");
+  EXPECT_TRUE(HasEntry(config, "socket", "/tmp/planned/s.sock", "env"));
+  EXPECT_EQ(config.backend(), stash::v1::BACKEND_HOST);
+  EXPECT_EQ(config.pools(), 3U);
+  EXPECT_EQ(config.page_bytes(), 64U << 10);
+  EXPECT_EQ(config.pool_pages(), 1024U);
+  EXPECT_EQ(config.host_tier_pages(), 16U);
+
+  // Without --socket or $STASHD_SOCKET the default is resolved, not left empty.
+  stash::v1::GetConfigResponse defaults;
+  ASSERT_TRUE(PrintConfig({"--backend=host"}, {}, &defaults));
+  EXPECT_THAT(defaults.socket(), HasSubstr("stashd"));
+  EXPECT_TRUE(HasEntry(defaults, "socket", defaults.socket(), "default"));
+  EXPECT_NE(defaults.backend(), stash::v1::BACKEND_UNSPECIFIED);
+  EXPECT_EQ(defaults.pools(), 1U);
+}
+
+TEST_F(Config, PoolsBeyondFreeMemoryRefuseToStartWithTheNumbers) {
+  char dir[] = "/tmp/stash-config-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const Result r = Stashd({std::string("--socket=") + dir + "/s.sock", "--backend=host",
+                           "--devices=64", "--pool-bytes=64TiB", "--log-level=error"});
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the tiers need 4 PiB of host memory (--pool-bytes=64 TiB x "
+                               "--devices=64 + --host-tier-bytes=1 GiB) but only"));
+  EXPECT_THAT(r.err, HasSubstr("MemAvailable"));
+}
+
+// A daemon that logs a warning (an unknown STASHD_ variable) and then refuses to start (its pools
+// do not fit), so its whole log is on stderr when it exits.
+Result LogOfARefusedStart(const std::string& format) {
+  char dir[] = "/tmp/stash-config-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return {};
+  Result r = Stashd({std::string("--socket=") + dir + "/s.sock", "--backend=host", "--devices=64",
+                     "--pool-bytes=64TiB", "--log-format=" + format},
+                    {"STASHD_NO_SUCH_KNOB=\"quoted\""});
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+TEST_F(Config, JsonLogLinesAreObjectsWithTimeZone) {
+  const Result r = LogOfARefusedStart("json");
+  EXPECT_EQ(r.code, 1) << r.err;
+  static const std::regex kLine(
+      R"re(\{"time":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d","level":"warning",)re"
+      R"re("logger":"stashd\.main","message":"STASHD_NO_SUCH_KNOB is set but is no stashd knob[^"]*"\}\n)re");
+  EXPECT_TRUE(std::regex_search(r.err, kLine)) << r.err;
+}
+
+TEST_F(Config, TextLogLinesCarryTheTimeZone) {
+  const Result r = LogOfARefusedStart("text");
+  EXPECT_EQ(r.code, 1) << r.err;
+  static const std::regex kLine(
+      R"re((^|\n)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d warning \[stashd\.main\] )re"
+      R"re(STASHD_NO_SUCH_KNOB is set)re");
+  EXPECT_TRUE(std::regex_search(r.err, kLine)) << r.err;
+}
+
+TEST_F(Config, MisspelledEnvVarIsAWarningNamingTheKnobs) {
+  const Result r = Stashd({"--print-config"}, {"STASHD_POOL_BYTE=64MiB", "STASHD_BIN_DIR=/x"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("warning: STASHD_POOL_BYTE is set but is no stashd knob"));
+  EXPECT_THAT(r.err, HasSubstr("Did you mean STASHD_POOL_BYTES?"));
+  EXPECT_THAT(r.err, HasSubstr("STASHD_HOST_TIER_BYTES"));  // the list of knobs
+  // Variables of the other stashd tools are no mistake.
+  EXPECT_EQ(r.err.find("STASHD_BIN_DIR"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 TEST_F(Config, EveryKnobIsReadFromItsDashedFlag) {

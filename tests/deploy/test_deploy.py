@@ -252,7 +252,8 @@ def only(unit, section, key):
 
 
 def test_unit_runs_stashd_in_the_foreground_on_the_runtime_directory_socket(unit):
-    assert only(unit, "Service", "Type") == "simple"
+    assert only(unit, "Service", "Type") == "notify"  # sd_notify READY=1 once it serves
+    assert only(unit, "Service", "NotifyAccess") == "main"
     exec_start = only(unit, "Service", "ExecStart").split()
     assert exec_start[0] == "/usr/local/bin/stashd"
     assert "--socket=" + SOCKET in exec_start
@@ -287,33 +288,9 @@ def test_unit_hardening_leaves_the_gpu_devices_open(unit):
     assert service.get("NoNewPrivileges") == ["yes"]
 
 
-def start_post_script(unit, stashctl, socket_path):
-    """ExecStartPost's `sh -c` script as systemd would run it, pointed at a test stashctl
-    and socket."""
-    value = only(unit, "Service", "ExecStartPost").replace("$$", "$")  # systemd's unescape
-    argv = shlex.split(value)
-    assert argv[:2] == ["/bin/sh", "-c"] and len(argv) == 3, argv
-    script = argv[2]
-    assert "/usr/local/bin/stashctl" in script and SOCKET in script
-    return script.replace("/usr/local/bin/stashctl", str(stashctl)).replace(SOCKET, socket_path)
-
-
-def test_unit_start_post_waits_for_serving_and_skips_without_stashctl(unit, short_tmp):
-    stashctl = short_tmp / "stashctl"
-    write_executable(stashctl, FAKE_STASHCTL)
-    socket_path = str(short_tmp / "s.sock")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(socket_path)
-    server.listen(4)
-    try:
-        script = start_post_script(unit, stashctl, socket_path)
-        result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0, result.stderr
-    finally:
-        server.close()
-    script = start_post_script(unit, short_tmp / "not-installed", socket_path)
-    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+def test_unit_needs_no_start_post_polling(unit):
+    # Type=notify: stashd says READY=1 itself (tests/integration/systemd_test.py).
+    assert "ExecStartPost" not in unit.get("Service", {})
 
 
 def systemd_verify(unit_file):

@@ -111,3 +111,35 @@ def test_tool_script_fails_when_it_cannot_list_files(copy_without_git, script, a
     assert run.returncode != 0, run.stdout + run.stderr
     assert "clean" not in run.stdout, run.stdout
     assert "git" in run.stderr, run.stderr
+
+
+def test_demo_script_shows_stats_while_the_ranks_hold_pages():
+    # stash-demo --hold-command runs while every rank holds its last step's stashes
+    # (tests/integration/demo_test.cc, Demo.HoldCommandRunsWhileEveryRankHoldsPages).
+    text = (REPO / "scripts" / "demo").read_text(encoding="utf-8")
+    demo = text[text.index('"$bin/examples/stash-demo"'):]
+    demo = demo[:demo.index("\n\n")]
+    assert "--hold-command" in demo and "stashctl stats" in demo, demo
+
+
+def test_pod_monitor_scrapes_the_port_the_daemonset_serves_metrics_on():
+    import yaml
+    kube = REPO / "deploy" / "kubernetes"
+    monitor = yaml.safe_load((kube / "stashd-podmonitor.yaml").read_text(encoding="utf-8"))
+    docs = [d for d in yaml.safe_load_all((kube / "stashd-daemonset.yaml").read_text(
+        encoding="utf-8")) if d]
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
+    assert "namespace" not in monitor["metadata"]
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    for key, value in monitor["spec"]["selector"]["matchLabels"].items():
+        assert pod_labels.get(key) == value, key
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["path"] == "/metrics"
+    port = ports[endpoint["port"]]
+    assert config["STASHD_METRICS_LISTEN"].endswith(f":{port}")
+    annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(port)

@@ -4,5 +4,5 @@ if(STASH_BUILD_EXAMPLES)
   stash_add_test(demo_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/demo_test.cc
     LIBS stash::client
     LABELS integration)
-  add_dependencies(demo_test stashd stash-demo)
+  add_dependencies(demo_test stashd stash-demo stashctl)
 endif()

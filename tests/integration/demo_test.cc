@@ -8,11 +8,13 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -228,10 +230,107 @@ TEST_F(Demo, ParityWhenOverflowing) {
   const Totals t = ParseTotals(run.output);
   ASSERT_TRUE(t.found) << run.output;
   EXPECT_GT(t.overflows, 0) << run.output;
+  // The daemon logged the overflows (rate-limited), naming the session's rank and the layer.
+  EXPECT_TRUE(std::regex_search(DaemonLog(), std::regex(R"(overflow: session [0-9a-f]{8} rank \d )"
+                                                        R"(pool \d label 'stash-demo' layer \d)")))
+      << DaemonLog();
   // BeginStep of step 1 reports step 0's overflow.
   EXPECT_NE(run.output.find("step 1 rank 0 (device 0) | previous step overflow=yes"),
             std::string::npos)
       << run.output;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST_F(Demo, HoldCommandRunsWhileEveryRankHoldsPages) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
+  const std::string held = dir_ + "/held.json";
+  const std::string stashctl = BinDir() + "/client/stashctl/stashctl --socket=" + socket_;
+  const DemoRun run = RunDemo({"--hold-command=" + stashctl + " sessions --json > " + held + "; " +
+                               stashctl + " sessions --detail > " + held + ".txt"});
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("every rank holds step 1's stashes; running --hold-command"),
+            std::string::npos)
+      << run.output;
+  // Both sessions hold pages while the command runs (3 layers' inputs each).
+  const std::string json = ReadFile(held);
+  static const std::regex kLive(R"re("pages_live":\s*"?(\d+))re");
+  int holding = 0;
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), kLive);
+       it != std::sregex_iterator(); ++it) {
+    if (std::stol((*it)[1]) > 0) ++holding;
+  }
+  EXPECT_EQ(holding, 2) << json;
+  // --detail: the table (3 lines), then per rank a blank line, its title, a header and one row
+  // per layer (3 layers, microbatch 0).
+  const std::string detail = ReadFile(held + ".txt");
+  EXPECT_EQ(std::count(detail.begin(), detail.end(), '\n'), 3 + 2 * 6) << detail;
+  EXPECT_TRUE(std::regex_search(detail, std::regex(R"(\n +2 +0 +expert_fc_input +1 )"))) << detail;
+  EXPECT_NE(json.find("\"name\": \"expert_fc_input\""), std::string::npos) << json;
+}
+
+TEST_F(Demo, HoldCommandFailureFailsTheRun) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
+  const DemoRun run = RunDemo({"--hold-command=exit 3"});
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("stash-demo: --hold-command 'exit 3' failed"), std::string::npos)
+      << run.output;
+  // The ranks were let go all the same and finished their steps.
+  EXPECT_NE(run.output.find("total over 2 ranks"), std::string::npos) << run.output;
+}
+
+TEST_F(Demo, RanksDieWithTheLauncher) {
+  // Orphaned ranks are reparented to this process, so it can reap them and see how they ended.
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0) << std::strerror(errno);
+  ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
+  const std::string pids_file = dir_ + "/pids";
+  // While the ranks hold their stashes, the command kills the launcher (its parent).
+  const DemoRun run =
+      RunDemo({"--hold-command=echo $STASH_DEMO_RANK_PIDS > " + pids_file + "; kill -TERM $PPID"});
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  EXPECT_EQ(run.exit_code, 128 + SIGTERM) << run.output;
+  std::istringstream pids(ReadFile(pids_file));
+  std::vector<pid_t> ranks;
+  for (pid_t pid = 0; pids >> pid;) ranks.push_back(pid);
+  ASSERT_EQ(ranks.size(), 2U) << "pids: " << ReadFile(pids_file) << "\n" << run.output;
+  for (const pid_t pid : ranks) {
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (::waitpid(pid, &status, WNOHANG) != pid) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+          << "rank " << pid << " outlived its launcher by 10 s";
+    }
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)
+        << "rank " << pid << " ended with wait status " << status;
+  }
+}
+
+TEST_F(Demo, SigtermDrainsTheRanksStashesRefusesNewSessionsThenStops) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
+  const std::string second = dir_ + "/second";
+  // While the ranks hold their last step's stashes: SIGTERM the daemon, then try a new job.
+  const DemoRun run =
+      RunDemo({"--hold-command=kill -TERM " + std::to_string(daemon_pid_) + "; " + BinDir() +
+               "/examples/stash-demo --socket=" + socket_ + " --ranks=1 --steps=1 --layers=1 > " +
+               second + ".out 2>&1; echo $? > " + second + ".rc"});
+  // The holding ranks reloaded everything and kept parity.
+  EXPECT_EQ(run.exit_code, 0) << run.output << DaemonLog();
+  EXPECT_NE(run.output.find("parity: OK on all 2 ranks"), std::string::npos) << run.output;
+  EXPECT_EQ(ReadFile(second + ".rc"), "1\n") << ReadFile(second + ".out");
+  EXPECT_NE(ReadFile(second + ".out").find("is draining"), std::string::npos)
+      << ReadFile(second + ".out");
+  // Drained, the daemon stops by itself, cleanly.
+  int status = 0;
+  ASSERT_EQ(::waitpid(daemon_pid_, &status, 0), daemon_pid_);
+  daemon_pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << DaemonLog();
+  // By draining, not by the 5 s timeout (which logs a warning).
+  EXPECT_EQ(DaemonLog().find("drain timeout"), std::string::npos) << DaemonLog();
 }
 
 TEST_F(Demo, BadFlagExitsTwoWithOneLine) {

@@ -8,7 +8,8 @@
 stash_grpc_library(stash_lifecycle_test_protos PROTOS protos/reflection.proto)
 
 stash_add_test(lifecycle_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/lifecycle_test.cc
-  LIBS stash_lifecycle_test_protos stash_stashctl_health stash::proto stash_test_harness gRPC::grpc++
+  LIBS stash_lifecycle_test_protos stash::reflection_v1_proto stash_stashctl_health stash::proto
+       stash_test_harness gRPC::grpc++
        protobuf::libprotobuf
   LABELS integration)
 add_dependencies(lifecycle_test stashd)

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "client/stashctl/health.grpc.pb.h"
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "stash/v1/stash.grpc.pb.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/protos/reflection.grpc.pb.h"
@@ -177,6 +178,50 @@ TEST(Lifecycle, ReflectionListsStashService) {
   bool has_service = false;
   for (const auto& service : proto.service()) has_service |= service.name() == "StashService";
   EXPECT_TRUE(has_service) << proto.name();
+
+  ASSERT_TRUE(stream->WritesDone());
+  const grpc::Status s = stream->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
+}
+
+TEST(Lifecycle, ReflectionV1ListsStashServiceAndDescribesIt) {
+  // grpcurl asks grpc.reflection.v1 first.
+  namespace v1r = grpc::reflection::v1;
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  auto stub = v1r::ServerReflection::NewStub(UnixChannel(daemon.socket()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  auto stream = stub->ServerReflectionInfo(&ctx);
+
+  v1r::ServerReflectionRequest list;
+  list.set_list_services("*");
+  ASSERT_TRUE(stream->Write(list));
+  v1r::ServerReflectionResponse listed;
+  ASSERT_TRUE(stream->Read(&listed));
+  std::vector<std::string> names;
+  for (const auto& service : listed.list_services_response().service()) {
+    names.push_back(service.name());
+  }
+  EXPECT_THAT(names, Contains("stash.v1.StashService"));
+  EXPECT_THAT(names, Contains("grpc.reflection.v1.ServerReflection"));
+
+  v1r::ServerReflectionRequest file;
+  file.set_file_containing_symbol("stash.v1.StashService.GetStats");
+  ASSERT_TRUE(stream->Write(file));
+  v1r::ServerReflectionResponse described;
+  ASSERT_TRUE(stream->Read(&described));
+  ASSERT_TRUE(described.has_file_descriptor_response()) << described.DebugString();
+  google::protobuf::FileDescriptorProto proto;
+  ASSERT_TRUE(proto.ParseFromString(described.file_descriptor_response().file_descriptor_proto(0)));
+  EXPECT_EQ(proto.name(), "stash/v1/stash.proto");
+
+  v1r::ServerReflectionRequest missing;
+  missing.set_file_by_filename("no/such.proto");
+  ASSERT_TRUE(stream->Write(missing));
+  v1r::ServerReflectionResponse not_found;
+  ASSERT_TRUE(stream->Read(&not_found));
+  EXPECT_EQ(not_found.error_response().error_code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
 
   ASSERT_TRUE(stream->WritesDone());
   const grpc::Status s = stream->Finish();

@@ -1,0 +1,36 @@
+// Draining (DaemonCore::Drain and what is left to drain): the part of a stop that lets ranks
+// reload what they stashed before the daemon goes. The refusals themselves sit where sessions
+// and stashes come in (core.cc: OpenSession, HandleRequest).
+#include "common/logging.h"
+#include "daemon/core.h"
+
+namespace stash::daemon {
+
+void DaemonCore::Drain() {
+  if (draining_.exchange(true)) return;
+  Log("main")->info(
+      "draining: new sessions and stashes are refused; {} session(s) hold {} "
+      "stash(es) or request(s) in flight",
+      SessionsLive(), StashesLive());
+}
+
+uint64_t DaemonCore::SessionsLive() {
+  MutexLock lock(&mu_);
+  return sessions_.size();
+}
+
+uint64_t DaemonCore::StashesLive() {
+  std::vector<std::shared_ptr<Session>> live;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [id, s] : sessions_) live.push_back(s);
+  }
+  uint64_t left = 0;
+  for (const auto& s : live) {
+    left += s->counters().stashes_live.load(std::memory_order_relaxed) +
+            s->counters().inflight.load(std::memory_order_relaxed);
+  }
+  return left;
+}
+
+}  // namespace stash::daemon

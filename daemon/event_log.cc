@@ -1,0 +1,73 @@
+#include "daemon/event_log.h"
+
+#include "common/logging.h"
+
+namespace stash::daemon {
+
+bool RateLimiter::Allow(Clock::time_point now, uint64_t* held_back) {
+  MutexLock lock(&mu_);
+  if (now - window_start_ >= period_) {
+    window_start_ = now;
+    in_window_ = 0;
+  }
+  if (in_window_ >= burst_) {
+    ++held_back_;
+    return false;
+  }
+  ++in_window_;
+  *held_back = held_back_;
+  held_back_ = 0;
+  return true;
+}
+
+EventLog& EventLog::Get() {
+  static auto* const log = new EventLog();  // never destroyed: pool threads may log late
+  return *log;
+}
+
+std::string EventLog::Describe(const SessionInfo& session, const stash::v1::Stash* stash) {
+  std::string out = "session " + session.id.substr(0, 8);
+  if (session.rank >= 0) out += " rank " + std::to_string(session.rank);
+  out += " pool " + std::to_string(session.pool);
+  if (!session.label.empty()) out += " label '" + session.label + "'";
+  if (stash != nullptr) {
+    out += " layer " + std::to_string(stash->layer()) + " microbatch " +
+           std::to_string(stash->microbatch());
+    if (!stash->name().empty()) out += " name '" + stash->name() + "'";
+  }
+  return out;
+}
+
+namespace {
+std::string HeldBack(uint64_t n, const char* what) {
+  return n == 0 ? std::string() : " (" + std::to_string(n) + " more " + what + " not logged)";
+}
+}  // namespace
+
+void EventLog::Overflow(const SessionInfo& session, const stash::v1::Stash& stash, uint64_t rows) {
+  uint64_t held = 0;
+  if (!overflows_.Allow(RateLimiter::Clock::now(), &held)) return;
+  Log("events")->warn(
+      "overflow: {}: {} rows of {} bytes found no room in the pool{}; the rank "
+      "keeps its buffer{}",
+      Describe(session, &stash), rows, stash.row_bytes(),
+      session.allow_host_spill ? " or the host tier" : "", HeldBack(held, "overflows"));
+}
+
+void EventLog::Spill(const SessionInfo& session, const stash::v1::Stash& stash, uint64_t bytes) {
+  uint64_t held = 0;
+  if (!spills_.Allow(RateLimiter::Clock::now(), &held)) return;
+  Log("events")->info("spill: {}: {} bytes went to the host tier (pool full){}",
+                      Describe(session, &stash), bytes, HeldBack(held, "spills"));
+}
+
+void EventLog::Reject(const SessionInfo& session, const stash::v1::SessionRequest& request,
+                      const Status& status) {
+  uint64_t held = 0;
+  if (!rejects_.Allow(RateLimiter::Clock::now(), &held)) return;
+  Log("events")->warn("reject: {}: request {}: {}{}",
+                      Describe(session, request.has_stash() ? &request.stash() : nullptr),
+                      request.request_id(), status.ToString(), HeldBack(held, "rejects"));
+}
+
+}  // namespace stash::daemon

@@ -1,0 +1,35 @@
+// Refusing pool sizes the machine cannot hold, before anything is allocated: a daemon that
+// starts with more than the free memory fails later, on a trainer's stash, or gets OOM-killed.
+#ifndef STASH_DAEMON_MEMORY_FIT_H_
+#define STASH_DAEMON_MEMORY_FIT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "daemon/config.h"
+#include "stash/status.h"
+#include "stash/v1/stash.pb.h"
+
+namespace stash::daemon {
+
+// What the machine has free now. 0 in a field = unknown (that check is skipped).
+struct FreeMemory {
+  uint64_t host_bytes = 0;               // MemAvailable of /proc/meminfo
+  std::vector<uint64_t> gpu_free_bytes;  // cuda: cudaMemGetInfo's free bytes, per visible GPU
+};
+
+// Reads /proc/meminfo and, for the cuda backend, every visible GPU.
+FreeMemory ReadFreeMemory(stash::v1::Backend backend);
+
+// OK when the tiers `config` asks for fit `free`: host backend, pools x devices + host tier in
+// host memory; cuda, the host tier in host memory and one pool in each GPU's free memory.
+// RESOURCE_EXHAUSTED with the numbers and the knobs to lower otherwise.
+Status CheckMemoryFits(const DaemonConfig& config, stash::v1::Backend backend,
+                       const FreeMemory& free);
+
+// cudaMemGetInfo's free bytes of each visible GPU; empty without CUDA (cuda_probe.cc).
+std::vector<uint64_t> CudaFreeBytes();
+
+}  // namespace stash::daemon
+
+#endif  // STASH_DAEMON_MEMORY_FIT_H_
