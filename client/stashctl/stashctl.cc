@@ -278,8 +278,9 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
       v1::ListSessionsResponse reply;
       grpc::Status status = connection.ListSessions(&reply);
       finish("ListSessions", status, reply,
-             status.ok() ? RenderSessions(reply.sessions(), reply.sessions_omitted(), options.detail)
-                         : "");
+             status.ok()
+                 ? RenderSessions(reply.sessions(), reply.sessions_omitted(), options.detail)
+                 : "");
       break;
     }
     case Command::kConfig: {
