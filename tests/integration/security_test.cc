@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -197,6 +198,39 @@ v1::DescriptorResponse Send(const std::string& socket, const std::string& packet
   return response;
 }
 
+// Sends `packet` with `fd` on a fresh connection to `path` and returns the answer's code; -1
+// when no answer came. Syscalls and protobuf only: safe in a child forked from a gRPC process.
+int DepositCode(const std::string& path, const std::string& packet, int fd) {
+  UniqueFd c = Connect(path);
+  if (!c.valid() || !SendPacket(c.get(), packet, {fd}).ok() || !WaitReadable(c.get(), 10000).ok()) {
+    return -1;
+  }
+  auto answer = ReceivePacket(c.get());
+  v1::DescriptorResponse response;
+  if (!answer.ok() || !response.ParseFromString(answer->bytes)) return -1;
+  return response.code();
+}
+
+// Runs `body` in a forked child (another process, optionally another user) and returns what it
+// returned; INT_MIN when the child could not report.
+int InChild(const std::function<int()>& body) {
+  int result[2];
+  if (pipe2(result, O_CLOEXEC) != 0) return INT_MIN;
+  const pid_t child = fork();
+  if (child < 0) return INT_MIN;
+  if (child == 0) {
+    const int code = body();
+    (void)!write(result[1], &code, sizeof(code));
+    _exit(0);
+  }
+  close(result[1]);
+  int code = INT_MIN;
+  if (read(result[0], &code, sizeof(code)) != static_cast<ssize_t>(sizeof(code))) code = INT_MIN;
+  close(result[0]);
+  waitpid(child, nullptr, 0);
+  return code;
+}
+
 size_t StashdFilesInDevShm() {
   size_t n = 0;
   DIR* dir = opendir("/dev/shm");
@@ -272,28 +306,8 @@ TEST(Security, AnotherProcessWithTheSecretIsRefused) {
   ASSERT_TRUE(memory.ok());
   const std::string packet = DepositPacket(s.welcome(), 3, kBytes);
   const std::string path = daemon.socket() + ".fd";
-  int result[2];
-  ASSERT_EQ(pipe2(result, O_CLOEXEC), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    // Syscalls only: the parent's gRPC threads do not exist here.
-    int code = -1;
-    UniqueFd c = Connect(path);
-    if (c.valid() && SendPacket(c.get(), packet, {memory.value()->fd()}).ok() &&
-        WaitReadable(c.get(), 10000).ok()) {
-      auto answer = ReceivePacket(c.get());
-      v1::DescriptorResponse response;
-      if (answer.ok() && response.ParseFromString(answer->bytes)) code = response.code();
-    }
-    (void)!write(result[1], &code, sizeof(code));
-    _exit(0);
-  }
-  close(result[1]);
-  int code = 0;
-  ASSERT_EQ(read(result[0], &code, sizeof(code)), static_cast<ssize_t>(sizeof(code)));
-  close(result[0]);
-  waitpid(child, nullptr, 0);
+  // Another process (a child: its pid is not the Hello's) with the right secret.
+  const int code = InChild([&] { return DepositCode(path, packet, memory.value()->fd()); });
   EXPECT_EQ(code, kPermissionDenied);
   EXPECT_EQ(s.Register(3, kBytes).code(), kFailedPrecondition);  // nothing was deposited
   // The session's own process is still served.
@@ -554,34 +568,15 @@ TEST(Security, AnotherUserInTheSocketsGroupCannotUseAnotherUsersSession) {
   ASSERT_EQ(chmod(daemon.dir().c_str(), 0750), 0);
   ASSERT_EQ(chown(path.c_str(), static_cast<uid_t>(-1), kNobody), 0);
   const std::string packet = DepositPacket(s.welcome(), 8, kBytes);  // even with the secret
-  int result[2];
-  ASSERT_EQ(pipe2(result, O_CLOEXEC), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    int code = -2;
-    if (setgroups(0, nullptr) == 0 && setgid(kNobody) == 0 && setuid(kNobody) == 0) {
-      code = -1;
-      UniqueFd memfd(memfd_create("nobody", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-      if (ftruncate(memfd.get(), kBytes) == 0 &&
-          fcntl(memfd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) == 0) {
-        UniqueFd c = Connect(path);
-        if (c.valid() && SendPacket(c.get(), packet, {memfd.get()}).ok() &&
-            WaitReadable(c.get(), 10000).ok()) {
-          auto answer = ReceivePacket(c.get());
-          v1::DescriptorResponse response;
-          if (answer.ok() && response.ParseFromString(answer->bytes)) code = response.code();
-        }
-      }
+  const int code = InChild([&] {
+    if (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0) return -2;
+    UniqueFd memfd(memfd_create("nobody", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (ftruncate(memfd.get(), kBytes) != 0 ||
+        fcntl(memfd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) != 0) {
+      return -3;
     }
-    (void)!write(result[1], &code, sizeof(code));
-    _exit(0);
-  }
-  close(result[1]);
-  int code = 0;
-  ASSERT_EQ(read(result[0], &code, sizeof(code)), static_cast<ssize_t>(sizeof(code)));
-  close(result[0]);
-  waitpid(child, nullptr, 0);
+    return DepositCode(path, packet, memfd.get());
+  });
   ASSERT_NE(code, -2) << "could not become uid 65534";
   ASSERT_NE(code, -1) << "uid 65534 could not reach the descriptor socket";
   EXPECT_EQ(code, kPermissionDenied);
