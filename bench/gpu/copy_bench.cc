@@ -134,7 +134,8 @@ double SmallOpsPerSecond(const Rig& rig, uint64_t bytes, StashPlan* pinned_plan,
   }
   BENCH_CUDA(cudaStreamSynchronize(rig.stream));
   const double seconds = NowSeconds() - t0;
-  if (ran.load() != static_cast<uint64_t>(2 * pairs * host_functions)) {
+  if (ran.load() !=
+      uint64_t{2} * static_cast<uint64_t>(pairs) * static_cast<uint64_t>(host_functions)) {
     Die(1, "small-op run: host functions ran " + std::to_string(ran.load()) + " times");
   }
   return 2.0 * pairs / seconds;
