@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <thread>
 
 #include "common/descriptor_socket.h"
@@ -33,61 +34,63 @@ constexpr auto kIdleLimit = std::chrono::seconds(10);
 constexpr size_t kMaxClosing = 4096;
 
 // Closes descriptors the daemon does not keep, on a thread of its own: the last close of a
-// hostile descriptor can block for as long as its sender likes.
+// hostile descriptor can block for as long as its sender likes. The thread shares its state,
+// so a thread stuck in a close can be left behind when the server stops.
 class Closer {
  public:
-  Closer() : thread_([this] { Run(); }) {}
+  Closer() : state_(std::make_shared<State>()) {
+    std::thread([state = state_] { state->Run(); }).detach();
+  }
   Closer(const Closer&) = delete;
   Closer& operator=(const Closer&) = delete;
   ~Closer() {
-    {
-      MutexLock lock(&mu_);
-      stopping_ = true;
-      cv_.Signal();
-    }
-    // A close stuck for good must not hang the daemon's exit: the process ends anyway.
-    thread_.detach();
+    MutexLock lock(&state_->mu);
+    state_->stopping = true;
+    state_->cv.Signal();
   }
 
   void Close(std::vector<UniqueFd>& fds) {
     if (fds.empty()) return;
-    MutexLock lock(&mu_);
-    if (queue_.size() + fds.size() > kMaxClosing) {
-      if (!warned_) {
+    State& s = *state_;
+    MutexLock lock(&s.mu);
+    if (s.queue.size() + fds.size() > kMaxClosing) {
+      if (!s.warned) {
         Log("ipc")->error(
             "descriptor server: {} descriptors wait to be closed (a peer sent descriptors whose "
             "close blocks); closing on the server thread from now on",
-            queue_.size());
-        warned_ = true;
+            s.queue.size());
+        s.warned = true;
       }
       fds.clear();  // closes them here
       return;
     }
-    for (UniqueFd& fd : fds) queue_.push_back(std::move(fd));
+    for (UniqueFd& fd : fds) s.queue.push_back(std::move(fd));
     fds.clear();
-    cv_.Signal();
+    s.cv.Signal();
   }
 
  private:
-  void Run() {
-    MutexLock lock(&mu_);
-    while (true) {
-      while (queue_.empty() && !stopping_) cv_.Wait(&mu_);
-      if (queue_.empty()) return;
-      UniqueFd fd = std::move(queue_.front());
-      queue_.pop_front();
-      mu_.Unlock();
-      fd.reset();
-      mu_.Lock();
-    }
-  }
+  struct State {
+    Mutex mu;
+    CondVar cv;
+    std::deque<UniqueFd> queue ABSL_GUARDED_BY(mu);
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+    bool warned ABSL_GUARDED_BY(mu) = false;
 
-  Mutex mu_;
-  CondVar cv_;
-  std::deque<UniqueFd> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool warned_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+    void Run() {
+      MutexLock lock(&mu);
+      while (true) {
+        while (queue.empty() && !stopping) cv.Wait(&mu);
+        if (queue.empty()) return;
+        UniqueFd fd = std::move(queue.front());
+        queue.pop_front();
+        mu.Unlock();
+        fd.reset();
+        mu.Lock();
+      }
+    }
+  };
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace
