@@ -264,6 +264,22 @@ def test_every_shipped_elf_runs_on_glibc_2_28(bundle):
     assert not too_new, "needs a glibc newer than 2.28:\n" + "\n".join(too_new)
 
 
+def test_check_sh_prints_glibc_and_driver_first_and_stops_on_an_older_machine(tmp_path):
+    # A bundle-shaped folder whose REQUIRES asks for a glibc no machine has: check.sh must say
+    # what it found and what to change, and stop before any step.
+    root = tmp_path / "bundle"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "gpu" / "check.sh", root / "check.sh")
+    (root / "REQUIRES").write_text("glibc 99.0\ndriver 580\n")
+    run = subprocess.run(["bash", str(root / "check.sh")], capture_output=True, text=True,
+                         timeout=60 * TIME_SCALE, env=dict(os.environ, OUT=str(tmp_path / "out")))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "ldd --version:" in run.stdout and "NVIDIA driver:" in run.stdout, run.stdout
+    assert "older than 99.0" in run.stdout, run.stdout
+    assert "== " not in run.stdout, "a step ran: " + run.stdout
+    assert "older than 99.0" in (tmp_path / "out" / "summary.txt").read_text()
+
+
 # ---- Running from the bundle ------------------------------------------------------------------
 
 

@@ -6,14 +6,18 @@
 //   1. plan (one thread): reads the count (a device int64, or a value given at launch), runs
 //      PlanStash against the device ring and the optional host ring, writes the StashPlan to
 //      `d_plan`. Nothing else changes.
-//   2. copy: each thread copies 16-byte vectors of the stash (StashVector) into the pages at ring
-//      slots plan.head + slot of the chosen tier, and the first vector of each page writes the
-//      page record. On kOverflow or kInvalidCount it does nothing.
+//   2. copy: a thread block per chunk (kChunkBytes, or the page when smaller) of each page slot;
+//      its first thread reads the page id at ring slot plan.head + slot of the chosen tier once
+//      (the first chunk of a page also writes the page record), and its threads copy the
+//      chunk's 16-byte vectors (StashChunkVector). On kOverflow or kInvalidCount it does
+//      nothing.
 //   3. publish (one thread): head = plan.head + plan.pages in the chosen tier. Because it runs
 //      after the copy kernel has finished, no copy thread can see the new head (the in-place head
 //      race upstream hit, research/domain.md §2.2).
-// A reload is two kernels: pop (PopVector into the destination, zeros over the tail when asked,
-// each page returned at ring slot tail + slot) and publish (tail += plan.pages).
+// A reload is two kernels: pop (a block per chunk reads its page id from the page record once and
+// copies it back with PopChunkVector; the first chunk of a page returns it at ring slot
+// tail + slot; then zeros over the tail when asked, ZeroTailVector) and publish
+// (tail += plan.pages).
 //
 // Grids depend only on the static maximum max_rows * row_bytes, and counts, heads and tails are
 // read from device memory, so both sequences can be captured in a CUDA graph and replayed.
