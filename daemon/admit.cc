@@ -1,5 +1,6 @@
 #include "daemon/admit.h"
 
+#include "common/budget.h"
 #include "common/macros.h"
 #include "common/text.h"
 #include "daemon/enum_choices.h"
@@ -147,34 +148,24 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
              : std::string()) +
         ": register smaller buffers");
   }
-  if (limits.bytes_total != nullptr) {
-    uint64_t total = limits.bytes_total->load(std::memory_order_relaxed);
-    do {
-      if (total + reg.bytes() > limits.max_bytes_total) {
-        return ResourceExhaustedError(
-            "stashd has " + std::to_string(total) +
-            " bytes of client memory registered over "
-            "all sessions; " +
-            std::to_string(reg.bytes()) + " more would pass the limit of " +
-            std::to_string(limits.max_bytes_total) + ": unregister some first");
-      }
-    } while (!limits.bytes_total->compare_exchange_weak(total, total + reg.bytes(),
-                                                        std::memory_order_relaxed));
+  uint64_t total = 0;
+  if (limits.bytes_total != nullptr &&
+      !TakeFromBudget(limits.bytes_total, reg.bytes(), limits.max_bytes_total, &total)) {
+    return ResourceExhaustedError("stashd has " + std::to_string(total) +
+                                  " bytes of client memory registered over all sessions; " +
+                                  std::to_string(reg.bytes()) + " more would pass the limit of " +
+                                  std::to_string(limits.max_bytes_total) +
+                                  ": unregister some first");
   }
-  if (limits.memories_total != nullptr) {
-    uint64_t total = limits.memories_total->load(std::memory_order_relaxed);
-    do {
-      if (total >= limits.max_memories_total) {
-        if (limits.bytes_total != nullptr) {
-          limits.bytes_total->fetch_sub(reg.bytes(), std::memory_order_relaxed);
-        }
-        return ResourceExhaustedError(
-            "stashd holds " + std::to_string(total) +
-            " registered allocations over all sessions, the limit (half of vm.max_map_count): "
-            "unregister some first, or reuse buffers");
-      }
-    } while (
-        !limits.memories_total->compare_exchange_weak(total, total + 1, std::memory_order_relaxed));
+  if (limits.memories_total != nullptr &&
+      !TakeFromBudget(limits.memories_total, 1, limits.max_memories_total, &total)) {
+    if (limits.bytes_total != nullptr) {
+      limits.bytes_total->fetch_sub(reg.bytes(), std::memory_order_relaxed);
+    }
+    return ResourceExhaustedError(
+        "stashd holds " + std::to_string(total) +
+        " registered allocations over all sessions, the limit (half of vm.max_map_count): "
+        "unregister some first, or reuse buffers");
   }
   s.declared_memories()[reg.memory_id()] = reg.bytes();
   return Status::Ok();

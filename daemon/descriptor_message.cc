@@ -1,5 +1,6 @@
 #include "daemon/descriptor_message.h"
 
+#include <algorithm>
 #include <string_view>
 
 #include "common/text.h"
@@ -20,33 +21,20 @@ bool IsHex(const std::string& s) {
   return true;
 }
 
-// `text` cut to `limit` bytes at a character boundary, with every byte that is not part of a
-// valid UTF-8 sequence replaced by '?'.
+// `text` cut to `limit` bytes at a character boundary, with every byte that does not start a
+// well-formed UTF-8 character (protobuf refuses to parse anything else in a string) as '?'.
 std::string SafeUtf8(const std::string& text, size_t limit) {
   std::string out;
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    size_t len = c < 0x80           ? 1
-                 : (c >> 5) == 0x6  ? 2
-                 : (c >> 4) == 0xe  ? 3
-                 : (c >> 3) == 0x1e ? 4
-                                    : 0;
-    bool ok = len > 0 && i + len <= text.size();
-    for (size_t k = 1; ok && k < len; ++k) {
-      ok = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
-    }
-    // Well-formed too: no overlong forms, surrogates or code points past U+10FFFF, which
-    // protobuf refuses to parse in a string (found by descriptor_message_fuzzer).
-    ok = ok && IsUtf8(std::string_view(text).substr(i, len));
-    if (!ok) len = 1;
-    if (out.size() + len > limit) break;
-    if (ok) {
-      out.append(text, i, len);
-    } else {
+  for (size_t i = 0; i < text.size();) {
+    const size_t len = Utf8CharLength(std::string_view(text).substr(i));
+    if (out.size() + std::max<size_t>(len, 1) > limit) break;
+    if (len == 0) {
       out += '?';
+      ++i;
+    } else {
+      out.append(text, i, len);
+      i += len;
     }
-    i += len;
   }
   return out;
 }

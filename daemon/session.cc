@@ -1,5 +1,6 @@
 #include "daemon/session.h"
 
+#include "common/budget.h"
 #include "common/text.h"
 
 namespace stash::daemon {
@@ -51,15 +52,13 @@ Status Session::Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd& fd, size_t
         "this session holds " + std::to_string(deposits_.size()) +
         " deposited descriptors not yet registered, the limit: send their RegisterMemory first");
   }
-  uint64_t held = total->load(std::memory_order_relaxed);
-  do {
-    if (held >= max_total) {
-      return ResourceExhaustedError(
-          "stashd holds " + std::to_string(held) +
-          " deposited descriptors not yet registered over all sessions, the limit: try again "
-          "once they are registered");
-    }
-  } while (!total->compare_exchange_weak(held, held + 1, std::memory_order_relaxed));
+  uint64_t held = 0;
+  if (!TakeFromBudget(total, 1, max_total, &held)) {
+    return ResourceExhaustedError(
+        "stashd holds " + std::to_string(held) +
+        " deposited descriptors not yet registered over all sessions, the limit: try again "
+        "once they are registered");
+  }
   deposits_total_ = total;
   deposits_[memory_id] = Deposited{bytes, std::move(fd)};
   return Status::Ok();

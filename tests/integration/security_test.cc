@@ -183,12 +183,14 @@ std::string DepositPacket(const v1::Welcome& welcome, uint64_t id, uint64_t byte
   return request.SerializeAsString();
 }
 
-// Sends one packet with `fds` on a fresh connection and returns the daemon's answer.
-v1::DescriptorResponse Send(const std::string& socket, const std::string& packet,
-                            const std::vector<int>& fds) {
+// Sends one packet with `fds` on a fresh connection to the descriptor socket at `fd_path` and
+// returns the answer (code -1 when none came). Syscalls and protobuf only: safe in a child
+// forked from a gRPC process.
+v1::DescriptorResponse Ask(const std::string& fd_path, const std::string& packet,
+                           const std::vector<int>& fds) {
   v1::DescriptorResponse response;
   response.set_code(-1);
-  UniqueFd c = Connect(socket + ".fd");
+  UniqueFd c = Connect(fd_path);
   if (!c.valid() || !SendPacket(c.get(), packet, fds).ok() ||
       !WaitReadable(c.get(), 10000 * TimeScale()).ok()) {
     return response;
@@ -198,17 +200,10 @@ v1::DescriptorResponse Send(const std::string& socket, const std::string& packet
   return response;
 }
 
-// Sends `packet` with `fd` on a fresh connection to `path` and returns the answer's code; -1
-// when no answer came. Syscalls and protobuf only: safe in a child forked from a gRPC process.
-int DepositCode(const std::string& path, const std::string& packet, int fd) {
-  UniqueFd c = Connect(path);
-  if (!c.valid() || !SendPacket(c.get(), packet, {fd}).ok() || !WaitReadable(c.get(), 10000).ok()) {
-    return -1;
-  }
-  auto answer = ReceivePacket(c.get());
-  v1::DescriptorResponse response;
-  if (!answer.ok() || !response.ParseFromString(answer->bytes)) return -1;
-  return response.code();
+// The same to the descriptor socket of the daemon on `socket`.
+v1::DescriptorResponse Send(const std::string& socket, const std::string& packet,
+                            const std::vector<int>& fds) {
+  return Ask(socket + ".fd", packet, fds);
 }
 
 // Runs `body` in a forked child (another process, optionally another user) and returns what it
@@ -307,7 +302,7 @@ TEST(Security, AnotherProcessWithTheSecretIsRefused) {
   const std::string packet = DepositPacket(s.welcome(), 3, kBytes);
   const std::string path = daemon.socket() + ".fd";
   // Another process (a child: its pid is not the Hello's) with the right secret.
-  const int code = InChild([&] { return DepositCode(path, packet, memory.value()->fd()); });
+  const int code = InChild([&] { return Ask(path, packet, {memory.value()->fd()}).code(); });
   EXPECT_EQ(code, kPermissionDenied);
   EXPECT_EQ(s.Register(3, kBytes).code(), kFailedPrecondition);  // nothing was deposited
   // The session's own process is still served.
@@ -575,7 +570,7 @@ TEST(Security, AnotherUserInTheSocketsGroupCannotUseAnotherUsersSession) {
         fcntl(memfd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) != 0) {
       return -3;
     }
-    return DepositCode(path, packet, memfd.get());
+    return Ask(path, packet, {memfd.get()}).code();
   });
   ASSERT_NE(code, -2) << "could not become uid 65534";
   ASSERT_NE(code, -1) << "uid 65534 could not reach the descriptor socket";
