@@ -42,6 +42,8 @@ Tier FromProtoTier(v1::Tier tier) {
       return Tier::kHost;
     case v1::TIER_OVERFLOW:
       return Tier::kOverflow;
+    case v1::TIER_PEER:
+      return Tier::kPeer;
     default:
       return Tier::kUnspecified;
   }
@@ -119,6 +121,8 @@ const char* TierName(Tier tier) {
       return "host";
     case Tier::kOverflow:
       return "overflow";
+    case Tier::kPeer:
+      return "peer";
     case Tier::kUnspecified:
       break;
   }

@@ -16,7 +16,7 @@
 #include "common/unique_fd.h"
 #include "daemon/admit.h"
 #include "daemon/config.h"
-#include "daemon/copy_workers.h"
+#include "common/copy_workers.h"
 #include "daemon/pool.h"
 #include "daemon/session.h"
 #include "daemon/stats.h"

@@ -3,7 +3,7 @@
 #ifndef STASH_DAEMON_HOST_EXECUTOR_H_
 #define STASH_DAEMON_HOST_EXECUTOR_H_
 
-#include "daemon/copy_workers.h"
+#include "common/copy_workers.h"
 #include "daemon/executor.h"
 #include "daemon/tier.h"
 

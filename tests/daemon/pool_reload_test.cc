@@ -19,7 +19,7 @@
 
 #include "common/host_event.h"
 #include "daemon/admit.h"
-#include "daemon/copy_workers.h"
+#include "common/copy_workers.h"
 #include "daemon/host_executor.h"
 #include "daemon/session.h"
 #include "daemon/tier.h"

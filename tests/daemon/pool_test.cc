@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/host_event.h"
-#include "daemon/copy_workers.h"
+#include "common/copy_workers.h"
 #include "daemon/host_executor.h"
 #include "daemon/session.h"
 #include "daemon/stats.h"

@@ -119,7 +119,7 @@ struct StashArgs {
 };
 
 // Where a stash went.
-enum class Tier { kUnspecified = 0, kDevice = 1, kHost = 2, kOverflow = 3 };
+enum class Tier { kUnspecified = 0, kDevice = 1, kHost = 2, kOverflow = 3, kPeer = 4 };
 STASH_EXPORT const char* TierName(Tier tier);
 
 struct ReloadArgs {

@@ -13,6 +13,27 @@ enum class Backend {
   kCuda,  // NVIDIA GPUs: buffers are device pointers shared through CUDA IPC
 };
 
+// Who runs the copies (docs/design.md, "Mapped mode"; README, "Which mode").
+enum class Mode {
+  // The client registers its buffers and the daemon copies them, one request per operation.
+  kDaemonCopy,
+  // The daemon leases pool chunks to this process, which maps them and pages its activations
+  // itself, on its own in-order copier: no message per operation, and stashes made survive a
+  // daemon restart. Host backend (the cuda backend's mapped mode is not built yet).
+  kMapped,
+};
+
+// How much a mapped session leases of each tier.
+struct Lease {
+  // True (the default): the daemon sizes the lease at each BeginStep from the step before (its
+  // high water plus a margin); the first step gets the own device's free chunks up to the quota
+  // (stashd --max-lease-bytes). False: the bytes below, rounded up to whole chunks.
+  bool automatic = true;
+  uint64_t device_bytes = 0;  // the own device's pool
+  uint64_t peer_bytes = 0;    // other devices' spare chunks (stashd --peer-tier)
+  uint64_t host_bytes = 0;    // the host tier (only with allow_host_spill)
+};
+
 struct Options {
   // The daemon's Unix socket. Empty (the default) = $STASHD_SOCKET, else
   // /run/stashd/stashd.sock, else the per-user fallback a daemon without /run access uses.
@@ -39,6 +60,16 @@ struct Options {
 
   // How long Open() waits for the daemon to answer, in milliseconds. Default 5000.
   int64_t connect_timeout_ms = 5000;
+
+  // Who runs the copies. Default kDaemonCopy.
+  Mode mode = Mode::kDaemonCopy;
+
+  // Mapped mode: the lease. Default automatic.
+  Lease lease;
+
+  // Mapped mode: threads of the in-order copier that split one large copy (1 = the copier's own
+  // thread only). Default 2, the daemon's --copy-threads default.
+  uint32_t copy_threads = 2;
 };
 
 }  // namespace stash

@@ -41,13 +41,14 @@ enum class Placement : uint32_t {
   kDevice = 1,        // the session's own pool
   kHost = 2,          // the host tier
   kOverflow = 3,      // nothing taken: no tier has the pages, or rows > max_rows
-  kInvalidCount = 4,  // the count read from memory was negative: a bad request, nothing taken
+  kPeer = 4,          // mapped mode: chunks another device's pool lent to the session
+  kInvalidCount = 5,  // the count read from memory was negative: a bad request, nothing taken
 };
 
 // The decision for one stash, made once (thread 0 on a GPU, the queue worker on the host).
 struct alignas(16) StashPlan {
   Placement placement;
-  uint32_t reserved;
+  uint32_t tier;   // PlanStashInOrder: the index of the chosen tier among those offered
   uint64_t rows;   // ceil(count / divisor) (also on overflow: what the count said); on
                    // kInvalidCount the count's own bits, so the answer can quote it
   uint64_t bytes;  // rows * row_bytes; 0 unless placed
@@ -114,14 +115,20 @@ STASH_HOST_DEVICE uint8_t* SpanByte(const PagedSpan& span, uint64_t offset) {
   return span.tier_base + id * span.page_bytes + OffsetInPage(offset, span.page_bytes);
 }
 
-// Decides where a stash goes. `count` is the raw count (as read from memory), `divisor` 1 or 32
-// (0 means 1); rows = ceil(count / divisor). The own pool wins when it has the pages; else the host
-// tier when `host` is non-null and has them; else overflow. rows > max_rows is overflow: rows are
-// compared, not pages, so an overrun inside the last page is caught too. Zero rows place a stash of
-// 0 pages in the own pool.
-STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t max_rows,
-                                      uint64_t row_bytes, uint64_t page_bytes,
-                                      const PageRing& device, const PageRing* host) {
+// One tier a stash may go to, in the order PlanStashInOrder tries them.
+struct TierChoice {
+  const PageRing* ring;  // null: the tier is skipped
+  Placement placement;   // what a stash placed there reports
+};
+
+// Decides where a stash goes, trying `tiers[0..n)` in order. `count` is the raw count (as read
+// from memory), `divisor` 1 or 32 (0 means 1); rows = ceil(count / divisor). The first tier with
+// the pages wins; else overflow. rows > max_rows is overflow: rows are compared, not pages, so an
+// overrun inside the last page is caught too. Zero rows place a stash of 0 pages in the first
+// tier offered (even one of capacity 0).
+STASH_HOST_DEVICE StashPlan PlanStashInOrder(int64_t count, uint32_t divisor, uint64_t max_rows,
+                                             uint64_t row_bytes, uint64_t page_bytes,
+                                             const TierChoice* tiers, uint32_t n) {
   StashPlan plan{};
   if (count < 0) {
     plan.placement = Placement::kInvalidCount;
@@ -131,25 +138,31 @@ STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t 
   // ceil(count / divisor): a partial last block of a scale_inv (tokens 32..39 of 40) is a row.
   const uint64_t d = divisor == 0 ? 1u : divisor;
   plan.rows = (static_cast<uint64_t>(count) + d - 1) / d;
-  if (plan.rows > max_rows) {
-    plan.placement = Placement::kOverflow;
-    return plan;
-  }
+  plan.placement = Placement::kOverflow;
+  if (plan.rows > max_rows) return plan;
   const uint64_t bytes = plan.rows * row_bytes;
   const uint64_t pages = PagesFor(bytes, page_bytes);
-  if (RingFree(device) >= pages) {
-    plan.placement = Placement::kDevice;
-    plan.head = device.head;
-  } else if (host != nullptr && host->capacity > 0 && RingFree(*host) >= pages) {
-    plan.placement = Placement::kHost;
-    plan.head = host->head;
-  } else {
-    plan.placement = Placement::kOverflow;
+  for (uint32_t i = 0; i < n; ++i) {
+    const PageRing* ring = tiers[i].ring;
+    if (ring == nullptr || RingFree(*ring) < pages) continue;
+    plan.placement = tiers[i].placement;
+    plan.tier = i;
+    plan.head = ring->head;
+    plan.bytes = bytes;
+    plan.pages = pages;
     return plan;
   }
-  plan.bytes = bytes;
-  plan.pages = pages;
   return plan;
+}
+
+// The daemon-copy decision: the own pool when it has the pages; else the host tier when `host`
+// is non-null and has them; else overflow (PlanStashInOrder over those two). Zero rows place a
+// stash of 0 pages in the own pool.
+STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t max_rows,
+                                      uint64_t row_bytes, uint64_t page_bytes,
+                                      const PageRing& device, const PageRing* host) {
+  const TierChoice tiers[2] = {{&device, Placement::kDevice}, {host, Placement::kHost}};
+  return PlanStashInOrder(count, divisor, max_rows, row_bytes, page_bytes, tiers, 2);
 }
 
 // Copies `n` bytes. On a GPU: 16-byte vectors while both sides are 16-byte aligned, then a byte

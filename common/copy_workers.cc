@@ -1,6 +1,6 @@
-#include "daemon/copy_workers.h"
+#include "common/copy_workers.h"
 
-namespace stash::daemon {
+namespace stash {
 
 struct Latch {
   Mutex mu;
@@ -68,4 +68,4 @@ void CopyWorkers::ParallelFor(uint64_t n, uint64_t min_part,
   while (latch.left > 0) latch.cv.Wait(&latch.mu);
 }
 
-}  // namespace stash::daemon
+}  // namespace stash

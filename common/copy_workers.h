@@ -1,6 +1,6 @@
 // A few threads that split one large copy (docs/design.md: "a few threads split large copies").
-#ifndef STASH_DAEMON_COPY_WORKERS_H_
-#define STASH_DAEMON_COPY_WORKERS_H_
+#ifndef STASH_COMMON_COPY_WORKERS_H_
+#define STASH_COMMON_COPY_WORKERS_H_
 
 #include <absl/base/thread_annotations.h>
 #include "common/mutex.h"
@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-namespace stash::daemon {
+namespace stash {
 
 // Thread-safe: several pool workers may call ParallelFor at once.
 class CopyWorkers {
@@ -46,6 +46,6 @@ class CopyWorkers {
   std::vector<std::thread> helpers_;
 };
 
-}  // namespace stash::daemon
+}  // namespace stash
 
-#endif  // STASH_DAEMON_COPY_WORKERS_H_
+#endif  // STASH_COMMON_COPY_WORKERS_H_

@@ -1,0 +1,87 @@
+// The control block of a mapped session (docs/design.md, "Mapped mode").
+//
+// One small memfd per mapped session, created by the daemon at the session's first lease and
+// mapped by both sides. The rank's copier writes it as it pages (one writer: the session's
+// in-order copier); the daemon reads it for `stashctl sessions`, the metrics and auto sizing.
+// To the daemon every field is untrusted input: it clamps each number to what it knows (the
+// pages it leased) and never indexes anything with one, so garbage here changes only the
+// numbers shown for this session.
+//
+// Plain 64-bit fields, so a GPU copier (issue 16) can update them from device code; host code
+// reads and writes them with relaxed atomics (ControlLoad / ControlStore / ControlAdd).
+#ifndef STASH_KERNELS_LEASE_CONTROL_H_
+#define STASH_KERNELS_LEASE_CONTROL_H_
+
+#include <cstdint>
+
+namespace stash::kernels {
+
+// "stashctl" in ASCII, then the layout version: a block that does not start with both is
+// shown as empty.
+inline constexpr uint64_t kControlMagic = 0x6c74636873617473ull;
+inline constexpr uint64_t kControlVersion = 1;
+
+// The tiers a mapped session leases, in the order a stash tries them.
+enum LeaseTier : uint32_t { kLeaseDevice = 0, kLeasePeer = 1, kLeaseHost = 2 };
+inline constexpr uint32_t kLeaseTiers = 3;
+
+// One leased tier as the rank's copier sees it.
+struct alignas(64) TierControl {
+  uint64_t ring_head;             // the rank's ring of this tier (PageRing head/tail)
+  uint64_t ring_tail;
+  uint64_t pages_leased;          // pages of the chunks the rank has mapped in this tier
+  uint64_t pages_used;            // pages its live stashes hold now
+  uint64_t high_water;            // the most pages used at once in the current step
+  uint64_t last_step_high_water;  // the same, of the step before
+  uint64_t stashes_live;
+  uint64_t bytes_live;
+};
+static_assert(sizeof(TierControl) == 64, "TierControl is shared across processes");
+
+struct alignas(64) SessionControl {
+  uint64_t magic;    // kControlMagic, written by the daemon
+  uint64_t version;  // kControlVersion, written by the daemon
+  uint64_t step;     // the step number of the rank's last BeginStep
+  uint64_t steps;    // BeginSteps so far
+  // Totals since the session began.
+  uint64_t stashes;
+  uint64_t reloads;
+  uint64_t releases;
+  uint64_t bytes_stashed;
+  uint64_t bytes_reloaded;
+  uint64_t spills;     // stashes placed outside the own device's chunks (peer or host)
+  uint64_t overflows;  // stashes no leased chunk had room for (the rank kept them)
+  uint64_t rejected;   // operations answered with an error
+  // The pages the session's stashes would hold if every one had found room: pages in use plus
+  // the pages of live overflowed stashes. Auto sizing grows the lease to the step's high water.
+  uint64_t demand_pages;
+  uint64_t demand_high_water;            // the current step's
+  uint64_t last_step_demand_high_water;  // the step before's
+  uint64_t step_flags;                   // kStepOverflow | kStepSpilled, of the current step
+  TierControl tiers[kLeaseTiers];
+};
+static_assert(sizeof(SessionControl) == 128 + 64 * kLeaseTiers,
+              "SessionControl is shared across processes");
+
+inline constexpr uint64_t kStepOverflow = 1;
+inline constexpr uint64_t kStepSpilled = 2;
+
+// The size of the memfd that holds a SessionControl.
+inline constexpr uint64_t kControlBlockBytes = 4096;
+static_assert(sizeof(SessionControl) <= kControlBlockBytes, "the control block fits its page");
+
+#if !defined(__CUDA_ARCH__)
+inline uint64_t ControlLoad(const uint64_t& field) {
+  return __atomic_load_n(&field, __ATOMIC_RELAXED);
+}
+inline void ControlStore(uint64_t& field, uint64_t value) {
+  __atomic_store_n(&field, value, __ATOMIC_RELAXED);
+}
+inline void ControlAdd(uint64_t& field, uint64_t delta) {
+  __atomic_fetch_add(&field, delta, __ATOMIC_RELAXED);
+}
+#endif
+
+}  // namespace stash::kernels
+
+#endif  // STASH_KERNELS_LEASE_CONTROL_H_
