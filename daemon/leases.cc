@@ -155,6 +155,17 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   capacity[kHost] = has_host_ ? tiers_.back()->pages() : 0;
 
   DescriptorReply reply;
+  // Grows tier t to `want` pages where that is above what is held, within the quota (chunks may
+  // be shorter or rounded, so the quota is checked in pages as granted).
+  auto grow = [&](uint32_t t, uint64_t want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!allowed[t] || want <= held[t]) return;
+    const uint64_t budget = quota_pages_ > held_total ? quota_pages_ - held_total : 0;
+    Status grown = Grow(*h, t, want, budget, &reply.parts);
+    if (!grown.ok()) Log("pool")->warn("session {}: lease: {}", h->session_id, grown.message());
+    const uint64_t now = HeldPages(*h, t);
+    held_total += now - held[t];
+    held[t] = now;
+  };
   std::array<uint64_t, k::kLeaseTiers> target = held;
   std::array<uint64_t, k::kLeaseTiers> pages_target = held;
   if (!request.automatic()) {
@@ -188,13 +199,15 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
           " pages) but a session may lease at most " + std::to_string(config_.max_lease_bytes) +
           " bytes (--max-lease-bytes): ask for less");
     }
+    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) grow(t, target[t]);
   } else {
     h->automatic = true;
     const ControlView view = h->control->Read(held, quota_pages_, config_.page_bytes);
     if (view.steps == 0) {
       // No step behind: the own pool's free chunks up to the quota.
       target[kDevice] = std::max(held[kDevice], RoundUp(quota_pages_, chunk_pages_));
-      for (uint32_t t = 0; t < k::kLeaseTiers; ++t) h->aim[t] = target[t];
+      grow(kDevice, target[kDevice]);
+      for (uint32_t t = 0; t < k::kLeaseTiers; ++t) h->aim[t] = held[t];
     } else {
       const uint64_t demand = view.last_step_demand_high_water;
       const uint64_t margin = std::max<uint64_t>(1, (demand + 7) / 8);
@@ -203,23 +216,13 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
         const uint64_t aim =
             allowed[t] ? std::min(RoundUp(remaining, chunk_pages_), capacity[t]) : 0;
         h->aim[t] = aim;
-        target[t] = aim;
-        remaining -= std::min(remaining, std::max(aim, held[t]));
+        grow(t, aim);
+        // What the tier holds now covers that much of the demand; the rest goes on.
+        remaining -= std::min(remaining, held[t]);
       }
     }
   }
 
-  // Grow where the target is above what is held, within the quota (chunks may be shorter or
-  // rounded, so the quota is checked in pages as granted).
-  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
-    if (!allowed[t] || target[t] <= held[t]) continue;
-    const uint64_t budget = quota_pages_ > held_total ? quota_pages_ - held_total : 0;
-    Status grown = Grow(*h, t, target[t], budget, &reply.parts);
-    if (!grown.ok()) Log("pool")->warn("session {}: lease: {}", h->session_id, grown.message());
-    const uint64_t now = HeldPages(*h, t);
-    held_total += now - held[t];
-    held[t] = now;
-  }
   if (request.automatic()) {
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
       if (h->aim[t] < held[t]) {
