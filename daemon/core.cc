@@ -333,8 +333,10 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session,
     session->declared_by().clear();
   }
   session->ClearDeposits();
-  if (leases_ != nullptr) leases_->SessionEnded(session->info().id);
   pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session, std::move(closed));
+  // After the session is marked closed: a lease racing with this sees closed() and orphans
+  // its chunks itself (HandleDescriptors).
+  if (leases_ != nullptr) leases_->SessionEnded(session->info().id);
 }
 
 v1::SessionStats DaemonCore::SessionRow(Session& s) {
