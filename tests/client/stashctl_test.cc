@@ -271,8 +271,9 @@ TEST(StashctlFormat, EveryColumnNamesItsUnitAndHighWaterShowsPagesAndBytes) {
         "HIGH WATER BYTES", "STASHED BYTES", "HELD BYTES", "HELD PAGES", "STEP FLAGS"}) {
     EXPECT_NE(text.find(header), std::string::npos) << header << "\n" << text;
   }
-  // 120 pages of 256 KiB.
-  EXPECT_TRUE(std::regex_search(text, std::regex(R"(gpu0 .* 120 +30 MiB +4\n)"))) << text;
+  // 120 pages of 256 KiB; then the chunks column ("-": the sample tier has none).
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(gpu0 .* 120 +30 MiB +4 +-\n)"))) << text;
+  EXPECT_NE(text.find("LEASED/FREE/TOTAL CHUNKS"), std::string::npos) << text;
 }
 
 TEST(StashctlFormat, SessionsDetailShowsLiveStashesByLayerMicrobatchAndName) {
