@@ -1,6 +1,9 @@
 // daemon/leases.cc: the mapped-mode broker, driven directly (the control block by hand).
 #include "daemon/leases.h"
 
+#include "common/copy_workers.h"
+#include "daemon/host_executor.h"
+
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -408,6 +411,68 @@ TEST_F(LeasesTest, GarbageInAControlBlockChangesOnlyThatSessionsNumbers) {
     EXPECT_EQ(rows_b[0].pages_used(), 2u);
     EXPECT_EQ(rows_b[0].pages_leased(), 8u);
   }
+  EXPECT_TRUE(pools_[0]->RingIsPermutation());
+}
+
+TEST_F(LeasesTest, DaemonCopyAndMappedSessionsShareAPoolWithoutTouchingEachOther) {
+  Build();
+  CopyWorkers workers(1);
+  HostExecutor executor(pools_[0].get(), host_.get(), &workers);
+  auto stash = [&](const std::vector<uint8_t>& source, StashRecord* record) {
+    record->row_bytes = kPage;
+    record->max_rows = source.size() / kPage;
+    StashWork work;
+    work.source = source.data();
+    work.count.value = static_cast<int64_t>(record->max_rows);
+    work.allow_host_spill = true;
+    work.record = record;
+    executor.Stash(work, [] {});
+  };
+  // A daemon-copy stash of 5 pages: chunks 0 and 1 hold it.
+  std::vector<uint8_t> first(5 * kPage);
+  for (size_t i = 0; i < first.size(); ++i) first[i] = static_cast<uint8_t>(i * 7);
+  StashRecord a;
+  stash(first, &a);
+  ASSERT_EQ(a.tier, pools_[0].get());
+  // A mapped session asks for the whole pool: it gets the 6 chunks without a stash.
+  const Granted g = Want(Holder("m"), {{v1::TIER_DEVICE, 32}});
+  ASSERT_EQ(g.chunks.size(), 6u);
+  for (const v1::LeasedChunk& c : g.chunks) {
+    EXPECT_NE(c.chunk_id(), Leases::ChunkId(0, 0));
+    EXPECT_NE(c.chunk_id(), Leases::ChunkId(0, 1));
+  }
+  // The rank scribbles over all it leased; daemon-copy stashes go to the 3 pages left, then
+  // the host tier, and never into a leased chunk.
+  for (const UniqueFd& fd : g.fds) {
+    uint8_t* p = Map(fd.get(), kChunkPages * kPage);
+    std::memset(p, 0xff, kChunkPages * kPage);
+    munmap(p, kChunkPages * kPage);
+  }
+  std::vector<uint8_t> second(3 * kPage, 0x33);
+  StashRecord b;
+  stash(second, &b);
+  ASSERT_EQ(b.tier, pools_[0].get());
+  for (uint64_t id : b.page_record) EXPECT_LT(id, 2 * kChunkPages);
+  StashRecord c;
+  stash(second, &c);
+  EXPECT_EQ(c.tier, host_.get());
+  // Reloads give back exactly what was stashed.
+  std::vector<uint8_t> back(first.size());
+  ReloadWork reload;
+  reload.destination = back.data();
+  reload.record = &a;
+  executor.Reload(reload, [] {});
+  EXPECT_EQ(back, first);
+  std::vector<uint8_t> back2(second.size());
+  reload.destination = back2.data();
+  reload.record = &b;
+  executor.Reload(reload, [] {});
+  EXPECT_EQ(back2, second);
+  reload.record = &c;
+  executor.Reload(reload, [] {});
+  // With the stashes gone, chunks 0 and 1 are leasable again.
+  EXPECT_EQ(pools_[0]->chunks_free(), 2u);
+  EXPECT_EQ(Want(Holder("m"), {{v1::TIER_DEVICE, 32}}).chunks.size(), 2u);
   EXPECT_TRUE(pools_[0]->RingIsPermutation());
 }
 
