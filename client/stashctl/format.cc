@@ -106,7 +106,7 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
     row.push_back(std::to_string(s.pool()));
     row.push_back(OrDash(s.label()));
     if (with_identity) row.push_back(FormatDuration(s.age_s()));
-    row.push_back(s.mode() == v1::MODE_MAPPED ? "mapped" : "daemon-copy");
+    row.emplace_back(s.mode() == v1::MODE_MAPPED ? "mapped" : "daemon-copy");
     row.push_back(Num(s.stashes()));
     row.push_back(Num(s.reloads()));
     row.push_back(FormatBytes(s.bytes_stashed()));
