@@ -257,6 +257,13 @@ Status CheckHello(const v1::Hello& hello, v1::Backend backend, int pools) {
   if (!v1::Backend_IsValid(hello.backend())) {
     return InvalidArgumentError(UnknownEnumValue<v1::Backend>("Hello.backend", hello.backend()));
   }
+  if (!v1::Mode_IsValid(hello.mode())) {
+    return InvalidArgumentError(UnknownEnumValue<v1::Mode>("Hello.mode", hello.mode()));
+  }
+  if (hello.mode() == v1::MODE_MAPPED && backend == v1::BACKEND_CUDA) {
+    return FailedPreconditionError(
+        "mapped mode is built for the host backend only so far; use mode daemon-copy");
+  }
   STASH_RETURN_IF_ERROR(CheckTextSize(hello.label(), "Hello.label"));
   STASH_RETURN_IF_ERROR(CheckTextSize(hello.client_version(), "Hello.client_version"));
   if (hello.backend() == v1::BACKEND_UNSPECIFIED) {
@@ -284,6 +291,13 @@ Status CheckHello(const v1::Hello& hello, v1::Backend backend, int pools) {
 Status AdmitRequest(const v1::SessionRequest& request, Session& session,
                     const AdmitLimits& limits) {
   if (request.request_id() == 0) return InvalidArgumentError("request_id must be nonzero");
+  if (session.info().mapped && request.kind_case() != v1::SessionRequest::kHello) {
+    return FailedPreconditionError(
+        "this session is in mapped mode (Hello.mode = MODE_MAPPED): the rank pages its "
+        "activations itself in the chunks it leased over the descriptor channel, so its stream "
+        "carries no RegisterMemory, UnregisterMemory, Stash, Reload, Release or BeginStep; open a "
+        "session in mode daemon-copy for those");
+  }
   if (session.counters().inflight.load(std::memory_order_relaxed) >= limits.max_inflight) {
     return ResourceExhaustedError("this session has " + std::to_string(limits.max_inflight) +
                                   " requests in flight, the limit (--max-inflight): wait for "

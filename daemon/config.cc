@@ -33,6 +33,10 @@ ABSL_FLAG(std::string, copy_threads, "2", "copy threads");
 ABSL_FLAG(std::string, max_inflight, "4096", "max in-flight requests per session");
 ABSL_FLAG(std::string, metrics_listen, "", "Prometheus /metrics listen address");
 ABSL_FLAG(std::string, drain_timeout, "5", "seconds to drain on SIGTERM");
+ABSL_FLAG(std::string, chunk_bytes, "0", "mapped mode: chunk bytes");
+ABSL_FLAG(std::string, max_lease_bytes, "0", "mapped mode: lease quota per session");
+ABSL_FLAG(std::string, peer_tier, "false", "mapped mode: lend other pools' spare chunks");
+ABSL_FLAG(std::string, scrub_chunks, "false", "mapped mode: zero chunks on same-user reuse");
 
 namespace stash::daemon {
 namespace {
@@ -63,9 +67,24 @@ Status ParseUint(std::string_view value, uint64_t min, uint64_t max, uint64_t* o
 }
 
 Status ParseSize(std::string_view value, uint64_t* out) {
+  if (value == "0") {
+    *out = 0;
+    return Status::Ok();
+  }
   auto parsed = ParseBytes(value);
   if (!parsed.ok()) return parsed.status();
   *out = *parsed;
+  return Status::Ok();
+}
+
+Status ParseBool(std::string_view v, bool* out) {
+  if (v == "true" || v == "1") {
+    *out = true;
+  } else if (v == "false" || v == "0") {
+    *out = false;
+  } else {
+    return InvalidArgumentError("must be true or false");
+  }
   return Status::Ok();
 }
 
@@ -215,6 +234,24 @@ const Knob kKnobs[] = {
        c->metrics_listen = host + ":" + port;
        return Status::Ok();
      }},
+    {"chunk_bytes", "SIZE",
+     "Mapped mode: the size of the chunks every tier is cut into and leased in, a whole number "
+     "of pages (a tier's last chunk may be shorter). 0 = the smallest tier / 32, rounded down "
+     "to whole pages, at least one page",
+     [](std::string_view v, DaemonConfig* c) { return ParseSize(v, &c->chunk_bytes); }},
+    {"max_lease_bytes", "SIZE",
+     "Mapped mode: the most bytes one session may lease over all tiers; a larger explicit "
+     "lease is refused with RESOURCE_EXHAUSTED. 0 = one device pool's bytes (--pool-bytes)",
+     [](std::string_view v, DaemonConfig* c) { return ParseSize(v, &c->max_lease_bytes); }},
+    {"peer_tier", "true|false",
+     "Mapped mode: let a session lease other device pools' free chunks (TIER_PEER), each pool "
+     "lending only while it keeps more than half its chunks free, so its own ranks come first",
+     [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->peer_tier); }},
+    {"scrub_chunks", "true|false",
+     "Mapped mode: zero a chunk before leasing it again to the same Unix user too. A chunk "
+     "whose next holder is another user, or that held daemon-copy stashes, always gets fresh "
+     "zeroed memory",
+     [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->scrub_chunks); }},
 };
 
 std::string EnvName(std::string_view name) {
@@ -301,6 +338,12 @@ Status ValidateConfig(DaemonConfig& config) {
                                 ": must be 0 (no host tier) or hold at least one page "
                                 "(--page-bytes=" +
                                 std::to_string(page) + ")");
+  }
+  if (config.chunk_bytes % page != 0) {
+    return InvalidArgumentError(
+        Named(config, "chunk_bytes", config.chunk_bytes) +
+        ": must be 0 (automatic) or a whole number of pages (--page-bytes=" + std::to_string(page) +
+        ")");
   }
   return Status::Ok();
 }

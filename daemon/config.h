@@ -32,6 +32,11 @@ struct DaemonConfig {
                                     // RESOURCE_EXHAUSTED
   uint32_t drain_timeout_s = 5;     // SIGTERM: seconds to let ranks reload before stopping
   std::string metrics_listen;       // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
+  // Mapped mode (host backend).
+  uint64_t chunk_bytes = 0;      // 0 = the smallest tier / 32, whole pages, at least one page
+  uint64_t max_lease_bytes = 0;  // per session over all tiers; 0 = one device pool's bytes
+  bool peer_tier = false;        // sessions may lease other pools' spare chunks
+  bool scrub_chunks = false;     // zero a chunk also when its next holder is the same user
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.
   struct Entry {

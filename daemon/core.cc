@@ -65,6 +65,14 @@ StatusOr<int> PoolOfUuid(const std::vector<std::string>& uuids, const std::strin
                                  "): start stashd with that GPU visible (check "
                                  "CUDA_VISIBLE_DEVICES and the container's GPU list)");
 }
+// Pages per chunk: --chunk-bytes, or the smallest tier / 32 in whole pages (at least one).
+uint64_t ChunkPages(const DaemonConfig& config) {
+  const uint64_t page = config.page_bytes;
+  if (config.chunk_bytes != 0) return config.chunk_bytes / page;
+  uint64_t smallest = config.pool_bytes / page;
+  if (config.host_tier_bytes != 0) smallest = std::min(smallest, config.host_tier_bytes / page);
+  return std::max<uint64_t>(1, smallest / 32);
+}
 }  // namespace
 
 void AddConfigEntries(const DaemonConfig& config, v1::GetConfigResponse* out) {
@@ -81,7 +89,10 @@ DaemonCore::DaemonCore(const DaemonConfig& config, v1::Backend backend, std::str
     : config_(config),
       backend_(backend),
       socket_path_(std::move(socket_path)),
-      start_(std::chrono::steady_clock::now()) {
+      start_(std::chrono::steady_clock::now()),
+      max_lease_bytes_(config.max_lease_bytes != 0
+                           ? config.max_lease_bytes / config.page_bytes * config.page_bytes
+                           : config.pool_bytes / config.page_bytes * config.page_bytes) {
   limits_.backend = backend;
   limits_.max_inflight = config.max_inflight;
   // Registrations in all: half the mappings the kernel allows, the rest stays for the daemon's
@@ -106,17 +117,19 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
         "this stashd was built without CUDA (STASH_ENABLE_CUDA=OFF): run with --backend=host");
 #endif
   } else {
+    const uint64_t chunk_pages = ChunkPages(config);
+    core->chunk_bytes_ = chunk_pages * page;
     Tier* host = nullptr;
     if (config.host_tier_bytes > 0) {
-      STASH_ASSIGN_OR_RETURN(auto tier,
-                             Tier::Create("host", -1, page, config.host_tier_bytes / page));
+      STASH_ASSIGN_OR_RETURN(
+          auto tier, Tier::Create("host", -1, page, config.host_tier_bytes / page, chunk_pages));
       host = tier.get();
       core->host_backend_tiers_.push_back(std::move(tier));
     }
     core->workers_ = std::make_unique<CopyWorkers>(config.copy_threads);
     for (uint32_t d = 0; d < config.devices; ++d) {
       STASH_ASSIGN_OR_RETURN(auto tier, Tier::Create("gpu" + std::to_string(d), static_cast<int>(d),
-                                                     page, config.pool_bytes / page));
+                                                     page, config.pool_bytes / page, chunk_pages));
       executors.push_back(std::make_unique<HostExecutor>(tier.get(), host, core->workers_.get()));
       core->host_backend_tiers_.push_back(std::move(tier));
     }
@@ -124,6 +137,18 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
   for (size_t d = 0; d < executors.size(); ++d) {
     core->pools_.push_back(
         std::make_unique<Pool>(static_cast<int>(d), std::move(executors[d]), &core->counters_));
+  }
+  if (backend != v1::BACKEND_CUDA) {
+    std::vector<Tier*> pool_tiers;
+    for (const auto& pool : core->pools_) pool_tiers.push_back(pool->device());
+    LeaseConfig lease;
+    lease.page_bytes = page;
+    lease.chunk_bytes = core->chunk_bytes_;
+    lease.max_lease_bytes = core->max_lease_bytes_;
+    lease.peer_tier = config.peer_tier;
+    lease.scrub_chunks = config.scrub_chunks;
+    core->leases_ = std::make_unique<Leases>(
+        pool_tiers, core->pools_.empty() ? nullptr : core->pools_[0]->host(), lease);
   }
   // Stats list each tier once: every pool's own, then the spill tiers (shared on host).
   for (const auto& pool : core->pools_) core->tiers_.push_back(pool->device());
@@ -165,6 +190,7 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   info.label = hello.label();
   info.client_version = hello.client_version();
   info.allow_host_spill = hello.allow_host_spill();
+  info.mapped = hello.mode() == v1::MODE_MAPPED;
   auto session = std::make_shared<Session>(info, sink, &counters_.rejected);
   {
     MutexLock lock(&mu_);
@@ -187,9 +213,15 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   welcome->set_daemon_version(kVersion);
   welcome->set_pool(info.pool);
   welcome->set_descriptor_secret(info.secret);
-  Log("rpc")->info("session {} started: rank {}, pid {}, pool {}, label '{}', client {}", info.id,
-                   info.rank, info.pid, info.pool, Escaped(info.label, kMaxTextBytes),
-                   Escaped(info.client_version, kMaxTextBytes));
+  if (leases_ != nullptr) {
+    welcome->set_chunk_bytes(chunk_bytes_);
+    welcome->set_max_lease_bytes(max_lease_bytes_);
+    welcome->set_peer_tier(config_.peer_tier && pools_.size() > 1);
+  }
+  Log("rpc")->info("session {} started: rank {}, pid {}, pool {}, label '{}', client {}, mode {}",
+                   info.id, info.rank, info.pid, info.pool, Escaped(info.label, kMaxTextBytes),
+                   Escaped(info.client_version, kMaxTextBytes),
+                   info.mapped ? "mapped" : "daemon-copy");
   return session;
 }
 
@@ -213,8 +245,9 @@ void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
   pools_[static_cast<size_t>(session->info().pool)]->Enqueue(session, std::move(request), received);
 }
 
-Status DaemonCore::HandleDescriptors(const v1::DescriptorRequest& request,
-                                     const PeerCredentials& peer, std::vector<UniqueFd>& fds) {
+DescriptorReply DaemonCore::HandleDescriptors(const v1::DescriptorRequest& request,
+                                              const PeerCredentials& peer,
+                                              std::vector<UniqueFd>& fds) {
   std::shared_ptr<Session> session;
   {
     MutexLock lock(&mu_);
@@ -234,15 +267,44 @@ Status DaemonCore::HandleDescriptors(const v1::DescriptorRequest& request,
         "no live session has this id and secret: send Welcome.session_id and "
         "Welcome.descriptor_secret of your own open session");
   }
-  STASH_RETURN_IF_ERROR(session->CheckPeer(peer));
+  if (Status checked = session->CheckPeer(peer); !checked.ok()) return checked;
+  const bool lease_kind = request.kind_case() == v1::DescriptorRequest::kLeaseChunks ||
+                          request.kind_case() == v1::DescriptorRequest::kReturnChunks;
+  if (lease_kind && !session->info().mapped) {
+    return FailedPreconditionError(
+        "this session is in mode daemon-copy: only a session whose Hello set mode MODE_MAPPED "
+        "leases chunks");
+  }
+  if (lease_kind && leases_ == nullptr) {
+    return FailedPreconditionError("this daemon's backend leases no chunks");
+  }
+  LeaseHolder who;
+  who.session_id = session->info().id;
+  who.pool = session->info().pool;
+  who.allow_host_spill = session->info().allow_host_spill;
+  who.uid = peer.uid;
+  who.pid = peer.pid;
+  who.socket = peer.socket;
   switch (request.kind_case()) {
     case v1::DescriptorRequest::kDepositMemory: {
+      if (session->info().mapped) {
+        return FailedPreconditionError(
+            "this session is in mapped mode: it deposits no memory (it leases chunks)");
+      }
       const v1::DepositMemory& d = request.deposit_memory();
-      STASH_RETURN_IF_ERROR(CheckClientMemoryFd(fds.at(0).get(), d.bytes()));
+      if (Status s = CheckClientMemoryFd(fds.at(0).get(), d.bytes()); !s.ok()) return s;
       static const uint64_t max_held = MaxDepositsHeld();
       return session->Deposit(d.memory_id(), d.bytes(), fds[0], kMaxPendingDeposits,
                               &counters_.deposits_held, max_held);
     }
+    case v1::DescriptorRequest::kLeaseChunks: {
+      DescriptorReply reply = leases_->Lease(who, request.lease_chunks());
+      // The session may have ended while the lease was made: its chunks are then orphaned.
+      if (session->closed()) leases_->SessionEnded(who.session_id);
+      return reply;
+    }
+    case v1::DescriptorRequest::kReturnChunks:
+      return leases_->Return(who, request.return_chunks());
     case v1::DescriptorRequest::KIND_NOT_SET:
       break;
   }
@@ -272,6 +334,9 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session,
   }
   session->ClearDeposits();
   pools_[static_cast<size_t>(session->info().pool)]->CloseSession(session, std::move(closed));
+  // After the session is marked closed: a lease racing with this sees closed() and orphans
+  // its chunks itself (HandleDescriptors).
+  if (leases_ != nullptr) leases_->SessionEnded(session->info().id);
 }
 
 v1::SessionStats DaemonCore::SessionRow(Session& s) {
@@ -302,7 +367,41 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
   row.set_step(c.step.load());
   row.set_step_begun(c.step_begun.load());
   for (v1::LiveStashes& live : s.live_tags().Rows()) *row.add_live() = std::move(live);
+  row.set_mode(info.mapped ? v1::MODE_MAPPED : v1::MODE_DAEMON_COPY);
+  if (info.mapped && leases_ != nullptr) MappedRow(s, &row);
   return row;
+}
+
+void DaemonCore::MappedRow(Session& s, v1::SessionStats* row) {
+  std::vector<v1::LeaseStats> leases;
+  ControlView c;
+  // The counters of a mapped session are its control block's: written by the rank, clamped.
+  if (leases_->Describe(s.info().id, &leases, &c)) {
+    for (v1::LeaseStats& lease : leases) *row->add_leases() = std::move(lease);
+  }
+  row->set_stashes(c.stashes);
+  row->set_reloads(c.reloads);
+  row->set_releases(c.releases);
+  row->set_bytes_stashed(c.bytes_stashed);
+  row->set_bytes_reloaded(c.bytes_reloaded);
+  row->set_spills(c.spills);
+  row->set_overflows(c.overflows);
+  row->set_rejected(row->rejected() + c.rejected);
+  uint64_t stashes_live = 0;
+  uint64_t pages_live = 0;
+  uint64_t bytes_live = 0;
+  for (const ControlTierView& t : c.tiers) {
+    stashes_live += t.stashes_live;
+    pages_live += t.pages_used;
+    bytes_live += t.bytes_live;
+  }
+  row->set_stashes_live(stashes_live);
+  row->set_pages_live(pages_live);
+  row->set_bytes_live(bytes_live);
+  row->set_step_overflow(c.step_overflow);
+  row->set_step_spilled(c.step_spilled);
+  row->set_step(c.step);
+  row->set_step_begun(c.steps > 0);
 }
 
 v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
@@ -341,6 +440,14 @@ v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
     const bool host = std::any_of(pools_.begin(), pools_.end(),
                                   [&](const auto& pool) { return pool->host() == &tier; });
     t->set_tier(host ? v1::TIER_HOST : v1::TIER_DEVICE);
+    if (leases_ != nullptr && tier.chunks() > 0) {
+      const Leases::TierCounts counts = leases_->Counts(&tier);
+      t->set_chunk_bytes(tier.chunk_pages() * tier.page_bytes());
+      t->set_chunks_total(tier.chunks());
+      t->set_chunks_leased(counts.leased);
+      t->set_chunks_orphaned(counts.orphaned);
+      t->set_chunks_free(tier.chunks_free());
+    }
   };
   for (const Tier* tier : tiers_) add_tier(*tier);
 

@@ -13,10 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "common/copy_workers.h"
 #include "common/unique_fd.h"
 #include "daemon/admit.h"
 #include "daemon/config.h"
-#include "common/copy_workers.h"
+#include "daemon/descriptor_message.h"
+#include "daemon/leases.h"
 #include "daemon/pool.h"
 #include "daemon/session.h"
 #include "daemon/stats.h"
@@ -55,11 +57,16 @@ class DaemonCore {
   void HandleRequest(const std::shared_ptr<Session>& session, stash::v1::SessionRequest request);
 
   // The descriptor channel's handler (DescriptorServer::Handler): checks the session's secret and
-  // that `peer` is the process that said Hello, then the memfd, and keeps it for the session's
-  // RegisterMemory. PERMISSION_DENIED for an unknown session or a wrong secret (the two are not
-  // told apart), INVALID_ARGUMENT for a descriptor that is not a sealed memfd of the size.
-  Status HandleDescriptors(const stash::v1::DescriptorRequest& request, const PeerCredentials& peer,
-                           std::vector<UniqueFd>& fds);
+  // that `peer` is the process that said Hello. A deposit: checks the memfd and keeps it for the
+  // session's RegisterMemory. LeaseChunks / ReturnChunks (mapped sessions only, else
+  // FAILED_PRECONDITION): Leases. PERMISSION_DENIED for an unknown session or a wrong secret
+  // (the two are not told apart), INVALID_ARGUMENT for a descriptor that is not a sealed memfd
+  // of the size.
+  DescriptorReply HandleDescriptors(const stash::v1::DescriptorRequest& request,
+                                    const PeerCredentials& peer, std::vector<UniqueFd>& fds);
+
+  // Mapped mode's broker; null on the cuda backend. For tests.
+  Leases* leases() const { return leases_.get(); }
 
   // The stream ended: cancels queued work, returns pages, closes mappings (asynchronously, on
   // the pool's queue, behind the request running now). `closed` (optional) runs once every copy
@@ -97,12 +104,16 @@ class DaemonCore {
   DaemonCore(const DaemonConfig& config, stash::v1::Backend backend, std::string socket_path);
 
   stash::v1::SessionStats SessionRow(Session& s);
+  // A mapped session's lease and counters (from its control block, clamped).
+  void MappedRow(Session& s, stash::v1::SessionStats* row);
 
   // Never change after Create().
   const DaemonConfig config_;
   const stash::v1::Backend backend_;
   const std::string socket_path_;
   const std::chrono::steady_clock::time_point start_;
+  const uint64_t max_lease_bytes_;  // mapped mode's quota per session, whole pages
+  uint64_t chunk_bytes_ = 0;        // host backend: the chunk size of every tier
   AdmitLimits limits_;
   // Host backend: the tiers and copy threads the pools' executors use (the cuda backend's
   // executors own their tiers).
@@ -111,6 +122,7 @@ class DaemonCore {
   std::vector<std::unique_ptr<Pool>> pools_;
   std::vector<std::string> pool_uuids_;  // cuda: the 16-byte UUID of each pool's GPU
   std::vector<Tier*> tiers_;             // every tier once, pools' own first; for stats
+  std::unique_ptr<Leases> leases_;       // host backend: after the tiers it points into
 
   DaemonCounters counters_;
   std::atomic<bool> draining_{false};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string_view>
+#include <vector>
 
 #include "common/text.h"
 
@@ -70,15 +71,61 @@ StatusOr<v1::DescriptorRequest> ParseDescriptorRequest(const std::string& bytes,
       }
       return request;
     }
+    case v1::DescriptorRequest::kLeaseChunks: {
+      const v1::LeaseChunks& l = request.lease_chunks();
+      if (descriptors != 0) {
+        return InvalidArgumentError("lease_chunks carries no descriptor; this packet carried " +
+                                    std::to_string(descriptors));
+      }
+      if (l.automatic() && l.want_size() != 0) {
+        return InvalidArgumentError("lease_chunks is either automatic or names `want`, not both");
+      }
+      bool seen[5] = {false, false, false, false, false};
+      for (const v1::TierPages& w : l.want()) {
+        const int t = static_cast<int>(w.tier());
+        if (t != v1::TIER_DEVICE && t != v1::TIER_PEER && t != v1::TIER_HOST) {
+          return InvalidArgumentError("lease_chunks.want names tier " + std::to_string(t) +
+                                      ": a lease is of TIER_DEVICE, TIER_PEER or TIER_HOST");
+        }
+        if (seen[t]) {
+          return InvalidArgumentError("lease_chunks.want names " + v1::Tier_Name(w.tier()) +
+                                      " twice: name each tier at most once");
+        }
+        seen[t] = true;
+      }
+      return request;
+    }
+    case v1::DescriptorRequest::kReturnChunks: {
+      const v1::ReturnChunks& r = request.return_chunks();
+      if (descriptors != 0) {
+        return InvalidArgumentError("return_chunks carries no descriptor; this packet carried " +
+                                    std::to_string(descriptors));
+      }
+      if (r.chunk_ids_size() == 0 || static_cast<size_t>(r.chunk_ids_size()) > kMaxReturnChunkIds) {
+        return InvalidArgumentError("return_chunks names " + std::to_string(r.chunk_ids_size()) +
+                                    " chunk ids; name 1 to " + std::to_string(kMaxReturnChunkIds));
+      }
+      std::vector<uint64_t> ids(r.chunk_ids().begin(), r.chunk_ids().end());
+      std::sort(ids.begin(), ids.end());
+      if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) {
+        return InvalidArgumentError("return_chunks names a chunk id twice: name each once");
+      }
+      return request;
+    }
     case v1::DescriptorRequest::KIND_NOT_SET:
       break;
   }
-  return InvalidArgumentError("the request has no known kind: set deposit_memory");
+  return InvalidArgumentError(
+      "the request has no known kind: set deposit_memory, lease_chunks or return_chunks");
 }
 
 std::string DescriptorAnswer(const Status& status, uint64_t memory_id) {
   v1::DescriptorResponse response;
   response.set_memory_id(memory_id);
+  return DescriptorAnswer(status, std::move(response));
+}
+
+std::string DescriptorAnswer(const Status& status, v1::DescriptorResponse response) {
   response.set_code(static_cast<int>(status.code()));
   response.set_message(SafeUtf8(status.message(), kMaxMessageBytes));
   return response.SerializeAsString();

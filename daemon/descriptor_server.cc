@@ -93,6 +93,20 @@ class Closer {
   std::shared_ptr<State> state_;
 };
 
+// Sends one packet without blocking, waiting up to 1 s for room when the peer's buffer is full.
+bool SendWaiting(int socket, const std::string& bytes, const std::vector<int>& fds) {
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  while (true) {
+    const Status sent = SendPacket(socket, bytes, fds, /*nonblocking=*/true);
+    if (sent.ok()) return true;
+    if (sent.code() != StatusCode::kUnavailable || Clock::now() >= deadline) return false;
+    pollfd p{socket, POLLOUT, 0};
+    int rc = 0;
+    STASH_SYSCALL_RETRY(rc, poll(&p, 1, 100));
+    if (rc < 0) return false;
+  }
+}
+
 }  // namespace
 
 struct DescriptorServer::Impl {
@@ -228,8 +242,8 @@ void DescriptorServer::Impl::Accept() {
                        {}, /*nonblocking=*/true);
       continue;
     }
-    connections.push_back(Connection{std::move(fd), PeerCredentials{cred.pid, cred.uid, cred.gid},
-                                     Clock::now(), false});
+    connections.push_back(Connection{
+        std::move(fd), PeerCredentials{cred.pid, cred.uid, cred.gid, -1}, Clock::now(), false});
   }
 }
 
@@ -251,16 +265,32 @@ bool DescriptorServer::Impl::Serve(Connection& c) {
     (void)SendPacket(c.fd.get(), DescriptorAnswer(request.status()), {}, true);
     return false;
   }
-  const Status status = handler(*request, c.peer, packet->fds);
+  PeerCredentials peer = c.peer;
+  peer.socket = c.fd.get();
+  DescriptorReply reply = handler(*request, peer, packet->fds);
   closer.Close(packet->fds);  // what the handler did not keep
+  const Status& status = reply.status;
   if (status.code() != StatusCode::kPermissionDenied) c.served = true;
   if (status.code() == StatusCode::kPermissionDenied) {
     Log("ipc")->warn("descriptor channel: refused pid {} uid {}: {}", c.peer.pid, c.peer.uid,
                      status.message());
   }
-  const Status sent = SendPacket(
-      c.fd.get(), DescriptorAnswer(status, request->deposit_memory().memory_id()), {}, true);
-  return sent.ok() && status.code() != StatusCode::kPermissionDenied;
+  // A lease's chunk packets: the socket buffer holds many, and a peer that reads nothing for a
+  // second is disconnected (its chunks stay leased to its session until it exits).
+  bool sent_parts = true;
+  for (DescriptorPart& part : reply.parts) {
+    if (!sent_parts) break;
+    sent_parts = SendWaiting(c.fd.get(), part.bytes, {part.fd.get()});
+  }
+  if (!reply.parts.empty()) {
+    std::vector<UniqueFd> sent_fds;
+    for (DescriptorPart& part : reply.parts) sent_fds.push_back(std::move(part.fd));
+    closer.Close(sent_fds);  // the peer has its own copies now
+  }
+  if (!sent_parts) return false;
+  reply.last.set_memory_id(request->deposit_memory().memory_id());
+  const bool sent = SendWaiting(c.fd.get(), DescriptorAnswer(status, std::move(reply.last)), {});
+  return sent && status.code() != StatusCode::kPermissionDenied;
 }
 
 }  // namespace stash::daemon

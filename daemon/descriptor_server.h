@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "daemon/descriptor_message.h"
 #include "daemon/session.h"
 #include "stash/status.h"
 #include "stash/v1/descriptor.pb.h"
@@ -32,10 +33,12 @@ std::string DescriptorSocketPath(const std::string& socket_path);
 class DescriptorServer {
  public:
   // Runs one checked request from `peer` with the descriptors that came with it: moves out of
-  // `fds` what it keeps (the server closes the rest). The returned status is the answer.
-  // Called on the server's thread only.
-  using Handler = std::function<Status(const stash::v1::DescriptorRequest& request,
-                                       const PeerCredentials& peer, std::vector<UniqueFd>& fds)>;
+  // `fds` what it keeps (the server closes the rest). The reply is the answer: its parts are
+  // sent first, each with its descriptor, then the last packet. `peer.socket` is the
+  // connection, valid during the call. Called on the server's thread only.
+  using Handler =
+      std::function<DescriptorReply(const stash::v1::DescriptorRequest& request,
+                                    const PeerCredentials& peer, std::vector<UniqueFd>& fds)>;
 
   // The most connections served at once, and per Unix user; more are answered
   // RESOURCE_EXHAUSTED and closed.

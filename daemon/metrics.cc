@@ -233,6 +233,13 @@ std::vector<MetricFamily> CollectMetrics(DaemonCore& core) {
        [](const v1::TierStats& t) { return static_cast<double>(t.bytes_stashed()); }},
       {"stashd_tier_stashes", "Stashes held in the tier now",
        [](const v1::TierStats& t) { return static_cast<double>(t.stashes_live()); }},
+      {"stashd_tier_chunks_leased", "Chunks of the tier leased to mapped sessions now",
+       [](const v1::TierStats& t) { return static_cast<double>(t.chunks_leased()); }},
+      {"stashd_tier_chunks_free", "Chunks of the tier a mapped session could lease now",
+       [](const v1::TierStats& t) { return static_cast<double>(t.chunks_free()); }},
+      {"stashd_tier_chunks_orphaned",
+       "Chunks of the tier whose session ended while its process lives",
+       [](const v1::TierStats& t) { return static_cast<double>(t.chunks_orphaned()); }},
   };
   for (const TierSpec& spec : tier_specs) {
     MetricFamily family = Family(spec.name, spec.help, MetricType::Gauge);

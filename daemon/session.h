@@ -75,6 +75,7 @@ struct PeerCredentials {
   int64_t pid = 0;
   uint32_t uid = 0;
   uint32_t gid = 0;
+  int socket = -1;  // the connection, while its request is served; -1 otherwise
 };
 
 // Identity fixed by Hello.
@@ -87,6 +88,8 @@ struct SessionInfo {
   std::string label;
   std::string client_version;
   bool allow_host_spill = true;
+  // Hello.mode = MODE_MAPPED: the session leases chunks and its stream carries no data path.
+  bool mapped = false;
 };
 
 class Session {

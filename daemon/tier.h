@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/shm.h"
+#include "daemon/chunk_memory.h"
 #include "stash/kernels/paging.h"
 #include "stash/status.h"
 
@@ -36,8 +36,10 @@ struct TierSnapshot {
 class Tier {
  public:
   // A host-backend tier. `pool` is the device pool index, or -1 for the host tier. `pages` > 0.
+  // Its memory is cut into chunks of `chunk_pages` pages (0 = one chunk; the last may be
+  // shorter), each its own memfd (ChunkMemory), which mapped sessions lease whole.
   static StatusOr<std::unique_ptr<Tier>> Create(std::string name, int pool, uint64_t page_bytes,
-                                                uint64_t pages);
+                                                uint64_t pages, uint64_t chunk_pages = 0);
   // The accounting of a tier whose memory and ring live elsewhere (base() is null, ring() must
   // not be used).
   static std::unique_ptr<Tier> CreateAccounting(std::string name, int pool, uint64_t page_bytes,
@@ -50,7 +52,16 @@ class Tier {
   int pool() const { return pool_; }
   uint64_t page_bytes() const { return page_bytes_; }
   uint64_t pages() const { return pages_; }
-  uint8_t* base() const { return memory_ != nullptr ? memory_->data() : nullptr; }
+  uint8_t* base() const { return memory_ != nullptr ? memory_->base() : nullptr; }
+
+  // Chunks (mapped mode): none on an accounting-only tier.
+  ChunkMemory* chunk_memory() const { return memory_.get(); }
+  uint64_t chunk_pages() const { return chunk_pages_; }
+  uint64_t chunks() const { return memory_ != nullptr ? memory_->chunks() : 0; }
+  // Pages of chunk `chunk` (< chunks()).
+  uint64_t ChunkPages(uint64_t chunk) const;
+  // Chunks whose every page is free in the daemon-copy ring now (leasable), for stats.
+  uint64_t chunks_free() const { return chunks_free_.load(std::memory_order_relaxed); }
 
   Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   kernels::PageRing& ring() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ring_; }
@@ -65,26 +76,48 @@ class Tier {
   void AccountAlloc(uint64_t pages, uint64_t bytes);
   void AccountFree(uint64_t pages, uint64_t bytes);
 
-  // Whether every page id appears exactly once among the free slots (an at-rest invariant);
-  // for tests and the debug log.
+  // Chunk ring functions (mapped mode), under mu(). Which chunks are in the ring with every
+  // page free, in chunk order: O(chunks), from per-chunk counts kept by PublishAlloc/Free.
+  std::vector<uint64_t> WhollyFreeChunks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes chunks (each from WhollyFreeChunks) out of the ring: one pass over the free slots
+  // rewrites [head, tail) without their page ids, and tail moves back by their pages. Their
+  // pages count as used. Sets `*written` (optional) to whether a daemon-copy stash wrote any
+  // of them since it last entered the ring. CHECK-fails on a chunk that is not wholly free.
+  void TakeChunks(const std::vector<uint64_t>& chunks, std::vector<bool>* written = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a chunk taken by TakeChunks back: its page ids are appended at tail.
+  void ReturnChunk(uint64_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Whether every page id appears exactly once among the free slots and the pages of chunks
+  // taken out (an at-rest invariant); for tests and the debug log.
   bool RingIsPermutation();
 
   TierSnapshot Snapshot() const;
 
  private:
-  Tier(std::string name, int pool, uint64_t page_bytes, uint64_t pages,
-       std::unique_ptr<SharedMemory> memory);
+  Tier(std::string name, int pool, uint64_t page_bytes, uint64_t pages, uint64_t chunk_pages,
+       std::unique_ptr<ChunkMemory> memory);
+  void AddUsed(uint64_t pages);
+  // Page ids of slots [first, first + n) left (`delta` = -1) or entered (+1) the ring.
+  void CountChunkPages(uint64_t first, uint64_t n, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Never change after construction.
   const std::string name_;
   const int pool_;
   const uint64_t page_bytes_;
   const uint64_t pages_;
-  const std::unique_ptr<SharedMemory> memory_;
+  const uint64_t chunk_pages_;  // 0 on an accounting-only tier
+  const std::unique_ptr<ChunkMemory> memory_;
   std::vector<uint64_t> ids_;  // the ring's storage; touched only under mu_
 
   Mutex mu_;
   kernels::PageRing ring_ ABSL_GUARDED_BY(mu_);
+  // Per chunk: its pages free in the ring, whether it is in the ring at all (not taken), and
+  // whether a stash wrote it since it entered the ring.
+  std::vector<uint64_t> chunk_free_pages_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> chunk_in_ring_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> chunk_written_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> chunks_free_{0};
 
   std::atomic<uint64_t> pages_used_{0};
   std::atomic<uint64_t> pages_high_water_{0};

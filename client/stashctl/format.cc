@@ -49,6 +49,32 @@ std::string Pad(const std::string& text, size_t width, Table::Align align) {
 
 // The session table; `with_identity` adds the session id prefix and age (`stashctl sessions`,
 // where the table is all there is and the width is free).
+std::string LeaseTierName(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_DEVICE:
+      return "device";
+    case v1::TIER_PEER:
+      return "peer";
+    case v1::TIER_HOST:
+      return "host";
+    default:
+      return "?";
+  }
+}
+
+// A mapped session's lease in one cell: "device 4 chunks 10/64 pages hw 20, host ..."; "-" for
+// a daemon-copy session.
+std::string LeaseText(const v1::SessionStats& s) {
+  if (s.mode() != v1::MODE_MAPPED) return "-";
+  std::string out;
+  for (const v1::LeaseStats& l : s.leases()) {
+    out += (out.empty() ? "" : ", ") + LeaseTierName(l.tier()) + " " + Num(l.chunks()) +
+           " chunks " + Num(l.pages_used()) + "/" + Num(l.pages_leased()) + " pages hw " +
+           Num(l.pages_high_water());
+  }
+  return out.empty() ? "none" : out;
+}
+
 std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
                          bool with_identity) {
   using A = Table::Align;
@@ -58,6 +84,7 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
       columns.end(),
       {{"RANK", A::kRight}, {"PID", A::kRight}, {"POOL", A::kRight}, {"LABEL", A::kLeft}});
   if (with_identity) columns.push_back({"AGE", A::kRight});
+  columns.push_back({"MODE", A::kLeft});
   // Every header names its unit: counts of stashes or requests unless it says bytes or pages.
   columns.insert(columns.end(), {{"STASHES", A::kRight},
                                  {"RELOADS", A::kRight},
@@ -67,6 +94,7 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
                                  {"SPILLS", A::kRight},
                                  {"OVERFLOWS", A::kRight},
                                  {"REJECTED", A::kRight},
+                                 {"LEASE", A::kLeft},
                                  {"STEP FLAGS", A::kLeft}});
   Table table(std::move(columns));
   for (const v1::SessionStats& s : sessions) {
@@ -78,6 +106,7 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
     row.push_back(std::to_string(s.pool()));
     row.push_back(OrDash(s.label()));
     if (with_identity) row.push_back(FormatDuration(s.age_s()));
+    row.emplace_back(s.mode() == v1::MODE_MAPPED ? "mapped" : "daemon-copy");
     row.push_back(Num(s.stashes()));
     row.push_back(Num(s.reloads()));
     row.push_back(FormatBytes(s.bytes_stashed()));
@@ -86,6 +115,7 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
     row.push_back(Num(s.spills()));
     row.push_back(Num(s.overflows()));
     row.push_back(Num(s.rejected()));
+    row.push_back(LeaseText(s));
     row.push_back(StepFlags(s));
     table.AddRow(std::move(row));
   }
@@ -245,14 +275,18 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
                {"PAYLOAD BYTES", A::kRight},
                {"HIGH WATER PAGES", A::kRight},
                {"HIGH WATER BYTES", A::kRight},
-               {"LIVE STASHES", A::kRight}});
+               {"LIVE STASHES", A::kRight},
+               {"LEASED/FREE/TOTAL CHUNKS", A::kRight}});
   for (const v1::TierStats& t : stats.tiers()) {
     tiers.AddRow({t.name(), UsageBar(t.pages_used(), t.pages_total()),
                   Num(t.pages_used()) + "/" + Num(t.pages_total()),
                   FormatBytes(t.pages_used() * t.page_bytes()) + " / " +
                       FormatBytes(t.pages_total() * t.page_bytes()),
                   FormatBytes(t.bytes_stashed()), Num(t.pages_high_water()),
-                  FormatBytes(t.pages_high_water() * t.page_bytes()), Num(t.stashes_live())});
+                  FormatBytes(t.pages_high_water() * t.page_bytes()), Num(t.stashes_live()),
+                  t.chunks_total() == 0 ? "-"
+                                        : Num(t.chunks_leased()) + "/" + Num(t.chunks_free()) +
+                                              "/" + Num(t.chunks_total())});
   }
   out += "\n";
   out += tiers.Render();
@@ -279,6 +313,23 @@ std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionS
   for (const v1::SessionStats& s : sessions) {
     out += "\nsession " + OrDash(s.session_id().substr(0, 8)) + " (rank " + RankText(s.rank()) +
            ", pool " + std::to_string(s.pool()) + "): ";
+    if (s.mode() == v1::MODE_MAPPED) {
+      out += "mapped mode, lease by tier\n";
+      Table lease({{"TIER", A::kLeft},
+                   {"CHUNKS", A::kRight},
+                   {"USED/LEASED PAGES", A::kRight},
+                   {"HIGH WATER PAGES", A::kRight},
+                   {"LAST STEP HIGH WATER PAGES", A::kRight},
+                   {"TARGET PAGES", A::kRight}});
+      for (const v1::LeaseStats& l : s.leases()) {
+        lease.AddRow({LeaseTierName(l.tier()), Num(l.chunks()),
+                      Num(l.pages_used()) + "/" + Num(l.pages_leased()), Num(l.pages_high_water()),
+                      Num(l.last_step_high_water()),
+                      l.pages_target() == 0 ? "fixed" : Num(l.pages_target())});
+      }
+      out += lease.Render();
+      continue;
+    }
     if (s.live().empty()) {
       out += "holds no stashes\n";
       continue;

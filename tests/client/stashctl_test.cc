@@ -271,8 +271,9 @@ TEST(StashctlFormat, EveryColumnNamesItsUnitAndHighWaterShowsPagesAndBytes) {
         "HIGH WATER BYTES", "STASHED BYTES", "HELD BYTES", "HELD PAGES", "STEP FLAGS"}) {
     EXPECT_NE(text.find(header), std::string::npos) << header << "\n" << text;
   }
-  // 120 pages of 256 KiB.
-  EXPECT_TRUE(std::regex_search(text, std::regex(R"(gpu0 .* 120 +30 MiB +4\n)"))) << text;
+  // 120 pages of 256 KiB; then the chunks column ("-": the sample tier has none).
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(gpu0 .* 120 +30 MiB +4 +-\n)"))) << text;
+  EXPECT_NE(text.find("LEASED/FREE/TOTAL CHUNKS"), std::string::npos) << text;
 }
 
 TEST(StashctlFormat, SessionsDetailShowsLiveStashesByLayerMicrobatchAndName) {
@@ -715,9 +716,24 @@ TEST_F(StashctlWithDaemon, StatsJsonParsesBackAndListsEveryTier) {
   EXPECT_EQ(stats.tiers(2).name(), "host");
   EXPECT_EQ(stats.tiers(0).pages_total() * stats.tiers(0).page_bytes(), 16ULL << 20);
   EXPECT_EQ(stats.daemon().backend(), v1::BACKEND_HOST);
+  // Chunks: every tier is cut into chunks of one size, the smallest tier (host, 8 MiB) / 32 in
+  // whole pages; nothing is leased yet, so every chunk is free.
+  for (const v1::TierStats& t : stats.tiers()) {
+    EXPECT_EQ(t.chunk_bytes(), (8ULL << 20) / 32) << t.name();
+    EXPECT_EQ(t.chunk_bytes() % t.page_bytes(), 0u) << t.name();
+    EXPECT_EQ(t.chunks_total(),
+              (t.pages_total() * t.page_bytes() + t.chunk_bytes() - 1) / t.chunk_bytes())
+        << t.name();
+    EXPECT_EQ(t.chunks_free(), t.chunks_total()) << t.name();
+    EXPECT_EQ(t.chunks_leased(), 0u) << t.name();
+    EXPECT_EQ(t.chunks_orphaned(), 0u) << t.name();
+  }
+  EXPECT_EQ(stats.tiers(0).chunks_total(), 64u);
+  EXPECT_EQ(stats.tiers(2).chunks_total(), 32u);
   // Stable names for scripts: proto field names, zeros printed too.
   EXPECT_NE(o.out.find("\"pages_high_water\""), std::string::npos);
   EXPECT_NE(o.out.find("\"sessions_live\""), std::string::npos);
+  EXPECT_NE(o.out.find("\"chunks_free\""), std::string::npos);
 }
 
 TEST_F(StashctlWithDaemon, ConfigJsonShowsPoolBytes) {

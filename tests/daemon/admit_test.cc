@@ -259,7 +259,7 @@ TEST_F(Admit, UnknownMemoryKindIsInvalidArgumentNamingTheKnownOnes) {
 
 TEST(EnumChoices, NamesEveryValueButTheUnspecifiedOne) {
   EXPECT_EQ(EnumChoices<v1::Backend>(), "BACKEND_HOST or BACKEND_CUDA");
-  EXPECT_EQ(EnumChoices<v1::Tier>(), "TIER_DEVICE, TIER_HOST or TIER_OVERFLOW");
+  EXPECT_EQ(EnumChoices<v1::Tier>(), "TIER_DEVICE, TIER_HOST, TIER_OVERFLOW or TIER_PEER");
   EXPECT_EQ(UnknownEnumValue<v1::Backend>("backend", 99),
             "backend 99 is not a known Backend: use BACKEND_HOST or BACKEND_CUDA");
 }
@@ -663,6 +663,42 @@ TEST(CheckHello, CudaDeviceIndexPastThePoolsIsOkWhenTheUuidNamesTheGpu) {
   const Status s = CheckHello(hello, v1::BACKEND_CUDA, 4);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_THAT(s.message(), HasSubstr("devices 0..3"));
+}
+
+}  // namespace
+}  // namespace stash::daemon
+
+namespace stash::daemon {
+namespace {
+
+TEST(CheckHello, MappedModeIsForTheHostBackendOnlySoFar) {
+  v1::Hello hello = HostHello();
+  hello.set_mode(v1::MODE_MAPPED);
+  EXPECT_TRUE(CheckHello(hello, v1::BACKEND_HOST, 1).ok());
+  hello.set_backend(v1::BACKEND_CUDA);
+  const Status cuda = CheckHello(hello, v1::BACKEND_CUDA, 1);
+  EXPECT_EQ(cuda.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(cuda.message(), HasSubstr("use mode daemon-copy"));
+  hello = HostHello();
+  hello.set_mode(static_cast<v1::Mode>(77));
+  const Status odd = CheckHello(hello, v1::BACKEND_HOST, 1);
+  EXPECT_EQ(odd.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(odd.message(), HasSubstr("MODE_MAPPED"));
+}
+
+TEST(AdmitMapped, AMappedSessionsStreamCarriesNoDataPath) {
+  SessionInfo info;
+  info.mapped = true;
+  Session session(info, nullptr, nullptr);
+  AdmitLimits limits;
+  v1::SessionRequest r;
+  r.set_request_id(1);
+  r.mutable_begin_step()->set_step(3);
+  const Status s = AdmitRequest(r, session, limits);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("mapped mode"));
+  r.mutable_stash()->set_ticket(9);
+  EXPECT_EQ(AdmitRequest(r, session, limits).code(), StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -50,6 +50,10 @@ const Knob kKnobs[] = {
     {"drain_timeout", "--drain-timeout", "STASHD_DRAIN_TIMEOUT", "5", "0", "30"},
     {"metrics_listen", "--metrics-listen", "STASHD_METRICS_LISTEN", "", "127.0.0.1:9464",
      "127.0.0.1:9465"},
+    {"chunk_bytes", "--chunk-bytes", "STASHD_CHUNK_BYTES", "0", "1MiB", "2MiB"},
+    {"max_lease_bytes", "--max-lease-bytes", "STASHD_MAX_LEASE_BYTES", "0", "64MiB", "128MiB"},
+    {"peer_tier", "--peer-tier", "STASHD_PEER_TIER", "false", "true", "1"},
+    {"scrub_chunks", "--scrub-chunks", "STASHD_SCRUB_CHUNKS", "false", "true", "1"},
 };
 
 const char* const kSizeKnobs[] = {"pool_bytes", "page_bytes", "host_tier_bytes"};

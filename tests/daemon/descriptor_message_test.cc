@@ -90,3 +90,53 @@ TEST(DescriptorMessage, AnswersReplaceOverlongSurrogateAndOutOfRangeSequences) {
 
 }  // namespace
 }  // namespace stash::daemon
+
+namespace stash::daemon {
+namespace {
+
+v1::DescriptorRequest Lease() {
+  v1::DescriptorRequest r;
+  r.set_session_id(std::string(32, 'a'));
+  r.set_session_secret(std::string(32, '\x01'));
+  r.mutable_lease_chunks();
+  return r;
+}
+
+TEST(DescriptorMessage, LeaseChunksNamesEachLeaseTierAtMostOnceAndCarriesNoDescriptor) {
+  v1::DescriptorRequest r = Lease();
+  v1::TierPages* w = r.mutable_lease_chunks()->add_want();
+  w->set_tier(v1::TIER_DEVICE);
+  w->set_pages(8);
+  EXPECT_TRUE(ParseDescriptorRequest(r.SerializeAsString(), 0).ok());
+  ExpectRefused(r.SerializeAsString(), 1, "carries no descriptor");
+  *r.mutable_lease_chunks()->add_want() = *w;
+  ExpectRefused(r.SerializeAsString(), 0, "twice");
+  v1::DescriptorRequest bad = Lease();
+  bad.mutable_lease_chunks()->add_want()->set_tier(v1::TIER_OVERFLOW);
+  ExpectRefused(bad.SerializeAsString(), 0, "TIER_DEVICE, TIER_PEER or TIER_HOST");
+  v1::DescriptorRequest odd = Lease();
+  odd.mutable_lease_chunks()->add_want()->set_tier(static_cast<v1::Tier>(1 << 20));
+  ExpectRefused(odd.SerializeAsString(), 0, "TIER_DEVICE, TIER_PEER or TIER_HOST");
+  v1::DescriptorRequest both = Lease();
+  both.mutable_lease_chunks()->set_automatic(true);
+  both.mutable_lease_chunks()->add_want()->set_tier(v1::TIER_HOST);
+  ExpectRefused(both.SerializeAsString(), 0, "not both");
+}
+
+TEST(DescriptorMessage, ReturnChunksNamesDistinctIdsWithinTheLimit) {
+  v1::DescriptorRequest r = Lease();
+  r.mutable_return_chunks();
+  ExpectRefused(r.SerializeAsString(), 0, "name 1 to");
+  r.mutable_return_chunks()->add_chunk_ids(5);
+  r.mutable_return_chunks()->add_chunk_ids(~uint64_t{0});
+  EXPECT_TRUE(ParseDescriptorRequest(r.SerializeAsString(), 0).ok());
+  ExpectRefused(r.SerializeAsString(), 2, "carries no descriptor");
+  r.mutable_return_chunks()->add_chunk_ids(5);
+  ExpectRefused(r.SerializeAsString(), 0, "twice");
+  v1::DescriptorRequest many = Lease();
+  for (uint64_t i = 0; i <= kMaxReturnChunkIds; ++i) many.mutable_return_chunks()->add_chunk_ids(i);
+  ExpectRefused(many.SerializeAsString(), 0, "name 1 to");
+}
+
+}  // namespace
+}  // namespace stash::daemon

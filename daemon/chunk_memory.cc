@@ -1,0 +1,72 @@
+#include "daemon/chunk_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/macros.h"
+#include "common/shm.h"
+#include "common/sys.h"
+
+namespace stash::daemon {
+
+StatusOr<std::unique_ptr<ChunkMemory>> ChunkMemory::Create(const std::string& label, uint64_t bytes,
+                                                           uint64_t chunk_bytes) {
+  if (bytes == 0 || chunk_bytes == 0) {
+    return InvalidArgumentError("chunked memory " + label + " needs bytes and chunk bytes > 0");
+  }
+  // One reservation: nothing else lands between the chunks, and base() never moves.
+  void* addr = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (addr == MAP_FAILED) return ErrnoStatus("mmap reserve of " + std::to_string(bytes) + " bytes");
+  std::unique_ptr<ChunkMemory> memory(
+      new ChunkMemory(label, static_cast<uint8_t*>(addr), bytes, chunk_bytes));
+  const uint64_t chunks = (bytes + chunk_bytes - 1) / chunk_bytes;
+  memory->fds_.resize(chunks);
+  for (uint64_t c = 0; c < chunks; ++c) {
+    STASH_ASSIGN_OR_RETURN(memory->fds_[c], memory->MapFresh(c));
+  }
+  return memory;
+}
+
+ChunkMemory::ChunkMemory(std::string label, uint8_t* base, uint64_t bytes, uint64_t chunk_bytes)
+    : label_(std::move(label)), base_(base), bytes_(bytes), chunk_bytes_(chunk_bytes) {}
+
+ChunkMemory::~ChunkMemory() { munmap(base_, bytes_); }
+
+uint64_t ChunkMemory::ChunkBytes(uint64_t chunk) const {
+  const uint64_t first = chunk * chunk_bytes_;
+  return std::min(chunk_bytes_, bytes_ - first);
+}
+
+StatusOr<UniqueFd> ChunkMemory::MapFresh(uint64_t chunk) {
+  const uint64_t size = ChunkBytes(chunk);
+  const std::string name = label_ + "-chunk" + std::to_string(chunk);
+  UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return ErrnoStatus("memfd_create(" + name + ")");
+  int rc = 0;
+  STASH_SYSCALL_RETRY(rc, ftruncate(fd.get(), static_cast<off_t>(size)));
+  if (rc != 0) return ErrnoStatus("ftruncate(" + name + ")");
+  if (fcntl(fd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) != 0) {
+    return ErrnoStatus("fcntl(F_ADD_SEALS) on " + name);
+  }
+  void* want = base_ + chunk * chunk_bytes_;
+  void* got =
+      mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd.get(), 0);
+  if (got == MAP_FAILED) return ErrnoStatus("mmap of " + name);
+  return fd;
+}
+
+Status ChunkMemory::Renew(uint64_t chunk) {
+  STASH_ASSIGN_OR_RETURN(UniqueFd fd, MapFresh(chunk));
+  fds_[chunk] = std::move(fd);
+  return Status::Ok();
+}
+
+void ChunkMemory::Zero(uint64_t chunk) {
+  std::memset(base_ + chunk * chunk_bytes_, 0, ChunkBytes(chunk));
+}
+
+}  // namespace stash::daemon

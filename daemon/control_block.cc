@@ -1,0 +1,73 @@
+#include "daemon/control_block.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/shm.h"
+#include "common/sys.h"
+
+namespace stash::daemon {
+
+namespace k = stash::kernels;
+
+StatusOr<std::unique_ptr<ControlBlock>> ControlBlock::Create() {
+  UniqueFd fd(memfd_create("stashd-control", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return ErrnoStatus("memfd_create(stashd-control)");
+  int rc = 0;
+  STASH_SYSCALL_RETRY(rc, ftruncate(fd.get(), static_cast<off_t>(k::kControlBlockBytes)));
+  if (rc != 0) return ErrnoStatus("ftruncate(stashd-control)");
+  if (fcntl(fd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) != 0) {
+    return ErrnoStatus("fcntl(F_ADD_SEALS) on stashd-control");
+  }
+  void* addr =
+      mmap(nullptr, k::kControlBlockBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (addr == MAP_FAILED) return ErrnoStatus("mmap of stashd-control");
+  auto* block = static_cast<k::SessionControl*>(addr);
+  k::ControlStore(block->version, k::kControlVersion);
+  k::ControlStore(block->magic, k::kControlMagic);
+  return std::unique_ptr<ControlBlock>(new ControlBlock(std::move(fd), block));
+}
+
+ControlBlock::~ControlBlock() { munmap(block_, k::kControlBlockBytes); }
+
+ControlView ControlBlock::Read(const std::array<uint64_t, k::kLeaseTiers>& pages_leased,
+                               uint64_t quota_pages, uint64_t page_bytes) const {
+  ControlView v;
+  if (k::ControlLoad(block_->magic) != k::kControlMagic ||
+      k::ControlLoad(block_->version) != k::kControlVersion) {
+    return v;  // the rank wrote over the header: show nothing rather than garbage
+  }
+  v.valid = true;
+  v.step = k::ControlLoad(block_->step);
+  v.steps = k::ControlLoad(block_->steps);
+  v.stashes = k::ControlLoad(block_->stashes);
+  v.reloads = k::ControlLoad(block_->reloads);
+  v.releases = k::ControlLoad(block_->releases);
+  v.bytes_stashed = k::ControlLoad(block_->bytes_stashed);
+  v.bytes_reloaded = k::ControlLoad(block_->bytes_reloaded);
+  v.spills = k::ControlLoad(block_->spills);
+  v.overflows = k::ControlLoad(block_->overflows);
+  v.rejected = k::ControlLoad(block_->rejected);
+  v.last_step_demand_high_water =
+      std::min(k::ControlLoad(block_->last_step_demand_high_water), quota_pages);
+  const uint64_t flags = k::ControlLoad(block_->step_flags);
+  v.step_overflow = (flags & k::kStepOverflow) != 0;
+  v.step_spilled = (flags & k::kStepSpilled) != 0;
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+    const k::TierControl& in = block_->tiers[t];
+    ControlTierView& out = v.tiers[t];
+    const uint64_t leased = pages_leased[t];
+    out.pages_used = std::min(k::ControlLoad(in.pages_used), leased);
+    out.high_water = std::min(k::ControlLoad(in.high_water), leased);
+    out.last_step_high_water = std::min(k::ControlLoad(in.last_step_high_water), leased);
+    out.stashes_live = std::min(k::ControlLoad(in.stashes_live), out.pages_used);
+    const uint64_t max_bytes = out.pages_used * page_bytes;  // leased pages: no overflow
+    out.bytes_live = std::min(k::ControlLoad(in.bytes_live), max_bytes);
+  }
+  return v;
+}
+
+}  // namespace stash::daemon

@@ -1,0 +1,73 @@
+// A mapped session's control block (stash/kernels/lease_control.h): created by the daemon at the
+// session's first lease, written by the rank's copier, read by the daemon for stats and auto
+// sizing. Everything read from it is untrusted: each number is clamped to what the daemon knows
+// (the pages it leased, the quota), and nothing is ever indexed with one.
+#ifndef STASH_DAEMON_CONTROL_BLOCK_H_
+#define STASH_DAEMON_CONTROL_BLOCK_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "common/unique_fd.h"
+#include "stash/kernels/lease_control.h"
+#include "stash/status.h"
+
+namespace stash::daemon {
+
+// One tier of a control block, clamped.
+struct ControlTierView {
+  uint64_t pages_used = 0;            // <= the pages the daemon leased in the tier
+  uint64_t high_water = 0;            // <= the same
+  uint64_t last_step_high_water = 0;  // <= the same
+  uint64_t stashes_live = 0;          // <= pages_used (a stash holds at least one page)
+  uint64_t bytes_live = 0;            // <= pages_used * page bytes
+};
+
+// What the daemon takes from a control block. `valid` is false when the magic or version is
+// wrong: every number is then 0.
+struct ControlView {
+  bool valid = false;
+  uint64_t step = 0;
+  uint64_t steps = 0;
+  uint64_t stashes = 0;
+  uint64_t reloads = 0;
+  uint64_t releases = 0;
+  uint64_t bytes_stashed = 0;
+  uint64_t bytes_reloaded = 0;
+  uint64_t spills = 0;
+  uint64_t overflows = 0;
+  uint64_t rejected = 0;
+  uint64_t last_step_demand_high_water = 0;  // <= the quota in pages
+  bool step_overflow = false;
+  bool step_spilled = false;
+  std::array<ControlTierView, kernels::kLeaseTiers> tiers{};
+};
+
+// Thread-safe: Read may run on any thread while the rank writes.
+class ControlBlock {
+ public:
+  // A sealed memfd of kControlBlockBytes with magic and version written, mapped by the daemon.
+  static StatusOr<std::unique_ptr<ControlBlock>> Create();
+  ControlBlock(const ControlBlock&) = delete;
+  ControlBlock& operator=(const ControlBlock&) = delete;
+  ~ControlBlock();
+
+  // The memfd to hand to the rank (borrowed).
+  int fd() const { return fd_.get(); }
+
+  // Reads the block, clamping per tier to `pages_leased[t]` and demand to `quota_pages`.
+  ControlView Read(const std::array<uint64_t, kernels::kLeaseTiers>& pages_leased,
+                   uint64_t quota_pages, uint64_t page_bytes) const;
+
+ private:
+  ControlBlock(UniqueFd fd, kernels::SessionControl* block) : fd_(std::move(fd)), block_(block) {}
+
+  // Never change after construction.
+  const UniqueFd fd_;
+  kernels::SessionControl* const block_;  // the daemon's mapping; read with ControlLoad only
+};
+
+}  // namespace stash::daemon
+
+#endif  // STASH_DAEMON_CONTROL_BLOCK_H_

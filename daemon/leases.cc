@@ -1,0 +1,499 @@
+#include "daemon/leases.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/logging.h"
+#include "common/macros.h"
+#include "common/sys.h"
+
+namespace stash::daemon {
+namespace {
+
+namespace v1 = stash::v1;
+namespace k = stash::kernels;
+
+constexpr uint32_t kDevice = k::kLeaseDevice;
+constexpr uint32_t kPeer = k::kLeasePeer;
+constexpr uint32_t kHost = k::kLeaseHost;
+
+v1::Tier ProtoTier(uint32_t lease_tier) {
+  switch (lease_tier) {
+    case kDevice:
+      return v1::TIER_DEVICE;
+    case kPeer:
+      return v1::TIER_PEER;
+    default:
+      return v1::TIER_HOST;
+  }
+}
+
+uint32_t LeaseTierOf(v1::Tier tier) {
+  return tier == v1::TIER_DEVICE ? kDevice : tier == v1::TIER_PEER ? kPeer : kHost;
+}
+
+uint64_t RoundUp(uint64_t pages, uint64_t unit) { return (pages + unit - 1) / unit * unit; }
+
+int PidfdOpen(int64_t pid) {
+  return static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+}
+
+UniqueFd Dup(int fd) { return UniqueFd(fcntl(fd, F_DUPFD_CLOEXEC, 0)); }
+
+}  // namespace
+
+Leases::Leases(std::vector<Tier*> pools, Tier* host, LeaseConfig config)
+    : config_(config),
+      tiers_([&] {
+        std::vector<Tier*> all = pools;
+        if (host != nullptr) all.push_back(host);
+        return all;
+      }()),
+      pools_(pools.size()),
+      has_host_(host != nullptr),
+      chunk_pages_(std::max<uint64_t>(1, config.chunk_bytes / config.page_bytes)),
+      quota_pages_(config.max_lease_bytes / config.page_bytes),
+      wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  STASH_CHECK(wake_.valid()) << "eventfd: " << std::strerror(errno);
+  {
+    MutexLock lock(&mu_);
+    for (Tier* tier : tiers_) chunks_.emplace_back(tier->chunks());
+  }
+  reaper_ = std::thread([this] { Reap(); });
+}
+
+Leases::~Leases() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  Wake();
+  reaper_.join();
+}
+
+void Leases::Wake() {
+  const uint64_t one = 1;
+  if (write(wake_.get(), &one, sizeof(one)) != sizeof(one)) {
+    Log("pool")->error("leases: cannot wake the reaper: {}", std::strerror(errno));
+  }
+}
+
+uint64_t Leases::PagesOf(uint64_t id) const {
+  return tiers_[id >> 32]->ChunkPages(id & 0xffffffffu);
+}
+
+uint64_t Leases::HeldPages(const Holder& h, uint32_t lease_tier) const {
+  uint64_t pages = 0;
+  for (uint64_t id : h.held[lease_tier]) pages += PagesOf(id);
+  return pages;
+}
+
+Leases::Holder* Leases::FindOrCreate(const LeaseHolder& who, Status* status) {
+  auto it = holders_.find(who.session_id);
+  if (it != holders_.end()) return it->second.get();
+  // The holder's identity for the reaper: a pidfd of the connecting process. The connection
+  // must still be open once the pidfd is: then the pid was not reused in between.
+  UniqueFd pidfd(PidfdOpen(who.pid));
+  if (!pidfd.valid()) {
+    *status = ErrnoStatus("pidfd_open(" + std::to_string(who.pid) + ") of the leasing process");
+    return nullptr;
+  }
+  if (who.socket >= 0) {
+    pollfd p{who.socket, POLLRDHUP, 0};
+    int rc = 0;
+    STASH_SYSCALL_RETRY(rc, poll(&p, 1, 0));
+    if (rc < 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      *status = PermissionDeniedError("the process that asked for a lease has gone");
+      return nullptr;
+    }
+  }
+  auto control = ControlBlock::Create();
+  if (!control.ok()) {
+    *status = control.status();
+    return nullptr;
+  }
+  auto holder = std::make_unique<Holder>();
+  holder->session_id = who.session_id;
+  holder->pool = who.pool;
+  holder->allow_host_spill = who.allow_host_spill;
+  holder->uid = who.uid;
+  holder->pidfd = std::move(pidfd);
+  holder->control = std::move(control).value();
+  Holder* raw = holder.get();
+  holders_[who.session_id] = std::move(holder);
+  Wake();  // a new pidfd to watch
+  return raw;
+}
+
+DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& request) {
+  MutexLock lock(&mu_);
+  Status status;
+  Holder* h = FindOrCreate(who, &status);
+  if (h == nullptr) return status;
+  if (h->ended) return FailedPreconditionError("this session has ended");
+
+  const bool host_ok = has_host_ && h->allow_host_spill;
+  std::array<bool, k::kLeaseTiers> allowed{true, config_.peer_tier && pools_ > 1, host_ok};
+  std::array<uint64_t, k::kLeaseTiers> held{};
+  uint64_t held_total = 0;
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+    held[t] = HeldPages(*h, t);
+    held_total += held[t];
+  }
+  std::array<uint64_t, k::kLeaseTiers> capacity{};
+  capacity[kDevice] = tiers_[static_cast<size_t>(h->pool)]->pages();
+  for (size_t p = 0; p < pools_; ++p) {
+    if (static_cast<int>(p) != h->pool) capacity[kPeer] += tiers_[p]->pages();
+  }
+  capacity[kHost] = has_host_ ? tiers_.back()->pages() : 0;
+
+  DescriptorReply reply;
+  // Grows tier t to `want` pages where that is above what is held, within the quota (chunks may
+  // be shorter or rounded, so the quota is checked in pages as granted).
+  auto grow = [&](uint32_t t, uint64_t want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!allowed[t] || want <= held[t]) return;
+    const uint64_t budget = quota_pages_ > held_total ? quota_pages_ - held_total : 0;
+    Status grown = Grow(*h, t, want, budget, &reply.parts);
+    if (!grown.ok()) Log("pool")->warn("session {}: lease: {}", h->session_id, grown.message());
+    const uint64_t now = HeldPages(*h, t);
+    held_total += now - held[t];
+    held[t] = now;
+  };
+  std::array<uint64_t, k::kLeaseTiers> target = held;
+  std::array<uint64_t, k::kLeaseTiers> pages_target = held;
+  if (!request.automatic()) {
+    h->automatic = false;
+    h->aim = {};
+    h->below = {};
+    uint64_t total = 0;
+    std::string asked;
+    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+      for (const v1::TierPages& w : request.want()) {
+        if (LeaseTierOf(w.tier()) != t) continue;
+        if (!allowed[t] && w.pages() > 0) {
+          return FailedPreconditionError(
+              t == kPeer ? "this daemon lends no peer chunks (start stashd with --peer-tier and "
+                           "--devices > 1), so TIER_PEER cannot be leased"
+                         : "this session cannot lease TIER_HOST: the daemon has no host tier or "
+                           "the session's Hello did not set allow_host_spill");
+        }
+        target[t] = std::min(w.pages(), quota_pages_ + 1);  // bounded: no overflow below
+        target[t] = RoundUp(target[t], chunk_pages_);
+        pages_target[t] = target[t];
+      }
+      total += target[t];
+      asked += std::string(asked.empty() ? "" : ", ") + v1::Tier_Name(ProtoTier(t)) + " " +
+               std::to_string(target[t]) + " pages";
+    }
+    if (total > quota_pages_) {
+      return ResourceExhaustedError(
+          "the lease asks for " + std::to_string(total * config_.page_bytes) + " bytes (" + asked +
+          ", in whole chunks of " + std::to_string(chunk_pages_) +
+          " pages) but a session may lease at most " + std::to_string(config_.max_lease_bytes) +
+          " bytes (--max-lease-bytes): ask for less");
+    }
+    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) grow(t, target[t]);
+  } else {
+    h->automatic = true;
+    const ControlView view = h->control->Read(held, quota_pages_, config_.page_bytes);
+    if (view.steps == 0) {
+      // No step behind: the own pool's free chunks up to the quota.
+      target[kDevice] = std::max(held[kDevice], RoundUp(quota_pages_, chunk_pages_));
+      grow(kDevice, target[kDevice]);
+      for (uint32_t t = 0; t < k::kLeaseTiers; ++t) h->aim[t] = held[t];
+    } else {
+      const uint64_t demand = view.last_step_demand_high_water;
+      const uint64_t margin = std::max<uint64_t>(1, (demand + 7) / 8);
+      uint64_t remaining = std::min(quota_pages_, demand + margin);
+      for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+        const uint64_t aim =
+            allowed[t] ? std::min(RoundUp(remaining, chunk_pages_), capacity[t]) : 0;
+        h->aim[t] = aim;
+        grow(t, aim);
+        // What the tier holds now covers that much of the demand; the rest goes on.
+        remaining -= std::min(remaining, held[t]);
+      }
+    }
+  }
+
+  if (request.automatic()) {
+    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+      if (h->aim[t] < held[t]) {
+        h->below[t] = std::min<uint64_t>(h->below[t] + 1, 1000);
+        pages_target[t] = h->below[t] >= 3 ? h->aim[t] : held[t];
+      } else {
+        h->below[t] = 0;
+        pages_target[t] = held[t];
+      }
+    }
+  }
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+    if (!allowed[t]) continue;
+    v1::TierLease* lease = reply.last.add_lease();
+    lease->set_tier(ProtoTier(t));
+    lease->set_chunks(h->held[t].size());
+    lease->set_pages(held[t]);
+    lease->set_pages_target(pages_target[t]);
+  }
+  if (!h->control_sent) {
+    v1::DescriptorResponse block;
+    block.set_more(true);
+    block.mutable_control_block()->set_bytes(k::kControlBlockBytes);
+    UniqueFd fd = Dup(h->control->fd());
+    if (!fd.valid()) return ErrnoStatus("dup of the control block");
+    reply.parts.insert(reply.parts.begin(),
+                       DescriptorPart{DescriptorAnswer(Status::Ok(), block), std::move(fd)});
+    h->control_sent = true;
+  }
+  return reply;
+}
+
+Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t budget,
+                    std::vector<DescriptorPart>* parts) {
+  std::vector<size_t> sources;
+  if (lease_tier == kDevice) {
+    sources.push_back(static_cast<size_t>(h.pool));
+  } else if (lease_tier == kPeer) {
+    for (size_t p = 0; p < pools_; ++p) {
+      if (static_cast<int>(p) != h.pool) sources.push_back(p);
+    }
+  } else {
+    sources.push_back(tiers_.size() - 1);
+  }
+  uint64_t held = HeldPages(h, lease_tier);
+  for (size_t source : sources) {
+    if (held >= target || budget == 0) break;
+    Tier* tier = tiers_[source];
+    std::vector<uint64_t> take;
+    std::vector<bool> written;
+    {
+      MutexLock tier_lock(&tier->mu());
+      const std::vector<uint64_t> free = tier->WhollyFreeChunks();
+      uint64_t free_left = free.size();
+      for (uint64_t c : free) {
+        if (held >= target) break;
+        const uint64_t pages = tier->ChunkPages(c);
+        if (pages > budget) break;
+        // A pool lends to peers only while it keeps more than half its chunks free.
+        if (lease_tier == kPeer && (free_left - 1) * 2 <= tier->chunks()) break;
+        take.push_back(c);
+        held += pages;
+        budget -= pages;
+        --free_left;
+      }
+      tier->TakeChunks(take, &written);
+    }
+    for (size_t i = 0; i < take.size(); ++i) {
+      STASH_RETURN_IF_ERROR(Hand(h, lease_tier, source, take[i], written[i], parts));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, bool written,
+                    std::vector<DescriptorPart>* parts) {
+  Chunk& c = chunks_[tier][chunk];
+  ChunkMemory* memory = tiers_[tier]->chunk_memory();
+  const bool same_user = !written && (c.last_uid == kFresh || c.last_uid == h.uid);
+  if (!same_user) {
+    // Daemon-copy stashes of any user, or another user's activations, may be in there.
+    Status renewed = memory->Renew(chunk);
+    if (!renewed.ok()) {
+      MutexLock tier_lock(&tiers_[tier]->mu());
+      tiers_[tier]->ReturnChunk(chunk);
+      return renewed;
+    }
+  } else if (config_.scrub_chunks && c.last_uid != kFresh) {
+    memory->Zero(chunk);
+  }
+  UniqueFd fd = Dup(memory->fd(chunk));
+  if (!fd.valid()) {
+    MutexLock tier_lock(&tiers_[tier]->mu());
+    tiers_[tier]->ReturnChunk(chunk);
+    return ErrnoStatus("dup of a chunk's memfd");
+  }
+  c.state = State::kLeased;
+  c.holder = h.session_id;
+  c.last_uid = h.uid;
+  const uint64_t id = ChunkId(tier, chunk);
+  h.held[lease_tier].push_back(id);
+  v1::DescriptorResponse packet;
+  packet.set_more(true);
+  v1::LeasedChunk* leased = packet.mutable_chunk();
+  leased->set_chunk_id(id);
+  leased->set_tier(ProtoTier(lease_tier));
+  leased->set_pool(tiers_[tier]->pool());
+  leased->set_bytes(memory->ChunkBytes(chunk));
+  parts->push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), packet), std::move(fd)});
+  return Status::Ok();
+}
+
+DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& request) {
+  MutexLock lock(&mu_);
+  auto it = holders_.find(who.session_id);
+  Holder* h = it != holders_.end() ? it->second.get() : nullptr;
+  // Every id first: an id is trusted only once it names a chunk this session holds.
+  for (uint64_t id : request.chunk_ids()) {
+    const uint64_t tier = id >> 32;
+    const uint64_t chunk = id & 0xffffffffu;
+    const bool held = h != nullptr && tier < chunks_.size() && chunk < chunks_[tier].size() &&
+                      chunks_[tier][chunk].state == State::kLeased &&
+                      chunks_[tier][chunk].holder == who.session_id;
+    if (!held) {
+      return NotFoundError("chunk " + std::to_string(id) +
+                           " is not leased to this session: return only chunk ids its "
+                           "LeaseChunks answers named (nothing was returned)");
+    }
+  }
+  for (uint64_t id : request.chunk_ids()) {
+    for (auto& list : h->held) list.erase(std::remove(list.begin(), list.end(), id), list.end());
+    PutBack(id >> 32, id & 0xffffffffu, /*renew=*/true, kFresh);
+  }
+  DescriptorReply reply;
+  reply.last.set_chunks_returned(static_cast<uint64_t>(request.chunk_ids_size()));
+  return reply;
+}
+
+void Leases::PutBack(uint64_t tier, uint64_t chunk, bool renew, int64_t last_uid) {
+  Chunk& c = chunks_[tier][chunk];
+  if (renew) {
+    Status renewed = tiers_[tier]->chunk_memory()->Renew(chunk);
+    if (!renewed.ok()) {
+      // The holder may still map this memory: it must not go back to the ring. Leave it
+      // orphaned under no holder (lost until restart) and say so.
+      Log("pool")->error("chunk {} of tier {} cannot get fresh memory and is retired: {}", chunk,
+                         tiers_[tier]->name(), renewed.message());
+      c.state = State::kOrphaned;
+      c.holder.clear();
+      return;
+    }
+  }
+  c.state = State::kPooled;
+  c.holder.clear();
+  c.last_uid = last_uid;
+  MutexLock tier_lock(&tiers_[tier]->mu());
+  tiers_[tier]->ReturnChunk(chunk);
+}
+
+void Leases::SessionEnded(const std::string& session_id) {
+  MutexLock lock(&mu_);
+  auto it = holders_.find(session_id);
+  if (it == holders_.end()) return;
+  Holder& h = *it->second;
+  h.ended = true;
+  bool any = false;
+  for (const auto& list : h.held) {
+    for (uint64_t id : list) {
+      chunks_[id >> 32][id & 0xffffffffu].state = State::kOrphaned;
+      any = true;
+    }
+  }
+  if (!any) Drop(session_id);
+}
+
+void Leases::Drop(const std::string& session_id) {
+  auto it = holders_.find(session_id);
+  if (it == holders_.end()) return;
+  closing_.push_back(std::move(it->second->pidfd));  // closed by the reaper, never under its poll
+  holders_.erase(it);
+  Wake();
+}
+
+void Leases::Reap() {
+  std::vector<pollfd> fds;
+  std::vector<std::string> ids;
+  while (true) {
+    fds.clear();
+    ids.clear();
+    fds.push_back({wake_.get(), POLLIN, 0});
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) return;
+      closing_.clear();
+      for (const auto& [id, h] : holders_) {
+        fds.push_back({h->pidfd.get(), POLLIN, 0});
+        ids.push_back(id);
+      }
+    }
+    int rc = 0;
+    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), -1));
+    if (rc < 0) {
+      Log("pool")->error("leases: the reaper's poll failed: {}", std::strerror(errno));
+      return;
+    }
+    if (fds[0].revents != 0) {
+      uint64_t value = 0;
+      (void)!read(wake_.get(), &value, sizeof(value));
+    }
+    MutexLock lock(&mu_);
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      auto it = holders_.find(ids[i - 1]);
+      if (it == holders_.end()) continue;
+      Holder& h = *it->second;
+      // The process exited: nobody maps its chunks any more; they go back as they are.
+      uint64_t returned = 0;
+      for (auto& list : h.held) {
+        for (uint64_t id : list) {
+          PutBack(id >> 32, id & 0xffffffffu, /*renew=*/false, h.uid);
+          ++returned;
+        }
+        list.clear();
+      }
+      Log("pool")->info("session {}: its process exited; {} leased chunks returned", h.session_id,
+                        returned);
+      Drop(ids[i - 1]);
+    }
+  }
+}
+
+Leases::TierCounts Leases::Counts(const Tier* tier) {
+  TierCounts counts;
+  MutexLock lock(&mu_);
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    if (tiers_[t] != tier) continue;
+    for (const Chunk& c : chunks_[t]) {
+      counts.leased += c.state == State::kLeased ? 1 : 0;
+      counts.orphaned += c.state == State::kOrphaned ? 1 : 0;
+    }
+  }
+  return counts;
+}
+
+bool Leases::Describe(const std::string& session_id, std::vector<v1::LeaseStats>* leases,
+                      ControlView* control) {
+  MutexLock lock(&mu_);
+  auto it = holders_.find(session_id);
+  if (it == holders_.end()) return false;
+  const Holder& h = *it->second;
+  std::array<uint64_t, k::kLeaseTiers> held{};
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(h, t);
+  *control = h.control->Read(held, quota_pages_, config_.page_bytes);
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+    if (h.held[t].empty() && h.aim[t] == 0) continue;
+    v1::LeaseStats row;
+    row.set_tier(ProtoTier(t));
+    row.set_chunks(h.held[t].size());
+    row.set_pages_leased(held[t]);
+    row.set_pages_used(control->tiers[t].pages_used);
+    row.set_pages_high_water(control->tiers[t].high_water);
+    row.set_last_step_high_water(control->tiers[t].last_step_high_water);
+    row.set_pages_target(h.automatic ? h.aim[t] : 0);
+    leases->push_back(std::move(row));
+  }
+  return true;
+}
+
+size_t Leases::holders() {
+  MutexLock lock(&mu_);
+  return holders_.size();
+}
+
+}  // namespace stash::daemon

@@ -1,0 +1,480 @@
+// daemon/leases.cc: the mapped-mode broker, driven directly (the control block by hand).
+#include "daemon/leases.h"
+
+#include "common/copy_workers.h"
+#include "daemon/host_executor.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+namespace stash::daemon {
+namespace {
+
+namespace v1 = stash::v1;
+namespace k = stash::kernels;
+
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kChunkPages = 4;
+
+struct Granted {
+  Status status;
+  std::vector<v1::LeasedChunk> chunks;
+  std::vector<UniqueFd> fds;  // chunk fds in `chunks` order
+  UniqueFd control;
+  v1::DescriptorResponse last;
+};
+
+Granted Decode(DescriptorReply reply) {
+  Granted g;
+  g.status = reply.status;
+  g.last = reply.last;
+  for (DescriptorPart& part : reply.parts) {
+    v1::DescriptorResponse r;
+    EXPECT_TRUE(r.ParseFromString(part.bytes));
+    EXPECT_TRUE(r.more());
+    if (r.has_control_block()) {
+      EXPECT_TRUE(g.chunks.empty()) << "the control block comes first";
+      g.control = std::move(part.fd);
+    } else {
+      g.chunks.push_back(r.chunk());
+      g.fds.push_back(std::move(part.fd));
+    }
+  }
+  return g;
+}
+
+uint8_t* Map(int fd, uint64_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  EXPECT_NE(p, MAP_FAILED);
+  return static_cast<uint8_t*>(p);
+}
+
+class LeasesTest : public ::testing::Test {
+ protected:
+  // Two pools of 8 chunks (32 pages) and a host tier of 8 chunks.
+  void Build(LeaseConfig config = {}) {
+    for (int p = 0; p < 2; ++p) {
+      pools_.push_back(Tier::Create("gpu" + std::to_string(p), p, kPage, 32, kChunkPages).value());
+    }
+    host_ = Tier::Create("host", -1, kPage, 32, kChunkPages).value();
+    config.page_bytes = kPage;
+    config.chunk_bytes = kChunkPages * kPage;
+    if (config.max_lease_bytes == 0) config.max_lease_bytes = 32 * kPage;
+    leases_ = std::make_unique<Leases>(std::vector<Tier*>{pools_[0].get(), pools_[1].get()},
+                                       host_.get(), config);
+  }
+  LeaseHolder Holder(const std::string& id, int64_t pid = getpid(), uint32_t uid = 1000) {
+    LeaseHolder h;
+    h.session_id = id;
+    h.pool = 0;
+    h.allow_host_spill = true;
+    h.uid = uid;
+    h.pid = pid;
+    return h;
+  }
+  Granted Want(const LeaseHolder& h, std::vector<std::pair<v1::Tier, uint64_t>> want) {
+    v1::LeaseChunks request;
+    for (auto [tier, pages] : want) {
+      v1::TierPages* w = request.add_want();
+      w->set_tier(tier);
+      w->set_pages(pages);
+    }
+    return Decode(leases_->Lease(h, request));
+  }
+  Granted Auto(const LeaseHolder& h) {
+    v1::LeaseChunks request;
+    request.set_automatic(true);
+    return Decode(leases_->Lease(h, request));
+  }
+  Status Return(const LeaseHolder& h, const std::vector<uint64_t>& ids) {
+    v1::ReturnChunks request;
+    for (uint64_t id : ids) request.add_chunk_ids(id);
+    return leases_->Return(h, request).status;
+  }
+  static uint64_t Pages(const Granted& g, v1::Tier tier) {
+    for (const v1::TierLease& l : g.last.lease()) {
+      if (l.tier() == tier) return l.pages();
+    }
+    return 0;
+  }
+  static uint64_t Target(const Granted& g, v1::Tier tier) {
+    for (const v1::TierLease& l : g.last.lease()) {
+      if (l.tier() == tier) return l.pages_target();
+    }
+    return 0;
+  }
+
+  std::vector<std::unique_ptr<Tier>> pools_;
+  std::unique_ptr<Tier> host_;
+  std::unique_ptr<Leases> leases_;  // last: it points into the tiers
+};
+
+TEST_F(LeasesTest, QuotaRefusalSaysTheNumbersAndGrantsNothing) {
+  Build();
+  const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 24}, {v1::TIER_HOST, 16}});
+  EXPECT_EQ(g.status.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(g.status.message().find("163840 bytes"), std::string::npos) << g.status.message();
+  EXPECT_NE(g.status.message().find("131072 bytes (--max-lease-bytes)"), std::string::npos)
+      << g.status.message();
+  EXPECT_NE(g.status.message().find("TIER_DEVICE 24 pages"), std::string::npos);
+  EXPECT_TRUE(g.chunks.empty());
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).leased, 0u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 8u);
+}
+
+TEST_F(LeasesTest, GrantsWholeChunksTheControlBlockFirstAndWhatIsFree) {
+  Build();
+  const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 5}});
+  ASSERT_TRUE(g.status.ok()) << g.status.message();
+  EXPECT_TRUE(g.control.valid());
+  ASSERT_EQ(g.chunks.size(), 2u);  // 5 pages: two chunks of 4
+  EXPECT_EQ(g.chunks[0].tier(), v1::TIER_DEVICE);
+  EXPECT_EQ(g.chunks[0].pool(), 0);
+  EXPECT_EQ(g.chunks[0].bytes(), kChunkPages * kPage);
+  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 8u);
+  EXPECT_EQ(pools_[0]->Snapshot().pages_used, 8u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).leased, 2u);
+  // A second session asks for more than is free: it gets the rest, no error.
+  const Granted rest = Want(Holder("b"), {{v1::TIER_DEVICE, 32}});
+  ASSERT_TRUE(rest.status.ok());
+  EXPECT_EQ(rest.chunks.size(), 6u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 0u);
+  // The next lease of the first session brings no second control block.
+  const Granted again = Want(Holder("a"), {{v1::TIER_HOST, 4}});
+  EXPECT_FALSE(again.control.valid());
+  EXPECT_EQ(again.chunks.size(), 1u);
+  EXPECT_TRUE(pools_[0]->RingIsPermutation());
+}
+
+TEST_F(LeasesTest, AChunkWithADaemonCopyStashInItIsNeverLeased) {
+  Build();
+  {
+    Tier& t = *pools_[0];
+    MutexLock lock(&t.mu());
+    t.PublishAlloc(1, kPage);  // a daemon-copy stash on page 0: chunk 0
+  }
+  const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 32}});
+  ASSERT_TRUE(g.status.ok());
+  EXPECT_EQ(g.chunks.size(), 7u);
+  for (const v1::LeasedChunk& c : g.chunks) EXPECT_NE(c.chunk_id(), Leases::ChunkId(0, 0));
+}
+
+TEST_F(LeasesTest, OnlyChunksTheSessionHoldsCanBeReturned) {
+  Build();
+  const Granted a = Want(Holder("a"), {{v1::TIER_DEVICE, 4}});
+  const Granted b = Want(Holder("b"), {{v1::TIER_DEVICE, 4}});
+  ASSERT_EQ(a.chunks.size(), 1u);
+  ASSERT_EQ(b.chunks.size(), 1u);
+  const uint64_t mine = a.chunks[0].chunk_id();
+  const uint64_t theirs = b.chunks[0].chunk_id();
+  for (uint64_t bad : {theirs, uint64_t{99} << 32, Leases::ChunkId(0, 1000), ~uint64_t{0}}) {
+    EXPECT_EQ(Return(Holder("a"), {mine, bad}).code(), StatusCode::kNotFound);
+  }
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).leased, 2u);  // nothing returned
+  EXPECT_TRUE(Return(Holder("a"), {mine}).ok());
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).leased, 1u);
+  EXPECT_EQ(Return(Holder("a"), {mine}).code(), StatusCode::kNotFound);  // not twice
+  EXPECT_TRUE(pools_[0]->RingIsPermutation());
+}
+
+TEST_F(LeasesTest, AChunkReturnedWhileItsHolderLivesIsFreshMemory) {
+  Build();
+  const Granted a = Want(Holder("a"), {{v1::TIER_DEVICE, 32}});
+  ASSERT_EQ(a.chunks.size(), 8u);
+  const uint64_t bytes = kChunkPages * kPage;
+  uint8_t* old = Map(a.fds[3].get(), bytes);
+  std::memset(old, 0xab, bytes);
+  const uint64_t chunk = a.chunks[3].chunk_id() & 0xffffffffu;
+  uint8_t* daemon_view = pools_[0]->base() + chunk * bytes;
+  EXPECT_EQ(daemon_view[0], 0xab);  // shared while leased
+  ASSERT_TRUE(Return(Holder("a"), {a.chunks[3].chunk_id()}).ok());
+  // The daemon's address is the same, its memory is not the holder's any more.
+  EXPECT_EQ(daemon_view[0], 0);
+  old[1] = 0xcd;  // the holder writes through the mapping it kept
+  EXPECT_EQ(daemon_view[1], 0);
+  const Granted b = Want(Holder("b", getpid(), 1000), {{v1::TIER_DEVICE, 4}});
+  ASSERT_EQ(b.chunks.size(), 1u);
+  EXPECT_EQ(b.chunks[0].chunk_id(), a.chunks[3].chunk_id());
+  uint8_t* next = Map(b.fds[0].get(), bytes);
+  EXPECT_EQ(next[0], 0);
+  EXPECT_EQ(next[1], 0);
+  old[2] = 0xef;
+  EXPECT_EQ(next[2], 0);
+  next[3] = 0x11;
+  EXPECT_EQ(daemon_view[3], 0x11);
+  EXPECT_EQ(old[3], 0xab);
+  munmap(old, bytes);
+  munmap(next, bytes);
+}
+
+TEST_F(LeasesTest, AnotherUserNeverSeesTheLastHoldersBytes) {
+  Build();
+  // The holder "exits" (a child that leased and died), leaving its bytes in the chunk.
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  const Granted a = Want(Holder("a", child, 1000), {{v1::TIER_DEVICE, 32}});
+  ASSERT_EQ(a.chunks.size(), 8u);
+  for (size_t i = 0; i < a.fds.size(); ++i) {
+    uint8_t* p = Map(a.fds[i].get(), kChunkPages * kPage);
+    std::memset(p, 0x5a, kChunkPages * kPage);
+    munmap(p, kChunkPages * kPage);
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (leases_->Counts(pools_[0].get()).leased > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(leases_->Counts(pools_[0].get()).leased, 0u);
+  EXPECT_EQ(pools_[0]->base()[0], 0x5a);  // an exited holder's chunks go back as they are
+  // Same user: as is (no --scrub-chunks). Another user: fresh.
+  const Granted same = Want(Holder("s", getpid(), 1000), {{v1::TIER_DEVICE, 4}});
+  ASSERT_EQ(same.chunks.size(), 1u);
+  EXPECT_EQ(Map(same.fds[0].get(), kPage)[0], 0x5a);
+  const Granted other = Want(Holder("o", getpid(), 2000), {{v1::TIER_DEVICE, 28}});
+  ASSERT_EQ(other.chunks.size(), 7u);
+  for (const UniqueFd& fd : other.fds) {
+    uint8_t* p = Map(fd.get(), kChunkPages * kPage);
+    for (uint64_t i = 0; i < kChunkPages * kPage; i += 997) ASSERT_EQ(p[i], 0);
+    munmap(p, kChunkPages * kPage);
+  }
+}
+
+TEST_F(LeasesTest, ScrubChunksZeroesSameUserReuse) {
+  LeaseConfig config;
+  config.scrub_chunks = true;
+  Build(config);
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  const Granted a = Want(Holder("a", child, 1000), {{v1::TIER_DEVICE, 4}});
+  ASSERT_EQ(a.chunks.size(), 1u);
+  std::memset(Map(a.fds[0].get(), kPage), 0x77, kPage);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (leases_->holders() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // Chunks are leased in chunk order: the same chunk 0 comes back, zeroed.
+  const Granted b = Want(Holder("b", getpid(), 1000), {{v1::TIER_DEVICE, 4}});
+  ASSERT_EQ(b.chunks.size(), 1u);
+  EXPECT_EQ(b.chunks[0].chunk_id(), a.chunks[0].chunk_id());
+  EXPECT_EQ(Map(b.fds[0].get(), kPage)[0], 0);
+}
+
+TEST_F(LeasesTest, OrphanedChunksComeBackWhenTheProcessExits) {
+  Build();
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  const Granted a = Want(Holder("a", child), {{v1::TIER_DEVICE, 8}, {v1::TIER_HOST, 4}});
+  ASSERT_TRUE(a.status.ok());
+  leases_->SessionEnded("a");
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 2u);
+  EXPECT_EQ(leases_->Counts(host_.get()).orphaned, 1u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).leased, 0u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 6u);
+  kill(child, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  waitpid(child, nullptr, 0);
+  while (leases_->holders() > 0 &&
+         std::chrono::steady_clock::now() - killed < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(leases_->holders(), 0u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 0u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 8u);
+  EXPECT_EQ(host_->chunks_free(), 8u);
+  EXPECT_TRUE(pools_[0]->RingIsPermutation());
+  EXPECT_TRUE(host_->RingIsPermutation());
+}
+
+TEST_F(LeasesTest, AutoGrowsToTheStepsDemandAndShrinksOnlyAfterThreeSteps) {
+  Build();
+  const LeaseHolder h = Holder("a");
+  // First auto lease, no step behind: the own pool's free chunks up to the quota.
+  Granted g = Auto(h);
+  ASSERT_TRUE(g.status.ok());
+  ASSERT_TRUE(g.control.valid());
+  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 32u);
+  auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
+  EXPECT_EQ(block->magic, k::kControlMagic);
+  ASSERT_TRUE(Return(h, {g.chunks[4].chunk_id(), g.chunks[5].chunk_id(), g.chunks[6].chunk_id(),
+                         g.chunks[7].chunk_id()})
+                  .ok());
+  // A step of demand 20 pages: 20 + ceil(20/8)=3 -> 23 -> 24 pages (6 chunks): grows at once.
+  block->steps = 1;
+  block->last_step_demand_high_water = 20;
+  g = Auto(h);
+  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
+  EXPECT_EQ(g.chunks.size(), 2u);
+  EXPECT_EQ(Target(g, v1::TIER_DEVICE), 24u);
+  // Demand drops to 5 pages (aim 8): the target stays at what is held for two requests...
+  block->last_step_demand_high_water = 5;
+  for (int i = 0; i < 2; ++i) {
+    g = Auto(h);
+    EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
+    EXPECT_EQ(Target(g, v1::TIER_DEVICE), 24u) << "request " << i;
+  }
+  // ...and drops on the third.
+  g = Auto(h);
+  EXPECT_EQ(Target(g, v1::TIER_DEVICE), 8u);
+  // Demand back up: no shrink wanted any more.
+  block->last_step_demand_high_water = 21;  // 21 + 3 = 24
+  g = Auto(h);
+  EXPECT_EQ(Target(g, v1::TIER_DEVICE), 24u);
+  // More than the own pool: the rest goes to the host tier (no --peer-tier).
+  ASSERT_EQ(Want(Holder("other"), {{v1::TIER_DEVICE, 8}}).chunks.size(), 2u);
+  block->last_step_demand_high_water = 30;  // 30 + 4 = 34 > quota 32: 32
+  g = Auto(h);
+  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
+  EXPECT_EQ(Pages(g, v1::TIER_HOST), 8u);
+  munmap(block, k::kControlBlockBytes);
+}
+
+TEST_F(LeasesTest, PeerChunksComeOnlyFromPoolsThatKeepHalfTheirChunksFree) {
+  LeaseConfig config;
+  config.peer_tier = true;
+  config.max_lease_bytes = 64 * kPage;
+  Build(config);
+  const Granted g = Want(Holder("a"), {{v1::TIER_PEER, 32}});
+  ASSERT_TRUE(g.status.ok()) << g.status.message();
+  // Pool 1 has 8 chunks: it lends while more than 4 stay free, so 3.
+  EXPECT_EQ(g.chunks.size(), 3u);
+  for (const v1::LeasedChunk& c : g.chunks) {
+    EXPECT_EQ(c.tier(), v1::TIER_PEER);
+    EXPECT_EQ(c.pool(), 1);
+  }
+  EXPECT_EQ(pools_[1]->chunks_free(), 5u);
+}
+
+TEST_F(LeasesTest, PeerLeasesNeedPeerTier) {
+  Build();
+  EXPECT_EQ(Want(Holder("a"), {{v1::TIER_PEER, 4}}).status.code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(LeasesTest, GarbageInAControlBlockChangesOnlyThatSessionsNumbers) {
+  Build();
+  Granted a = Want(Holder("a"), {{v1::TIER_DEVICE, 8}});
+  Granted b = Want(Holder("b"), {{v1::TIER_DEVICE, 8}});
+  auto* block_a = Map(a.control.get(), k::kControlBlockBytes);
+  auto* block_b = reinterpret_cast<k::SessionControl*>(Map(b.control.get(), k::kControlBlockBytes));
+  block_b->stashes = 3;
+  block_b->tiers[k::kLeaseDevice].pages_used = 2;
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937_64 rng(seed);
+  for (int round = 0; round < 200; ++round) {
+    // Garbage everywhere but the header half the time (a wrong header shows nothing).
+    for (uint64_t i = (round % 2 == 0 ? 16 : 0); i < k::kControlBlockBytes; ++i) {
+      block_a[i] = static_cast<uint8_t>(rng());
+    }
+    std::vector<v1::LeaseStats> rows;
+    ControlView view;
+    ASSERT_TRUE(leases_->Describe("a", &rows, &view));
+    for (const v1::LeaseStats& row : rows) {
+      EXPECT_LE(row.pages_leased(), 32u);
+      EXPECT_LE(row.pages_used(), row.pages_leased());
+      EXPECT_LE(row.pages_high_water(), row.pages_leased());
+      EXPECT_LE(row.last_step_high_water(), row.pages_leased());
+    }
+    for (const ControlTierView& t : view.tiers) {
+      EXPECT_LE(t.stashes_live, t.pages_used);
+      EXPECT_LE(t.bytes_live, t.pages_used * kPage);
+    }
+    EXPECT_LE(view.last_step_demand_high_water, 32u);
+    // The auto sizer reads it too and stays within the quota.
+    const Granted g = Auto(Holder("a"));
+    EXPECT_TRUE(g.status.ok());
+    EXPECT_LE(Pages(g, v1::TIER_DEVICE) + Pages(g, v1::TIER_HOST), 32u);
+    std::vector<v1::LeaseStats> rows_b;
+    ControlView view_b;
+    ASSERT_TRUE(leases_->Describe("b", &rows_b, &view_b));
+    EXPECT_EQ(view_b.stashes, 3u);
+    EXPECT_EQ(rows_b[0].pages_used(), 2u);
+    EXPECT_EQ(rows_b[0].pages_leased(), 8u);
+  }
+  EXPECT_TRUE(pools_[0]->RingIsPermutation());
+}
+
+TEST_F(LeasesTest, DaemonCopyAndMappedSessionsShareAPoolWithoutTouchingEachOther) {
+  Build();
+  CopyWorkers workers(1);
+  HostExecutor executor(pools_[0].get(), host_.get(), &workers);
+  auto stash = [&](const std::vector<uint8_t>& source, StashRecord* record) {
+    record->row_bytes = kPage;
+    record->max_rows = source.size() / kPage;
+    StashWork work;
+    work.source = source.data();
+    work.count.value = static_cast<int64_t>(record->max_rows);
+    work.allow_host_spill = true;
+    work.record = record;
+    executor.Stash(work, [] {});
+  };
+  // A daemon-copy stash of 5 pages: chunks 0 and 1 hold it.
+  std::vector<uint8_t> first(5 * kPage);
+  for (size_t i = 0; i < first.size(); ++i) first[i] = static_cast<uint8_t>(i * 7);
+  StashRecord a;
+  stash(first, &a);
+  ASSERT_EQ(a.tier, pools_[0].get());
+  // A mapped session asks for the whole pool: it gets the 6 chunks without a stash.
+  const Granted g = Want(Holder("m"), {{v1::TIER_DEVICE, 32}});
+  ASSERT_EQ(g.chunks.size(), 6u);
+  for (const v1::LeasedChunk& c : g.chunks) {
+    EXPECT_NE(c.chunk_id(), Leases::ChunkId(0, 0));
+    EXPECT_NE(c.chunk_id(), Leases::ChunkId(0, 1));
+  }
+  // The rank scribbles over all it leased; daemon-copy stashes go to the 3 pages left, then
+  // the host tier, and never into a leased chunk.
+  for (const UniqueFd& fd : g.fds) {
+    uint8_t* p = Map(fd.get(), kChunkPages * kPage);
+    std::memset(p, 0xff, kChunkPages * kPage);
+    munmap(p, kChunkPages * kPage);
+  }
+  std::vector<uint8_t> second(3 * kPage, 0x33);
+  StashRecord b;
+  stash(second, &b);
+  ASSERT_EQ(b.tier, pools_[0].get());
+  for (uint64_t id : b.page_record) EXPECT_LT(id, 2 * kChunkPages);
+  StashRecord c;
+  stash(second, &c);
+  EXPECT_EQ(c.tier, host_.get());
+  // Reloads give back exactly what was stashed.
+  std::vector<uint8_t> back(first.size());
+  ReloadWork reload;
+  reload.destination = back.data();
+  reload.record = &a;
+  executor.Reload(reload, [] {});
+  EXPECT_EQ(back, first);
+  std::vector<uint8_t> back2(second.size());
+  reload.destination = back2.data();
+  reload.record = &b;
+  executor.Reload(reload, [] {});
+  EXPECT_EQ(back2, second);
+  reload.record = &c;
+  executor.Reload(reload, [] {});
+  // With the stashes gone, chunks 0 and 1 are leasable again.
+  EXPECT_EQ(pools_[0]->chunks_free(), 2u);
+  EXPECT_EQ(Want(Holder("m"), {{v1::TIER_DEVICE, 32}}).chunks.size(), 2u);
+  EXPECT_TRUE(pools_[0]->RingIsPermutation());
+}
+
+}  // namespace
+}  // namespace stash::daemon

@@ -1,0 +1,378 @@
+// Mapped mode's leases against the real stashd (issue 13), spoken in raw descriptor packets: a
+// forked holder process leases chunks, maps them, and returns them, closes its session, or is
+// SIGKILLed; the daemon's stats say where every chunk is.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/descriptor_socket.h"
+#include "common/unique_fd.h"
+#include "stash/v1/descriptor.pb.h"
+#include "stash/v1/stash.grpc.pb.h"
+#include "tests/integration/harness.h"
+
+namespace stash::testing {
+namespace {
+
+namespace v1 = stash::v1;
+using Clock = std::chrono::steady_clock;
+
+// Pools of 128 pages of 64 KiB: chunks of 4 pages (the pool / 32), 32 per pool.
+constexpr uint64_t kPageBytes = 64 << 10;
+constexpr uint64_t kChunkBytes = 4 * kPageBytes;
+
+std::vector<std::string> Flags() {
+  return {"--pool-bytes=8MiB", "--page-bytes=64KiB", "--host-tier-bytes=0", "--backend=host"};
+}
+
+#define ASSERT_READY(daemon) \
+  ASSERT_TRUE((daemon).Ready()) << "stashd did not start: " << (daemon).process().Stderr()
+
+// One raw session on the gRPC socket, welcomed, saying Hello for process `pid`.
+class RawSession {
+ public:
+  RawSession(const std::string& socket, int64_t pid, v1::Mode mode)
+      : stub_(v1::StashService::NewStub(
+            grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()))) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60 * TimeScale()));
+    stream_ = stub_->Session(&ctx_);
+    v1::SessionRequest hello;
+    hello.mutable_hello()->set_backend(v1::BACKEND_HOST);
+    hello.mutable_hello()->set_pid(pid);
+    hello.mutable_hello()->set_mode(mode);
+    hello.mutable_hello()->set_client_version("mapped-lease-test");
+    v1::SessionResponse r;
+    if (stream_->Write(hello) && stream_->Read(&r) && r.has_welcome()) welcome_ = r.welcome();
+  }
+  ~RawSession() { Close(); }
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    stream_->WritesDone();
+    v1::SessionResponse r;
+    while (stream_->Read(&r)) {
+    }
+    (void)stream_->Finish();
+  }
+  const v1::Welcome& welcome() const { return welcome_; }
+  v1::SessionResponse Call(v1::SessionRequest request) {
+    request.set_request_id(++next_id_);
+    v1::SessionResponse r;
+    if (!stream_->Write(request) || !stream_->Read(&r)) r.set_code(-1);
+    return r;
+  }
+
+ private:
+  std::unique_ptr<v1::StashService::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+  v1::Welcome welcome_;
+  uint64_t next_id_ = 0;
+  bool closed_ = false;
+};
+
+v1::GetStatsResponse Stats(const std::string& socket) {
+  auto stub = v1::StashService::NewStub(
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::GetStatsResponse stats;
+  EXPECT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok());
+  return stats;
+}
+
+v1::TierStats Gpu0(const std::string& socket) {
+  const v1::GetStatsResponse stats = Stats(socket);
+  return stats.tiers_size() > 0 ? stats.tiers(0) : v1::TierStats();
+}
+
+UniqueFd Connect(const std::string& path) {
+  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) fd.reset();
+  return fd;
+}
+
+// What one LeaseChunks brought, as a client reads it: packets until one without `more`.
+struct Lease {
+  v1::DescriptorResponse last;
+  std::vector<uint64_t> ids;
+  std::vector<UniqueFd> chunks;
+  UniqueFd control;
+  bool control_first = false;
+};
+
+Lease AskLease(int c, const std::string& session_id, const std::string& secret,
+               uint64_t device_pages) {
+  Lease lease;
+  lease.last.set_code(-1);
+  v1::DescriptorRequest request;
+  request.set_session_id(session_id);
+  request.set_session_secret(secret);
+  v1::TierPages* want = request.mutable_lease_chunks()->add_want();
+  want->set_tier(v1::TIER_DEVICE);
+  want->set_pages(device_pages);
+  if (!SendPacket(c, request.SerializeAsString(), {}).ok()) return lease;
+  while (true) {
+    if (!WaitReadable(c, 10000 * TimeScale()).ok()) return lease;
+    auto packet = ReceivePacket(c);
+    if (!packet.ok()) return lease;
+    v1::DescriptorResponse r;
+    if (!r.ParseFromString(packet->bytes)) return lease;
+    if (!r.more()) {
+      lease.last = r;
+      return lease;
+    }
+    if (packet->fds.size() != 1) return lease;
+    if (r.has_control_block()) {
+      lease.control_first = lease.chunks.empty();
+      lease.control = std::move(packet->fds[0]);
+    } else {
+      lease.ids.push_back(r.chunk().chunk_id());
+      lease.chunks.push_back(std::move(packet->fds[0]));
+    }
+  }
+}
+
+int AskReturn(int c, const std::string& session_id, const std::string& secret,
+              const std::vector<uint64_t>& ids) {
+  v1::DescriptorRequest request;
+  request.set_session_id(session_id);
+  request.set_session_secret(secret);
+  for (uint64_t id : ids) request.mutable_return_chunks()->add_chunk_ids(id);
+  if (!SendPacket(c, request.SerializeAsString(), {}).ok()) return -1;
+  if (!WaitReadable(c, 10000 * TimeScale()).ok()) return -1;
+  auto packet = ReceivePacket(c);
+  v1::DescriptorResponse r;
+  if (!packet.ok() || !r.ParseFromString(packet->bytes)) return -1;
+  return r.code() == 0 && r.chunks_returned() != ids.size() ? -2 : r.code();
+}
+
+// A forked process that holds chunks: it waits for the session's id and secret, leases
+// `pages` device pages, maps and writes every chunk, and reports how many it got; then it
+// obeys one-byte commands: 'r' returns its chunks (reports the code), 'q' exits. Syscalls and
+// protobuf only: safe in a child of a gRPC process.
+class Holder {
+ public:
+  explicit Holder(std::string fd_socket, uint64_t pages) {
+    int to[2];
+    int from[2];
+    EXPECT_EQ(pipe2(to, O_CLOEXEC), 0);
+    EXPECT_EQ(pipe2(from, O_CLOEXEC), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(to[1]);
+      close(from[0]);
+      _exit(Run(fd_socket, pages, to[0], from[1]));
+    }
+    close(to[0]);
+    close(from[1]);
+    to_.reset(to[1]);
+    from_.reset(from[0]);
+  }
+  ~Holder() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Hands over the welcome; returns the chunks the holder leased (-1 on failure).
+  int Start(const v1::Welcome& welcome) {
+    const std::string msg = welcome.session_id() + welcome.descriptor_secret();
+    if (write(to_.get(), msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) return -1;
+    return Report();
+  }
+  int Command(char c) {
+    if (write(to_.get(), &c, 1) != 1) return -1;
+    return c == 'q' ? 0 : Report();
+  }
+  void Kill() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    reaped_ = true;
+  }
+  void Reap() {
+    waitpid(pid_, nullptr, 0);
+    reaped_ = true;
+  }
+
+ private:
+  int Report() {
+    int value = -1;
+    if (read(from_.get(), &value, sizeof(value)) != sizeof(value)) return -1;
+    return value;
+  }
+  static int Run(const std::string& fd_socket, uint64_t pages, int in, int out) {
+    auto report = [out](int v) { return write(out, &v, sizeof(v)) == sizeof(v); };
+    char buf[64];
+    size_t got = 0;
+    while (got < sizeof(buf)) {
+      const ssize_t n = read(in, buf + got, sizeof(buf) - got);
+      if (n <= 0) return 1;
+      got += static_cast<size_t>(n);
+    }
+    const std::string id(buf, 32);
+    const std::string secret(buf + 32, 32);
+    UniqueFd c = Connect(fd_socket);
+    Lease lease = AskLease(c.get(), id, secret, pages);
+    if (lease.last.code() != 0 || !lease.control_first) {
+      report(-100 - lease.last.code());
+      return 1;
+    }
+    for (const UniqueFd& fd : lease.chunks) {
+      void* p = mmap(nullptr, kChunkBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+      if (p == MAP_FAILED) return 1;
+      std::memset(p, 0x42, kChunkBytes);  // kept mapped until exit
+    }
+    report(static_cast<int>(lease.ids.size()));
+    while (true) {
+      char cmd = 0;
+      if (read(in, &cmd, 1) != 1 || cmd == 'q') return 0;
+      if (cmd == 'r') report(AskReturn(c.get(), id, secret, lease.ids));
+    }
+  }
+
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  UniqueFd to_;
+  UniqueFd from_;
+};
+
+// Waits up to `limit` for `done` (checked every 2 ms); the time it took, or limit + 1 s.
+template <typename F>
+Clock::duration Await(Clock::duration limit, F done) {
+  const auto start = Clock::now();
+  while (Clock::now() - start < limit) {
+    if (done()) return Clock::now() - start;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return limit + std::chrono::seconds(1);
+}
+
+TEST(MappedLeases, WelcomeCarriesTheChunkGeometryAndModesAreKeptApart) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  RawSession mapped(daemon.socket(), getpid(), v1::MODE_MAPPED);
+  ASSERT_FALSE(mapped.welcome().session_id().empty());
+  EXPECT_EQ(mapped.welcome().chunk_bytes(), kChunkBytes);
+  EXPECT_EQ(mapped.welcome().max_lease_bytes(), 8u << 20);
+  EXPECT_FALSE(mapped.welcome().peer_tier());
+  // A mapped session's stream carries no data path.
+  v1::SessionRequest stash;
+  stash.mutable_stash()->set_ticket(1);
+  const v1::SessionResponse refused = mapped.Call(stash);
+  EXPECT_EQ(refused.code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_NE(refused.message().find("mapped mode"), std::string::npos) << refused.message();
+  // Over the quota: RESOURCE_EXHAUSTED with the numbers, nothing granted.
+  UniqueFd c = Connect(daemon.socket() + ".fd");
+  const std::string& id = mapped.welcome().session_id();
+  const std::string& secret = mapped.welcome().descriptor_secret();
+  Lease over = AskLease(c.get(), id, secret, 1000);
+  EXPECT_EQ(over.last.code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_NE(over.last.message().find("8388608 bytes (--max-lease-bytes)"), std::string::npos)
+      << over.last.message();
+  EXPECT_TRUE(over.chunks.empty());
+  // Within it: chunks and the control block, then a lease entry.
+  Lease ok = AskLease(c.get(), id, secret, 6);
+  ASSERT_EQ(ok.last.code(), 0) << ok.last.message();
+  EXPECT_TRUE(ok.control_first);
+  EXPECT_EQ(ok.chunks.size(), 2u);
+  ASSERT_GE(ok.last.lease_size(), 1);
+  EXPECT_EQ(ok.last.lease(0).pages(), 8u);
+  const v1::GetStatsResponse stats = Stats(daemon.socket());
+  bool found = false;
+  for (const v1::SessionStats& s : stats.sessions()) {
+    if (s.session_id() != id) continue;
+    found = true;
+    EXPECT_EQ(s.mode(), v1::MODE_MAPPED);
+    ASSERT_EQ(s.leases_size(), 1);
+    EXPECT_EQ(s.leases(0).chunks(), 2u);
+    EXPECT_EQ(s.leases(0).pages_leased(), 8u);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(stats.tiers(0).chunks_leased(), 2u);
+  EXPECT_EQ(stats.tiers(0).pages_used(), 8u);
+  // A daemon-copy session leases nothing.
+  RawSession copy(daemon.socket(), getpid(), v1::MODE_DAEMON_COPY);
+  UniqueFd c2 = Connect(daemon.socket() + ".fd");
+  Lease none =
+      AskLease(c2.get(), copy.welcome().session_id(), copy.welcome().descriptor_secret(), 4);
+  EXPECT_EQ(none.last.code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  // Another session's chunk ids are not this one's to return.
+  EXPECT_EQ(AskReturn(c.get(), id, secret, {ok.ids[0] + 100}),
+            static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_EQ(AskReturn(c.get(), id, secret, ok.ids), 0);
+  EXPECT_EQ(Gpu0(daemon.socket()).chunks_free(), 32u);
+}
+
+TEST(MappedLeases, ChunksComeBackAfterReturnChunks) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  Holder holder(daemon.socket() + ".fd", 8);
+  RawSession session(daemon.socket(), holder.pid(), v1::MODE_MAPPED);
+  ASSERT_EQ(holder.Start(session.welcome()), 2);
+  v1::TierStats t = Gpu0(daemon.socket());
+  EXPECT_EQ(t.chunks_leased(), 2u);
+  EXPECT_EQ(t.chunks_free(), 30u);
+  EXPECT_EQ(holder.Command('r'), 0);
+  t = Gpu0(daemon.socket());
+  EXPECT_EQ(t.chunks_leased(), 0u);
+  EXPECT_EQ(t.chunks_free(), 32u);
+  EXPECT_EQ(t.pages_used(), 0u);
+}
+
+TEST(MappedLeases, ChunksStayOrphanedAfterTheStreamClosesUntilTheProcessExits) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  Holder holder(daemon.socket() + ".fd", 8);
+  auto session = std::make_unique<RawSession>(daemon.socket(), holder.pid(), v1::MODE_MAPPED);
+  ASSERT_EQ(holder.Start(session->welcome()), 2);
+  session.reset();  // the stream ends; the holder lives on and still maps its chunks
+  const auto limit = std::chrono::seconds(10 * TimeScale());
+  EXPECT_LT(Await(limit, [&] { return Gpu0(daemon.socket()).chunks_orphaned() == 2; }), limit);
+  v1::TierStats t = Gpu0(daemon.socket());
+  EXPECT_EQ(t.chunks_leased(), 0u);
+  EXPECT_EQ(t.chunks_free(), 30u);
+  EXPECT_EQ(t.pages_used(), 8u);
+  holder.Command('q');
+  holder.Reap();
+  EXPECT_LT(Await(limit, [&] { return Gpu0(daemon.socket()).chunks_free() == 32; }), limit);
+  t = Gpu0(daemon.socket());
+  EXPECT_EQ(t.chunks_orphaned(), 0u);
+  EXPECT_EQ(t.pages_used(), 0u);
+}
+
+TEST(MappedLeases, ChunksOfASigkilledHolderAreFreeWithinASecond) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  Holder holder(daemon.socket() + ".fd", 16);
+  RawSession session(daemon.socket(), holder.pid(), v1::MODE_MAPPED);
+  ASSERT_EQ(holder.Start(session.welcome()), 4);
+  EXPECT_EQ(Gpu0(daemon.socket()).chunks_leased(), 4u);
+  holder.Kill();
+  const auto took = Await(std::chrono::seconds(10 * TimeScale()), [&] {
+    const v1::TierStats t = Gpu0(daemon.socket());
+    return t.chunks_free() == 32 && t.chunks_leased() == 0;
+  });
+  EXPECT_LE(took, std::chrono::seconds(1 * TimeScale()))
+      << std::chrono::duration<double>(took).count() << " s";
+}
+
+}  // namespace
+}  // namespace stash::testing
