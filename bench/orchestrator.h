@@ -9,6 +9,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 namespace stash::bench {
 
@@ -17,8 +18,11 @@ struct BenchOptions {
   std::string stashd;        // the daemon binary
   std::string paging_bench;  // stash-bench-paging (Google Benchmark)
   bool quick = false;        // fewer repetitions: a smoke run, not figures to quote
-  // Phases to run: copy, latency, saturate, ring, memory; empty = all.
+  // Phases to run: copy, latency, saturate, ring, memory, idle, clients; empty = all.
   std::set<std::string> phases;
+  // The client modes the copy, latency and clients phases measure, in this order:
+  // "daemon-copy" and/or "mapped" (docs/benchmarks.md).
+  std::vector<std::string> modes = {"daemon-copy", "mapped"};
   std::string markdown_out;  // also write the table here; empty = stdout only
   std::string keep_dir;      // keep logs and sockets here instead of a removed temp dir
 };

@@ -19,14 +19,15 @@
 namespace {
 
 constexpr char kUsage[] =
-    "Usage: stash-bench [--quick] [--phases=copy,latency,saturate,ring,memory,idle]\n"
-    "                   [--stashd=PATH] [--paging-bench=PATH] [--markdown-out=FILE]\n"
-    "                   [--keep-dir=DIR]\n"
+    "Usage: stash-bench [--quick] [--phases=copy,latency,saturate,ring,memory,idle,clients]\n"
+    "                   [--modes=daemon-copy,mapped] [--stashd=PATH] [--paging-bench=PATH]\n"
+    "                   [--markdown-out=FILE] [--keep-dir=DIR]\n"
     "\n"
     "Starts real stashd daemons (default: ../daemon/stashd next to this binary) on temporary\n"
     "Unix sockets and real client processes, runs stash-bench-paging (Google Benchmark) for the\n"
     "in-process figures, and prints one table: each figure, its baseline measured in the same\n"
-    "run, the ratio and the target. Exit code 1 when a phase could not run.\n";
+    "run, the ratio and the target. --modes picks the client modes the copy, latency and\n"
+    "clients phases measure (default both). Exit code 1 when a phase could not run.\n";
 
 }  // namespace
 
@@ -71,8 +72,20 @@ int main(int argc, char** argv) {
     std::istringstream in(flags["phases"]);
     for (std::string p; std::getline(in, p, ',');) options.phases.insert(p);
   }
+  if (flags.count("modes")) {
+    options.modes.clear();
+    std::istringstream in(flags["modes"]);
+    for (std::string m; std::getline(in, m, ',');) {
+      if (m != "daemon-copy" && m != "mapped") {
+        std::fprintf(stderr, "stash-bench: --modes takes daemon-copy and/or mapped, not '%s'\n",
+                     m.c_str());
+        return 2;
+      }
+      options.modes.push_back(m);
+    }
+  }
   for (const char* known :
-       {"quick", "phases", "stashd", "paging-bench", "markdown-out", "keep-dir"}) {
+       {"quick", "phases", "modes", "stashd", "paging-bench", "markdown-out", "keep-dir"}) {
     flags.erase(known);
   }
   if (!flags.empty()) {

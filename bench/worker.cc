@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 
 #include "bench/ping.h"
 #include "bench/samples.h"
+#include "common/copy_workers.h"
 #include "common/macros.h"
 #include "stash/client.h"
 #include "stash/v1/stash.grpc.pb.h"
@@ -60,13 +62,45 @@ int Fail(const Status& status) {
   return 1;
 }
 
-StatusOr<std::unique_ptr<Client>> OpenClient(const std::string& socket, int device = 0) {
+// The client session a task opens: --mode=daemon-copy|mapped, and for mapped mode
+// --copy-threads (Options.copy_threads) and --lease-bytes (an explicit device lease).
+struct ClientConfig {
+  Mode mode = Mode::kDaemonCopy;
+  uint64_t lease_bytes = 0;   // mapped: Options.lease.device_bytes
+  uint32_t copy_threads = 2;  // mapped: Options.copy_threads
+};
+
+// `default_lease` is what the task's buffers need (at least twice the largest one).
+StatusOr<ClientConfig> ConfigFromFlags(const Flags& flags, uint64_t default_lease) {
+  ClientConfig config;
+  const std::string mode = Flag(flags, "mode", "daemon-copy");
+  if (mode == "mapped") {
+    config.mode = Mode::kMapped;
+  } else if (mode != "daemon-copy") {
+    return InvalidArgumentError("--mode=" + mode + ": use daemon-copy or mapped");
+  }
+  config.lease_bytes = FlagU64(flags, "lease-bytes", default_lease);
+  config.copy_threads = static_cast<uint32_t>(FlagU64(flags, "copy-threads", 2));
+  if (config.copy_threads == 0) return InvalidArgumentError("--copy-threads must be >= 1");
+  return config;
+}
+
+StatusOr<std::unique_ptr<Client>> OpenClient(const std::string& socket,
+                                             const ClientConfig& config = {}, int device = 0) {
   Options options;
   options.socket = socket;
   options.device = device;
   options.allow_host_spill = false;  // a full pool must show, not hide in the host tier
   options.connect_timeout_ms = kConnectMs;
   options.label = "stash-bench";
+  options.mode = config.mode;
+  if (config.mode == Mode::kMapped) {
+    options.copy_threads = config.copy_threads;
+    options.lease.automatic = false;  // sized for the task's buffers, not by the daemon
+    options.lease.device_bytes = config.lease_bytes;
+    options.lease.peer_bytes = 0;
+    options.lease.host_bytes = 0;
+  }
   return Client::Open(options);
 }
 
@@ -101,6 +135,54 @@ StatusOr<v1::DaemonStats> GetDaemonStats(v1::StashService::Stub& stub) {
   return response.daemon();
 }
 
+// Fails unless the daemon shows this session in the mode asked for (so a mapped row can never
+// quietly measure daemon-copy mode), and for mapped mode with a device lease.
+Status CheckMode(v1::StashService::Stub& stub, const Client& client, Mode mode) {
+  grpc::ClientContext context;
+  v1::GetStatsResponse response;
+  const grpc::Status s = stub.GetStats(&context, v1::GetStatsRequest(), &response);
+  if (!s.ok()) return UnavailableError("GetStats: " + s.error_message());
+  for (const v1::SessionStats& row : response.sessions()) {
+    if (row.session_id() != client.session_id()) continue;
+    if (mode == Mode::kDaemonCopy) {
+      if (row.mode() == v1::MODE_MAPPED) {
+        return InternalError("asked for daemon-copy mode, the daemon shows a mapped session");
+      }
+      return Status::Ok();
+    }
+    if (row.mode() != v1::MODE_MAPPED) {
+      return InternalError("asked for mapped mode, but the daemon shows this session in mode " +
+                           v1::Mode_Name(row.mode()) +
+                           ": this build's client or stashd has no mapped mode yet");
+    }
+    for (const v1::LeaseStats& lease : row.leases()) {
+      if (lease.tier() == v1::TIER_DEVICE && lease.chunks() > 0) return Status::Ok();
+    }
+    return InternalError(
+        "the mapped session holds no device chunks: is --max-lease-bytes or "
+        "--pool-bytes smaller than --lease-bytes?");
+  }
+  return InternalError("GetStats does not list this session");
+}
+
+StatusOr<std::unique_ptr<v1::StashService::Stub>> DaemonStub(const std::string& socket) {
+  STASH_ASSIGN_OR_RETURN(auto channel, ConnectUnix(socket, kConnectMs));
+  return v1::StashService::NewStub(channel);
+}
+
+// One memcpy split over `workers` the way the daemon's and the mapped copier's copies are
+// (CopyWorkers::ParallelFor, parts of at least 4 MiB): the baseline with as many threads as the
+// copier has.
+void ParallelMemcpy(CopyWorkers& workers, uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  constexpr uint64_t kUnit = 64 << 10;
+  constexpr uint64_t kMinPartUnits = (4ULL << 20) / kUnit;
+  workers.ParallelFor((bytes + kUnit - 1) / kUnit, kMinPartUnits, [&](uint64_t b, uint64_t e) {
+    const uint64_t begin = b * kUnit;
+    const uint64_t end = std::min(e * kUnit, bytes);
+    std::memcpy(dst + begin, src + begin, end - begin);
+  });
+}
+
 // Bytes copied in `seconds`, in GB/s (1e9 bytes per second).
 double Gbps(uint64_t bytes, double seconds) {
   return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
@@ -121,10 +203,13 @@ Status RunCopy(const Flags& flags) {
   const std::string socket = Flag(flags, "socket");
   const uint64_t bytes = FlagU64(flags, "bytes", 64ULL << 20);
   const uint64_t reps = FlagU64(flags, "reps", 5);
+  const uint64_t memcpy_threads = FlagU64(flags, "memcpy-threads", 1);
   constexpr uint64_t kRowBytes = 4096;
   if (bytes % kRowBytes != 0) return InvalidArgumentError("--bytes must be a multiple of 4096");
+  if (memcpy_threads == 0) return InvalidArgumentError("--memcpy-threads must be >= 1");
+  STASH_ASSIGN_OR_RETURN(const ClientConfig config, ConfigFromFlags(flags, 2 * bytes));
 
-  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket));
+  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket, config));
   STASH_ASSIGN_OR_RETURN(auto src, HostBuffer::Allocate(bytes));
   STASH_ASSIGN_OR_RETURN(auto dst, HostBuffer::Allocate(bytes));
   STASH_ASSIGN_OR_RETURN(auto copy_dst, HostBuffer::Allocate(bytes));
@@ -135,8 +220,9 @@ Status RunCopy(const Flags& flags) {
   }
   std::memset(dst->data(), 0, bytes);
   std::memset(copy_dst->data(), 0, bytes);
-  STASH_ASSIGN_OR_RETURN(auto channel, ConnectUnix(socket, kConnectMs));
-  auto stub = v1::StashService::NewStub(channel);
+  STASH_ASSIGN_OR_RETURN(auto stub, DaemonStub(socket));
+  STASH_RETURN_IF_ERROR(CheckMode(*stub, *client, config.mode));
+  CopyWorkers memcpy_workers(static_cast<uint32_t>(memcpy_threads));
 
   StashArgs args;
   args.source = src.get();
@@ -144,8 +230,9 @@ Status RunCopy(const Flags& flags) {
   args.max_rows = bytes / kRowBytes;
   args.count.value = args.max_rows;
 
-  // Warm-up: two stashes fill the pool (the bench sizes it to two buffers), so every pool page
-  // and the daemon's mappings of src and dst have been touched once. The first one is "cold".
+  // Warm-up: two stashes fill the pool (or the mapped lease; the bench sizes both to two
+  // buffers), so every pool page and the daemon's mappings of src and dst have been touched
+  // once. The first one is "cold".
   auto t0 = Clock::now();
   STASH_ASSIGN_OR_RETURN(const Completion a, StashAndWait(*client, args));
   const double cold_stash_s = SecondsBetween(t0, Clock::now());
@@ -156,13 +243,19 @@ Status RunCopy(const Flags& flags) {
   STASH_ASSIGN_OR_RETURN(unused, ReloadAndWait(*client, b.ticket, *dst));
   (void)unused;
   std::memcpy(copy_dst->data(), src->data(), bytes);
+  ParallelMemcpy(memcpy_workers, copy_dst->data(), src->data(), bytes);
   STASH_ASSIGN_OR_RETURN(const v1::DaemonStats warm, GetDaemonStats(*stub));
 
-  std::vector<double> memcpy_s, stash_s, reload_s, stash_daemon_s, reload_daemon_s;
+  std::vector<double> memcpy_s, memcpy_n_s, stash_s, reload_s, stash_daemon_s, reload_daemon_s;
   for (uint64_t rep = 0; rep < reps; ++rep) {
     t0 = Clock::now();
     std::memcpy(copy_dst->data(), src->data(), bytes);
     memcpy_s.push_back(SecondsBetween(t0, Clock::now()));
+    if (memcpy_threads > 1) {
+      t0 = Clock::now();
+      ParallelMemcpy(memcpy_workers, copy_dst->data(), src->data(), bytes);
+      memcpy_n_s.push_back(SecondsBetween(t0, Clock::now()));
+    }
 
     if (rep + 1 == reps) std::memset(dst->data(), 0, bytes);  // the last reload is checked
     t0 = Clock::now();
@@ -176,6 +269,7 @@ Status RunCopy(const Flags& flags) {
     reload_s.push_back(SecondsBetween(t0, Clock::now()));
     reload_daemon_s.push_back(static_cast<double>(r.latency_us) * 1e-6);
   }
+  if (memcpy_threads == 1) memcpy_n_s = memcpy_s;
   if (std::memcmp(dst->data(), src->data(), bytes) != 0) {
     return InternalError("reloaded bytes differ from the stashed ones");
   }
@@ -189,6 +283,9 @@ Status RunCopy(const Flags& flags) {
   Result()
       .Add("memcpy_best_gbps", Gbps(bytes, Min(memcpy_s)))
       .Add("memcpy_median_gbps", Gbps(bytes, Median(memcpy_s)))
+      .Add("memcpy_threads", static_cast<double>(memcpy_threads))
+      .Add("memcpy_n_best_gbps", Gbps(bytes, Min(memcpy_n_s)))
+      .Add("memcpy_n_median_gbps", Gbps(bytes, Median(memcpy_n_s)))
       .Add("stash_best_gbps", Gbps(bytes, Min(stash_s)))
       .Add("stash_median_gbps", Gbps(bytes, Median(stash_s)))
       .Add("reload_best_gbps", Gbps(bytes, Min(reload_s)))
@@ -201,6 +298,7 @@ Status RunCopy(const Flags& flags) {
       .Add("getstats_reload_copy_gbps",
            LaterCopyGbps(warm_bytes, warm.reload_copy_gbps(), rep_bytes, end.reload_copy_gbps()))
       .Add("getstats_all_stash_copy_gbps", end.stash_copy_gbps())
+      .Add("verified", 1)
       .Print();
   return Status::Ok();
 }
@@ -214,16 +312,18 @@ Status RunLatency(const Flags& flags) {
   const uint64_t rounds = FlagU64(flags, "rounds", 40);
   const uint64_t warmup = FlagU64(flags, "warmup", 300);
   constexpr uint64_t kBytes = 4096;
+  // Mapped mode: 16 MiB leased holds a burst of 8 stashes at any page size up to 1 MiB.
+  STASH_ASSIGN_OR_RETURN(const ClientConfig config, ConfigFromFlags(flags, 16ULL << 20));
 
-  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket));
+  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket, config));
   STASH_ASSIGN_OR_RETURN(auto src, HostBuffer::Allocate(kBytes));
   STASH_ASSIGN_OR_RETURN(auto dst, HostBuffer::Allocate(kBytes));
   std::memset(src->data(), 0x5A, kBytes);
   STASH_ASSIGN_OR_RETURN(auto ping_channel, ConnectUnix(ping_socket, kConnectMs));
   auto ping = pb::Ping::NewStub(ping_channel);
   auto pinger = std::make_unique<StreamPinger>(ping.get());
-  STASH_ASSIGN_OR_RETURN(auto daemon_channel, ConnectUnix(socket, kConnectMs));
-  auto daemon = v1::StashService::NewStub(daemon_channel);
+  STASH_ASSIGN_OR_RETURN(auto daemon, DaemonStub(socket));
+  STASH_RETURN_IF_ERROR(CheckMode(*daemon, *client, config.mode));
 
   StashArgs args;
   args.source = src.get();
@@ -324,6 +424,14 @@ Status RunLatency(const Flags& flags) {
   if (std::memcmp(dst->data(), src->data(), kBytes) != 0) {
     return InternalError("reloaded bytes differ from the stashed ones");
   }
+  // Every recorded reload went to `dst`: the last one is checked above, one more with fresh
+  // bytes checks the path once more after the timed rounds.
+  std::memset(src->data(), 0xA5, kBytes);
+  std::memset(dst->data(), 0, kBytes);
+  STASH_RETURN_IF_ERROR(stash_once(false));
+  if (std::memcmp(dst->data(), src->data(), kBytes) != 0) {
+    return InternalError("reloaded bytes differ from the stashed ones (after the rounds)");
+  }
   pinger.reset();
   Result()
       .Add("submit_median_us", Median(submit_us))
@@ -370,7 +478,8 @@ Status RunSaturateStash(const Flags& flags) {
   const std::string socket = Flag(flags, "socket");
   const uint64_t window = FlagU64(flags, "window", 32);
   constexpr uint64_t kBytes = 4096;
-  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket));
+  STASH_ASSIGN_OR_RETURN(const ClientConfig config, ConfigFromFlags(flags, 64ULL << 20));
+  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket, config));
   STASH_ASSIGN_OR_RETURN(auto src, HostBuffer::Allocate(kBytes));
   STASH_ASSIGN_OR_RETURN(auto dst, HostBuffer::Allocate(kBytes));
   StashArgs args;
@@ -509,6 +618,79 @@ Status RunSaturatePing(const Flags& flags) {
   return Status::Ok();
 }
 
+// ---- throughput (the clients phase) ---------------------------------------------------------
+
+// --task=throughput: Stash+Wait then Reload+Wait of one --bytes buffer, over and over for the
+// time "go" names (several of these run at once, one per process); reports the bytes copied in
+// and out. The reloaded bytes are checked against the source after the timed loop.
+Status RunThroughput(const Flags& flags) {
+  const std::string socket = Flag(flags, "socket");
+  const uint64_t bytes = FlagU64(flags, "bytes", 16ULL << 20);
+  constexpr uint64_t kRowBytes = 4096;
+  if (bytes % kRowBytes != 0) return InvalidArgumentError("--bytes must be a multiple of 4096");
+  STASH_ASSIGN_OR_RETURN(const ClientConfig config, ConfigFromFlags(flags, 2 * bytes));
+  STASH_ASSIGN_OR_RETURN(auto client, OpenClient(socket, config));
+  STASH_ASSIGN_OR_RETURN(auto src, HostBuffer::Allocate(bytes));
+  STASH_ASSIGN_OR_RETURN(auto dst, HostBuffer::Allocate(bytes));
+  const uint64_t salt = static_cast<uint64_t>(getpid()) << 32;  // each process its own bytes
+  for (uint64_t i = 0; i < bytes; i += 8) {
+    const uint64_t v = (i ^ salt) * 0x9E3779B97F4A7C15ULL;
+    std::memcpy(src->data() + i, &v, 8);
+  }
+  std::memset(dst->data(), 0, bytes);
+  STASH_ASSIGN_OR_RETURN(auto stub, DaemonStub(socket));
+  STASH_RETURN_IF_ERROR(CheckMode(*stub, *client, config.mode));
+
+  StashArgs args;
+  args.source = src.get();
+  args.row_bytes = kRowBytes;
+  args.max_rows = bytes / kRowBytes;
+  args.count.value = args.max_rows;
+  auto cycle = [&]() -> Status {
+    STASH_ASSIGN_OR_RETURN(const Completion s, StashAndWait(*client, args));
+    STASH_RETURN_IF_ERROR(CheckPlaced(s, bytes));
+    STASH_ASSIGN_OR_RETURN(const Completion r, ReloadAndWait(*client, s.ticket, *dst));
+    if (r.bytes != bytes) {
+      return InternalError("reload copied " + std::to_string(r.bytes) + " bytes, not " +
+                           std::to_string(bytes));
+    }
+    return Status::Ok();
+  };
+  // Warm-up as in the copy task: two stashes held at once touch every page of the (pool share or
+  // lease) the bench sized to two buffers, then both reloads.
+  {
+    STASH_ASSIGN_OR_RETURN(const Completion a, StashAndWait(*client, args));
+    STASH_RETURN_IF_ERROR(CheckPlaced(a, bytes));
+    STASH_ASSIGN_OR_RETURN(const Completion b, StashAndWait(*client, args));
+    STASH_RETURN_IF_ERROR(CheckPlaced(b, bytes));
+    STASH_RETURN_IF_ERROR(ReloadAndWait(*client, a.ticket, *dst).status());
+    STASH_RETURN_IF_ERROR(ReloadAndWait(*client, b.ticket, *dst).status());
+  }
+  STASH_RETURN_IF_ERROR(cycle());
+
+  STASH_ASSIGN_OR_RETURN(const double seconds, AwaitGo());
+  uint64_t cycles = 0;
+  const auto t0 = Clock::now();
+  const auto until = t0 + std::chrono::duration<double>(seconds);
+  while (Clock::now() < until) {
+    STASH_RETURN_IF_ERROR(cycle());
+    ++cycles;
+  }
+  const double elapsed = SecondsBetween(t0, Clock::now());
+  std::memset(dst->data(), 0, bytes);
+  STASH_RETURN_IF_ERROR(cycle());
+  if (std::memcmp(dst->data(), src->data(), bytes) != 0) {
+    return InternalError("reloaded bytes differ from the stashed ones");
+  }
+  Result()
+      .Add("cycles", static_cast<double>(cycles))
+      .Add("seconds", elapsed)
+      .Add("bytes_moved", static_cast<double>(2 * bytes * cycles))  // stashed in + reloaded out
+      .Add("verified", 1)
+      .Print();
+  return Status::Ok();
+}
+
 // ---- memory ---------------------------------------------------------------------------------
 
 struct MemoryBuffer {
@@ -576,8 +758,8 @@ Status RunMemory(const Flags& flags) {
   }
   if (tokens.empty()) return InvalidArgumentError("--tokens=t0,t1,... is required");
   const uint64_t scale_row = (hidden + 127) / 128 * 128;
-  STASH_ASSIGN_OR_RETURN(auto bf16, OpenClient(socket, 0));
-  STASH_ASSIGN_OR_RETURN(auto mxfp8, OpenClient(socket, 1));
+  STASH_ASSIGN_OR_RETURN(auto bf16, OpenClient(socket, ClientConfig(), 0));
+  STASH_ASSIGN_OR_RETURN(auto mxfp8, OpenClient(socket, ClientConfig(), 1));
   STASH_ASSIGN_OR_RETURN(auto source, HostBuffer::Allocate(budget * 2 * hidden));
   STASH_ASSIGN_OR_RETURN(auto counts, HostBuffer::Allocate(8 * tokens.size()));
   Result result;
@@ -667,8 +849,17 @@ int RunWorker(const Flags& flags) {
   } else if (task == "latency") {
     status = RunLatency(flags);
   } else if (task == "saturate") {
-    status =
-        Flag(flags, "mode", "stash") == "ping" ? RunSaturatePing(flags) : RunSaturateStash(flags);
+    // --kind=stash|ping (before mapped mode this was --mode=stash|ping, still accepted).
+    std::string kind = Flag(flags, "kind", "stash");
+    Flags rest = flags;
+    const std::string mode = Flag(flags, "mode");
+    if (mode == "stash" || mode == "ping") {
+      kind = mode;
+      rest.erase("mode");
+    }
+    status = kind == "ping" ? RunSaturatePing(rest) : RunSaturateStash(rest);
+  } else if (task == "throughput") {
+    status = RunThroughput(flags);
   } else if (task == "memory") {
     status = RunMemory(flags);
   } else if (task == "blocked") {
