@@ -179,6 +179,14 @@ class STASH_EXPORT Client {
   // (the message names its group and how to join it);
   // FAILED_PRECONDITION / INVALID_ARGUMENT when the daemon refuses the Hello (other backend,
   // device out of range).
+  // Mapped mode (Options.mode = Mode::kMapped) also takes the first lease here:
+  // FAILED_PRECONDITION on the cuda backend (not built yet) and from a daemon that leases no
+  // chunks; the daemon's refusal of the lease (RESOURCE_EXHAUSTED over --max-lease-bytes, with
+  // the numbers). A mapped client pages into its leased chunks on its own in-order copier thread:
+  // Stash/Reload/Release/BeginStep are answered by it with the daemon's codes and words; a
+  // stash that does not fit the lease is OVERFLOW. If the daemon dies, the chunks held stay
+  // valid (stashes made reload, the step finishes) and the first BeginStep with no stash live
+  // reconnects and leases afresh.
   static StatusOr<std::unique_ptr<Client>> Open(const Options& options);
 
   Client(const Client&) = delete;
