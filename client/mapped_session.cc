@@ -76,7 +76,7 @@ Status MappedSession::Connect(std::shared_ptr<SessionStream>* stream_out,
       std::min(max_lease, w.host_tier_pages() * w.page_bytes())};
   STASH_ASSIGN_OR_RETURN(std::unique_ptr<LeaseTable> table,
                          LeaseTable::Create(w.page_bytes(), w.chunk_bytes(), tier_bytes));
-  Status leased = Lease(*table, *stream->descriptors, !options_.lease.automatic);
+  Status leased = Lease(*table, *stream->descriptors, w, !options_.lease.automatic);
   if (!leased.ok()) {
     // Give back whatever came before the refusal.
     std::vector<uint64_t> ids = table->ChunkIds();
@@ -89,15 +89,20 @@ Status MappedSession::Connect(std::shared_ptr<SessionStream>* stream_out,
   return Status::Ok();
 }
 
-Status MappedSession::Lease(LeaseTable& table, DescriptorChannel& channel, bool fixed) {
+Status MappedSession::Lease(LeaseTable& table, DescriptorChannel& channel,
+                            const v1::Welcome& welcome, bool fixed) {
   std::vector<std::pair<int, uint64_t>> want;
   if (fixed) {
+    // Only the tiers this session may lease: peer chunks only from a daemon that lends them,
+    // host chunks only with allow_host_spill and a host tier (as in daemon-copy mode, where a
+    // session without them simply never spills).
     const uint64_t page = table.page_bytes();
     want.emplace_back(v1::TIER_DEVICE, PagesOf(options_.lease.device_bytes, page));
-    if (options_.lease.peer_bytes > 0) {
+    if (options_.lease.peer_bytes > 0 && welcome.peer_tier()) {
       want.emplace_back(v1::TIER_PEER, PagesOf(options_.lease.peer_bytes, page));
     }
-    if (options_.lease.host_bytes > 0) {
+    if (options_.lease.host_bytes > 0 && options_.allow_host_spill &&
+        welcome.host_tier_pages() > 0) {
       want.emplace_back(v1::TIER_HOST, PagesOf(options_.lease.host_bytes, page));
     }
   }
@@ -154,7 +159,7 @@ void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live
     return;
   }
   if (!options_.lease.automatic) return;
-  Status st = Lease(*table, *current->descriptors, /*fixed=*/false);
+  Status st = Lease(*table, *current->descriptors, current->welcome, /*fixed=*/false);
   if (!st.ok() && !unavailable_logged_.exchange(true)) {
     Log("client")->warn(
         "mapped session: the lease was not resized ({}); the step goes on with "

@@ -62,7 +62,8 @@ class MappedSession {
   }
   // LeaseChunks (automatic, or Options.lease when `fixed`) into `table`: maps what comes,
   // returns what the daemon wants back and holds no stash. The first error.
-  Status Lease(LeaseTable& table, DescriptorChannel& channel, bool fixed);
+  Status Lease(LeaseTable& table, DescriptorChannel& channel, const v1::Welcome& welcome,
+               bool fixed);
   // The copier's BeginStep hook (copier thread).
   void OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live);
   // A new session with the daemon and its first lease: the stream and the table.

@@ -40,9 +40,12 @@ constexpr uint64_t kPage = 64 << 10;  // the tests' page size: small pools, many
 Mode g_mode = Mode::kDaemonCopy;
 
 // A mapped client leases more than any test pool holds, so that, like a daemon-copy session, it
-// may use its whole pool and (when it may spill) the host tier: the daemon grants what is free.
-// The parity suite starts its daemons with a quota to match (Datapath::StartDaemon).
+// may use its whole pool and (when it may spill) the host tier the tests give: the daemon grants
+// what is free. (Not more host than that: the default host tier is cut into chunks of the
+// smallest tier's size, and a huge lease would be thousands of chunks.) The parity suite starts
+// its daemons with a quota to match (Datapath::StartDaemon).
 constexpr uint64_t kMappedLeaseBytes = 512ull << 20;
+constexpr uint64_t kMappedHostLeaseBytes = 16ull << 20;
 
 std::unique_ptr<Client> Connect(const DaemonProcess& d, bool allow_spill = true, int device = 0) {
   Options o;
@@ -53,7 +56,7 @@ std::unique_ptr<Client> Connect(const DaemonProcess& d, bool allow_spill = true,
   if (g_mode == Mode::kMapped) {
     o.lease.automatic = false;
     o.lease.device_bytes = kMappedLeaseBytes;
-    o.lease.host_bytes = allow_spill ? kMappedLeaseBytes : 0;
+    o.lease.host_bytes = allow_spill ? kMappedHostLeaseBytes : 0;
   }
   auto c = Client::Open(o);
   EXPECT_TRUE(c.ok()) << c.status().ToString();

@@ -174,7 +174,13 @@ TEST_F(Mapped, DaemonKilledMidStepLosesNothingAndTheNextStepReleases) {
   std::vector<std::string> again = flags_;
   again.push_back("--socket=" + socket_);
   restarted_ = std::make_unique<DaemonProcess>(again);
-  ASSERT_TRUE(restarted_->Ready()) << restarted_->process().Stderr();
+  // (Ready() watches the harness's own socket path; this daemon serves the first one's.)
+  const auto deadline = std::chrono::steady_clock::now() + seconds(10 * TimeScale());
+  while (!testing::SocketAccepts(socket_)) {
+    ASSERT_TRUE(restarted_->process().running()) << restarted_->process().Stderr();
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << restarted_->process().Stderr();
+    std::this_thread::sleep_for(milliseconds(10));
+  }
   ASSERT_TRUE(client->Wait(*client->BeginStep(3)).ok());
   auto t = client->Wait(*client->Stash(Args(*big, kPage, 16)));
   ASSERT_TRUE(t.ok()) << t.status().ToString();
@@ -278,7 +284,7 @@ TEST_F(Mapped, AFullDeviceLeaseSpillsToTheHostLease) {
 
 // With --peer-tier, a full own lease spills to another device's spare chunks before the host.
 TEST_F(Mapped, AFullDeviceLeaseSpillsToAPeerDevice) {
-  StartDaemon({"--devices=2", "--pool-bytes=8MiB", "--host-tier-bytes=8MiB", "--peer-tier",
+  StartDaemon({"--devices=2", "--pool-bytes=8MiB", "--host-tier-bytes=8MiB", "--peer-tier=true",
                "--max-lease-bytes=64MiB"});
   auto client = Connect(1 << 20, 1 << 20, 1 << 20);
   ASSERT_NE(client, nullptr);
