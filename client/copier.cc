@@ -19,6 +19,10 @@ using kernels::Placement;
 // How long the worker spins on an empty queue before it sleeps: long enough that a trainer
 // stashing tensor after tensor never pays a wake-up, short enough not to burn a core idle.
 constexpr std::chrono::microseconds kSpin(50);
+// How long the worker waits on a ready event between looks at whether the session is closing, and
+// how long a close waits for ready events before it gives their operations up.
+constexpr std::chrono::milliseconds kReadySlice(100);
+constexpr std::chrono::seconds kCloseDrainTimeout(10);
 // Copies are split into parts of at least this many bytes.
 constexpr uint64_t kMinPartBytes = 1 << 20;
 
@@ -67,6 +71,7 @@ Copier::Copier(std::unique_ptr<LeaseTable> table, uint32_t copy_threads, bool al
 Copier::~Copier() { Stop(); }
 
 std::unique_ptr<LeaseTable> Copier::Stop() {
+  stop_requested_.store(true, std::memory_order_release);
   {
     MutexLock lock(&mu_);
     stopping_ = true;
@@ -97,6 +102,25 @@ uint64_t Copier::Submit(CopyOp op) {
 }
 
 StatusOr<Completion> Copier::Wait(uint64_t id, int64_t timeout_ms) {
+  // A small operation is answered within microseconds, sooner than a futex sleep and wake-up
+  // take: spin briefly on the answer count before blocking.
+  if (timeout_ms != 0) {
+    const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+    uint64_t seen = answers_.load(std::memory_order_acquire);
+    for (;;) {
+      {
+        MutexLock lock(&mu_);
+        auto it = results_.find(id);
+        if (it == results_.end() || it->second.answered) break;
+      }
+      while (answers_.load(std::memory_order_acquire) == seen &&
+             std::chrono::steady_clock::now() < spin_until) {
+        CpuRelax();
+      }
+      if (std::chrono::steady_clock::now() >= spin_until) break;
+      seen = answers_.load(std::memory_order_acquire);
+    }
+  }
   MutexLock lock(&mu_);
   auto it = results_.find(id);
   if (it == results_.end()) {
@@ -105,7 +129,8 @@ StatusOr<Completion> Copier::Wait(uint64_t id, int64_t timeout_ms) {
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   ++waiters_;
-  while (!results_[id].answered) {
+  // Re-found after every wake-up: another thread waiting on the same id may have taken it.
+  while ((it = results_.find(id)) != results_.end() && !it->second.answered) {
     if (timeout_ms < 0) {
       done_cv_.Wait(&mu_);
       continue;
@@ -115,7 +140,10 @@ StatusOr<Completion> Copier::Wait(uint64_t id, int64_t timeout_ms) {
     done_cv_.WaitWithTimeout(&mu_, deadline - now);
   }
   --waiters_;
-  it = results_.find(id);
+  if (it == results_.end()) {
+    return NotFoundError("operation " + std::to_string(id) +
+                         " is not pending: its answer was handed to another waiter");
+  }
   if (!it->second.answered) {
     return DeadlineExceededError("operation " + std::to_string(id) + " not answered within " +
                                  std::to_string(timeout_ms) + " ms");
@@ -185,6 +213,7 @@ void Copier::Run() {
       MutexLock lock(&mu_);
       result.answered = true;
       results_[id] = std::move(result);
+      answers_.fetch_add(1, std::memory_order_release);
       --running_;
       if (waiters_ > 0) done_cv_.SignalAll();
     }
@@ -224,10 +253,27 @@ void Copier::SetFlag(uint64_t epoch, bool overflow, bool spilled) {
   flags_.spilled |= spilled;
 }
 
-void Copier::DoStash(const CopyOp& op, Result& result) {
-  if (op.ready.memory != nullptr) {
-    EventWait(op.ready.counter(), op.ready.value, std::chrono::hours(24 * 365));
+bool Copier::AwaitReady(const CounterRef& ready, Result& result) {
+  if (ready.memory == nullptr) return true;
+  std::chrono::steady_clock::time_point give_up = std::chrono::steady_clock::time_point::max();
+  while (!EventWait(ready.counter(), ready.value, kReadySlice)) {
+    // Closing drains the queue, but not forever: a ready event nobody will signal (the producer
+    // failed) must not hang the close. Like daemon-copy's close, it gives up after a while.
+    if (!stop_requested_.load(std::memory_order_acquire)) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (give_up == std::chrono::steady_clock::time_point::max()) give_up = now + kCloseDrainTimeout;
+    if (now >= give_up) {
+      result.status = UnavailableError(
+          "the session closed while this operation still waited for its ready event; nothing "
+          "was copied");
+      return false;
+    }
   }
+  return true;
+}
+
+void Copier::DoStash(const CopyOp& op, Result& result) {
+  if (!AwaitReady(op.ready, result)) return;
   kernels::SessionControl& c = table_->control();
   int64_t count = op.count_value;
   if (op.count.memory != nullptr) {
@@ -321,9 +367,7 @@ void Copier::ReturnStashPages(const StashRecord& record) {
 }
 
 void Copier::DoReload(const CopyOp& op, Result& result) {
-  if (op.ready.memory != nullptr) {
-    EventWait(op.ready.counter(), op.ready.value, std::chrono::hours(24 * 365));
-  }
+  if (!AwaitReady(op.ready, result)) return;
   kernels::SessionControl& c = table_->control();
   auto it = stashes_.find(op.ticket);
   if (it == stashes_.end()) {

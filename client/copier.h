@@ -89,7 +89,8 @@ class Copier {
   void NewEpoch();
   // Waits until every operation submitted so far ran.
   void Drain();
-  // Drains, stops the worker and hands the table back (for Close: unmap and return).
+  // Drains (an operation still waiting for its ready event 10 s after this is answered
+  // UNAVAILABLE), stops the worker and hands the table back (for Close: unmap and return).
   std::unique_ptr<LeaseTable> Stop();
 
  private:
@@ -107,6 +108,9 @@ class Copier {
   void Run();
   // Runs one operation on the worker thread; fills its answer.
   void Execute(const CopyOp& op, Result& result);
+  // Waits for `ready` (when set); false with result's status set when the session closed and
+  // the event never came.
+  bool AwaitReady(const CounterRef& ready, Result& result);
   void DoStash(const CopyOp& op, Result& result);
   void DoReload(const CopyOp& op, Result& result);
   void DoRelease(const CopyOp& op, Result& result);
@@ -138,6 +142,8 @@ class Copier {
   uint64_t running_ ABSL_GUARDED_BY(mu_) = 0;  // operations taken off the queue, not answered
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> queued_{0};  // submissions so far: the worker spins on it
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<uint64_t> answers_{0};  // answers recorded so far: Wait spins on it
   std::thread thread_;
 };
 
