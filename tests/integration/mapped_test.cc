@@ -318,5 +318,76 @@ TEST_F(Mapped, ClosingReturnsTheLease) {
   EXPECT_EQ(used, 0u);
 }
 
+// Auto sizing, seen from the rank: the first lease is the own pool; a stash that overflowed
+// makes the next BeginStep lease what the own pool cannot hold from the host tier, where the
+// same stash then goes. (Three stashes of half the pool: the daemon sizes by pages, while a
+// stash goes whole into one tier, so the host share must hold a whole one.)
+TEST_F(Mapped, AnAutoLeaseGrowsToTheHostAfterAnOverflow) {
+  StartDaemon({"--pool-bytes=1MiB", "--host-tier-bytes=8MiB", "--max-lease-bytes=4MiB"});
+  Options o;
+  o.socket = socket_;
+  o.mode = Mode::kMapped;  // lease automatic by default
+  auto opened = Client::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<Client> client = std::move(opened).value();
+  auto src = Buffer(8 * kPage, 14);
+  auto step_of_three = [&](uint64_t step) {
+    std::vector<Completion> out;
+    auto begun = client->Wait(*client->BeginStep(step));
+    EXPECT_TRUE(begun.ok()) << begun.status().ToString();
+    for (int i = 0; i < 3; ++i) {
+      auto c = client->Wait(*client->Stash(Args(*src, kPage, 8)));
+      EXPECT_TRUE(c.ok()) << c.status().ToString();
+      if (c.ok()) out.push_back(*c);
+    }
+    return out;
+  };
+  std::vector<Completion> first = step_of_three(0);
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first[0].tier, Tier::kDevice);
+  EXPECT_EQ(first[1].tier, Tier::kDevice);
+  EXPECT_EQ(first[2].tier, Tier::kOverflow);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(client->Wait(*client->Release(first[i].ticket)).ok());
+  std::vector<Completion> second = step_of_three(1);
+  ASSERT_EQ(second.size(), 3u);
+  EXPECT_EQ(second[2].tier, Tier::kHost);
+  auto dst = Buffer(8 * kPage);
+  ASSERT_TRUE(client->Wait(*client->Reload({second[2].ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), src->size()), 0);
+}
+
+// Auto sizing shrinks a lease that sits unused for several steps: the rank gives back chunks
+// that hold no stash (ReturnChunks) and keeps the one its live stash is in, byte-exact.
+TEST_F(Mapped, AnAutoLeaseShrinksWhenPagesSitUnusedAndKeepsLiveStashes) {
+  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  Options o;
+  o.socket = socket_;
+  o.mode = Mode::kMapped;
+  auto opened = Client::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<Client> client = std::move(opened).value();
+  auto leased = [&] {
+    const auto stats = DaemonStats(socket_);
+    uint64_t pages = 0;
+    for (const auto& s : stats.sessions()) {
+      for (const auto& l : s.leases()) pages += l.pages_leased();
+    }
+    return pages;
+  };
+  const uint64_t at_start = leased();
+  EXPECT_EQ(at_start, 64u);  // the whole own pool, the default quota
+  auto src = Buffer(kPage, 15);
+  auto kept = client->Wait(*client->Stash(Args(*src, kPage, 1)));
+  ASSERT_TRUE(kept.ok());
+  for (uint64_t step = 1; step <= 6; ++step) {
+    ASSERT_TRUE(client->Wait(*client->BeginStep(step)).ok());
+  }
+  EXPECT_LT(leased(), at_start);
+  EXPECT_GE(leased(), 1u);
+  auto dst = Buffer(kPage);
+  ASSERT_TRUE(client->Wait(*client->Reload({kept->ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), kPage), 0);
+}
+
 }  // namespace
 }  // namespace stash
