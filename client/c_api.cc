@@ -72,6 +72,50 @@ int stash_client_open(const char* socket, int backend, int device, int64_t rank,
   return 0;
 }
 
+void stash_open_options_init(stash_open_options_t* options) {
+  if (options == nullptr) return;
+  *options = stash_open_options_t{};
+  const stash::Options defaults;
+  options->backend = STASH_BACKEND_HOST;
+  options->rank = defaults.rank;
+  options->allow_host_spill = defaults.allow_host_spill ? 1 : 0;
+  options->connect_timeout_ms = defaults.connect_timeout_ms;
+  options->mode = STASH_MODE_DAEMON_COPY;
+  options->lease_automatic = defaults.lease.automatic ? 1 : 0;
+  options->copy_threads = defaults.copy_threads;
+}
+
+int stash_client_open_ex(const stash_open_options_t* in, stash_client_t** out) {
+  STASH_C_REQUIRE(in != nullptr && out != nullptr, "stash_client_open_ex: options or out is NULL");
+  STASH_C_REQUIRE(in->backend == STASH_BACKEND_HOST || in->backend == STASH_BACKEND_CUDA,
+                  "stash_client_open_ex: backend must be STASH_BACKEND_HOST (0) or "
+                  "STASH_BACKEND_CUDA (1), not " +
+                      std::to_string(in->backend));
+  STASH_C_REQUIRE(in->mode == STASH_MODE_DAEMON_COPY || in->mode == STASH_MODE_MAPPED,
+                  "stash_client_open_ex: mode must be STASH_MODE_DAEMON_COPY (0) or "
+                  "STASH_MODE_MAPPED (1), not " +
+                      std::to_string(in->mode));
+  stash::Options options;
+  options.backend =
+      in->backend == STASH_BACKEND_CUDA ? stash::Backend::kCuda : stash::Backend::kHost;
+  options.socket = in->socket != nullptr ? in->socket : "";
+  options.device = in->device;
+  options.rank = in->rank;
+  options.label = in->label != nullptr ? in->label : "";
+  options.allow_host_spill = in->allow_host_spill != 0;
+  if (in->connect_timeout_ms > 0) options.connect_timeout_ms = in->connect_timeout_ms;
+  options.mode = in->mode == STASH_MODE_MAPPED ? stash::Mode::kMapped : stash::Mode::kDaemonCopy;
+  options.lease.automatic = in->lease_automatic != 0;
+  options.lease.device_bytes = in->lease_device_bytes;
+  options.lease.peer_bytes = in->lease_peer_bytes;
+  options.lease.host_bytes = in->lease_host_bytes;
+  if (in->copy_threads > 0) options.copy_threads = in->copy_threads;
+  auto client = stash::Client::Open(options);
+  if (!client.ok()) return Fail(client.status());
+  *out = new stash_client{std::move(client).value()};
+  return 0;
+}
+
 void stash_client_close(stash_client_t* client) { delete client; }
 
 int stash_buffer_alloc(uint64_t bytes, stash_buffer_t** out) {

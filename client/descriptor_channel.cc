@@ -107,3 +107,106 @@ Status DescriptorChannel::DepositMemory(uint64_t memory_id, uint64_t bytes, int 
 }
 
 }  // namespace stash
+
+namespace stash {
+
+Status DescriptorChannel::SendLocked(const std::string& request, const std::vector<int>& fds) {
+  STASH_RETURN_IF_ERROR(ConnectLocked());
+  Status status = SendPacket(socket_.get(), request, fds);
+  if (!status.ok()) {
+    socket_.reset();
+    return UnavailableError("stashd's descriptor socket " + path_ + ": " + status.message());
+  }
+  return Status::Ok();
+}
+
+StatusOr<Packet> DescriptorChannel::ReceiveLocked(std::string* bytes) {
+  Status status = WaitReadable(socket_.get(), kAnswerTimeoutMs);
+  StatusOr<Packet> answer = status.ok() ? ReceivePacket(socket_.get()) : StatusOr<Packet>(status);
+  if (!answer.ok()) {
+    socket_.reset();
+    return UnavailableError("no answer from stashd over " + path_ + ": " +
+                            answer.status().message());
+  }
+  *bytes = answer->bytes;
+  return answer;
+}
+
+StatusOr<LeaseAnswer> DescriptorChannel::Lease(bool automatic,
+                                               const std::vector<std::pair<int, uint64_t>>& want) {
+  v1::DescriptorRequest request;
+  request.set_session_id(session_id_);
+  request.set_session_secret(secret_);
+  v1::LeaseChunks* lease = request.mutable_lease_chunks();
+  lease->set_automatic(automatic);
+  for (const auto& [tier, pages] : want) {
+    v1::TierPages* w = lease->add_want();
+    w->set_tier(static_cast<v1::Tier>(tier));
+    w->set_pages(pages);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  STASH_RETURN_IF_ERROR(SendLocked(request.SerializeAsString(), {}));
+  LeaseAnswer out;
+  for (;;) {
+    std::string bytes;
+    StatusOr<Packet> packet = ReceiveLocked(&bytes);
+    if (!packet.ok()) {
+      out.status = packet.status();
+      return out;  // what came so far, so no descriptor is lost
+    }
+    v1::DescriptorResponse r;
+    if (!r.ParseFromString(bytes)) {
+      socket_.reset();
+      out.status = UnavailableError("stashd's lease answer on " + path_ + " does not parse");
+      return out;
+    }
+    if (r.more()) {
+      if (packet->fds.size() != 1) {
+        socket_.reset();
+        out.status = UnavailableError("stashd's lease packet on " + path_ + " carries " +
+                                      std::to_string(packet->fds.size()) + " descriptors, not 1");
+        return out;
+      }
+      if (r.has_control_block()) {
+        out.control_block = std::move(packet->fds[0]);
+        out.control_block_bytes = r.control_block().bytes();
+      } else {
+        LeaseAnswer::Chunk c;
+        c.id = r.chunk().chunk_id();
+        c.tier = r.chunk().tier();
+        c.pool = r.chunk().pool();
+        c.bytes = r.chunk().bytes();
+        c.fd = std::move(packet->fds[0]);
+        out.chunks.push_back(std::move(c));
+      }
+      continue;
+    }
+    out.status = Status(static_cast<StatusCode>(r.code()), r.message());
+    for (const v1::TierLease& t : r.lease()) {
+      out.lease.push_back({t.tier(), t.chunks(), t.pages(), t.pages_target()});
+    }
+    return out;
+  }
+}
+
+StatusOr<uint64_t> DescriptorChannel::Return(const std::vector<uint64_t>& chunk_ids) {
+  v1::DescriptorRequest request;
+  request.set_session_id(session_id_);
+  request.set_session_secret(secret_);
+  for (uint64_t id : chunk_ids) request.mutable_return_chunks()->add_chunk_ids(id);
+  if (chunk_ids.empty()) request.mutable_return_chunks();
+  std::lock_guard<std::mutex> lock(mu_);
+  STASH_RETURN_IF_ERROR(SendLocked(request.SerializeAsString(), {}));
+  std::string bytes;
+  STASH_ASSIGN_OR_RETURN(Packet packet, ReceiveLocked(&bytes));
+  (void)packet;
+  v1::DescriptorResponse r;
+  if (!r.ParseFromString(bytes)) {
+    socket_.reset();
+    return UnavailableError("stashd's answer on " + path_ + " does not parse");
+  }
+  if (r.code() != 0) return Status(static_cast<StatusCode>(r.code()), r.message());
+  return r.chunks_returned();
+}
+
+}  // namespace stash

@@ -1,16 +1,40 @@
 // The client's end of the descriptor channel (stash/v1/descriptor.proto): hands the session's
-// memfds to the daemon over `<socket>.fd` before the RegisterMemory that names them.
+// memfds to the daemon over `<socket>.fd` before the RegisterMemory that names them
+// (daemon-copy mode), and leases and returns pool chunks (mapped mode).
 #ifndef STASH_CLIENT_DESCRIPTOR_CHANNEL_H_
 #define STASH_CLIENT_DESCRIPTOR_CHANNEL_H_
 
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
+#include "common/descriptor_socket.h"
 #include "common/unique_fd.h"
 #include "stash/status.h"
 
 namespace stash {
+
+// What one LeaseChunks brought: the descriptors that came (whatever the final status says, so
+// none is ever lost) and the daemon's final word.
+struct LeaseAnswer {
+  Status status;           // the final packet's code and message
+  UniqueFd control_block;  // the session's first lease only
+  uint64_t control_block_bytes = 0;
+  struct Chunk {
+    uint64_t id = 0;
+    int tier = 0;  // stash.v1.Tier
+    int pool = 0;
+    uint64_t bytes = 0;
+    UniqueFd fd;
+  };
+  std::vector<Chunk> chunks;  // newly granted
+  struct Held {
+    int tier = 0;  // stash.v1.Tier
+    uint64_t chunks = 0, pages = 0, pages_target = 0;
+  };
+  std::vector<Held> lease;  // per tier, after this request
+};
 
 // Thread-safe: one request at a time goes out and is answered.
 class DescriptorChannel {
@@ -24,8 +48,20 @@ class DescriptorChannel {
   // UNAVAILABLE when the daemon cannot be reached.
   Status DepositMemory(uint64_t memory_id, uint64_t bytes, int fd);
 
+  // Mapped sessions: LeaseChunks. `automatic`, or `want` = (stash.v1.Tier, pages) per tier.
+  // UNAVAILABLE when the daemon cannot be reached or the answer breaks off (the descriptors that
+  // did arrive are in the answer regardless); the daemon's refusal is answer.status.
+  StatusOr<LeaseAnswer> Lease(bool automatic, const std::vector<std::pair<int, uint64_t>>& want);
+
+  // Mapped sessions: ReturnChunks; the chunks returned, or the daemon's refusal.
+  StatusOr<uint64_t> Return(const std::vector<uint64_t>& chunk_ids);
+
  private:
   Status ConnectLocked();
+  // Sends `request` and receives one packet of the answer (lock held). UNAVAILABLE (and the
+  // connection dropped) when that fails.
+  Status SendLocked(const std::string& request, const std::vector<int>& fds);
+  StatusOr<Packet> ReceiveLocked(std::string* bytes);
 
   const std::string path_;
   const std::string session_id_;

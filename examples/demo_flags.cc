@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 #include "examples/routing.h"
 
@@ -62,6 +63,54 @@ std::string ParseFactor(std::string_view value, double* out) {
   return {};
 }
 
+// "64MiB", "96KiB", "4096": bytes with an optional KiB / MiB / GiB suffix.
+std::string ParseBytes(std::string_view value, uint64_t* out) {
+  uint64_t unit = 1;
+  for (const auto& [suffix, bytes] : {std::pair<std::string_view, uint64_t>{"KiB", 1ull << 10},
+                                      {"MiB", 1ull << 20},
+                                      {"GiB", 1ull << 30}}) {
+    if (value.size() > suffix.size() && value.substr(value.size() - suffix.size()) == suffix) {
+      unit = bytes;
+      value.remove_suffix(suffix.size());
+      break;
+    }
+  }
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string_view::npos ||
+      value.size() > 12) {
+    return "must be bytes with an optional KiB, MiB or GiB suffix, not '" + std::string(value) +
+           "'";
+  }
+  *out = std::stoull(std::string(value)) * unit;
+  return {};
+}
+
+// "auto" or "device=SIZE,peer=SIZE,host=SIZE" (any of the three).
+std::string ParseLease(std::string_view value, DemoFlags* f) {
+  if (value == "auto") {
+    f->lease_automatic = true;
+    return {};
+  }
+  f->lease_automatic = false;
+  while (!value.empty()) {
+    const size_t comma = value.find(',');
+    const std::string_view item = value.substr(0, comma);
+    value = comma == std::string_view::npos ? std::string_view() : value.substr(comma + 1);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) {
+      return "must be auto or device=SIZE,peer=SIZE,host=SIZE, not '" + std::string(item) + "'";
+    }
+    const std::string_view tier = item.substr(0, eq);
+    uint64_t* target = tier == "device" ? &f->lease_device_bytes
+                       : tier == "peer" ? &f->lease_peer_bytes
+                       : tier == "host" ? &f->lease_host_bytes
+                                        : nullptr;
+    if (target == nullptr)
+      return "tiers are device, peer and host, not '" + std::string(tier) + "'";
+    if (std::string e = ParseBytes(item.substr(eq + 1), target); !e.empty()) return e;
+  }
+  return {};
+}
+
 const FlagSpec kFlags[] = {
     {"socket", "PATH", "(empty)",
      "stashd's Unix socket. Empty = $STASHD_SOCKET, else the client's default "
@@ -87,6 +136,21 @@ const FlagSpec kFlags[] = {
        f->backend = std::string(v);
        return std::string();
      }},
+    {"mode", "daemon-copy|mapped", "daemon-copy",
+     "Who runs the copies. daemon-copy: the ranks register their buffers and the daemon copies. "
+     "mapped: the daemon leases pool chunks to each rank, which pages its activations itself "
+     "(host backend only)",
+     [](std::string_view v, DemoFlags* f) {
+       if (v != "daemon-copy" && v != "mapped") {
+         return "must be daemon-copy or mapped, not '" + std::string(v) + "'";
+       }
+       f->mode = std::string(v);
+       return std::string();
+     }},
+    {"lease", "auto|device=SIZE,peer=SIZE,host=SIZE", "auto",
+     "Mapped mode: the lease per rank. auto: the daemon sizes it at every step; else bytes per "
+     "tier (suffix KiB, MiB, GiB)",
+     [](std::string_view v, DemoFlags* f) { return ParseLease(v, f); }},
     {"ranks", "N", "4", "Rank processes, one Client each (1..256)",
      [](std::string_view v, DemoFlags* f) { return ParseInt(v, 1, 256, &f->ranks); }},
     {"devices", "N", "1",

@@ -12,6 +12,11 @@ namespace stash::demo {
 struct DemoFlags {
   std::string socket;            // empty = the client resolves ($STASHD_SOCKET, then default)
   std::string backend = "host";  // host: CPU ranks, shared memory; cuda: GPU ranks, CUDA IPC
+  std::string mode =
+      "daemon-copy";  // daemon-copy: the daemon copies; mapped: ranks page leased chunks
+  // Mapped mode's lease: automatic (the default), else bytes per tier.
+  bool lease_automatic = true;
+  uint64_t lease_device_bytes = 0, lease_peer_bytes = 0, lease_host_bytes = 0;
   int ranks = 4;                 // rank processes
   int devices = 1;               // rank r trains on device r % devices
   int layers = 4;                // grouped-linear layers per step

@@ -66,6 +66,11 @@ class Rank {
     options.rank = rank_;
     options.label = "stash-demo";
     options.backend = flags_.backend == "cuda" ? Backend::kCuda : Backend::kHost;
+    options.mode = flags_.mode == "mapped" ? Mode::kMapped : Mode::kDaemonCopy;
+    options.lease.automatic = flags_.lease_automatic;
+    options.lease.device_bytes = flags_.lease_device_bytes;
+    options.lease.peer_bytes = flags_.lease_peer_bytes;
+    options.lease.host_bytes = flags_.lease_host_bytes;
     StatusOr<std::unique_ptr<Client>> client = Client::Open(options);
     if (!client.ok()) return client.status();
     client_ = std::move(client).value();

@@ -73,7 +73,8 @@ class Demo : public ::testing::Test {
 
   // Starts stashd with 2 simulated devices and 4 KiB pages and waits until a client can open a
   // session (up to 10 s).
-  void StartDaemon(const std::string& pool_bytes, const std::string& host_tier_bytes) {
+  void StartDaemon(const std::string& pool_bytes, const std::string& host_tier_bytes,
+                   const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {BinDir() + "/daemon/stashd",
                                      "--socket=" + socket_,
                                      "--devices=2",
@@ -81,6 +82,7 @@ class Demo : public ::testing::Test {
                                      "--pool-bytes=" + pool_bytes,
                                      "--host-tier-bytes=" + host_tier_bytes,
                                      "--log-level=warn"};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv = Argv(args);
     const std::string log = dir_ + "/stashd.log";
     daemon_pid_ = ::fork();
@@ -199,9 +201,25 @@ Totals ParseTotals(const std::string& output) {
   return t;
 }
 
-TEST_F(Demo, ParityWithRoomyPools) {
+// The parity runs, in each mode (stash-demo --mode).
+class DemoModes : public Demo, public ::testing::WithParamInterface<std::string> {
+ protected:
+  bool mapped() const { return GetParam() == "mapped"; }
+  DemoRun RunInMode(std::vector<std::string> extra = {}) {
+    extra.push_back("--mode=" + GetParam());
+    return RunDemo(extra);
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Modes, DemoModes, ::testing::Values("daemon-copy", "mapped"),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           return param.param == "mapped" ? std::string("Mapped")
+                                                          : std::string("DaemonCopy");
+                         });
+
+TEST_P(DemoModes, ParityWithRoomyPools) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon("64MiB", "64MiB"));
-  const DemoRun run = RunDemo();
+  const DemoRun run = RunInMode();
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("parity: OK on all 2 ranks (2 steps, 3 layers)"), std::string::npos)
       << run.output;
@@ -211,9 +229,15 @@ TEST_F(Demo, ParityWithRoomyPools) {
   EXPECT_EQ(t.overflows, 0) << run.output;
 }
 
-TEST_F(Demo, ParityWhenSpillingToHostTier) {
-  ASSERT_NO_FATAL_FAILURE(StartDaemon("96KiB", "64MiB"));  // 24 pages: one stash at a time
-  const DemoRun run = RunDemo();
+TEST_P(DemoModes, ParityWhenSpillingToHostTier) {
+  // 24 pages: one stash at a time. A mapped rank leases the whole own pool and host chunks
+  // (a fixed lease: an automatic one holds no host chunks in its first step).
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(
+      "96KiB", "64MiB",
+      mapped() ? std::vector<std::string>{"--max-lease-bytes=4MiB"} : std::vector<std::string>{}));
+  const DemoRun run =
+      RunInMode(mapped() ? std::vector<std::string>{"--lease=device=96KiB,host=2MiB"}
+                         : std::vector<std::string>{});
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("parity: OK on all 2 ranks"), std::string::npos) << run.output;
   const Totals t = ParseTotals(run.output);
@@ -222,18 +246,22 @@ TEST_F(Demo, ParityWhenSpillingToHostTier) {
   EXPECT_EQ(t.overflows, 0) << run.output;
 }
 
-TEST_F(Demo, ParityWhenOverflowing) {
+TEST_P(DemoModes, ParityWhenOverflowing) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon("96KiB", "96KiB"));  // one stash each: the third overflows
-  const DemoRun run = RunDemo();
+  const DemoRun run = RunInMode();
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("parity: OK on all 2 ranks"), std::string::npos) << run.output;
   const Totals t = ParseTotals(run.output);
   ASSERT_TRUE(t.found) << run.output;
   EXPECT_GT(t.overflows, 0) << run.output;
-  // The daemon logged the overflows (rate-limited), naming the session's rank and the layer.
-  EXPECT_TRUE(std::regex_search(DaemonLog(), std::regex(R"(overflow: session [0-9a-f]{8} rank \d )"
-                                                        R"(pool \d label 'stash-demo' layer \d)")))
-      << DaemonLog();
+  if (!mapped()) {
+    // The daemon logged the overflows (rate-limited), naming the session's rank and the layer
+    // (in mapped mode the rank's own copier decides; the daemon sees no stash).
+    EXPECT_TRUE(
+        std::regex_search(DaemonLog(), std::regex(R"(overflow: session [0-9a-f]{8} rank \d )"
+                                                  R"(pool \d label 'stash-demo' layer \d)")))
+        << DaemonLog();
+  }
   // BeginStep of step 1 reports step 0's overflow.
   EXPECT_NE(run.output.find("step 1 rank 0 (device 0) | previous step overflow=yes"),
             std::string::npos)

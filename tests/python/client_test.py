@@ -278,3 +278,39 @@ def test_device_calls_on_the_host_backend_name_the_fix(client):
     src = stashd.Buffer(ROW * 4)
     fill(src, 4, seed=1)
     assert client.stash(src, row_bytes=ROW, max_rows=4, count=4).tier == stashd.Tier.DEVICE
+
+
+# --- mapped mode (connect(mode="mapped")) --------------------------------------------------
+
+def test_mapped_mode_with_a_fixed_lease_spills_to_its_host_chunks(start_daemon):
+    d = start_daemon("--pool-bytes=1MiB", "--host-tier-bytes=1MiB", "--page-bytes=64KiB",
+                     "--max-lease-bytes=4MiB")
+    lease = {"device": 64 << 10, "host": 128 << 10}
+    with d.connect(mode="mapped", lease=lease) as c, stashd.Buffer(ROW * 64) as src, \
+            stashd.Buffer(ROW * 64) as dest:
+        assert c.mode == "mapped"
+        data = fill(src, 64, seed=9)
+        a = c.stash(src, row_bytes=ROW, max_rows=64, count=64)  # one page: the device lease
+        b = c.stash(src, row_bytes=ROW, max_rows=64, count=64)
+        assert (a.tier, b.tier) == (stashd.Tier.DEVICE, stashd.Tier.HOST)
+        assert c.step_flags().spilled
+        assert c.reload(b.ticket, dest).tier == stashd.Tier.HOST
+        assert dest.read() == data
+        c.release(a.ticket)
+        assert c.stats().pages_live == 0
+
+
+def test_mapped_mode_arguments_are_checked_before_connecting():
+    with pytest.raises(ValueError, match="mode must be"):
+        stashd.connect(mode="copy")
+    with pytest.raises(ValueError, match="lease must be 'auto'"):
+        stashd.connect(mode="mapped", lease="big")
+    with pytest.raises(ValueError, match="lease tiers are device, peer, host"):
+        stashd.connect(mode="mapped", lease={"gpu": 1})
+
+
+def test_mapped_mode_on_the_cuda_backend_is_refused_with_the_way_out(tmp_path):
+    with pytest.raises(stashd.StashError) as info:
+        stashd.connect(str(tmp_path / "none.sock"), mode="mapped", backend="cuda")
+    assert info.value.code_name == "FAILED_PRECONDITION"
+    assert "daemon-copy" in str(info.value)

@@ -164,9 +164,9 @@ def wait_until(predicate, timeout_s: float, what: str):
 
 
 # The stashd.torch data modes the torch tests run in: name -> connect() keyword arguments.
-# Mapped mode adds one line here once connect(mode="mapped") exists.
 TORCH_MODES = {
     "daemon-copy": {},
+    "mapped": {"mode": "mapped"},
 }
 
 

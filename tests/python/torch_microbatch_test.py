@@ -53,7 +53,7 @@ def test_any_backward_order_is_bit_identical_with_per_microbatch_accounting(torc
         assert s.bytes_stashed > 0
     stats = torch_client.stats()
     assert stats.stashes == stats.reloads == STASHES_PER_LAYER * LAYERS * MICROBATCHES
-    assert stats.pages_used == 0
+    assert stats.pages_live == 0
 
 
 def test_accounting_starts_over_at_begin_step(torch_client):

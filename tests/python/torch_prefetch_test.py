@@ -77,7 +77,7 @@ def test_prefetch_keeps_gradients_bit_identical(torch_client, depth):
         assert (s.stashed, s.reloaded, s.live) == (2, 2, 0), key
         assert s.prefetched == (0 if depth == 0 else 2), key
     stats = torch_client.stats()
-    assert stats.reloads == stats.stashes == 2 * LAYERS and stats.pages_used == 0
+    assert stats.reloads == stats.stashes == 2 * LAYERS and stats.pages_live == 0
 
 
 def test_next_layer_is_reloading_before_its_backward_starts(torch_client):
@@ -132,7 +132,7 @@ def test_prefetched_stash_dropped_unread_returns_its_pages(torch_client):
     del out  # the graph goes with reloads in flight
     stash_torch.flush(torch_client)
     stats = torch_client.stats()
-    assert stats.stashes_live == 0 and stats.pages_used == 0
+    assert stats.stashes_live == 0 and stats.pages_live == 0
 
 
 def test_bad_depth_is_rejected(torch_client):

@@ -27,7 +27,10 @@ typedef struct stash_buffer stash_buffer_t;
 enum { STASH_BACKEND_HOST = 0, STASH_BACKEND_CUDA = 1 };
 
 /* Where a stash went (stash_completion_t.tier). */
-enum { STASH_TIER_DEVICE = 1, STASH_TIER_HOST = 2, STASH_TIER_OVERFLOW = 3 };
+enum { STASH_TIER_DEVICE = 1, STASH_TIER_HOST = 2, STASH_TIER_OVERFLOW = 3, STASH_TIER_PEER = 4 };
+
+/* Who runs the copies (stash_open_options_t.mode; stash::Mode). */
+enum { STASH_MODE_DAEMON_COPY = 0, STASH_MODE_MAPPED = 1 };
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
  * failing call on this thread. */
@@ -41,6 +44,30 @@ STASH_EXPORT const char* stash_version(void);
 STASH_EXPORT int stash_client_open(const char* socket, int backend, int device, int64_t rank,
                                    const char* label, int allow_host_spill,
                                    int64_t connect_timeout_ms, stash_client_t** out);
+/* Everything stash_client_open takes, and the mode and lease (stash::Options). Fill it with
+ * stash_open_options_init first, then set what differs. */
+typedef struct stash_open_options {
+  const char* socket;         /* NULL or "" = $STASHD_SOCKET or the default */
+  int backend;                /* STASH_BACKEND_*; default host */
+  int device;                 /* default 0 */
+  int64_t rank;               /* -1 = unknown (default) */
+  const char* label;          /* may be NULL */
+  int allow_host_spill;       /* default 1 */
+  int64_t connect_timeout_ms; /* <= 0 = the default, 5000 */
+  int mode;                   /* STASH_MODE_*; default daemon-copy */
+  /* Mapped mode: 1 (default) = the daemon sizes the lease at each step; 0 = these bytes. */
+  int lease_automatic;
+  uint64_t lease_device_bytes;
+  uint64_t lease_peer_bytes;
+  uint64_t lease_host_bytes;
+  uint32_t copy_threads; /* mapped mode: threads splitting one copy; 0 = the default, 2 */
+} stash_open_options_t;
+
+/* The defaults of stash::Options. */
+STASH_EXPORT void stash_open_options_init(stash_open_options_t* options);
+/* Opens a session with `options`. Mapped mode on the cuda backend is FAILED_PRECONDITION. */
+STASH_EXPORT int stash_client_open_ex(const stash_open_options_t* options, stash_client_t** out);
+
 /* Ends the session; the daemon returns its pages. NULL is fine. */
 STASH_EXPORT void stash_client_close(stash_client_t* client);
 

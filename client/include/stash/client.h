@@ -36,6 +36,9 @@
 
 namespace stash {
 
+struct SessionStream;  // client/session_stream.h: the gRPC session (daemon-copy data path)
+class MappedSession;   // client/mapped_session.h: mapped mode's data path
+
 // Memory the daemon can read and write: a memfd this library created, sealed so its size never
 // changes, which each session hands to the daemon as a file descriptor on first use (no name
 // exists: no other process can open it, and nothing is left behind when the process dies).
@@ -63,6 +66,7 @@ class STASH_EXPORT HostBuffer {
 
  private:
   friend class Client;
+  friend struct SessionStream;
   Rep& rep() const { return *rep_; }
   explicit HostBuffer(std::unique_ptr<Rep> rep);
   std::unique_ptr<Rep> rep_;
@@ -175,11 +179,20 @@ class STASH_EXPORT Client {
   // (the message names its group and how to join it);
   // FAILED_PRECONDITION / INVALID_ARGUMENT when the daemon refuses the Hello (other backend,
   // device out of range).
+  // Mapped mode (Options.mode = Mode::kMapped) also takes the first lease here:
+  // FAILED_PRECONDITION on the cuda backend (not built yet) and from a daemon that leases no
+  // chunks; the daemon's refusal of the lease (RESOURCE_EXHAUSTED over --max-lease-bytes, with
+  // the numbers). A mapped client pages into its leased chunks on its own in-order copier thread:
+  // Stash/Reload/Release/BeginStep are answered by it with the daemon's codes and words; a
+  // stash that does not fit the lease is OVERFLOW. If the daemon dies, the chunks held stay
+  // valid (stashes made reload, the step finishes) and the first BeginStep with no stash live
+  // reconnects and leases afresh.
   static StatusOr<std::unique_ptr<Client>> Open(const Options& options);
 
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
   // Ends the session: the daemon drops queued work and returns every page this session holds.
+  // Mapped mode: runs the queued operations first, unmaps every leased chunk and gives them back.
   ~Client();
 
   // Queues a stash and returns its ticket at once. Buffers named for the first time are
@@ -240,11 +253,12 @@ class STASH_EXPORT Client {
   const std::string& socket() const;
   Backend backend() const;
 
-  struct Impl;
-
  private:
-  explicit Client(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  Client() = default;
+  // Exactly one is set: the mode this client was opened in. Each public method dispatches at
+  // its top; nothing else looks at the mode.
+  std::unique_ptr<SessionStream> copy_;    // Mode::kDaemonCopy
+  std::unique_ptr<MappedSession> mapped_;  // Mode::kMapped
 };
 
 }  // namespace stash

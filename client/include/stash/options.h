@@ -30,8 +30,8 @@ struct Lease {
   // (stashd --max-lease-bytes). False: the bytes below, rounded up to whole chunks.
   bool automatic = true;
   uint64_t device_bytes = 0;  // the own device's pool
-  uint64_t peer_bytes = 0;    // other devices' spare chunks (stashd --peer-tier)
-  uint64_t host_bytes = 0;    // the host tier (only with allow_host_spill)
+  uint64_t peer_bytes = 0;    // other devices' spare chunks (asked only of a --peer-tier daemon)
+  uint64_t host_bytes = 0;    // the host tier (asked only with allow_host_spill and a host tier)
 };
 
 struct Options {

@@ -77,6 +77,26 @@ class CompletionStruct(ctypes.Structure):
     ]
 
 
+class OpenOptions(ctypes.Structure):
+    """stash_open_options_t."""
+
+    _fields_ = [
+        ("socket", ctypes.c_char_p),
+        ("backend", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("rank", ctypes.c_int64),
+        ("label", ctypes.c_char_p),
+        ("allow_host_spill", ctypes.c_int),
+        ("connect_timeout_ms", ctypes.c_int64),
+        ("mode", ctypes.c_int),
+        ("lease_automatic", ctypes.c_int),
+        ("lease_device_bytes", ctypes.c_uint64),
+        ("lease_peer_bytes", ctypes.c_uint64),
+        ("lease_host_bytes", ctypes.c_uint64),
+        ("copy_threads", ctypes.c_uint32),
+    ]
+
+
 STATS_FIELDS = (
     "page_bytes",
     "pool_pages_total", "pool_pages_used", "pool_pages_high_water",
@@ -107,6 +127,8 @@ _PROTOTYPES = {
     "stash_version": (ctypes.c_char_p, []),
     "stash_client_open": (_INT, [ctypes.c_char_p, _INT, _INT, _I64, ctypes.c_char_p, _INT, _I64,
                                  ctypes.POINTER(c_client_p)]),
+    "stash_open_options_init": (None, [ctypes.POINTER(OpenOptions)]),
+    "stash_client_open_ex": (_INT, [ctypes.POINTER(OpenOptions), ctypes.POINTER(c_client_p)]),
     "stash_client_close": (None, [c_client_p]),
     "stash_buffer_alloc": (_INT, [_U64, ctypes.POINTER(c_buffer_p)]),
     "stash_buffer_free": (None, [c_buffer_p]),

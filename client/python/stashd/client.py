@@ -7,7 +7,7 @@ import dataclasses
 import enum
 import os
 import sys
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 from stashd import _lib
 from stashd.buffer import Buffer
@@ -20,6 +20,8 @@ Count = Union[int, Tuple[Buffer, int]]
 Event = Tuple[Buffer, int, int]
 
 BACKENDS = {"host": 0, "cuda": 1}  # STASH_BACKEND_*
+MODES = {"daemon-copy": 0, "mapped": 1}  # STASH_MODE_*
+LEASE_TIERS = ("device", "peer", "host")
 
 
 class Tier(enum.IntEnum):
@@ -29,6 +31,7 @@ class Tier(enum.IntEnum):
     DEVICE = 1    # the rank's own pool
     HOST = 2      # the daemon's host tier (spilled)
     OVERFLOW = 3  # nothing was taken: the caller keeps its data
+    PEER = 4      # mapped mode: another device's spare chunks (stashd --peer-tier)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +114,7 @@ class Client:
         self.socket = socket
         self.backend = backend
         self._extensions: dict = {}  # per-client state of integrations (stashd.torch)
+        self.mode = "daemon-copy"  # set by connect()
 
     # --- Lifetime ---------------------------------------------------------------------------
 
@@ -375,7 +379,8 @@ def default_device() -> int:
 def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: int = -1,
             label: str = "",
             allow_host_spill: bool = True, connect_timeout_ms: int = 5000,
-            backend: str = "host") -> Client:
+            backend: str = "host", mode: str = "daemon-copy",
+            lease: Union[str, Dict[str, int]] = "auto", copy_threads: int = 0) -> Client:
     """Opens a session with the daemon.
 
     backend: "host" (shared memory; CI, laptops) or "cuda" (GPU tensors through CUDA IPC; needs
@@ -387,22 +392,54 @@ def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: in
     $LOCAL_RANK, else 0, so every rank of a node gets its own pool. rank: -1 = unknown. label: shown by `stashctl sessions`.
     allow_host_spill: False makes a full pool overflow instead of spilling to the host tier.
     Raises Unavailable, naming the socket, when no daemon answers within connect_timeout_ms.
+
+    mode: "daemon-copy" (the daemon copies registered buffers) or "mapped" (the daemon leases
+    pool chunks to this process, which pages its activations itself; host backend for now).
+    lease (mapped mode): "auto" (the daemon sizes it at every begin_step) or a dict of bytes per
+    tier, e.g. {"device": 64 << 20, "host": 16 << 20} (keys "device", "peer", "host").
+    copy_threads (mapped mode): threads splitting one copy; 0 = the library's default.
     """
     if backend not in BACKENDS:
         raise ValueError(f"stashd.connect: backend must be 'host' or 'cuda', not {backend!r}")
+    if mode not in MODES:
+        raise ValueError(f"stashd.connect: mode must be 'daemon-copy' or 'mapped', not {mode!r}")
+    if isinstance(lease, str):
+        if lease != "auto":
+            raise ValueError(f"stashd.connect: lease must be 'auto' or a dict of bytes per tier, "
+                             f"not {lease!r}")
+    else:
+        unknown = sorted(set(lease) - set(LEASE_TIERS))
+        if unknown:
+            raise ValueError(f"stashd.connect: lease tiers are {', '.join(LEASE_TIERS)}; not "
+                             f"{', '.join(unknown)}")
     if device is None:
         device = default_device()
     lib = _lib.lib()
     handle = _lib.c_client_p()
-    code = lib.stash_client_open(socket.encode() if socket else None, BACKENDS[backend],
-                                 int(device), int(rank),
-                                 label.encode() if label else None,
-                                 1 if allow_host_spill else 0, int(connect_timeout_ms),
-                                 ctypes.byref(handle))
+    options = _lib.OpenOptions()
+    lib.stash_open_options_init(ctypes.byref(options))
+    options.socket = socket.encode() if socket else None
+    options.backend = BACKENDS[backend]
+    options.device = int(device)
+    options.rank = int(rank)
+    options.label = label.encode() if label else None
+    options.allow_host_spill = 1 if allow_host_spill else 0
+    options.connect_timeout_ms = int(connect_timeout_ms)
+    options.mode = MODES[mode]
+    if isinstance(lease, dict):
+        options.lease_automatic = 0
+        options.lease_device_bytes = int(lease.get("device", 0))
+        options.lease_peer_bytes = int(lease.get("peer", 0))
+        options.lease_host_bytes = int(lease.get("host", 0))
+    if copy_threads:
+        options.copy_threads = int(copy_threads)
+    code = lib.stash_client_open_ex(ctypes.byref(options), ctypes.byref(handle))
     shown = socket or os.environ.get("STASHD_SOCKET") or "the default socket"
     if code != 0:
         message = _lib.last_error()
         if shown not in message:
             message = f"{message} (socket: {shown})"
         raise error_for(code, message)
-    return Client(handle.value, shown, backend)
+    client = Client(handle.value, shown, backend)
+    client.mode = mode
+    return client

@@ -1,0 +1,183 @@
+#include "client/lease_table.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/sys.h"
+
+namespace stash {
+
+using kernels::ControlLoad;
+using kernels::ControlStore;
+
+StatusOr<std::unique_ptr<LeaseTable>> LeaseTable::Create(
+    uint64_t page_bytes, uint64_t chunk_bytes,
+    const std::array<uint64_t, kernels::kLeaseTiers>& tier_bytes) {
+  if (page_bytes == 0 || (page_bytes & (page_bytes - 1)) != 0 || chunk_bytes == 0 ||
+      chunk_bytes % page_bytes != 0) {
+    return InvalidArgumentError("stashd's chunk geometry is unusable: chunk_bytes " +
+                                std::to_string(chunk_bytes) + ", page_bytes " +
+                                std::to_string(page_bytes));
+  }
+  std::unique_ptr<LeaseTable> table(new LeaseTable(page_bytes, chunk_bytes));
+  const uint64_t pages_per_chunk = chunk_bytes / page_bytes;
+  for (uint32_t tier = 0; tier < kernels::kLeaseTiers; ++tier) {
+    TierRange& t = table->tiers_[tier];
+    const uint64_t slots = std::max<uint64_t>(
+        1,
+        (std::min<uint64_t>(tier_bytes[tier], uint64_t{1} << 46) + chunk_bytes - 1) / chunk_bytes);
+    t.bytes = slots * chunk_bytes;
+    void* base =
+        mmap(nullptr, t.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) return ErrnoStatus("reserving a lease range (mmap PROT_NONE)");
+    t.base = static_cast<uint8_t*>(base);
+    // A forked child (a data loader) never inherits a rank's chunks.
+    if (madvise(base, t.bytes, MADV_DONTFORK) != 0) return ErrnoStatus("madvise(MADV_DONTFORK)");
+    t.slots.resize(slots);
+    t.ids.resize(slots * pages_per_chunk);
+    t.ring.ids = t.ids.data();
+    t.ring.capacity = t.ids.size();
+  }
+  return table;
+}
+
+LeaseTable::~LeaseTable() {
+  for (TierRange& t : tiers_) {
+    if (t.base != nullptr) munmap(t.base, t.bytes);
+  }
+  if (control_map_ != nullptr) munmap(control_map_, control_map_bytes_);
+}
+
+Status LeaseTable::SetControlBlock(UniqueFd fd, uint64_t bytes) {
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of the control block");
+  if (bytes < sizeof(kernels::SessionControl) || static_cast<uint64_t>(st.st_size) < bytes) {
+    return InvalidArgumentError("stashd's control block is " + std::to_string(st.st_size) +
+                                " bytes (said " + std::to_string(bytes) + "), needs " +
+                                std::to_string(sizeof(kernels::SessionControl)));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return ErrnoStatus("mapping the control block");
+  madvise(p, bytes, MADV_DONTFORK);
+  auto* block = static_cast<kernels::SessionControl*>(p);
+  // The daemon wrote magic and version; everything else is ours.
+  const uint64_t magic = ControlLoad(block->magic);
+  const uint64_t version = ControlLoad(block->version);
+  std::memcpy(static_cast<void*>(block), &own_control_, sizeof(own_control_));
+  ControlStore(block->magic, magic);
+  ControlStore(block->version, version);
+  if (control_map_ != nullptr) munmap(control_map_, control_map_bytes_);
+  control_map_ = static_cast<uint8_t*>(p);
+  control_map_bytes_ = bytes;
+  control_ = block;
+  for (uint32_t tier = 0; tier < kernels::kLeaseTiers; ++tier) PublishTier(tier);
+  return Status::Ok();
+}
+
+void LeaseTable::PublishTier(uint32_t tier) {
+  kernels::TierControl& c = control_->tiers[tier];
+  const TierRange& t = tiers_[tier];
+  ControlStore(c.ring_head, t.ring.head);
+  ControlStore(c.ring_tail, t.ring.tail);
+  ControlStore(c.pages_leased, t.pages_leased);
+}
+
+Status LeaseTable::AddChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint64_t bytes) {
+  if (tier >= kernels::kLeaseTiers)
+    return InvalidArgumentError("no lease tier " + std::to_string(tier));
+  if (bytes == 0 || bytes > chunk_bytes_ || bytes % page_bytes_ != 0) {
+    return InvalidArgumentError("chunk " + std::to_string(chunk_id) + " of " +
+                                std::to_string(bytes) + " bytes is not a whole number of " +
+                                std::to_string(page_bytes_) + "-byte pages up to " +
+                                std::to_string(chunk_bytes_));
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of a leased chunk");
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
+    return InvalidArgumentError("chunk " + std::to_string(chunk_id) + " is " +
+                                std::to_string(st.st_size) + " bytes, less than the " +
+                                std::to_string(bytes) + " it says");
+  }
+  TierRange& t = tiers_[tier];
+  auto free_slot =
+      std::find_if(t.slots.begin(), t.slots.end(), [](const Slot& s) { return s.pages == 0; });
+  if (free_slot == t.slots.end()) {
+    return ResourceExhaustedError("the lease range of tier " + std::to_string(tier) + " is full (" +
+                                  std::to_string(t.slots.size()) + " chunks)");
+  }
+  const uint64_t slot = static_cast<uint64_t>(free_slot - t.slots.begin());
+  uint8_t* at = t.base + slot * chunk_bytes_;
+  void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd.get(), 0);
+  if (p == MAP_FAILED) return ErrnoStatus("mapping leased chunk " + std::to_string(chunk_id));
+  madvise(at, bytes, MADV_DONTFORK);
+  const uint64_t pages = bytes / page_bytes_;
+  const uint64_t first = slot * (chunk_bytes_ / page_bytes_);
+  for (uint64_t i = 0; i < pages; ++i) kernels::RingReturnAt(t.ring, t.ring.tail, i, first + i);
+  t.ring.tail += pages;
+  *free_slot = Slot{chunk_id, pages};
+  t.pages_leased += pages;
+  PublishTier(tier);
+  return Status::Ok();
+}
+
+void LeaseTable::UnmapSlot(TierRange& t, uint64_t slot) {
+  // Back to a PROT_NONE reservation: the memfd's mapping is gone, the range stays ours.
+  void* p = mmap(t.base + slot * chunk_bytes_, chunk_bytes_, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  if (p != MAP_FAILED) madvise(p, chunk_bytes_, MADV_DONTFORK);
+  t.slots[slot] = Slot{};
+}
+
+std::vector<uint64_t> LeaseTable::ShrinkTo(uint32_t tier, uint64_t target_pages) {
+  std::vector<uint64_t> gone;
+  TierRange& t = tiers_[tier];
+  if (t.pages_leased <= target_pages) return gone;
+  const uint64_t per_chunk = chunk_bytes_ / page_bytes_;
+  std::vector<uint64_t> free_pages(t.slots.size(), 0);
+  for (uint64_t s = t.ring.head; s < t.ring.tail; ++s) {
+    ++free_pages[kernels::RingPageAt(t.ring, 0, s) / per_chunk];
+  }
+  std::vector<bool> leaving(t.slots.size(), false);
+  for (uint64_t slot = t.slots.size(); slot-- > 0 && t.pages_leased > target_pages;) {
+    const Slot& s = t.slots[slot];
+    if (s.pages == 0 || free_pages[slot] != s.pages) continue;
+    leaving[slot] = true;
+    t.pages_leased -= s.pages;
+    gone.push_back(s.chunk_id);
+  }
+  if (gone.empty()) return gone;
+  // Compact the ring: the free ids of the chunks that stay, in ring order, from head on.
+  uint64_t out = t.ring.head;
+  for (uint64_t s = t.ring.head; s < t.ring.tail; ++s) {
+    const uint64_t id = kernels::RingPageAt(t.ring, 0, s);
+    if (leaving[id / per_chunk]) continue;
+    kernels::RingReturnAt(t.ring, 0, out++, id);
+  }
+  t.ring.tail = out;
+  for (uint64_t slot = 0; slot < t.slots.size(); ++slot) {
+    if (leaving[slot]) UnmapSlot(t, slot);
+  }
+  PublishTier(tier);
+  return gone;
+}
+
+std::vector<uint64_t> LeaseTable::ChunkIds() const {
+  std::vector<uint64_t> ids;
+  for (const TierRange& t : tiers_) {
+    for (const Slot& s : t.slots) {
+      if (s.pages != 0) ids.push_back(s.chunk_id);
+    }
+  }
+  return ids;
+}
+
+uint64_t LeaseTable::chunks(uint32_t tier) const {
+  uint64_t n = 0;
+  for (const Slot& s : tiers_[tier].slots) n += s.pages != 0 ? 1 : 0;
+  return n;
+}
+
+}  // namespace stash

@@ -1,0 +1,83 @@
+// Mapped mode's data path (docs/design.md, "Mapped mode"; host backend): the daemon leases pool
+// chunks to this process over the descriptor channel, and the session's copier
+// (client/copier.h) pages activations into them itself. The gRPC stream carries only the
+// Hello: it is the session's identity and lifetime.
+//
+// Thread-safe: every method may be called from any thread at the same time, like Client's.
+#ifndef STASH_CLIENT_MAPPED_SESSION_H_
+#define STASH_CLIENT_MAPPED_SESSION_H_
+
+#include <absl/base/thread_annotations.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "client/copier.h"
+#include "client/lease_table.h"
+#include "client/session_stream.h"
+#include "common/mutex.h"
+#include "stash/client.h"
+
+namespace stash {
+
+class MappedSession {
+ public:
+  // Says Hello with MODE_MAPPED and takes the first lease (Options.lease). FAILED_PRECONDITION
+  // on the cuda backend and from a daemon that leases no chunks; the daemon's refusal of the
+  // lease (RESOURCE_EXHAUSTED over the quota); else as Client::Open.
+  static StatusOr<std::unique_ptr<MappedSession>> Open(const Options& options);
+  MappedSession(const MappedSession&) = delete;
+  MappedSession& operator=(const MappedSession&) = delete;
+  // Close: runs what is queued, unmaps every chunk, gives them back, ends the stream.
+  ~MappedSession();
+
+  StatusOr<uint64_t> Stash(const StashArgs& args);
+  StatusOr<uint64_t> Reload(const ReloadArgs& args);
+  StatusOr<uint64_t> Release(uint64_t ticket);
+  // Local: the flags reset at once; in stream order the control block's step rolls over and
+  // (automatic lease) the lease is resized; with the daemon gone and no stash live, the session
+  // reconnects and leases afresh.
+  StatusOr<uint64_t> BeginStep(uint64_t step);
+  // Nothing to tell the daemon (it never maps the rank's buffers): answered OK in order.
+  StatusOr<uint64_t> Unregister(const HostBuffer& buffer);
+  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms) {
+    return copier_->Wait(op, timeout_ms);
+  }
+  std::optional<StatusOr<Completion>> Poll(uint64_t op) { return copier_->Poll(op); }
+  StepFlags CurrentStepFlags() const { return copier_->Flags(); }
+  // The daemon's view (it reads the control block), as Client::Stats.
+  StatusOr<SessionStats> Stats();
+
+  // The Welcome of the session Open made (a reconnect keeps showing it).
+  const v1::Welcome& welcome() const { return welcome_; }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  explicit MappedSession(const Options& options) : options_(options) {}
+  std::shared_ptr<SessionStream> stream() const {
+    MutexLock lock(&mu_);
+    return stream_;
+  }
+  // LeaseChunks (automatic, or Options.lease when `fixed`) into `table`: maps what comes,
+  // returns what the daemon wants back and holds no stash. The first error.
+  Status Lease(LeaseTable& table, DescriptorChannel& channel, const v1::Welcome& welcome,
+               bool fixed);
+  // The copier's BeginStep hook (copier thread).
+  void OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live);
+  // A new session with the daemon and its first lease: the stream and the table.
+  Status Connect(std::shared_ptr<SessionStream>* stream, std::unique_ptr<LeaseTable>* table);
+
+  const Options options_;
+  v1::Welcome welcome_;  // never changes after Open
+  std::string socket_;   // never changes after Open
+  mutable Mutex mu_;
+  std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> unavailable_logged_{false};
+  std::unique_ptr<Copier> copier_;  // set in Open
+};
+
+}  // namespace stash
+
+#endif  // STASH_CLIENT_MAPPED_SESSION_H_

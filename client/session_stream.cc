@@ -1,0 +1,193 @@
+#include "client/session_stream.h"
+
+#include <unistd.h>
+
+#include <chrono>
+
+#include "client/tier_stats.h"
+#include "common/socket_path.h"
+#include "common/socket_probe.h"
+#include "common/version.h"
+
+namespace stash {
+namespace {
+
+// How long closing a session waits for the daemon to drain its copies before cancelling.
+constexpr std::chrono::seconds kCloseDrainTimeout(10);
+
+std::string NoDaemon(const std::string& socket, const std::string& detail) {
+  return "no stashd answers on " + socket + " (" + detail +
+         "): start it with 'stashd --socket=" + socket +
+         "' or point STASHD_SOCKET at a running one";
+}
+
+}  // namespace
+
+Tier FromProtoTier(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_DEVICE:
+      return Tier::kDevice;
+    case v1::TIER_HOST:
+      return Tier::kHost;
+    case v1::TIER_OVERFLOW:
+      return Tier::kOverflow;
+    case v1::TIER_PEER:
+      return Tier::kPeer;
+    default:
+      return Tier::kUnspecified;
+  }
+}
+
+Status CheckEventPoint(const EventPoint& e, const char* what) {
+  if (e.buffer == nullptr) return Status::Ok();
+  if (e.offset % 8 != 0 || e.offset + 8 > e.buffer->size()) {
+    return InvalidArgumentError(std::string(what) + " offset " + std::to_string(e.offset) +
+                                " must be 8-byte aligned and inside its buffer (" +
+                                std::to_string(e.buffer->size()) + " bytes)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<SessionStats> SessionStream::Stats() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetStatsResponse response;
+  grpc::Status status = stub->GetStats(&ctx, v1::GetStatsRequest(), &response);
+  if (!status.ok()) {
+    return UnavailableError("stats from stashd on " + socket + ": " + status.error_message());
+  }
+  SessionStats out;
+  out.session_id = welcome.session_id();
+  out.pool = welcome.pool();
+  out.page_bytes = welcome.page_bytes();
+  for (const v1::TierStats& t : response.tiers()) AddTierStats(t, &out);
+  for (const v1::SessionStats& s : response.sessions()) {
+    if (s.session_id() != out.session_id) continue;
+    out.stashes = s.stashes();
+    out.reloads = s.reloads();
+    out.releases = s.releases();
+    out.bytes_stashed = s.bytes_stashed();
+    out.bytes_reloaded = s.bytes_reloaded();
+    out.spills = s.spills();
+    out.overflows = s.overflows();
+    out.rejected = s.rejected();
+    out.stashes_live = s.stashes_live();
+    out.pages_live = s.pages_live();
+  }
+  return out;
+}
+
+SessionStream::MemoryDesc SessionStream::HostMemory(const HostBuffer& buffer) {
+  return MemoryDesc{buffer.id(), v1::MEMORY_KIND_HOST_FD, "", buffer.size(), buffer.rep().memory};
+}
+
+StatusOr<std::unique_ptr<SessionStream>> SessionStream::Open(const Options& options, v1::Mode mode,
+                                                             std::unique_ptr<CudaSide> cuda) {
+  auto stream = std::make_unique<SessionStream>();
+  SessionStream* raw = stream.get();
+  raw->backend = options.backend;
+  raw->cuda = std::move(cuda);
+  raw->socket = ClientSocketPath(options.socket);
+  // A missing, refused or forbidden socket is known at once; gRPC would only say "unavailable"
+  // once the connect timeout passed.
+  STASH_RETURN_IF_ERROR(ProbeSocket(raw->socket));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  raw->channel = grpc::CreateCustomChannel(GrpcUnixTarget(raw->socket),
+                                           grpc::InsecureChannelCredentials(), args);
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
+  if (!raw->channel->WaitForConnected(deadline)) {
+    return UnavailableError(NoDaemon(raw->socket, "connect timed out"));
+  }
+  raw->stub = v1::StashService::NewStub(raw->channel);
+
+  raw->stub->async()->Session(&raw->context, raw);
+  raw->StartRead(&raw->incoming);
+  raw->AddHold();
+  raw->StartCall();
+  // From here Close() (the destructor) cleans up the stream whatever happens.
+  raw->started = true;
+
+  v1::SessionRequest hello;
+  hello.set_request_id(RandomNonZeroU64());
+  v1::Hello* h = hello.mutable_hello();
+  h->set_rank(options.rank);
+  h->set_device(options.device);
+  h->set_backend(options.backend == Backend::kCuda ? v1::BACKEND_CUDA : v1::BACKEND_HOST);
+  if (raw->cuda != nullptr) h->set_device_uuid(raw->cuda->uuid());
+  h->set_pid(getpid());
+  h->set_client_version(kVersion);
+  h->set_label(options.label);
+  h->set_allow_host_spill(options.allow_host_spill);
+  h->set_mode(mode);
+  const uint64_t hello_id = hello.request_id();
+
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lock(raw->mu);
+    Pending p;
+    p.kind = Completion::Kind::kRegister;  // Hello: only `answered` and the Welcome matter
+    raw->pending.emplace(hello_id, p);
+    std::vector<v1::SessionRequest> batch;
+    batch.push_back(std::move(hello));
+    bool accepted = true;
+    start = raw->QueueLocked(batch, &accepted);
+  }
+  if (start) raw->writes.Kick();
+
+  std::unique_lock<std::mutex> lock(raw->mu);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
+  const bool settled =
+      raw->cv.wait_until(lock, until, [&] { return raw->welcomed || raw->broken; });
+  if (!settled) return UnavailableError(NoDaemon(raw->socket, "no answer to Hello"));
+  if (!raw->welcomed) {
+    // Refused: the stream's final status (delivered once our hold is gone) says why.
+    raw->hold_removed = true;
+    lock.unlock();
+    raw->RemoveHold();
+    lock.lock();
+    raw->cv.wait(lock, [&] { return raw->done; });
+    return raw->broken_status;
+  }
+  if (!raw->pending[hello_id].status.ok()) return raw->pending[hello_id].status;
+  raw->pending.erase(hello_id);
+  raw->descriptors = std::make_unique<DescriptorChannel>(raw->socket, raw->welcome.session_id(),
+                                                         raw->welcome.descriptor_secret());
+  lock.unlock();
+  return stream;
+}
+
+SessionStream::~SessionStream() { Close(); }
+
+void SessionStream::Close() {
+  if (!started || closed) return;
+  closed = true;
+  // A healthy session ends by a half-close: the daemon ends the stream only once every copy and
+  // done write of the session finished, and only then does OnReadDone raise the pending done
+  // counters. A cancel would raise them at once while the daemon's copies still run, and a done
+  // write landing after that raise could lower a counter a stream waits on. Cancelled anyway
+  // after kCloseDrainTimeout (a daemon that does not answer).
+  bool healthy = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    healthy = !broken && welcomed;
+  }
+  const bool half_closed = healthy && writes.CloseAfterWrites([this] { StartWritesDone(); });
+  if (half_closed) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, kCloseDrainTimeout, [&] { return broken; });
+  }
+  context.TryCancel();
+  std::unique_lock<std::mutex> lock(mu);
+  if (!hold_removed) {
+    hold_removed = true;
+    lock.unlock();
+    RemoveHold();
+    lock.lock();
+  }
+  cv.wait(lock, [&] { return done; });
+}
+
+}  // namespace stash

@@ -1,0 +1,401 @@
+// The gRPC session stream of one client session (stash/v1/stash.proto, StashService.Session):
+// Hello and Welcome, then, in daemon-copy mode, every data-path request and its answer. Both
+// modes open one: a mapped session's stream carries only the Hello and is the session's identity
+// and lifetime (client/mapped_session.h).
+//
+// Thread-safe: members marked "guarded by mu" are read and written under `mu`; the rest never
+// change after Open().
+#ifndef STASH_CLIENT_SESSION_STREAM_H_
+#define STASH_CLIENT_SESSION_STREAM_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "client/cuda_memory.h"
+#include "client/descriptor_channel.h"
+#include "client/host_buffer_rep.h"
+#include "common/grpc_status.h"
+#include "common/host_event.h"
+#include "common/macros.h"
+#include "common/random.h"
+#include "common/shm.h"
+#include "common/write_queue.h"
+#include "stash/client.h"
+#include "stash/v1/stash.grpc.pb.h"
+
+namespace stash {
+
+namespace v1 = stash::v1;
+
+// The daemon's tier enum as the client's.
+Tier FromProtoTier(v1::Tier tier);
+
+// INVALID_ARGUMENT unless `e` (when set) is an 8-byte aligned counter inside its buffer.
+Status CheckEventPoint(const EventPoint& e, const char* what);
+
+struct SessionStream final
+    : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+  // Connects to the daemon of `options` and says Hello with `mode`; `cuda` (cuda backend only,
+  // else null) names the device. UNAVAILABLE / PERMISSION_DENIED / the daemon's refusal as
+  // Client::Open documents them.
+  static StatusOr<std::unique_ptr<SessionStream>> Open(const Options& options, v1::Mode mode,
+                                                       std::unique_ptr<CudaSide> cuda);
+  // Ends the session (Close()).
+  ~SessionStream() override;
+  // Ends the stream: a half-close that waits (bounded) until the daemon finished the session's
+  // work, then a cancel; returns once gRPC is done with this object. Idempotent.
+  void Close();
+  // Asks the daemon for this session's counters and its pool usage (GetStats).
+  StatusOr<SessionStats> Stats();
+  // Whether the stream is gone (the daemon ended it or died).
+  bool broken_now() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return broken;
+  }
+
+  // An operation's done event, which the library also raises itself: once the operation is
+  // answered, or when the session breaks. So a stream waiting on it goes on even when the daemon
+  // could not raise it (a rejected request, done memory it failed to open, a daemon that died).
+  struct DoneEvent {
+    std::shared_ptr<SharedMemory> memory;  // null = none; kept mapped until raised
+    uint64_t offset = 0;
+    uint64_t value = 0;
+  };
+  // The operations waiting on one counter, in submission order. The library raises the counter
+  // only to the value of the last operation of the answered prefix: an answer means that
+  // operation's copy (and its own write of the counter) is over, but an earlier operation's
+  // copy may still run, and a waiter must not pass it. (Counters only grow, values go up in
+  // submission order.)
+  struct DoneQueue {
+    std::shared_ptr<SharedMemory> memory;
+    uint64_t offset = 0;
+    struct Slot {
+      uint64_t op = 0;
+      uint64_t value = 0;
+      bool answered = false;
+    };
+    std::deque<Slot> slots;
+
+    void Raise(uint64_t value) const {
+      EventSignal(reinterpret_cast<uint64_t*>(memory->data() + offset), value);
+    }
+  };
+  using DoneKey = std::pair<const SharedMemory*, uint64_t>;
+
+  struct Pending {
+    Completion::Kind kind = Completion::Kind::kStash;
+    uint64_t epoch = 0;      // the step it was sent in
+    uint64_t memory_id = 0;  // register ops
+    bool internal = false;   // nobody waits: register / unregister bookkeeping
+    bool answered = false;
+    Status status;
+    Completion completion;
+    bool has_done = false;  // the op is in done_queues[done_key]
+    DoneKey done_key;
+  };
+
+  // Queues `op`'s done event (lock held).
+  void TrackDoneLocked(uint64_t op, DoneEvent event, Pending& p) {
+    if (event.memory == nullptr) return;
+    p.has_done = true;
+    p.done_key = {event.memory.get(), event.offset};
+    DoneQueue& q = done_queues[p.done_key];
+    if (q.memory == nullptr) {
+      q.memory = std::move(event.memory);
+      q.offset = event.offset;
+    }
+    q.slots.push_back({op, event.value, false});
+  }
+
+  // `op` was answered: raises its counter as far as the answered prefix reaches (lock held).
+  void DoneAnsweredLocked(uint64_t op, const Pending& p) {
+    if (!p.has_done) return;
+    auto it = done_queues.find(p.done_key);
+    if (it == done_queues.end()) return;
+    DoneQueue& q = it->second;
+    for (DoneQueue::Slot& slot : q.slots) {
+      if (slot.op == op) slot.answered = true;
+    }
+    uint64_t raise = 0;
+    while (!q.slots.empty() && q.slots.front().answered) {
+      raise = std::max(raise, q.slots.front().value);
+      q.slots.pop_front();
+    }
+    if (raise != 0) q.Raise(raise);
+    if (q.slots.empty()) done_queues.erase(it);
+  }
+
+  // The session is over: nothing will copy any more, every done event goes up (lock held).
+  void ReleaseDoneEventsLocked() {
+    for (auto& [key, q] : done_queues) {
+      uint64_t raise = 0;
+      for (const DoneQueue::Slot& slot : q.slots) raise = std::max(raise, slot.value);
+      if (raise != 0) q.Raise(raise);
+    }
+    done_queues.clear();
+  }
+
+  // One region the daemon opens: a HostBuffer (its memfd goes over the descriptor channel) or a
+  // cudaMalloc allocation (its IPC handle goes in the RegisterMemory).
+  struct MemoryDesc {
+    uint64_t id = 0;
+    v1::MemoryKind kind = v1::MEMORY_KIND_HOST_FD;
+    std::string handle;
+    uint64_t bytes = 0;
+    // MEMORY_KIND_HOST_FD: the HostBuffer's memfd, kept open while it is handed over even if
+    // the caller frees the buffer meanwhile.
+    std::shared_ptr<SharedMemory> memory;
+  };
+
+  static MemoryDesc HostMemory(const HostBuffer& buffer);
+
+  // Sets the ready and done events of `op` (a Stash or Reload; only those given: an empty
+  // EventRef would be a bad request), adds their memory to `memories`, and returns the done
+  // event as the library keeps it.
+  template <typename Op>
+  static DoneEvent SetEvents(const EventPoint& ready, const EventPoint& done, Op* op,
+                             std::vector<MemoryDesc>& memories) {
+    if (ready.buffer != nullptr) {
+      SetEvent(ready, op->mutable_ready());
+      memories.push_back(HostMemory(*ready.buffer));
+    }
+    if (done.buffer == nullptr) return {};
+    SetEvent(done, op->mutable_done());
+    memories.push_back(HostMemory(*done.buffer));
+    return DoneEvent{HostMemory(*done.buffer).memory, done.offset, done.value};
+  }
+
+  static void SetEvent(const EventPoint& e, v1::EventRef* out) {
+    out->mutable_counter()->set_memory_id(e.buffer->id());
+    out->mutable_counter()->set_offset(e.offset);
+    out->set_value(e.value);
+  }
+
+  bool started = false;  // StartCall ran: Close() must wait for OnDone; owner thread only
+  bool closed = false;   // Close() ran; owner thread only
+
+  // Never change after Open().
+  Backend backend = Backend::kHost;
+  std::unique_ptr<CudaSide> cuda;  // cuda backend only
+  std::string socket;
+  std::unique_ptr<DescriptorChannel> descriptors;  // set once welcomed
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::StashService::Stub> stub;
+  v1::Welcome welcome;
+
+  grpc::ClientContext context;
+  v1::SessionResponse incoming;  // read side only
+  WriteQueue<v1::SessionRequest> writes{[this](const v1::SessionRequest* r) { StartWrite(r); }};
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool broken = false;                            // guarded by mu
+  Status broken_status;                           // guarded by mu
+  bool done = false;                              // guarded by mu: OnDone ran
+  std::unordered_map<uint64_t, Pending> pending;  // guarded by mu
+  std::unordered_set<uint64_t> registered;        // buffer ids; guarded by mu
+  std::map<DoneKey, DoneQueue> done_queues;       // guarded by mu
+  uint64_t epoch = 0;                             // guarded by mu
+  StepFlags flags;                                // guarded by mu
+  bool welcomed = false;                          // guarded by mu
+  bool hold_removed = false;                      // guarded by mu
+
+  // Queues requests in order (lock held, so batches of different threads stay apart). Returns
+  // whether the caller must Kick the writer after unlocking; false with `accepted` false when
+  // the stream is gone.
+  bool QueueLocked(std::vector<v1::SessionRequest>& requests, bool* accepted) {
+    return writes.Enqueue(requests, accepted);
+  }
+
+  // Adds an internal (nobody waits) request to `out` (lock held).
+  void AddInternalLocked(v1::SessionRequest r, Completion::Kind kind, uint64_t memory_id,
+                         std::vector<v1::SessionRequest>& out) {
+    r.set_request_id(RandomNonZeroU64());
+    Pending p;
+    p.kind = kind;
+    p.memory_id = memory_id;
+    p.internal = true;
+    pending.emplace(r.request_id(), p);
+    out.push_back(std::move(r));
+  }
+
+  // Adds a RegisterMemory for `memory` unless it is registered (lock held).
+  void RegisterLocked(const MemoryDesc& memory, std::vector<v1::SessionRequest>& out) {
+    if (registered.count(memory.id) != 0) return;
+    registered.insert(memory.id);
+    v1::SessionRequest r;
+    v1::RegisterMemory* reg = r.mutable_register_memory();
+    reg->set_memory_id(memory.id);
+    reg->set_kind(memory.kind);
+    reg->set_handle(memory.handle);
+    reg->set_bytes(memory.bytes);
+    if (memory.kind == v1::MEMORY_KIND_CUDA_IPC) {
+      reg->set_device(cuda->device());
+      reg->set_device_uuid(cuda->uuid());
+    }
+    AddInternalLocked(std::move(r), Completion::Kind::kRegister, memory.id, out);
+  }
+
+  // Adds an UnregisterMemory for `memory_id` if it is registered (lock held).
+  void UnregisterLocked(uint64_t memory_id, std::vector<v1::SessionRequest>& out) {
+    if (memory_id == 0 || registered.erase(memory_id) == 0) return;
+    v1::SessionRequest r;
+    r.mutable_unregister_memory()->set_memory_id(memory_id);
+    AddInternalLocked(std::move(r), Completion::Kind::kUnregister, memory_id, out);
+  }
+
+  // Hands the memfds of host memory new to the session to the daemon, which keeps each for the
+  // RegisterMemory that follows. A buffer two threads hand over at once is deposited twice:
+  // the daemon keeps the later one, the same memory.
+  Status DepositNew(const std::vector<MemoryDesc>& memories) {
+    for (const MemoryDesc& m : memories) {
+      if (m.memory == nullptr) continue;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (broken) return broken_status;
+        if (registered.count(m.id) != 0) continue;
+      }
+      STASH_RETURN_IF_ERROR(descriptors->DepositMemory(m.id, m.bytes, m.memory->fd()));
+    }
+    return Status::Ok();
+  }
+
+  // Sends `request` (after unregistering `stale` allocations and registering the memory it
+  // names that is new to the session) and tracks it as `kind`. Returns the request id.
+  StatusOr<uint64_t> Submit(v1::SessionRequest request, Completion::Kind kind,
+                            const std::vector<MemoryDesc>& memories,
+                            const std::vector<uint64_t>& stale, DoneEvent done_event) {
+    STASH_RETURN_IF_ERROR(DepositNew(memories));
+    uint64_t id = 0;
+    bool start = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (broken) return broken_status;
+      std::vector<v1::SessionRequest> batch;
+      for (uint64_t old : stale) UnregisterLocked(old, batch);
+      for (const MemoryDesc& m : memories) RegisterLocked(m, batch);
+      if (request.request_id() == 0) request.set_request_id(RandomNonZeroU64());
+      while (pending.count(request.request_id()) != 0) request.set_request_id(RandomNonZeroU64());
+      id = request.request_id();
+      if (request.has_stash()) request.mutable_stash()->set_ticket(id);  // ticket == request id
+      Pending p;
+      p.kind = kind;
+      p.epoch = epoch;
+      TrackDoneLocked(id, std::move(done_event), p);
+      pending.emplace(id, p);
+      batch.push_back(std::move(request));
+      bool accepted = true;
+      start = QueueLocked(batch, &accepted);
+      if (!accepted) {
+        pending.erase(id);
+        ReleaseDoneEventsLocked();  // the stream is gone
+        return UnavailableError("stashd on " + socket + " went away");
+      }
+    }
+    if (start) writes.Kick();
+    return id;
+  }
+
+  void OnWriteDone(bool ok) override { writes.OnWriteDone(ok); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!broken) {
+        broken = true;
+        broken_status = UnavailableError("stashd on " + socket + " ended the session");
+      }
+      ReleaseDoneEventsLocked();
+      cv.notify_all();
+      return;
+    }
+    Dispatch(incoming);
+    incoming.Clear();
+    StartRead(&incoming);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!welcomed && !status.ok()) {
+      // The daemon refused the Hello: its status says why.
+      broken = true;
+      broken_status = FromGrpcStatus(status);
+    } else if (!broken || !status.ok()) {
+      broken = true;
+      broken_status =
+          UnavailableError("stashd on " + socket + " went away" +
+                           (status.ok() ? std::string() : ": " + status.error_message()) +
+                           "; your buffers are untouched, reconnect when it is back");
+    }
+    done = true;
+    ReleaseDoneEventsLocked();
+    cv.notify_all();
+  }
+
+  void Dispatch(const v1::SessionResponse& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = pending.find(r.request_id());
+    if (it == pending.end()) return;  // an answer nobody tracks (cannot happen with our ids)
+    Pending& p = it->second;
+    if (r.has_welcome()) {
+      welcome = r.welcome();
+      welcomed = true;
+    }
+    p.status = Status(static_cast<StatusCode>(r.code()), r.message());
+    Completion& c = p.completion;
+    c.kind = p.kind;
+    switch (r.kind_case()) {
+      case v1::SessionResponse::kStash:
+        c.ticket = r.stash().ticket();
+        c.tier = FromProtoTier(r.stash().tier());
+        c.rows = r.stash().rows();
+        c.bytes = r.stash().bytes();
+        c.pages = r.stash().pages();
+        c.latency_us = r.stash().latency_us();
+        if (p.epoch == epoch) {
+          if (c.tier == Tier::kOverflow) flags.overflow = true;
+          if (c.tier == Tier::kHost) flags.spilled = true;
+        }
+        break;
+      case v1::SessionResponse::kReload:
+        c.ticket = r.reload().ticket();
+        c.tier = FromProtoTier(r.reload().tier());
+        c.rows = r.reload().rows();
+        c.bytes = r.reload().bytes();
+        c.latency_us = r.reload().latency_us();
+        break;
+      case v1::SessionResponse::kRelease:
+        c.ticket = r.release().ticket();
+        c.pages = r.release().pages();
+        break;
+      case v1::SessionResponse::kBeginStep:
+        c.step_overflow = r.begin_step().overflow();
+        c.step_spilled = r.begin_step().spilled();
+        break;
+      default:
+        break;
+    }
+    DoneAnsweredLocked(r.request_id(), p);
+    if (p.internal) {
+      if (p.kind == Completion::Kind::kRegister && !p.status.ok()) registered.erase(p.memory_id);
+      pending.erase(it);
+      return;
+    }
+    p.answered = true;
+    cv.notify_all();
+  }
+};
+
+}  // namespace stash
+
+#endif  // STASH_CLIENT_SESSION_STREAM_H_

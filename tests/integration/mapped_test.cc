@@ -1,0 +1,393 @@
+// Mapped mode end to end (issue 13): what only a mapped session does. The parity suite runs in
+// both modes in datapath_test.cc; these are the rules of leased chunks held by the rank itself.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stash/client.h"
+#include "stash/v1/stash.grpc.pb.h"
+#include "tests/integration/harness.h"
+
+namespace stash {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::DaemonProcess;
+using testing::TimeScale;
+
+constexpr uint64_t kPage = 64 << 10;
+
+std::unique_ptr<HostBuffer> Buffer(uint64_t bytes, uint32_t seed = 0) {
+  auto b = HostBuffer::Allocate(bytes);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  if (seed != 0) {
+    std::mt19937 rng(seed);
+    for (uint64_t i = 0; i < (*b)->size(); ++i) (*b)->data()[i] = static_cast<uint8_t>(rng());
+  }
+  return std::move(b).value();
+}
+
+StashArgs Args(const HostBuffer& src, uint64_t row_bytes, uint64_t rows) {
+  StashArgs a;
+  a.source = &src;
+  a.row_bytes = row_bytes;
+  a.max_rows = rows;
+  a.count.value = rows;
+  return a;
+}
+
+stash::v1::GetStatsResponse DaemonStats(const std::string& socket) {
+  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  auto stub = stash::v1::StashService::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+  stash::v1::GetStatsResponse r;
+  const grpc::Status s = stub->GetStats(&ctx, {}, &r);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return r;
+}
+
+uint64_t PagesUsed(const stash::v1::GetStatsResponse& r) {
+  uint64_t used = 0;
+  for (const auto& t : r.tiers()) used += t.pages_used();
+  return used;
+}
+
+// Memfd mappings of this process (/proc/self/maps lines naming a memfd).
+int MemfdMappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int n = 0;
+  while (std::getline(maps, line)) n += line.find("/memfd:") != std::string::npos ? 1 : 0;
+  return n;
+}
+
+class Mapped : public ::testing::Test {
+ protected:
+  void StartDaemon(std::vector<std::string> flags) {
+    flags.push_back("--page-bytes=64KiB");
+    flags.push_back("--log-level=warn");
+    flags_ = flags;
+    daemon_ = std::make_unique<DaemonProcess>(flags);
+    ASSERT_TRUE(daemon_->Ready()) << daemon_->process().Stderr();
+    socket_ = daemon_->socket();
+  }
+  // A fixed lease of `device` and `host` bytes (`peer` of other devices' chunks).
+  std::unique_ptr<Client> Connect(uint64_t device, uint64_t host, uint64_t peer = 0) {
+    Options o;
+    o.socket = socket_;
+    o.mode = Mode::kMapped;
+    o.lease.automatic = false;
+    o.lease.device_bytes = device;
+    o.lease.host_bytes = host;
+    o.lease.peer_bytes = peer;
+    o.allow_host_spill = host > 0;
+    auto c = Client::Open(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  void TearDown() override {
+    for (auto* d : {daemon_.get(), restarted_.get()}) {
+      if (d != nullptr && d->process().running()) {
+        EXPECT_EQ(d->process().StopWith(SIGTERM, seconds(5 * TimeScale())), 0)
+            << d->process().Stderr();
+      }
+    }
+  }
+
+  std::vector<std::string> flags_;
+  std::string socket_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<DaemonProcess> restarted_;
+};
+
+TEST_F(Mapped, TheCudaBackendIsRefusedWithTheWayOut) {
+  Options o;
+  o.mode = Mode::kMapped;
+  o.backend = Backend::kCuda;
+  o.socket = "/nonexistent/stashd.sock";
+  auto c = Client::Open(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("host backend"), std::string::npos);
+  EXPECT_NE(c.status().message().find("daemon-copy"), std::string::npos);
+}
+
+// The daemon SIGKILLed mid-step: the rank's chunks stay mapped in the rank (a memfd lives while
+// mapped), so stashes made before reload byte-exact, new ones that fit the chunks still go in,
+// those that do not overflow, and the step finishes. The next BeginStep with no stash live
+// reconnects to the daemon restarted on the same socket and leases afresh.
+TEST_F(Mapped, DaemonKilledMidStepLosesNothingAndTheNextStepReleases) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=0", "--max-lease-bytes=64MiB"});
+  auto client = Connect(2 << 20, 0);  // 32 pages
+  ASSERT_NE(client, nullptr);
+  const std::string first_session = client->session_id();
+  ASSERT_TRUE(client->Wait(*client->BeginStep(1)).ok());
+  std::vector<std::unique_ptr<HostBuffer>> src;
+  std::vector<uint64_t> tickets;
+  for (int i = 0; i < 2; ++i) {
+    src.push_back(Buffer(8 * kPage, 10 + i));
+    tickets.push_back(*client->Stash(Args(*src.back(), kPage, 8)));
+  }
+  for (uint64_t t : tickets) ASSERT_TRUE(client->Wait(t).ok());
+
+  daemon_->process().StopWith(SIGKILL, seconds(5));
+
+  // A stash that fits the chunks held still goes in; one that does not overflows.
+  src.push_back(Buffer(8 * kPage, 12));
+  auto fits = client->Wait(*client->Stash(Args(*src.back(), kPage, 8)));
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_EQ(fits->tier, Tier::kDevice);
+  tickets.push_back(fits->ticket);
+  auto big = Buffer(16 * kPage, 13);
+  auto over = client->Wait(*client->Stash(Args(*big, kPage, 16)));
+  ASSERT_TRUE(over.ok()) << over.status().ToString();
+  EXPECT_EQ(over->tier, Tier::kOverflow);
+  EXPECT_TRUE(client->CurrentStepFlags().overflow);
+  // A BeginStep while stashes are live goes on with the chunks held.
+  auto step2 = client->Wait(*client->BeginStep(2));
+  ASSERT_TRUE(step2.ok()) << step2.status().ToString();
+  EXPECT_TRUE(step2->step_overflow);
+  // Backward: everything reloads byte-exact.
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    auto dst = Buffer(8 * kPage);
+    auto r = client->Wait(*client->Reload({tickets[i], dst.get(), 0, false, {}, {}}));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(std::memcmp(dst->data(), src[i]->data(), 8 * kPage), 0) << i;
+  }
+  EXPECT_EQ(client->Stats().status().code(), StatusCode::kUnavailable);
+
+  // stashd restarts on the same socket; the next step (no stash live) reconnects.
+  std::vector<std::string> again = flags_;
+  again.push_back("--socket=" + socket_);
+  restarted_ = std::make_unique<DaemonProcess>(again);
+  // (Ready() watches the harness's own socket path; this daemon serves the first one's.)
+  const auto deadline = std::chrono::steady_clock::now() + seconds(10 * TimeScale());
+  while (!testing::SocketAccepts(socket_)) {
+    ASSERT_TRUE(restarted_->process().running()) << restarted_->process().Stderr();
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << restarted_->process().Stderr();
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_TRUE(client->Wait(*client->BeginStep(3)).ok());
+  auto t = client->Wait(*client->Stash(Args(*big, kPage, 16)));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->tier, Tier::kDevice);
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_NE(stats->session_id, first_session);
+  EXPECT_EQ(stats->stashes_live, 1u);
+  const auto daemon_view = DaemonStats(socket_);
+  ASSERT_EQ(daemon_view.sessions_size(), 1);
+  EXPECT_EQ(daemon_view.sessions(0).mode(), stash::v1::MODE_MAPPED);
+  EXPECT_EQ(daemon_view.sessions(0).pages_live(), 16u);
+  auto dst = Buffer(16 * kPage);
+  ASSERT_TRUE(client->Wait(*client->Reload({t->ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), big->data(), big->size()), 0);
+}
+
+// A forked child (a data loader) holds none of the rank's chunks: they are MADV_DONTFORK, so a
+// child can neither read the rank's activations nor keep the chunks alive after the rank is gone.
+TEST_F(Mapped, AForkedChildDoesNotInheritTheChunks) {
+  StartDaemon({"--pool-bytes=4MiB", "--max-lease-bytes=64MiB"});
+  auto client = Connect(4 << 20, 0);
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(4 * kPage, 3);
+  ASSERT_TRUE(client->Wait(*client->Stash(Args(*src, kPage, 4))).ok());
+  const int parent = MemfdMappings();
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int child = MemfdMappings();
+    (void)!write(fds[1], &child, sizeof(child));
+    _exit(0);
+  }
+  int child = -1;
+  ASSERT_EQ(read(fds[0], &child, sizeof(child)), static_cast<ssize_t>(sizeof(child)));
+  close(fds[0]);
+  close(fds[1]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  // Every chunk (and the control block) stays behind; the HostBuffers are inherited as usual.
+  const auto stats = DaemonStats(socket_);
+  ASSERT_EQ(stats.sessions_size(), 1);
+  uint64_t chunks = 0;
+  for (const auto& l : stats.sessions(0).leases()) chunks += l.chunks();
+  ASSERT_GT(chunks, 0u);
+  EXPECT_GE(parent - child, static_cast<int>(chunks))
+      << parent << " in the rank, " << child << " in its child";
+}
+
+// A stash that does not fit the chunks leased overflows, even when the pool has room: the rank
+// pages only into its lease. It fits again once the lease has room.
+TEST_F(Mapped, AFullLeaseOverflowsThoughThePoolHasRoom) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=0", "--max-lease-bytes=64MiB"});
+  auto client = Connect(1 << 20, 0);  // 16 of the pool's 128 pages
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(12 * kPage, 5);
+  auto a = client->Wait(*client->Stash(Args(*src, kPage, 12)));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->tier, Tier::kDevice);
+  auto b = client->Wait(*client->Stash(Args(*src, kPage, 12)));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->tier, Tier::kOverflow);
+  EXPECT_TRUE(client->CurrentStepFlags().overflow);
+  ASSERT_TRUE(client->Wait(*client->Release(a->ticket)).ok());
+  auto c = client->Wait(*client->Stash(Args(*src, kPage, 12)));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->tier, Tier::kDevice);
+  const auto stats = DaemonStats(socket_);
+  ASSERT_EQ(stats.sessions_size(), 1);
+  EXPECT_EQ(stats.sessions(0).overflows(), 1u);
+}
+
+// A full own lease spills whole stashes to the host chunks it leased, byte-exact.
+TEST_F(Mapped, AFullDeviceLeaseSpillsToTheHostLease) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=8MiB", "--max-lease-bytes=64MiB"});
+  auto client = Connect(1 << 20, 4 << 20);
+  ASSERT_NE(client, nullptr);
+  auto a = Buffer(12 * kPage, 6);
+  auto b = Buffer(12 * kPage, 7);
+  auto da = client->Wait(*client->Stash(Args(*a, kPage, 12)));
+  ASSERT_TRUE(da.ok());
+  EXPECT_EQ(da->tier, Tier::kDevice);
+  EXPECT_FALSE(client->CurrentStepFlags().spilled);
+  auto db = client->Wait(*client->Stash(Args(*b, kPage, 12)));
+  ASSERT_TRUE(db.ok());
+  EXPECT_EQ(db->tier, Tier::kHost);
+  EXPECT_TRUE(client->CurrentStepFlags().spilled);
+  auto out = Buffer(12 * kPage);
+  auto rb = client->Wait(*client->Reload({db->ticket, out.get(), 0, false, {}, {}}));
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(rb->tier, Tier::kHost);
+  EXPECT_EQ(std::memcmp(out->data(), b->data(), b->size()), 0);
+  ASSERT_TRUE(client->Wait(*client->Reload({da->ticket, out.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(out->data(), a->data(), a->size()), 0);
+  const auto stats = DaemonStats(socket_);
+  ASSERT_EQ(stats.sessions_size(), 1);
+  EXPECT_EQ(stats.sessions(0).spills(), 1u);
+}
+
+// With --peer-tier, a full own lease spills to another device's spare chunks before the host.
+TEST_F(Mapped, AFullDeviceLeaseSpillsToAPeerDevice) {
+  StartDaemon({"--devices=2", "--pool-bytes=8MiB", "--host-tier-bytes=8MiB", "--peer-tier=true",
+               "--max-lease-bytes=64MiB"});
+  auto client = Connect(1 << 20, 1 << 20, 1 << 20);
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(12 * kPage, 8);
+  EXPECT_EQ(client->Wait(*client->Stash(Args(*src, kPage, 12)))->tier, Tier::kDevice);
+  auto peer = client->Wait(*client->Stash(Args(*src, kPage, 12)));
+  ASSERT_TRUE(peer.ok());
+  EXPECT_EQ(peer->tier, Tier::kPeer);
+  EXPECT_EQ(client->Wait(*client->Stash(Args(*src, kPage, 12)))->tier, Tier::kHost);
+  auto out = Buffer(12 * kPage);
+  ASSERT_TRUE(client->Wait(*client->Reload({peer->ticket, out.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(out->data(), src->data(), src->size()), 0);
+}
+
+// Closing gives every chunk back at once (the holder unmapped them and said so).
+TEST_F(Mapped, ClosingReturnsTheLease) {
+  StartDaemon({"--pool-bytes=8MiB", "--max-lease-bytes=64MiB"});
+  auto client = Connect(2 << 20, 0);
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(4 * kPage, 9);
+  ASSERT_TRUE(client->Wait(*client->Stash(Args(*src, kPage, 4))).ok());
+  EXPECT_GE(PagesUsed(DaemonStats(socket_)), 32u);  // the lease counts as used
+  client.reset();
+  const auto limit = std::chrono::steady_clock::now() + milliseconds(1000 * TimeScale());
+  uint64_t used = 0;
+  do {
+    used = PagesUsed(DaemonStats(socket_));
+    if (used == 0) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  } while (std::chrono::steady_clock::now() < limit);
+  EXPECT_EQ(used, 0u);
+}
+
+// Auto sizing, seen from the rank: the first lease is the own pool; a stash that overflowed
+// makes the next BeginStep lease what the own pool cannot hold from the host tier, where the
+// same stash then goes. (Three stashes of half the pool: the daemon sizes by pages, while a
+// stash goes whole into one tier, so the host share must hold a whole one.)
+TEST_F(Mapped, AnAutoLeaseGrowsToTheHostAfterAnOverflow) {
+  StartDaemon({"--pool-bytes=1MiB", "--host-tier-bytes=8MiB", "--max-lease-bytes=4MiB"});
+  Options o;
+  o.socket = socket_;
+  o.mode = Mode::kMapped;  // lease automatic by default
+  auto opened = Client::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<Client> client = std::move(opened).value();
+  auto src = Buffer(8 * kPage, 14);
+  auto step_of_three = [&](uint64_t step) {
+    std::vector<Completion> out;
+    auto begun = client->Wait(*client->BeginStep(step));
+    EXPECT_TRUE(begun.ok()) << begun.status().ToString();
+    for (int i = 0; i < 3; ++i) {
+      auto c = client->Wait(*client->Stash(Args(*src, kPage, 8)));
+      EXPECT_TRUE(c.ok()) << c.status().ToString();
+      if (c.ok()) out.push_back(*c);
+    }
+    return out;
+  };
+  std::vector<Completion> first = step_of_three(0);
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first[0].tier, Tier::kDevice);
+  EXPECT_EQ(first[1].tier, Tier::kDevice);
+  EXPECT_EQ(first[2].tier, Tier::kOverflow);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(client->Wait(*client->Release(first[i].ticket)).ok());
+  std::vector<Completion> second = step_of_three(1);
+  ASSERT_EQ(second.size(), 3u);
+  EXPECT_EQ(second[2].tier, Tier::kHost);
+  auto dst = Buffer(8 * kPage);
+  ASSERT_TRUE(client->Wait(*client->Reload({second[2].ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), src->size()), 0);
+}
+
+// Auto sizing shrinks a lease that sits unused for several steps: the rank gives back chunks
+// that hold no stash (ReturnChunks) and keeps the one its live stash is in, byte-exact.
+TEST_F(Mapped, AnAutoLeaseShrinksWhenPagesSitUnusedAndKeepsLiveStashes) {
+  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  Options o;
+  o.socket = socket_;
+  o.mode = Mode::kMapped;
+  auto opened = Client::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<Client> client = std::move(opened).value();
+  auto leased = [&] {
+    const auto stats = DaemonStats(socket_);
+    uint64_t pages = 0;
+    for (const auto& s : stats.sessions()) {
+      for (const auto& l : s.leases()) pages += l.pages_leased();
+    }
+    return pages;
+  };
+  const uint64_t at_start = leased();
+  EXPECT_EQ(at_start, 64u);  // the whole own pool, the default quota
+  auto src = Buffer(kPage, 15);
+  auto kept = client->Wait(*client->Stash(Args(*src, kPage, 1)));
+  ASSERT_TRUE(kept.ok());
+  for (uint64_t step = 1; step <= 6; ++step) {
+    ASSERT_TRUE(client->Wait(*client->BeginStep(step)).ok());
+  }
+  EXPECT_LT(leased(), at_start);
+  EXPECT_GE(leased(), 1u);
+  auto dst = Buffer(kPage);
+  ASSERT_TRUE(client->Wait(*client->Reload({kept->ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), kPage), 0);
+}
+
+}  // namespace
+}  // namespace stash
