@@ -51,7 +51,6 @@ StatusOr<bool> AwaitStash(Client* client, const StackShape& shape, int layer, ui
       tally->overflow += 1;
       tally->kept_bytes += shape.ActivationBytes();
       return false;
-    case Tier::kPeer:  // mapped mode only; this store runs daemon-copy
     case Tier::kUnspecified:
       break;
   }

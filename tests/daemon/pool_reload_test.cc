@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "common/copy_workers.h"
 #include "common/host_event.h"
 #include "daemon/admit.h"
-#include "common/copy_workers.h"
 #include "daemon/host_executor.h"
 #include "daemon/session.h"
 #include "daemon/tier.h"

@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/host_event.h"
 #include "common/copy_workers.h"
+#include "common/host_event.h"
 #include "daemon/host_executor.h"
 #include "daemon/session.h"
 #include "daemon/stats.h"

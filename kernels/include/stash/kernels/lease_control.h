@@ -27,7 +27,7 @@ inline constexpr uint32_t kLeaseTiers = 3;
 
 // One leased tier as the rank's copier sees it.
 struct alignas(64) TierControl {
-  uint64_t ring_head;             // the rank's ring of this tier (PageRing head/tail)
+  uint64_t ring_head;  // the rank's ring of this tier (PageRing head/tail)
   uint64_t ring_tail;
   uint64_t pages_leased;          // pages of the chunks the rank has mapped in this tier
   uint64_t pages_used;            // pages its live stashes hold now
