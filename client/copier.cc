@@ -306,9 +306,10 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
     ControlAdd(c.overflows, 1);
     // The pages it would have needed count as demand for auto sizing.
     const uint64_t rows = std::min(plan.rows, op.max_rows);
-    const uint64_t want =
-        ControlLoad(c.demand_pages) + kernels::PagesFor(rows * op.row_bytes, page_bytes);
+    const uint64_t pages = kernels::PagesFor(rows * op.row_bytes, page_bytes);
+    const uint64_t want = ControlLoad(c.demand_pages) + pages;
     ControlStore(c.demand_high_water, std::max(ControlLoad(c.demand_high_water), want));
+    ControlStore(c.largest_stash_pages, std::max(ControlLoad(c.largest_stash_pages), pages));
     SetFlag(op.epoch, /*overflow=*/true, /*spilled=*/false);
     done.latency_us = MicrosSince(op.submitted);
     return;
@@ -343,6 +344,7 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   const uint64_t demand = ControlLoad(c.demand_pages) + plan.pages;
   ControlStore(c.demand_pages, demand);
   ControlStore(c.demand_high_water, std::max(ControlLoad(c.demand_high_water), demand));
+  ControlStore(c.largest_stash_pages, std::max(ControlLoad(c.largest_stash_pages), plan.pages));
   const bool spilled = plan.tier != kernels::kLeaseDevice;
   if (spilled) ControlAdd(c.spills, 1);
   SetFlag(op.epoch, false, spilled);
@@ -435,6 +437,8 @@ void Copier::DoBeginStep(const CopyOp& op, Result& result) {
   }
   ControlStore(c.last_step_demand_high_water, ControlLoad(c.demand_high_water));
   ControlStore(c.demand_high_water, ControlLoad(c.demand_pages));
+  ControlStore(c.last_step_largest_stash_pages, ControlLoad(c.largest_stash_pages));
+  ControlStore(c.largest_stash_pages, 0);
   ControlStore(c.step_flags, 0);
   if (step_hook_) step_hook_(op.step, table_, !stashes_.empty());
 }

@@ -236,8 +236,9 @@ const Knob kKnobs[] = {
      }},
     {"chunk_bytes", "SIZE",
      "Mapped mode: the size of the chunks every tier is cut into and leased in, a whole number "
-     "of pages (a tier's last chunk may be shorter). 0 = the smallest tier / 32, rounded down "
-     "to whole pages, at least one page",
+     "of pages (a tier's last chunk may be shorter). 0 = --pool-bytes / 32 in whole pages, at "
+     "least one page and at least --host-tier-bytes / 1024. Each chunk is one open descriptor "
+     "of the daemon",
      [](std::string_view v, DaemonConfig* c) { return ParseSize(v, &c->chunk_bytes); }},
     {"max_lease_bytes", "SIZE",
      "Mapped mode: the most bytes one session may lease over all tiers; a larger explicit "

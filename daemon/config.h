@@ -33,7 +33,7 @@ struct DaemonConfig {
   uint32_t drain_timeout_s = 5;     // SIGTERM: seconds to let ranks reload before stopping
   std::string metrics_listen;       // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
   // Mapped mode (host backend).
-  uint64_t chunk_bytes = 0;      // 0 = the smallest tier / 32, whole pages, at least one page
+  uint64_t chunk_bytes = 0;      // 0 = --pool-bytes / 32 (>= host tier / 1024), whole pages
   uint64_t max_lease_bytes = 0;  // per session over all tiers; 0 = one device pool's bytes
   bool peer_tier = false;        // sessions may lease other pools' spare chunks
   bool scrub_chunks = false;     // zero a chunk also when its next holder is the same user

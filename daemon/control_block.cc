@@ -53,6 +53,8 @@ ControlView ControlBlock::Read(const std::array<uint64_t, k::kLeaseTiers>& pages
   v.rejected = k::ControlLoad(block_->rejected);
   v.last_step_demand_high_water =
       std::min(k::ControlLoad(block_->last_step_demand_high_water), quota_pages);
+  v.last_step_largest_stash_pages =
+      std::min(k::ControlLoad(block_->last_step_largest_stash_pages), quota_pages);
   const uint64_t flags = k::ControlLoad(block_->step_flags);
   v.step_overflow = (flags & k::kStepOverflow) != 0;
   v.step_spilled = (flags & k::kStepSpilled) != 0;

@@ -38,7 +38,8 @@ struct ControlView {
   uint64_t spills = 0;
   uint64_t overflows = 0;
   uint64_t rejected = 0;
-  uint64_t last_step_demand_high_water = 0;  // <= the quota in pages
+  uint64_t last_step_demand_high_water = 0;    // <= the quota in pages
+  uint64_t last_step_largest_stash_pages = 0;  // <= the quota in pages
   bool step_overflow = false;
   bool step_spilled = false;
   std::array<ControlTierView, kernels::kLeaseTiers> tiers{};

@@ -65,13 +65,40 @@ StatusOr<int> PoolOfUuid(const std::vector<std::string>& uuids, const std::strin
                                  "): start stashd with that GPU visible (check "
                                  "CUDA_VISIBLE_DEVICES and the container's GPU list)");
 }
-// Pages per chunk: --chunk-bytes, or the smallest tier / 32 in whole pages (at least one).
+// Pages per chunk: --chunk-bytes, or a device pool / 32 in whole pages: tens of chunks per pool.
+// At least one page, and large enough that the host tier, often much larger, stays within 1024
+// chunks.
 uint64_t ChunkPages(const DaemonConfig& config) {
   const uint64_t page = config.page_bytes;
   if (config.chunk_bytes != 0) return config.chunk_bytes / page;
-  uint64_t smallest = config.pool_bytes / page;
-  if (config.host_tier_bytes != 0) smallest = std::min(smallest, config.host_tier_bytes / page);
-  return std::max<uint64_t>(1, smallest / 32);
+  const uint64_t host_pages = config.host_tier_bytes / page;
+  return std::max<uint64_t>({1, config.pool_bytes / page / 32, (host_pages + 1023) / 1024});
+}
+
+// Every chunk is a descriptor the daemon keeps open (to lease it again). Raises the soft limit
+// of open files to the hard one (systemd units get a high hard limit), then checks the chunks
+// take at most half of it: the rest is for sessions, deposits and gRPC.
+Status CheckChunkDescriptors(const DaemonConfig& config, uint64_t chunk_pages) {
+  const uint64_t page = config.page_bytes;
+  auto chunks_of = [&](uint64_t bytes) { return (bytes / page + chunk_pages - 1) / chunk_pages; };
+  const uint64_t chunks = config.devices * chunks_of(config.pool_bytes) +
+                          (config.host_tier_bytes != 0 ? chunks_of(config.host_tier_bytes) : 0);
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return Status::Ok();
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  if (limit.rlim_cur == RLIM_INFINITY || chunks <= limit.rlim_cur / 2) return Status::Ok();
+  return InvalidArgumentError(
+      "the tiers would be cut into " + std::to_string(chunks) + " chunks of " +
+      std::to_string(chunk_pages * page) +
+      " bytes, one open descriptor each, over half of this "
+      "process's limit of " +
+      std::to_string(limit.rlim_cur) +
+      " open files: raise --chunk-bytes, or the limit (LimitNOFILE= in the systemd unit, "
+      "ulimit -n)");
 }
 }  // namespace
 
@@ -118,6 +145,7 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
 #endif
   } else {
     const uint64_t chunk_pages = ChunkPages(config);
+    STASH_RETURN_IF_ERROR(CheckChunkDescriptors(config, chunk_pages));
     core->chunk_bytes_ = chunk_pages * page;
     Tier* host = nullptr;
     if (config.host_tier_bytes > 0) {

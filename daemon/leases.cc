@@ -213,8 +213,13 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
       const uint64_t margin = std::max<uint64_t>(1, (demand + 7) / 8);
       uint64_t remaining = std::min(quota_pages_, demand + margin);
       for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
-        const uint64_t aim =
-            allowed[t] ? std::min(RoundUp(remaining, chunk_pages_), capacity[t]) : 0;
+        // A stash goes whole into one tier: a tier that takes part of the demand past the own
+        // pool holds at least the step's largest stash, or that stash would overflow again.
+        const uint64_t want =
+            t != kDevice && remaining > 0
+                ? std::min(quota_pages_, std::max(remaining, view.last_step_largest_stash_pages))
+                : remaining;
+        const uint64_t aim = allowed[t] ? std::min(RoundUp(want, chunk_pages_), capacity[t]) : 0;
         h->aim[t] = aim;
         grow(t, aim);
         // What the tier holds now covers that much of the demand; the rest goes on.

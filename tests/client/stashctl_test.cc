@@ -716,10 +716,10 @@ TEST_F(StashctlWithDaemon, StatsJsonParsesBackAndListsEveryTier) {
   EXPECT_EQ(stats.tiers(2).name(), "host");
   EXPECT_EQ(stats.tiers(0).pages_total() * stats.tiers(0).page_bytes(), 16ULL << 20);
   EXPECT_EQ(stats.daemon().backend(), v1::BACKEND_HOST);
-  // Chunks: every tier is cut into chunks of one size, the smallest tier (host, 8 MiB) / 32 in
-  // whole pages; nothing is leased yet, so every chunk is free.
+  // Chunks: every tier is cut into chunks of one size, a device pool (16 MiB) / 32 in whole
+  // pages; nothing is leased yet, so every chunk is free.
   for (const v1::TierStats& t : stats.tiers()) {
-    EXPECT_EQ(t.chunk_bytes(), (8ULL << 20) / 32) << t.name();
+    EXPECT_EQ(t.chunk_bytes(), (16ULL << 20) / 32) << t.name();
     EXPECT_EQ(t.chunk_bytes() % t.page_bytes(), 0u) << t.name();
     EXPECT_EQ(t.chunks_total(),
               (t.pages_total() * t.page_bytes() + t.chunk_bytes() - 1) / t.chunk_bytes())
@@ -728,8 +728,8 @@ TEST_F(StashctlWithDaemon, StatsJsonParsesBackAndListsEveryTier) {
     EXPECT_EQ(t.chunks_leased(), 0u) << t.name();
     EXPECT_EQ(t.chunks_orphaned(), 0u) << t.name();
   }
-  EXPECT_EQ(stats.tiers(0).chunks_total(), 64u);
-  EXPECT_EQ(stats.tiers(2).chunks_total(), 32u);
+  EXPECT_EQ(stats.tiers(0).chunks_total(), 32u);
+  EXPECT_EQ(stats.tiers(2).chunks_total(), 16u);
   // Stable names for scripts: proto field names, zeros printed too.
   EXPECT_NE(o.out.find("\"pages_high_water\""), std::string::npos);
   EXPECT_NE(o.out.find("\"sessions_live\""), std::string::npos);

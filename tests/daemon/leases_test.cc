@@ -349,6 +349,30 @@ TEST_F(LeasesTest, AutoGrowsToTheStepsDemandAndShrinksOnlyAfterThreeSteps) {
   munmap(block, k::kControlBlockBytes);
 }
 
+TEST_F(LeasesTest, ASpillTierHoldsTheStepsLargestStashWhole) {
+  Build();
+  // Another session holds half the own pool; the first auto lease takes the other half.
+  ASSERT_EQ(Want(Holder("b"), {{v1::TIER_DEVICE, 16}}).chunks.size(), 4u);
+  const LeaseHolder h = Holder("a");
+  Granted g = Auto(h);
+  ASSERT_TRUE(g.control.valid());
+  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 16u);
+  auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
+  // Demand 18 pages = the own 16 + 2 more, but the step's largest stash was 12 pages: a host
+  // lease of 2 (+ margin) pages could never take it, so the host tier aims at 12 -> 12 pages.
+  block->steps = 1;
+  block->last_step_demand_high_water = 18;
+  block->last_step_largest_stash_pages = 12;
+  g = Auto(h);
+  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 16u);
+  EXPECT_EQ(Pages(g, v1::TIER_HOST), 12u);
+  // Garbage is clamped to the quota (32 pages) and only sizes this session's own lease.
+  block->last_step_largest_stash_pages = ~0ull;
+  g = Auto(h);
+  EXPECT_LE(Pages(g, v1::TIER_DEVICE) + Pages(g, v1::TIER_HOST), 32u);
+  munmap(block, k::kControlBlockBytes);
+}
+
 TEST_F(LeasesTest, PeerChunksComeOnlyFromPoolsThatKeepHalfTheirChunksFree) {
   LeaseConfig config;
   config.peer_tier = true;

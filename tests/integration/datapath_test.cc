@@ -41,8 +41,8 @@ Mode g_mode = Mode::kDaemonCopy;
 
 // A mapped client leases more than any test pool holds, so that, like a daemon-copy session, it
 // may use its whole pool and (when it may spill) the host tier the tests give: the daemon grants
-// what is free. (Not more host than that: the default host tier is cut into chunks of the
-// smallest tier's size, and a huge lease would be thousands of chunks.) The parity suite starts
+// what is free. (Host: a bounded lease, so the parity suite's spill tests see the same host
+// room in both modes.) The parity suite starts
 // its daemons with a quota to match (Datapath::StartDaemon).
 constexpr uint64_t kMappedLeaseBytes = 512ull << 20;
 constexpr uint64_t kMappedHostLeaseBytes = 16ull << 20;

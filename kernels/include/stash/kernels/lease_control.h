@@ -58,9 +58,13 @@ struct alignas(64) SessionControl {
   uint64_t demand_high_water;            // the current step's
   uint64_t last_step_demand_high_water;  // the step before's
   uint64_t step_flags;                   // kStepOverflow | kStepSpilled, of the current step
+  // The pages of the largest stash of the current step and of the step before (placed or
+  // overflowed): a stash goes whole into one tier, so a spill tier must hold at least this much.
+  uint64_t largest_stash_pages;
+  uint64_t last_step_largest_stash_pages;
   TierControl tiers[kLeaseTiers];
 };
-static_assert(sizeof(SessionControl) == 128 + 64 * kLeaseTiers,
+static_assert(sizeof(SessionControl) == 192 + 64 * kLeaseTiers,
               "SessionControl is shared across processes");
 
 inline constexpr uint64_t kStepOverflow = 1;
