@@ -19,6 +19,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__) && !defined(__CUDA_ARCH__)
+#include <emmintrin.h>
+#endif
+
 #if defined(__CUDACC__)
 #define STASH_HOST_DEVICE __host__ __device__ __forceinline__
 #else
@@ -167,9 +171,13 @@ STASH_HOST_DEVICE StashPlan PlanStash(int64_t count, uint32_t divisor, uint64_t 
 
 // Copies `n` bytes. On a GPU: 16-byte vectors while both sides are 16-byte aligned, then a byte
 // loop for the ragged tail (and for everything when either side is unaligned). On the host: one
-// memcpy, which handles any alignment with the C library's widest loop.
-STASH_HOST_DEVICE void CopyBytes(uint8_t* dst, const uint8_t* src, uint64_t n) {
+// memcpy, which handles any alignment with the C library's widest loop; or, with `streaming`
+// (x86-64), non-temporal 16-byte stores that bypass the caches, for large copies whose
+// destination nobody reads soon (StreamingCopy). The caller fences once after its copies.
+STASH_HOST_DEVICE void CopyBytes(uint8_t* dst, const uint8_t* src, uint64_t n,
+                                 bool streaming = false) {
 #if defined(__CUDA_ARCH__)
+  (void)streaming;
   const bool aligned =
       ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0;
   uint64_t done = 0;
@@ -181,8 +189,45 @@ STASH_HOST_DEVICE void CopyBytes(uint8_t* dst, const uint8_t* src, uint64_t n) {
     done = vec_bytes;
   }
   for (uint64_t i = done; i < n; ++i) dst[i] = src[i];
+#elif defined(__x86_64__)
+  if (!streaming || n < 256) {
+    if (n > 0) std::memcpy(dst, src, n);
+    return;
+  }
+  // Up to the first 16-byte boundary of dst with memcpy, then 64 bytes per round.
+  const uint64_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15u)) & 15u;
+  std::memcpy(dst, src, head);
+  uint64_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, n - i);
 #else
+  (void)streaming;
   if (n > 0) std::memcpy(dst, src, n);
+#endif
+}
+
+// Host copies of stashes this large stream (non-temporal stores): a page-sized memcpy never
+// reaches the C library's own non-temporal path, which it takes only for one huge call, and a
+// stash's pages are read again only at its reload (docs/benchmarks.md, section 1).
+inline constexpr uint64_t kStreamingCopyBytes = 4ull << 20;
+STASH_HOST_DEVICE bool StreamingCopy(uint64_t stash_bytes) {
+  return stash_bytes >= kStreamingCopyBytes;
+}
+
+// Orders the non-temporal stores of streaming copies before what the caller publishes next
+// (they are weakly ordered): each copying thread calls it once after its last CopyBytes.
+STASH_HOST_DEVICE void FenceStreamingCopies() {
+#if !defined(__CUDA_ARCH__) && defined(__x86_64__)
+  _mm_sfence();
 #endif
 }
 
@@ -199,8 +244,10 @@ STASH_HOST_DEVICE void StashPages(const uint8_t* src, const PageRing& ring, uint
     const uint64_t begin = slot * span.page_bytes;
     const uint64_t end =
         begin + span.page_bytes < span.bytes ? begin + span.page_bytes : span.bytes;
-    CopyBytes(span.tier_base + id * span.page_bytes, src + begin, end - begin);
+    CopyBytes(span.tier_base + id * span.page_bytes, src + begin, end - begin,
+              StreamingCopy(span.bytes));
   }
+  FenceStreamingCopies();
 }
 
 // Reload copy of page slots [first_slot, end_slot) of a stash into `dst` (the stash's byte 0).
@@ -211,8 +258,10 @@ STASH_HOST_DEVICE void PopPages(uint8_t* dst, const PagedSpan& span, uint64_t fi
     const uint64_t begin = slot * span.page_bytes;
     const uint64_t end =
         begin + span.page_bytes < span.bytes ? begin + span.page_bytes : span.bytes;
-    CopyBytes(dst + begin, span.tier_base + span.page_record[slot] * span.page_bytes, end - begin);
+    CopyBytes(dst + begin, span.tier_base + span.page_record[slot] * span.page_bytes, end - begin,
+              StreamingCopy(span.bytes));
   }
+  FenceStreamingCopies();
 }
 
 // Writes zeros to bytes [begin, end) of `dst` (the zero_tail of a reload).
