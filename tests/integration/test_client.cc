@@ -3,6 +3,9 @@
 // MODE hold: stash BYTES and wait for the daemon's answer, print "stashed <pages>", then sleep.
 // MODE midstash: queue a stash of BYTES whose ready event is never signalled, print "queued",
 //   then sleep (the daemon holds the request, waiting for the event).
+// MODE churn: a mapped session with an automatic lease; prints "leased" once open, then runs
+//   steps for ever: BeginStep, 4 stashes of up to BYTES (random counts), reloads, a release,
+//   so a kill lands anywhere in a step (mid-copy, mid-lease, mid-return).
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,15 +15,61 @@
 
 #include "stash/client.h"
 
+namespace {
+
+int Fail(const stash::Status& status) {
+  std::fprintf(stderr, "%s\n", status.ToString().c_str());
+  return 1;
+}
+
+int Churn(stash::Client& client, const stash::HostBuffer& buffer) {
+  std::printf("leased\n");
+  std::fflush(stdout);
+  auto destination = stash::HostBuffer::Allocate(buffer.size());
+  if (!destination.ok()) return 1;
+  for (uint64_t step = 0;; ++step) {
+    auto begun = client.BeginStep(step);
+    if (!begun.ok()) return Fail(begun.status());
+    uint64_t tickets[4] = {};
+    for (uint64_t& ticket : tickets) {
+      stash::StashArgs args;
+      args.source = &buffer;
+      args.row_bytes = 1;
+      args.max_rows = buffer.size();
+      args.count.value = 1 + static_cast<uint64_t>(std::rand()) % buffer.size();
+      auto t = client.Stash(args);
+      if (!t.ok()) return Fail(t.status());
+      ticket = *t;
+    }
+    for (int i = 0; i < 3; ++i) {
+      auto stashed = client.Wait(tickets[i]);
+      if (!stashed.ok()) return Fail(stashed.status());
+      if (stashed->tier == stash::Tier::kOverflow) continue;  // kept here: nothing to reload
+      auto op = client.Reload({tickets[i], destination->get(), 0, false, {}, {}, nullptr});
+      if (!op.ok()) return Fail(op.status());
+      if (auto done = client.Wait(*op); !done.ok()) return Fail(done.status());
+    }
+    auto last = client.Wait(tickets[3]);
+    if (!last.ok()) return Fail(last.status());
+    if (last->tier == stash::Tier::kOverflow) continue;
+    auto op = client.Release(tickets[3]);
+    if (!op.ok()) return Fail(op.status());
+    if (auto done = client.Wait(*op); !done.ok()) return Fail(done.status());
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: stash-test-client SOCKET hold|midstash BYTES\n");
+    std::fprintf(stderr, "usage: stash-test-client SOCKET hold|midstash|churn BYTES\n");
     return 2;
   }
   const std::string mode = argv[2];
   const uint64_t bytes = std::strtoull(argv[3], nullptr, 10);
   stash::Options options;
   options.socket = argv[1];
+  if (mode == "churn") options.mode = stash::Mode::kMapped;
   auto client = stash::Client::Open(options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -30,6 +79,7 @@ int main(int argc, char** argv) {
   auto events = stash::HostBuffer::Allocate(4096);
   if (!buffer.ok() || !events.ok()) return 1;
   std::memset((*buffer)->data(), 0x5a, bytes);
+  if (mode == "churn") return Churn(**client, **buffer);
   stash::StashArgs args;
   args.source = buffer->get();
   args.row_bytes = 1;
