@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "client/copier.h"
 #include "client/lease_table.h"
@@ -55,7 +56,7 @@ class MappedSession {
   const std::string& socket() const { return socket_; }
 
  private:
-  explicit MappedSession(const Options& options) : options_(options) {}
+  explicit MappedSession(Options options) : options_(std::move(options)) {}
   std::shared_ptr<SessionStream> stream() const {
     MutexLock lock(&mu_);
     return stream_;

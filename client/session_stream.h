@@ -35,8 +35,6 @@
 
 namespace stash {
 
-namespace v1 = stash::v1;
-
 // The daemon's tier enum as the client's.
 Tier FromProtoTier(v1::Tier tier);
 

@@ -65,8 +65,4 @@ Status ChunkMemory::Renew(uint64_t chunk) {
   return Status::Ok();
 }
 
-void ChunkMemory::Zero(uint64_t chunk) {
-  std::memset(base_ + chunk * chunk_bytes_, 0, ChunkBytes(chunk));
-}
-
 }  // namespace stash::daemon

@@ -15,7 +15,7 @@
 
 namespace stash::daemon {
 
-// Thread-compatible: Renew and Zero of one chunk must not run while anyone copies into it (the
+// Thread-compatible: Renew of one chunk must not run while anyone copies into it (the
 // caller guarantees it: a chunk is renewed only while it is out of the daemon-copy ring).
 class ChunkMemory {
  public:
@@ -40,8 +40,6 @@ class ChunkMemory {
   // Gives chunk `chunk` fresh zero-filled memory at the same address: a new memfd mapped
   // MAP_FIXED over the old one. Whoever still maps the old memfd keeps memory nobody else sees.
   Status Renew(uint64_t chunk);
-  // Zero-fills chunk `chunk` in place (--scrub-chunks).
-  void Zero(uint64_t chunk);
 
  private:
   ChunkMemory(std::string label, uint8_t* base, uint64_t bytes, uint64_t chunk_bytes);

@@ -36,7 +36,6 @@ ABSL_FLAG(std::string, drain_timeout, "5", "seconds to drain on SIGTERM");
 ABSL_FLAG(std::string, chunk_bytes, "0", "mapped mode: chunk bytes");
 ABSL_FLAG(std::string, max_lease_bytes, "0", "mapped mode: lease quota per session");
 ABSL_FLAG(std::string, peer_tier, "false", "mapped mode: lend other pools' spare chunks");
-ABSL_FLAG(std::string, scrub_chunks, "false", "mapped mode: zero chunks on same-user reuse");
 
 namespace stash::daemon {
 namespace {
@@ -248,11 +247,6 @@ const Knob kKnobs[] = {
      "Mapped mode: let a session lease other device pools' free chunks (TIER_PEER), each pool "
      "lending only while it keeps more than half its chunks free, so its own ranks come first",
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->peer_tier); }},
-    {"scrub_chunks", "true|false",
-     "Mapped mode: zero a chunk before leasing it again to the same Unix user too. A chunk "
-     "whose next holder is another user, or that held daemon-copy stashes, always gets fresh "
-     "zeroed memory",
-     [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->scrub_chunks); }},
 };
 
 std::string EnvName(std::string_view name) {
@@ -380,13 +374,16 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
     for (char& ch : name) {
       if (ch == '-') ch = '_';
     }
-    if (FindKnob(name) == nullptr) {
+    const Knob* knob = FindKnob(name);
+    if (knob == nullptr) {
       return InvalidArgumentError("unknown flag '" + arg.substr(0, eq) +
                                   "' (see stashd --help for the knobs)");
     }
     std::string value;
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
+    } else if (std::string_view(knob->value_name) == "true|false") {
+      value = "true";  // a switch: --peer-tier is --peer-tier=true
     } else if (i + 1 < argc) {
       value = argv[++i];
     } else {

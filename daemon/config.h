@@ -36,7 +36,6 @@ struct DaemonConfig {
   uint64_t chunk_bytes = 0;      // 0 = --pool-bytes / 32 (>= host tier / 1024), whole pages
   uint64_t max_lease_bytes = 0;  // per session over all tiers; 0 = one device pool's bytes
   bool peer_tier = false;        // sessions may lease other pools' spare chunks
-  bool scrub_chunks = false;     // zero a chunk also when its next holder is the same user
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.
   struct Entry {

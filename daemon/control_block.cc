@@ -51,6 +51,17 @@ ControlView ControlBlock::Read(const std::array<uint64_t, k::kLeaseTiers>& pages
   v.spills = k::ControlLoad(block_->spills);
   v.overflows = k::ControlLoad(block_->overflows);
   v.rejected = k::ControlLoad(block_->rejected);
+  {
+    MutexLock lock(&mu_);
+    uint64_t* totals[] = {&v.steps,    &v.stashes,       &v.reloads,
+                          &v.releases, &v.bytes_stashed, &v.bytes_reloaded,
+                          &v.spills,   &v.overflows,     &v.rejected};
+    static_assert(sizeof(totals) / sizeof(totals[0]) == std::tuple_size_v<decltype(totals_)>);
+    for (size_t i = 0; i < totals_.size(); ++i) {
+      *totals[i] = std::max(*totals[i], totals_[i]);
+      totals_[i] = *totals[i];
+    }
+  }
   v.last_step_demand_high_water =
       std::min(k::ControlLoad(block_->last_step_demand_high_water), quota_pages);
   v.last_step_largest_stash_pages =

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/status.h"
@@ -57,7 +58,9 @@ class ControlBlock {
   // The memfd to hand to the rank (borrowed).
   int fd() const { return fd_.get(); }
 
-  // Reads the block, clamping per tier to `pages_leased[t]` and demand to `quota_pages`.
+  // Reads the block, clamping per tier to `pages_leased[t]` and demand to `quota_pages`. The
+  // totals (stashes, reloads, releases, bytes, spills, overflows, rejected) never go down from
+  // one read to the next, so the counters the metrics export from them stay counters.
   ControlView Read(const std::array<uint64_t, kernels::kLeaseTiers>& pages_leased,
                    uint64_t quota_pages, uint64_t page_bytes) const;
 
@@ -67,6 +70,9 @@ class ControlBlock {
   // Never change after construction.
   const UniqueFd fd_;
   kernels::SessionControl* const block_;  // the daemon's mapping; read with ControlLoad only
+
+  mutable Mutex mu_;
+  mutable std::array<uint64_t, 9> totals_ ABSL_GUARDED_BY(mu_){};  // the totals last shown
 };
 
 }  // namespace stash::daemon

@@ -174,7 +174,6 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     lease.chunk_bytes = core->chunk_bytes_;
     lease.max_lease_bytes = core->max_lease_bytes_;
     lease.peer_tier = config.peer_tier;
-    lease.scrub_chunks = config.scrub_chunks;
     core->leases_ = std::make_unique<Leases>(
         pool_tiers, core->pools_.empty() ? nullptr : core->pools_[0]->host(), lease);
   }

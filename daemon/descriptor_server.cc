@@ -93,16 +93,25 @@ class Closer {
   std::shared_ptr<State> state_;
 };
 
-// Sends one packet without blocking, waiting up to 1 s for room when the peer's buffer is full.
-bool SendWaiting(int socket, const std::string& bytes, const std::vector<int>& fds) {
-  const auto deadline = Clock::now() + std::chrono::seconds(1);
+// How long one lease answer may wait for room in a peer's socket buffer, all its packets
+// together: a client reads its chunk packets as they come, and the buffer holds dozens of them,
+// so only a peer that does not read ever waits. The server's one thread is held that long at
+// most, and only by an answer that grants chunks (docs/security.md).
+constexpr std::chrono::milliseconds kLeaseSendLimit(200);
+
+// Sends one packet without blocking, waiting for room until `deadline` when the peer's buffer
+// is full (not at all for a deadline already past).
+bool SendBy(int socket, const std::string& bytes, const std::vector<int>& fds,
+            Clock::time_point deadline) {
   while (true) {
     const Status sent = SendPacket(socket, bytes, fds, /*nonblocking=*/true);
     if (sent.ok()) return true;
-    if (sent.code() != StatusCode::kUnavailable || Clock::now() >= deadline) return false;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (sent.code() != StatusCode::kUnavailable || left.count() <= 0) return false;
     pollfd p{socket, POLLOUT, 0};
     int rc = 0;
-    STASH_SYSCALL_RETRY(rc, poll(&p, 1, 100));
+    STASH_SYSCALL_RETRY(rc, poll(&p, 1, static_cast<int>(left.count())));
     if (rc < 0) return false;
   }
 }
@@ -275,12 +284,14 @@ bool DescriptorServer::Impl::Serve(Connection& c) {
     Log("ipc")->warn("descriptor channel: refused pid {} uid {}: {}", c.peer.pid, c.peer.uid,
                      status.message());
   }
-  // A lease's chunk packets: the socket buffer holds many, and a peer that reads nothing for a
-  // second is disconnected (its chunks stay leased to its session until it exits).
+  // A lease's chunk packets, then the answer: a peer that leaves them unread past
+  // kLeaseSendLimit is disconnected (its chunks stay leased to its session until it exits).
+  // Other answers never wait: the protocol has one answer in flight.
+  const auto deadline = reply.parts.empty() ? Clock::now() : Clock::now() + kLeaseSendLimit;
   bool sent_parts = true;
   for (DescriptorPart& part : reply.parts) {
     if (!sent_parts) break;
-    sent_parts = SendWaiting(c.fd.get(), part.bytes, {part.fd.get()});
+    sent_parts = SendBy(c.fd.get(), part.bytes, {part.fd.get()}, deadline);
   }
   if (!reply.parts.empty()) {
     std::vector<UniqueFd> sent_fds;
@@ -289,7 +300,8 @@ bool DescriptorServer::Impl::Serve(Connection& c) {
   }
   if (!sent_parts) return false;
   reply.last.set_memory_id(request->deposit_memory().memory_id());
-  const bool sent = SendWaiting(c.fd.get(), DescriptorAnswer(status, std::move(reply.last)), {});
+  const bool sent =
+      SendBy(c.fd.get(), DescriptorAnswer(status, std::move(reply.last)), {}, deadline);
   return sent && status.code() != StatusCode::kPermissionDenied;
 }
 

@@ -296,7 +296,13 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
       tier->TakeChunks(take, &written);
     }
     for (size_t i = 0; i < take.size(); ++i) {
-      STASH_RETURN_IF_ERROR(Hand(h, lease_tier, source, take[i], written[i], parts));
+      Status handed = Hand(h, lease_tier, source, take[i], written[i], parts);
+      if (!handed.ok()) {
+        // Hand put its own chunk back; the ones not handed yet go back too.
+        MutexLock tier_lock(&tier->mu());
+        for (size_t j = i + 1; j < take.size(); ++j) tier->ReturnChunk(take[j]);
+        return handed;
+      }
     }
   }
   return Status::Ok();
@@ -306,17 +312,14 @@ Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chun
                     std::vector<DescriptorPart>* parts) {
   Chunk& c = chunks_[tier][chunk];
   ChunkMemory* memory = tiers_[tier]->chunk_memory();
-  const bool same_user = !written && (c.last_uid == kFresh || c.last_uid == h.uid);
-  if (!same_user) {
-    // Daemon-copy stashes of any user, or another user's activations, may be in there.
+  if (written) {
+    // Daemon-copy stashes of any user may have left bytes here.
     Status renewed = memory->Renew(chunk);
     if (!renewed.ok()) {
       MutexLock tier_lock(&tiers_[tier]->mu());
       tiers_[tier]->ReturnChunk(chunk);
       return renewed;
     }
-  } else if (config_.scrub_chunks && c.last_uid != kFresh) {
-    memory->Zero(chunk);
   }
   UniqueFd fd = Dup(memory->fd(chunk));
   if (!fd.valid()) {
@@ -326,7 +329,6 @@ Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chun
   }
   c.state = State::kLeased;
   c.holder = h.session_id;
-  c.last_uid = h.uid;
   const uint64_t id = ChunkId(tier, chunk);
   h.held[lease_tier].push_back(id);
   v1::DescriptorResponse packet;
@@ -359,30 +361,27 @@ DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& r
   }
   for (uint64_t id : request.chunk_ids()) {
     for (auto& list : h->held) list.erase(std::remove(list.begin(), list.end(), id), list.end());
-    PutBack(id >> 32, id & 0xffffffffu, /*renew=*/true, kFresh);
+    PutBack(id >> 32, id & 0xffffffffu);
   }
   DescriptorReply reply;
   reply.last.set_chunks_returned(static_cast<uint64_t>(request.chunk_ids_size()));
   return reply;
 }
 
-void Leases::PutBack(uint64_t tier, uint64_t chunk, bool renew, int64_t last_uid) {
+void Leases::PutBack(uint64_t tier, uint64_t chunk) {
   Chunk& c = chunks_[tier][chunk];
-  if (renew) {
-    Status renewed = tiers_[tier]->chunk_memory()->Renew(chunk);
-    if (!renewed.ok()) {
-      // The holder may still map this memory: it must not go back to the ring. Leave it
-      // orphaned under no holder (lost until restart) and say so.
-      Log("pool")->error("chunk {} of tier {} cannot get fresh memory and is retired: {}", chunk,
-                         tiers_[tier]->name(), renewed.message());
-      c.state = State::kOrphaned;
-      c.holder.clear();
-      return;
-    }
+  Status renewed = tiers_[tier]->chunk_memory()->Renew(chunk);
+  if (!renewed.ok()) {
+    // The holder's memory may still be reachable: it must not go back to the ring. Leave it
+    // orphaned under no holder (lost until restart) and say so.
+    Log("pool")->error("chunk {} of tier {} cannot get fresh memory and is retired: {}", chunk,
+                       tiers_[tier]->name(), renewed.message());
+    c.state = State::kOrphaned;
+    c.holder.clear();
+    return;
   }
   c.state = State::kPooled;
   c.holder.clear();
-  c.last_uid = last_uid;
   MutexLock tier_lock(&tiers_[tier]->mu());
   tiers_[tier]->ReturnChunk(chunk);
 }
@@ -443,11 +442,13 @@ void Leases::Reap() {
       auto it = holders_.find(ids[i - 1]);
       if (it == holders_.end()) continue;
       Holder& h = *it->second;
-      // The process exited: nobody maps its chunks any more; they go back as they are.
+      // The process exited, but its memory may live on where no pidfd shows it (a descriptor
+      // it passed on, a child that mapped it): every chunk gets fresh memory before it goes
+      // back to the ring, which every user's stashes share.
       uint64_t returned = 0;
       for (auto& list : h.held) {
         for (uint64_t id : list) {
-          PutBack(id >> 32, id & 0xffffffffu, /*renew=*/false, h.uid);
+          PutBack(id >> 32, id & 0xffffffffu);
           ++returned;
         }
         list.clear();

@@ -7,11 +7,12 @@
 // leased (to one mapped session; out of the ring), or orphaned (its session's stream ended while
 // the holder process lives: it may still write there, so the chunk waits for the exit).
 //
-// Memory hygiene: a chunk handed back by a living holder gets a fresh memfd at the same daemon
-// address (the holder's old mapping reaches memory nobody else will see). A chunk is leased as
-// it is only when its last user was a mapped session of the same uid and no daemon-copy stash
-// wrote it since; else it gets a fresh (zero-filled) memfd first. --scrub-chunks zeroes
-// same-uid reuse too.
+// Memory hygiene: every chunk that comes back from a holder (it said it unmapped it, or its
+// process exited) gets a fresh memfd at the same daemon address before it goes back to the ring
+// every user's stashes share: a mapping or descriptor the holder kept, passed on or left to a
+// child reaches memory nobody else will see. A pooled chunk that daemon-copy stashes wrote gets
+// a fresh memfd before it is leased. So a lease always starts zero-filled and no byte crosses
+// from one holder to the next.
 //
 // Peer chunks (--peer-tier): a session may lease another device pool's chunks only while that
 // pool keeps more than half its chunks free after lending, so a pool's own ranks come first.
@@ -44,7 +45,6 @@ struct LeaseConfig {
   uint64_t chunk_bytes = 0;      // Welcome.chunk_bytes (a whole number of pages)
   uint64_t max_lease_bytes = 0;  // per session over all tiers
   bool peer_tier = false;        // lend other pools' spare chunks
-  bool scrub_chunks = false;     // zero same-uid reuse too
 };
 
 // The mapped session a request comes from, as checked by DaemonCore.
@@ -93,11 +93,9 @@ class Leases {
 
  private:
   enum class State { kPooled, kLeased, kOrphaned };
-  static constexpr int64_t kFresh = -1;  // last_uid of memory nobody used since it was made
   struct Chunk {
     State state = State::kPooled;
     std::string holder;  // session id while leased or orphaned
-    int64_t last_uid = kFresh;
   };
   struct Holder {
     std::string session_id;
@@ -124,9 +122,9 @@ class Leases {
   // Hands one chunk just taken out of its ring to `h`.
   Status Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, bool written,
               std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts a chunk back in its ring: `renew` (holder alive) gives it fresh memory first.
-  void PutBack(uint64_t tier, uint64_t chunk, bool renew, int64_t last_uid)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives a chunk fresh memory and puts it back in its ring (retired, with an error logged, when
+  // it cannot get fresh memory: the holder's may still be reachable).
+  void PutBack(uint64_t tier, uint64_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reap();
   void Wake();

@@ -53,7 +53,6 @@ const Knob kKnobs[] = {
     {"chunk_bytes", "--chunk-bytes", "STASHD_CHUNK_BYTES", "0", "1MiB", "2MiB"},
     {"max_lease_bytes", "--max-lease-bytes", "STASHD_MAX_LEASE_BYTES", "0", "64MiB", "128MiB"},
     {"peer_tier", "--peer-tier", "STASHD_PEER_TIER", "false", "true", "1"},
-    {"scrub_chunks", "--scrub-chunks", "STASHD_SCRUB_CHUNKS", "false", "true", "1"},
 };
 
 const char* const kSizeKnobs[] = {"pool_bytes", "page_bytes", "host_tier_bytes"};
@@ -177,6 +176,13 @@ TEST_F(Config, PrintConfigShowsWhatTheDaemonWouldServeWithoutPlaceholders) {
   EXPECT_TRUE(HasEntry(defaults, "socket", defaults.socket(), "default"));
   EXPECT_NE(defaults.backend(), stash::v1::BACKEND_UNSPECIFIED);
   EXPECT_EQ(defaults.pools(), 1U);
+}
+
+TEST_F(Config, ASwitchWithoutAValueIsTrueAndTakesNotTheNextArgument) {
+  stash::v1::GetConfigResponse config;
+  ASSERT_TRUE(PrintConfig({"--peer-tier", "--backend=host"}, {}, &config));
+  EXPECT_TRUE(HasEntry(config, "peer_tier", "true", "flag"));
+  EXPECT_EQ(config.backend(), stash::v1::BACKEND_HOST);
 }
 
 TEST_F(Config, PoolsBeyondFreeMemoryRefuseToStartWithTheNumbers) {
