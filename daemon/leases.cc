@@ -98,6 +98,17 @@ uint64_t Leases::HeldPages(const Holder& h, uint32_t lease_tier) const {
 Leases::Holder* Leases::FindOrCreate(const LeaseHolder& who, Status* status) {
   auto it = holders_.find(who.session_id);
   if (it != holders_.end()) return it->second.get();
+  // Each holder costs the daemon a pidfd, a control block (a descriptor and a mapping) and a
+  // place in the reaper's poll: bounded per Unix user, like descriptor connections.
+  uint64_t of_user = 0;
+  for (const auto& [id, other] : holders_) of_user += other->uid == who.uid ? 1 : 0;
+  if (of_user >= kMaxHoldersPerUser) {
+    *status = ResourceExhaustedError(
+        "uid " + std::to_string(who.uid) + " already has " + std::to_string(of_user) +
+        " mapped sessions holding leases (the most one user may have; sessions whose process "
+        "still lives count until it exits): close some first");
+    return nullptr;
+  }
   // The holder's identity for the reaper: a pidfd of the connecting process. The connection
   // must still be open once the pidfd is: then the pid was not reused in between.
   UniqueFd pidfd(PidfdOpen(who.pid));

@@ -93,6 +93,7 @@ class Leases {
 
  private:
   enum class State { kPooled, kLeased, kOrphaned };
+  static constexpr uint64_t kMaxHoldersPerUser = 256;
   struct Chunk {
     State state = State::kPooled;
     std::string holder;  // session id while leased or orphaned

@@ -168,6 +168,19 @@ TEST_F(LeasesTest, AChunkWithADaemonCopyStashInItIsNeverLeased) {
   for (const v1::LeasedChunk& c : g.chunks) EXPECT_NE(c.chunk_id(), Leases::ChunkId(0, 0));
 }
 
+TEST_F(LeasesTest, MappedSessionsPerUserAreBounded) {
+  Build();
+  for (int i = 0; i < 256; ++i) {
+    ASSERT_TRUE(Want(Holder("u" + std::to_string(i), getpid(), 3000), {}).status.ok()) << i;
+  }
+  const Granted refused = Want(Holder("one-more", getpid(), 3000), {});
+  EXPECT_EQ(refused.status.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status.message().find("uid 3000 already has 256"), std::string::npos)
+      << refused.status.message();
+  // Another user is not affected.
+  EXPECT_TRUE(Want(Holder("other-user", getpid(), 3001), {}).status.ok());
+}
+
 TEST_F(LeasesTest, OnlyChunksTheSessionHoldsCanBeReturned) {
   Build();
   const Granted a = Want(Holder("a"), {{v1::TIER_DEVICE, 4}});
