@@ -198,16 +198,20 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
         target[t] = std::min(w.pages(), quota_pages_ + 1);  // bounded: no overflow below
         target[t] = RoundUp(target[t], chunk_pages_);
         pages_target[t] = target[t];
+        // As asked (whole chunks where that does not overflow), for the message.
+        if (w.pages() > 0) {
+          asked += std::string(asked.empty() ? "" : ", ") + v1::Tier_Name(ProtoTier(t)) + " " +
+                   std::to_string(w.pages() <= quota_pages_ ? target[t] : w.pages()) + " pages";
+        }
       }
       total += target[t];
-      asked += std::string(asked.empty() ? "" : ", ") + v1::Tier_Name(ProtoTier(t)) + " " +
-               std::to_string(target[t]) + " pages";
     }
     if (total > quota_pages_) {
       return ResourceExhaustedError(
-          "the lease asks for " + std::to_string(total * config_.page_bytes) + " bytes (" + asked +
-          ", in whole chunks of " + std::to_string(chunk_pages_) +
-          " pages) but a session may lease at most " + std::to_string(config_.max_lease_bytes) +
+          "the lease asks for " + (asked.empty() ? std::string("nothing") : asked) + " (pages of " +
+          std::to_string(config_.page_bytes) + " bytes, in whole chunks of " +
+          std::to_string(chunk_pages_) + " pages) but a session may lease at most " +
+          std::to_string(quota_pages_) + " pages, " + std::to_string(config_.max_lease_bytes) +
           " bytes (--max-lease-bytes): ask for less");
     }
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) grow(t, target[t]);

@@ -122,11 +122,16 @@ TEST_F(LeasesTest, QuotaRefusalSaysTheNumbersAndGrantsNothing) {
   Build();
   const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 24}, {v1::TIER_HOST, 16}});
   EXPECT_EQ(g.status.code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(g.status.message().find("163840 bytes"), std::string::npos) << g.status.message();
-  EXPECT_NE(g.status.message().find("131072 bytes (--max-lease-bytes)"), std::string::npos)
+  EXPECT_NE(g.status.message().find("at most 32 pages, 131072 bytes (--max-lease-bytes)"),
+            std::string::npos)
       << g.status.message();
-  EXPECT_NE(g.status.message().find("TIER_DEVICE 24 pages"), std::string::npos);
+  EXPECT_NE(g.status.message().find("TIER_DEVICE 24 pages, TIER_HOST 16 pages"), std::string::npos)
+      << g.status.message();
   EXPECT_TRUE(g.chunks.empty());
+  // What was asked is quoted as asked, however far past the quota (not the clamped number).
+  const Granted huge = Want(Holder("b"), {{v1::TIER_DEVICE, uint64_t{1} << 40}});
+  EXPECT_NE(huge.status.message().find("TIER_DEVICE 1099511627776 pages"), std::string::npos)
+      << huge.status.message();
   EXPECT_EQ(leases_->Counts(pools_[0].get()).leased, 0u);
   EXPECT_EQ(pools_[0]->chunks_free(), 8u);
 }
