@@ -130,45 +130,61 @@ TEST_F(Mapped, TheCudaBackendIsRefusedWithTheWayOut) {
 // mapped), so stashes made before reload byte-exact, new ones that fit the chunks still go in,
 // those that do not overflow, and the step finishes. The next BeginStep with no stash live
 // reconnects to the daemon restarted on the same socket and leases afresh.
+// Two ranks mid-step when stashd is SIGKILLed: each finishes its step byte-exact on the chunks
+// it holds, and the next step (no stash live) runs against a restarted daemon.
 TEST_F(Mapped, DaemonKilledMidStepLosesNothingAndTheNextStepReleases) {
   StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=0", "--max-lease-bytes=64MiB"});
-  auto client = Connect(2 << 20, 0);  // 32 pages
-  ASSERT_NE(client, nullptr);
-  const std::string first_session = client->session_id();
-  ASSERT_TRUE(client->Wait(*client->BeginStep(1)).ok());
-  std::vector<std::unique_ptr<HostBuffer>> src;
-  std::vector<uint64_t> tickets;
-  for (int i = 0; i < 2; ++i) {
-    src.push_back(Buffer(8 * kPage, 10 + i));
-    tickets.push_back(*client->Stash(Args(*src.back(), kPage, 8)));
+  struct Rank {
+    std::unique_ptr<Client> client;
+    std::string first_session;
+    std::vector<std::unique_ptr<HostBuffer>> src;
+    std::vector<uint64_t> tickets;
+    std::unique_ptr<HostBuffer> big;
+  };
+  std::vector<Rank> ranks(2);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    Rank& rank = ranks[r];
+    rank.client = Connect(2 << 20, 0);  // 32 pages each
+    ASSERT_NE(rank.client, nullptr);
+    rank.first_session = rank.client->session_id();
+    ASSERT_TRUE(rank.client->Wait(*rank.client->BeginStep(1)).ok());
+    for (int i = 0; i < 2; ++i) {
+      rank.src.push_back(Buffer(8 * kPage, static_cast<uint32_t>(10 + 10 * r + i)));
+      rank.tickets.push_back(*rank.client->Stash(Args(*rank.src.back(), kPage, 8)));
+    }
+    for (uint64_t t : rank.tickets) ASSERT_TRUE(rank.client->Wait(t).ok());
   }
-  for (uint64_t t : tickets) ASSERT_TRUE(client->Wait(t).ok());
 
   daemon_->process().StopWith(SIGKILL, seconds(5));
 
-  // A stash that fits the chunks held still goes in; one that does not overflows.
-  src.push_back(Buffer(8 * kPage, 12));
-  auto fits = client->Wait(*client->Stash(Args(*src.back(), kPage, 8)));
-  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
-  EXPECT_EQ(fits->tier, Tier::kDevice);
-  tickets.push_back(fits->ticket);
-  auto big = Buffer(16 * kPage, 13);
-  auto over = client->Wait(*client->Stash(Args(*big, kPage, 16)));
-  ASSERT_TRUE(over.ok()) << over.status().ToString();
-  EXPECT_EQ(over->tier, Tier::kOverflow);
-  EXPECT_TRUE(client->CurrentStepFlags().overflow);
-  // A BeginStep while stashes are live goes on with the chunks held.
-  auto step2 = client->Wait(*client->BeginStep(2));
-  ASSERT_TRUE(step2.ok()) << step2.status().ToString();
-  EXPECT_TRUE(step2->step_overflow);
-  // Backward: everything reloads byte-exact.
-  for (size_t i = 0; i < tickets.size(); ++i) {
-    auto dst = Buffer(8 * kPage);
-    auto r = client->Wait(*client->Reload({tickets[i], dst.get(), 0, false, {}, {}}));
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(std::memcmp(dst->data(), src[i]->data(), 8 * kPage), 0) << i;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    Rank& rank = ranks[r];
+    Client& client = *rank.client;
+    // A stash that fits the chunks held still goes in; one that does not overflows.
+    rank.src.push_back(Buffer(8 * kPage, static_cast<uint32_t>(12 + 10 * r)));
+    auto fits = client.Wait(*client.Stash(Args(*rank.src.back(), kPage, 8)));
+    ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+    EXPECT_EQ(fits->tier, Tier::kDevice);
+    rank.tickets.push_back(fits->ticket);
+    rank.big = Buffer(16 * kPage, static_cast<uint32_t>(13 + 10 * r));
+    auto over = client.Wait(*client.Stash(Args(*rank.big, kPage, 16)));
+    ASSERT_TRUE(over.ok()) << over.status().ToString();
+    EXPECT_EQ(over->tier, Tier::kOverflow);
+    EXPECT_TRUE(client.CurrentStepFlags().overflow);
+    // A BeginStep while stashes are live goes on with the chunks held.
+    auto step2 = client.Wait(*client.BeginStep(2));
+    ASSERT_TRUE(step2.ok()) << step2.status().ToString();
+    EXPECT_TRUE(step2->step_overflow);
+    // Backward: everything reloads byte-exact.
+    for (size_t i = 0; i < rank.tickets.size(); ++i) {
+      auto dst = Buffer(8 * kPage);
+      auto done = client.Wait(*client.Reload({rank.tickets[i], dst.get(), 0, false, {}, {}}));
+      ASSERT_TRUE(done.ok()) << done.status().ToString();
+      EXPECT_EQ(std::memcmp(dst->data(), rank.src[i]->data(), 8 * kPage), 0) << i;
+    }
+    EXPECT_EQ(client.Stats().status().code(), StatusCode::kUnavailable);
   }
-  EXPECT_EQ(client->Stats().status().code(), StatusCode::kUnavailable);
 
   // stashd restarts on the same socket; the next step (no stash live) reconnects.
   std::vector<std::string> again = flags_;
@@ -181,25 +197,33 @@ TEST_F(Mapped, DaemonKilledMidStepLosesNothingAndTheNextStepReleases) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << restarted_->process().Stderr();
     std::this_thread::sleep_for(milliseconds(10));
   }
-  ASSERT_TRUE(client->Wait(*client->BeginStep(3)).ok());
-  auto t = client->Wait(*client->Stash(Args(*big, kPage, 16)));
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  EXPECT_EQ(t->tier, Tier::kDevice);
-  auto stats = client->Stats();
-  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-  EXPECT_NE(stats->session_id, first_session);
-  EXPECT_EQ(stats->stashes_live, 1u);
+  std::vector<uint64_t> stashed;
+  for (Rank& rank : ranks) {
+    Client& client = *rank.client;
+    ASSERT_TRUE(client.Wait(*client.BeginStep(3)).ok());
+    auto t = client.Wait(*client.Stash(Args(*rank.big, kPage, 16)));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(t->tier, Tier::kDevice);
+    stashed.push_back(t->ticket);
+    auto stats = client.Stats();
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    EXPECT_NE(stats->session_id, rank.first_session);
+    EXPECT_EQ(stats->stashes_live, 1u);
+  }
   const auto daemon_view = DaemonStats(socket_);
-  ASSERT_EQ(daemon_view.sessions_size(), 1);
-  EXPECT_EQ(daemon_view.sessions(0).mode(), stash::v1::MODE_MAPPED);
-  EXPECT_EQ(daemon_view.sessions(0).pages_live(), 16u);
-  auto dst = Buffer(16 * kPage);
-  ASSERT_TRUE(client->Wait(*client->Reload({t->ticket, dst.get(), 0, false, {}, {}})).ok());
-  EXPECT_EQ(std::memcmp(dst->data(), big->data(), big->size()), 0);
+  ASSERT_EQ(daemon_view.sessions_size(), 2);
+  for (const auto& session : daemon_view.sessions()) {
+    EXPECT_EQ(session.mode(), stash::v1::MODE_MAPPED);
+    EXPECT_EQ(session.pages_live(), 16u);
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    auto dst = Buffer(16 * kPage);
+    Client& client = *ranks[r].client;
+    ASSERT_TRUE(client.Wait(*client.Reload({stashed[r], dst.get(), 0, false, {}, {}})).ok());
+    EXPECT_EQ(std::memcmp(dst->data(), ranks[r].big->data(), ranks[r].big->size()), 0) << r;
+  }
 }
 
-// A forked child (a data loader) holds none of the rank's chunks: they are MADV_DONTFORK, so a
-// child can neither read the rank's activations nor keep the chunks alive after the rank is gone.
 TEST_F(Mapped, AForkedChildDoesNotInheritTheChunks) {
   StartDaemon({"--pool-bytes=4MiB", "--max-lease-bytes=64MiB"});
   auto client = Connect(4 << 20, 0);
