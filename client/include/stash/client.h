@@ -245,7 +245,9 @@ class STASH_EXPORT Client {
   // Asks the daemon for this session's counters and its pool usage (a unary RPC).
   StatusOr<SessionStats> Stats();
 
-  // The session id the daemon gave, and the pool geometry from its Welcome.
+  // The session id the daemon gave, and the pool geometry from its Welcome. In mapped mode,
+  // after a reconnect to a restarted daemon these still describe the first session (they are
+  // references that never change under a caller); Stats() describes the current one.
   const std::string& session_id() const;
   uint64_t page_bytes() const;
   uint64_t pool_pages() const;
