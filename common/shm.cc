@@ -97,12 +97,17 @@ Status CheckClientMemoryFd(int fd, uint64_t bytes) {
   return Status::Ok();
 }
 
-StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateSealed(const std::string& label,
-                                                                   uint64_t bytes) {
+StatusOr<UniqueFd> CreateSealedMemfd(const std::string& label, uint64_t bytes) {
   STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(label, bytes, MFD_ALLOW_SEALING));
   if (fcntl(fd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) != 0) {
     return ErrnoStatus("fcntl(F_ADD_SEALS) on " + label);
   }
+  return fd;
+}
+
+StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateSealed(const std::string& label,
+                                                                   uint64_t bytes) {
+  STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd(label, bytes));
   STASH_ASSIGN_OR_RETURN(uint8_t * data, MapFd(fd.get(), bytes, 0));
   return std::unique_ptr<SharedMemory>(new SharedMemory(std::move(fd), data, bytes));
 }
@@ -110,13 +115,6 @@ StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateSealed(const std::st
 StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::MapClientFd(UniqueFd fd, uint64_t bytes) {
   STASH_RETURN_IF_ERROR(CheckClientMemoryFd(fd.get(), bytes));
   STASH_ASSIGN_OR_RETURN(uint8_t * data, MapFd(fd.get(), bytes, 0));
-  return std::unique_ptr<SharedMemory>(new SharedMemory(UniqueFd(), data, bytes));
-}
-
-StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::CreateAnonymous(const std::string& label,
-                                                                      uint64_t bytes) {
-  STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(label, bytes, 0));
-  STASH_ASSIGN_OR_RETURN(uint8_t * data, MapFd(fd.get(), bytes, MAP_NORESERVE));
   return std::unique_ptr<SharedMemory>(new SharedMemory(UniqueFd(), data, bytes));
 }
 

@@ -22,6 +22,10 @@ namespace stash {
 // can add a write seal later either).
 constexpr unsigned kClientMemorySeals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW;
 
+// A memfd named `label` (for /proc) of `bytes` bytes (> 0), zero-filled, sealed with
+// kClientMemorySeals: its size never changes, so no mapping of it can ever fault.
+StatusOr<UniqueFd> CreateSealedMemfd(const std::string& label, uint64_t bytes);
+
 // Checks that `fd` may be mapped read-write for [0, bytes): a memfd opened read-write, carrying
 // kClientMemorySeals and no write seal, holding at least `bytes` (> 0) bytes. INVALID_ARGUMENT
 // that says what is wrong and how to allocate such memory otherwise.
@@ -39,11 +43,6 @@ class SharedMemory {
   // Maps [0, bytes) of a client memfd after CheckClientMemoryFd; the descriptor is closed once
   // mapped (the mapping keeps the memory alive).
   static StatusOr<std::unique_ptr<SharedMemory>> MapClientFd(UniqueFd fd, uint64_t bytes);
-
-  // An unsealed memfd region of `bytes` bytes named `label`, mapped read-write without reserving
-  // swap; pages are allocated on first touch. The daemon's tiers.
-  static StatusOr<std::unique_ptr<SharedMemory>> CreateAnonymous(const std::string& label,
-                                                                 uint64_t bytes);
 
   SharedMemory(const SharedMemory&) = delete;
   SharedMemory& operator=(const SharedMemory&) = delete;

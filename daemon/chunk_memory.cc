@@ -1,11 +1,8 @@
 #include "daemon/chunk_memory.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/macros.h"
 #include "common/shm.h"
@@ -44,14 +41,7 @@ uint64_t ChunkMemory::ChunkBytes(uint64_t chunk) const {
 StatusOr<UniqueFd> ChunkMemory::MapFresh(uint64_t chunk) {
   const uint64_t size = ChunkBytes(chunk);
   const std::string name = label_ + "-chunk" + std::to_string(chunk);
-  UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return ErrnoStatus("memfd_create(" + name + ")");
-  int rc = 0;
-  STASH_SYSCALL_RETRY(rc, ftruncate(fd.get(), static_cast<off_t>(size)));
-  if (rc != 0) return ErrnoStatus("ftruncate(" + name + ")");
-  if (fcntl(fd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) != 0) {
-    return ErrnoStatus("fcntl(F_ADD_SEALS) on " + name);
-  }
+  STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd(name, size));
   void* want = base_ + chunk * chunk_bytes_;
   void* got =
       mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd.get(), 0);

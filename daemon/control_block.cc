@@ -1,37 +1,23 @@
 #include "daemon/control_block.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 
-#include "common/shm.h"
-#include "common/sys.h"
+#include "common/macros.h"
 
 namespace stash::daemon {
 
 namespace k = stash::kernels;
 
 StatusOr<std::unique_ptr<ControlBlock>> ControlBlock::Create() {
-  UniqueFd fd(memfd_create("stashd-control", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return ErrnoStatus("memfd_create(stashd-control)");
-  int rc = 0;
-  STASH_SYSCALL_RETRY(rc, ftruncate(fd.get(), static_cast<off_t>(k::kControlBlockBytes)));
-  if (rc != 0) return ErrnoStatus("ftruncate(stashd-control)");
-  if (fcntl(fd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) != 0) {
-    return ErrnoStatus("fcntl(F_ADD_SEALS) on stashd-control");
-  }
-  void* addr =
-      mmap(nullptr, k::kControlBlockBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (addr == MAP_FAILED) return ErrnoStatus("mmap of stashd-control");
-  auto* block = static_cast<k::SessionControl*>(addr);
+  STASH_ASSIGN_OR_RETURN(auto memory,
+                         SharedMemory::CreateSealed("stashd-control", k::kControlBlockBytes));
+  auto* block = reinterpret_cast<k::SessionControl*>(memory->data());
   k::ControlStore(block->version, k::kControlVersion);
   k::ControlStore(block->magic, k::kControlMagic);
-  return std::unique_ptr<ControlBlock>(new ControlBlock(std::move(fd), block));
+  return std::unique_ptr<ControlBlock>(new ControlBlock(std::move(memory), block));
 }
 
-ControlBlock::~ControlBlock() { munmap(block_, k::kControlBlockBytes); }
+ControlBlock::~ControlBlock() = default;
 
 ControlView ControlBlock::Read(const std::array<uint64_t, k::kLeaseTiers>& pages_leased,
                                uint64_t quota_pages, uint64_t page_bytes) const {

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "common/mutex.h"
+#include "common/shm.h"
 #include "common/unique_fd.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/status.h"
@@ -56,7 +57,7 @@ class ControlBlock {
   ~ControlBlock();
 
   // The memfd to hand to the rank (borrowed).
-  int fd() const { return fd_.get(); }
+  int fd() const { return memory_->fd(); }
 
   // Reads the block, clamping per tier to `pages_leased[t]` and demand to `quota_pages`. The
   // totals (stashes, reloads, releases, bytes, spills, overflows, rejected) never go down from
@@ -65,11 +66,12 @@ class ControlBlock {
                    uint64_t quota_pages, uint64_t page_bytes) const;
 
  private:
-  ControlBlock(UniqueFd fd, kernels::SessionControl* block) : fd_(std::move(fd)), block_(block) {}
+  ControlBlock(std::unique_ptr<SharedMemory> memory, kernels::SessionControl* block)
+      : memory_(std::move(memory)), block_(block) {}
 
   // Never change after construction.
-  const UniqueFd fd_;
-  kernels::SessionControl* const block_;  // the daemon's mapping; read with ControlLoad only
+  const std::unique_ptr<SharedMemory> memory_;  // the sealed memfd and the daemon's mapping
+  kernels::SessionControl* const block_;        // in memory_; read with ControlLoad only
 
   mutable Mutex mu_;
   mutable std::array<uint64_t, 9> totals_ ABSL_GUARDED_BY(mu_){};  // the totals last shown

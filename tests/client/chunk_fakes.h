@@ -1,23 +1,31 @@
-// Chunks as the daemon hands them out, made by the tests themselves: sealed memfds.
+// Chunks as the daemon hands them out, made by the tests themselves, and the lease geometry the
+// client unit tests share.
 #ifndef STASH_TESTS_CLIENT_CHUNK_FAKES_H_
 #define STASH_TESTS_CLIENT_CHUNK_FAKES_H_
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
+#include <array>
 #include <cstdint>
+#include <utility>
 
+#include "common/shm.h"
 #include "common/unique_fd.h"
+#include "stash/kernels/lease_control.h"
 
 namespace stash::testing {
 
-// A memfd of `bytes` bytes sealed against shrinking and growing, like a daemon's chunk.
+inline constexpr uint64_t kPage = 4096;
+inline constexpr uint64_t kChunk = 4 * kPage;
+
+// The same capacity for every tier.
+inline std::array<uint64_t, kernels::kLeaseTiers> Caps(uint64_t bytes) {
+  return {bytes, bytes, bytes};
+}
+
+// A memfd of `bytes` bytes sealed against shrinking and growing, like a daemon's chunk (invalid
+// on failure).
 inline UniqueFd FakeChunk(uint64_t bytes) {
-  UniqueFd fd(memfd_create("test-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid() || ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) return UniqueFd();
-  fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
-  return fd;
+  auto fd = CreateSealedMemfd("test-chunk", bytes);
+  return fd.ok() ? std::move(fd).value() : UniqueFd();
 }
 
 }  // namespace stash::testing

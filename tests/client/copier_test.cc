@@ -13,13 +13,10 @@
 namespace stash {
 namespace {
 
-// The same capacity for every tier.
-std::array<uint64_t, kernels::kLeaseTiers> Caps(uint64_t bytes) { return {bytes, bytes, bytes}; }
-
+using testing::Caps;
 using testing::FakeChunk;
-
-constexpr uint64_t kPage = 4096;
-constexpr uint64_t kChunk = 4 * kPage;
+using testing::kChunk;
+using testing::kPage;
 
 std::shared_ptr<SharedMemory> Memory(uint64_t bytes, uint32_t seed = 0) {
   auto m = SharedMemory::CreateSealed("copier-test", bytes);

@@ -13,13 +13,10 @@
 namespace stash {
 namespace {
 
-// The same capacity for every tier.
-std::array<uint64_t, kernels::kLeaseTiers> Caps(uint64_t bytes) { return {bytes, bytes, bytes}; }
-
+using testing::Caps;
 using testing::FakeChunk;
-
-constexpr uint64_t kPage = 4096;
-constexpr uint64_t kChunk = 4 * kPage;
+using testing::kChunk;
+using testing::kPage;
 
 std::unique_ptr<LeaseTable> Table(uint64_t max_lease = 4 * kChunk) {
   auto t = LeaseTable::Create(kPage, kChunk, Caps(max_lease));
