@@ -21,6 +21,7 @@
 
 #include "stash/client.h"
 #include "stash/v1/stash.grpc.pb.h"
+#include "tests/integration/daemon_stats.h"
 #include "tests/integration/harness.h"
 
 namespace stash {
@@ -30,6 +31,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::BinDir;
 using testing::DaemonProcess;
+using testing::PagesUsed;
 using testing::Process;
 using testing::TimeScale;
 
@@ -75,20 +77,7 @@ void FillRandom(HostBuffer& b, uint32_t seed) {
 }
 
 stash::v1::GetStatsResponse DaemonStats(const DaemonProcess& d) {
-  auto channel = grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials());
-  auto stub = stash::v1::StashService::NewStub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
-  stash::v1::GetStatsResponse r;
-  const grpc::Status s = stub->GetStats(&ctx, {}, &r);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return r;
-}
-
-uint64_t PagesUsed(const stash::v1::GetStatsResponse& r) {
-  uint64_t used = 0;
-  for (const auto& t : r.tiers()) used += t.pages_used();
-  return used;
+  return testing::DaemonStats(d.socket());
 }
 
 // Pages the live stashes of every session hold (a mapped session's own count, from its control

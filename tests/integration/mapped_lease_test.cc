@@ -25,6 +25,7 @@
 #include "common/unique_fd.h"
 #include "stash/v1/descriptor.pb.h"
 #include "stash/v1/stash.grpc.pb.h"
+#include "tests/integration/daemon_stats.h"
 #include "tests/integration/harness.h"
 
 namespace stash::testing {
@@ -87,17 +88,8 @@ class RawSession {
   bool closed_ = false;
 };
 
-v1::GetStatsResponse Stats(const std::string& socket) {
-  auto stub = v1::StashService::NewStub(
-      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  v1::GetStatsResponse stats;
-  EXPECT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok());
-  return stats;
-}
-
 v1::TierStats Gpu0(const std::string& socket) {
-  const v1::GetStatsResponse stats = Stats(socket);
+  const v1::GetStatsResponse stats = DaemonStats(socket);
   return stats.tiers_size() > 0 ? stats.tiers(0) : v1::TierStats();
 }
 
@@ -297,7 +289,7 @@ TEST(MappedLeases, WelcomeCarriesTheChunkGeometryAndModesAreKeptApart) {
   EXPECT_EQ(ok.chunks.size(), 2u);
   ASSERT_GE(ok.last.lease_size(), 1);
   EXPECT_EQ(ok.last.lease(0).pages(), 8u);
-  const v1::GetStatsResponse stats = Stats(daemon.socket());
+  const v1::GetStatsResponse stats = DaemonStats(daemon.socket());
   bool found = false;
   for (const v1::SessionStats& s : stats.sessions()) {
     if (s.session_id() != id) continue;
@@ -389,7 +381,7 @@ TEST(MappedLeases, ChunksOfAClientKilledAtRandomPointsAreAllFreeWithinASecond) {
   random.seed(seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto all_free = [&] {
-    v1::GetStatsResponse stats = Stats(daemon.socket());
+    v1::GetStatsResponse stats = DaemonStats(daemon.socket());
     for (const v1::TierStats& t : stats.tiers()) {
       if (t.chunks_free() != t.chunks_total() || t.pages_used() != 0) return false;
     }
@@ -417,7 +409,7 @@ TEST(MappedLeases, ChunksOfAClientKilledAtRandomPointsAreAllFreeWithinASecond) {
   }
   EXPECT_LE(slowest, std::chrono::seconds(1 * TimeScale()))
       << std::chrono::duration<double>(slowest).count() << " s";
-  const v1::GetStatsResponse stats = Stats(daemon.socket());
+  const v1::GetStatsResponse stats = DaemonStats(daemon.socket());
   for (const v1::TierStats& t : stats.tiers()) {
     EXPECT_EQ(t.chunks_leased(), 0u) << t.name();
     EXPECT_EQ(t.chunks_orphaned(), 0u) << t.name();

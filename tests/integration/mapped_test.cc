@@ -18,6 +18,7 @@
 
 #include "stash/client.h"
 #include "stash/v1/stash.grpc.pb.h"
+#include "tests/integration/daemon_stats.h"
 #include "tests/integration/harness.h"
 
 namespace stash {
@@ -26,6 +27,8 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::DaemonProcess;
+using testing::DaemonStats;
+using testing::PagesUsed;
 using testing::TimeScale;
 
 constexpr uint64_t kPage = 64 << 10;
@@ -47,23 +50,6 @@ StashArgs Args(const HostBuffer& src, uint64_t row_bytes, uint64_t rows) {
   a.max_rows = rows;
   a.count.value = rows;
   return a;
-}
-
-stash::v1::GetStatsResponse DaemonStats(const std::string& socket) {
-  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
-  auto stub = stash::v1::StashService::NewStub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
-  stash::v1::GetStatsResponse r;
-  const grpc::Status s = stub->GetStats(&ctx, {}, &r);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return r;
-}
-
-uint64_t PagesUsed(const stash::v1::GetStatsResponse& r) {
-  uint64_t used = 0;
-  for (const auto& t : r.tiers()) used += t.pages_used();
-  return used;
 }
 
 // Memfd mappings of this process (/proc/self/maps lines naming a memfd).
