@@ -110,11 +110,7 @@ StatusOr<Region> ResolveRegion(SessionStream& impl, const HostBuffer* host, cons
   }
   Region region;
   if (host != nullptr) {
-    if (offset > host->size() || bytes > host->size() - offset) {
-      return InvalidArgumentError(what + " [offset, offset + " + std::to_string(bytes) +
-                                  ") runs past the end of its buffer (" +
-                                  std::to_string(host->size()) + " bytes)");
-    }
+    STASH_RETURN_IF_ERROR(CheckHostRange(*host, offset, bytes, what));
     region.memory = SessionStream::HostMemory(*host);
     region.memory_id = host->id();
     region.offset = offset;
@@ -144,13 +140,14 @@ void SetRef(const Region& region, v1::MemoryRef* out) {
 }  // namespace
 
 StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
-  if (mapped_) return mapped_->Stash(args);
+  // The shape, the same in both modes.
   if (args.row_bytes == 0 || args.max_rows == 0) {
     return InvalidArgumentError("stash needs row_bytes > 0 and max_rows > 0");
   }
   if (args.max_rows > UINT64_MAX / args.row_bytes) {
     return InvalidArgumentError("stash max_rows * row_bytes overflows 64 bits");
   }
+  if (mapped_) return mapped_->Stash(args);
   STASH_ASSIGN_OR_RETURN(Region source, ResolveRegion(*copy_, args.source, args.device_source,
                                                       args.offset, args.max_rows * args.row_bytes,
                                                       "stash source", "stash device_source"));
@@ -190,8 +187,8 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
 }
 
 StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
-  if (mapped_) return mapped_->Reload(args);
   if (args.ticket == 0) return InvalidArgumentError("reload needs the ticket Stash returned");
+  if (mapped_) return mapped_->Reload(args);
   // The daemon checks that the destination holds the stash's max_rows * row_bytes.
   STASH_ASSIGN_OR_RETURN(
       Region destination,

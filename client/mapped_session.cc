@@ -180,12 +180,6 @@ MappedSession::~MappedSession() {
 }
 
 StatusOr<uint64_t> MappedSession::Stash(const StashArgs& args) {
-  if (args.row_bytes == 0 || args.max_rows == 0) {
-    return InvalidArgumentError("stash needs row_bytes > 0 and max_rows > 0");
-  }
-  if (args.max_rows > UINT64_MAX / args.row_bytes) {
-    return InvalidArgumentError("stash max_rows * row_bytes overflows 64 bits");
-  }
   if (args.source != nullptr && args.device_source != nullptr) {
     return InvalidArgumentError(
         "set exactly one of stash source (a HostBuffer) and stash device_source (a device "
@@ -199,12 +193,8 @@ StatusOr<uint64_t> MappedSession::Stash(const StashArgs& args) {
         "set exactly one of stash source (a HostBuffer) and stash device_source (a device "
         "pointer)");
   }
-  const uint64_t bytes = args.max_rows * args.row_bytes;
-  if (args.offset > args.source->size() || bytes > args.source->size() - args.offset) {
-    return InvalidArgumentError("stash source [offset, offset + " + std::to_string(bytes) +
-                                ") runs past the end of its buffer (" +
-                                std::to_string(args.source->size()) + " bytes)");
-  }
+  STASH_RETURN_IF_ERROR(
+      CheckHostRange(*args.source, args.offset, args.max_rows * args.row_bytes, "stash source"));
   STASH_RETURN_IF_ERROR(CheckEventPoint(args.ready, "ready event"));
   STASH_RETURN_IF_ERROR(CheckEventPoint(args.done, "done event"));
   CopyOp op;
@@ -230,19 +220,13 @@ StatusOr<uint64_t> MappedSession::Stash(const StashArgs& args) {
 }
 
 StatusOr<uint64_t> MappedSession::Reload(const ReloadArgs& args) {
-  if (args.ticket == 0) return InvalidArgumentError("reload needs the ticket Stash returned");
   if (args.device_destination != nullptr) return HostOnly("reload device_destination");
   if (args.destination == nullptr) {
     return InvalidArgumentError(
         "set exactly one of reload destination (a HostBuffer) and reload device_destination (a "
         "device pointer)");
   }
-  if (args.offset > args.destination->size()) {
-    return InvalidArgumentError(
-        "reload destination [offset, offset + 0) runs past the end of "
-        "its buffer (" +
-        std::to_string(args.destination->size()) + " bytes)");
-  }
+  STASH_RETURN_IF_ERROR(CheckHostRange(*args.destination, args.offset, 0, "reload destination"));
   STASH_RETURN_IF_ERROR(CheckEventPoint(args.ready, "ready event"));
   STASH_RETURN_IF_ERROR(CheckEventPoint(args.done, "done event"));
   CopyOp op;

@@ -34,6 +34,7 @@ class MappedSession {
   // Close: runs what is queued, unmaps every chunk, gives them back, ends the stream.
   ~MappedSession();
 
+  // Client::Stash / Reload checked the shape (row_bytes, max_rows) and the ticket first.
   StatusOr<uint64_t> Stash(const StashArgs& args);
   StatusOr<uint64_t> Reload(const ReloadArgs& args);
   StatusOr<uint64_t> Release(uint64_t ticket);

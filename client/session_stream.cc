@@ -38,6 +38,14 @@ Tier FromProtoTier(v1::Tier tier) {
   }
 }
 
+Status CheckHostRange(const HostBuffer& buffer, uint64_t offset, uint64_t bytes,
+                      const std::string& what) {
+  if (offset <= buffer.size() && bytes <= buffer.size() - offset) return Status::Ok();
+  return InvalidArgumentError(what + " [offset, offset + " + std::to_string(bytes) +
+                              ") runs past the end of its buffer (" +
+                              std::to_string(buffer.size()) + " bytes)");
+}
+
 Status CheckEventPoint(const EventPoint& e, const char* what) {
   if (e.buffer == nullptr) return Status::Ok();
   if (e.offset % 8 != 0 || e.offset + 8 > e.buffer->size()) {

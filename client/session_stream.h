@@ -41,6 +41,10 @@ Tier FromProtoTier(v1::Tier tier);
 // INVALID_ARGUMENT unless `e` (when set) is an 8-byte aligned counter inside its buffer.
 Status CheckEventPoint(const EventPoint& e, const char* what);
 
+// INVALID_ARGUMENT unless [offset, offset + bytes) lies inside `buffer`; `what` names the range.
+Status CheckHostRange(const HostBuffer& buffer, uint64_t offset, uint64_t bytes,
+                      const std::string& what);
+
 struct SessionStream final
     : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionResponse> {
   // Connects to the daemon of `options` and says Hello with `mode`; `cuda` (cuda backend only,
