@@ -83,7 +83,8 @@ Status DescriptorChannel::DepositMemory(uint64_t memory_id, uint64_t bytes, int 
   std::lock_guard<std::mutex> lock(mu_);
   STASH_RETURN_IF_ERROR(ConnectLocked());
   Status status = SendPacket(socket_.get(), request.SerializeAsString(), {fd});
-  if (status.ok()) status = WaitReadable(socket_.get(), kAnswerTimeoutMs);
+  if (!status.ok()) return SendFailedLocked(status);
+  status = WaitReadable(socket_.get(), kAnswerTimeoutMs);
   StatusOr<Packet> answer = status.ok() ? ReceivePacket(socket_.get()) : StatusOr<Packet>(status);
   v1::DescriptorResponse response;
   if (answer.ok() && !response.ParseFromString(answer->bytes)) {
@@ -113,11 +114,22 @@ namespace stash {
 Status DescriptorChannel::SendLocked(const std::string& request, const std::vector<int>& fds) {
   STASH_RETURN_IF_ERROR(ConnectLocked());
   Status status = SendPacket(socket_.get(), request, fds);
-  if (!status.ok()) {
-    socket_.reset();
-    return UnavailableError("stashd's descriptor socket " + path_ + ": " + status.message());
-  }
+  if (!status.ok()) return SendFailedLocked(status);
   return Status::Ok();
+}
+
+Status DescriptorChannel::SendFailedLocked(const Status& failed) {
+  // stashd answers a connection it refuses (a connection cap) before it closes it: the reason
+  // may be waiting, and it says more than a broken pipe.
+  StatusOr<Packet> answer = ReceivePacket(socket_.get(), /*nonblocking=*/true);
+  socket_.reset();  // the next request reconnects
+  v1::DescriptorResponse r;
+  if (answer.ok() && r.ParseFromString(answer->bytes) && r.code() != 0) {
+    return Status(
+        static_cast<StatusCode>(r.code()),
+        "stashd refused the connection to its descriptor socket " + path_ + ": " + r.message());
+  }
+  return UnavailableError("stashd's descriptor socket " + path_ + ": " + failed.message());
 }
 
 StatusOr<Packet> DescriptorChannel::ReceiveLocked(std::string* bytes) {

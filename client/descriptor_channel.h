@@ -61,6 +61,9 @@ class DescriptorChannel {
   // Sends `request` and receives one packet of the answer (lock held). UNAVAILABLE (and the
   // connection dropped) when that fails.
   Status SendLocked(const std::string& request, const std::vector<int>& fds);
+  // A send failed: the refusal stashd sent before closing the connection, if one is waiting,
+  // else UNAVAILABLE with `failed`. Drops the connection (lock held).
+  Status SendFailedLocked(const Status& failed);
   StatusOr<Packet> ReceiveLocked(std::string* bytes);
 
   const std::string path_;

@@ -96,9 +96,10 @@ struct SessionStream final
 
   struct Pending {
     Completion::Kind kind = Completion::Kind::kStash;
-    uint64_t epoch = 0;      // the step it was sent in
-    uint64_t memory_id = 0;  // register ops
-    bool internal = false;   // nobody waits: register / unregister bookkeeping
+    uint64_t epoch = 0;                // the step it was sent in
+    uint64_t memory_id = 0;            // register ops
+    std::vector<uint64_t> memory_ids;  // the memory the op names (registered just before it)
+    bool internal = false;             // nobody waits: register / unregister bookkeeping
     bool answered = false;
     Status status;
     Completion completion;
@@ -206,11 +207,14 @@ struct SessionStream final
   bool done = false;                              // guarded by mu: OnDone ran
   std::unordered_map<uint64_t, Pending> pending;  // guarded by mu
   std::unordered_set<uint64_t> registered;        // buffer ids; guarded by mu
-  std::map<DoneKey, DoneQueue> done_queues;       // guarded by mu
-  uint64_t epoch = 0;                             // guarded by mu
-  StepFlags flags;                                // guarded by mu
-  bool welcomed = false;                          // guarded by mu
-  bool hold_removed = false;                      // guarded by mu
+  // Why the last registration of a buffer id was refused, until one succeeds: an op that named
+  // it fails with that reason, not the daemon's later "not registered". Guarded by mu.
+  std::unordered_map<uint64_t, Status> register_refused;
+  std::map<DoneKey, DoneQueue> done_queues;  // guarded by mu
+  uint64_t epoch = 0;                        // guarded by mu
+  StepFlags flags;                           // guarded by mu
+  bool welcomed = false;                     // guarded by mu
+  bool hold_removed = false;                 // guarded by mu
 
   // Queues requests in order (lock held, so batches of different threads stay apart). Returns
   // whether the caller must Kick the writer after unlocking; false with `accepted` false when
@@ -293,6 +297,7 @@ struct SessionStream final
       Pending p;
       p.kind = kind;
       p.epoch = epoch;
+      for (const MemoryDesc& m : memories) p.memory_ids.push_back(m.id);
       TrackDoneLocked(id, std::move(done_event), p);
       pending.emplace(id, p);
       batch.push_back(std::move(request));
@@ -354,6 +359,18 @@ struct SessionStream final
       welcomed = true;
     }
     p.status = Status(static_cast<StatusCode>(r.code()), r.message());
+    if (p.status.code() == StatusCode::kNotFound) {
+      // The daemon answers an op whose memory it refused to register with NOT_FOUND: say why
+      // the registration was refused instead.
+      for (uint64_t memory_id : p.memory_ids) {
+        auto refused = register_refused.find(memory_id);
+        if (refused == register_refused.end()) continue;
+        p.status = Status(refused->second.code(),
+                          "stashd refused to register the memory this operation names: " +
+                              refused->second.message());
+        break;
+      }
+    }
     Completion& c = p.completion;
     c.kind = p.kind;
     switch (r.kind_case()) {
@@ -389,7 +406,14 @@ struct SessionStream final
     }
     DoneAnsweredLocked(r.request_id(), p);
     if (p.internal) {
-      if (p.kind == Completion::Kind::kRegister && !p.status.ok()) registered.erase(p.memory_id);
+      if (p.kind == Completion::Kind::kRegister && p.memory_id != 0) {
+        if (p.status.ok()) {
+          register_refused.erase(p.memory_id);
+        } else {
+          registered.erase(p.memory_id);
+          register_refused[p.memory_id] = p.status;
+        }
+      }
       pending.erase(it);
       return;
     }

@@ -1,6 +1,5 @@
 #include "daemon/admit.h"
 
-#include "common/budget.h"
 #include "common/macros.h"
 #include "common/text.h"
 #include "daemon/enum_choices.h"
@@ -148,24 +147,15 @@ Status AdmitRegister(const v1::RegisterMemory& reg, Session& s, const AdmitLimit
              : std::string()) +
         ": register smaller buffers");
   }
-  uint64_t total = 0;
-  if (limits.bytes_total != nullptr &&
-      !TakeFromBudget(limits.bytes_total, reg.bytes(), limits.max_bytes_total, &total)) {
-    return ResourceExhaustedError("stashd has " + std::to_string(total) +
-                                  " bytes of client memory registered over all sessions; " +
-                                  std::to_string(reg.bytes()) + " more would pass the limit of " +
-                                  std::to_string(limits.max_bytes_total) +
-                                  ": unregister some first");
-  }
-  if (limits.memories_total != nullptr &&
-      !TakeFromBudget(limits.memories_total, 1, limits.max_memories_total, &total)) {
-    if (limits.bytes_total != nullptr) {
-      limits.bytes_total->fetch_sub(reg.bytes(), std::memory_order_relaxed);
+  // The daemon-wide budgets, shared fairly between users (daemon/fair_share.h).
+  const SharedBudgets& shared = s.budgets();
+  const uint32_t uid = s.info().uid;
+  if (shared.bytes != nullptr) STASH_RETURN_IF_ERROR(shared.bytes->Take(uid, reg.bytes()));
+  if (shared.memories != nullptr) {
+    if (Status taken = shared.memories->Take(uid, 1); !taken.ok()) {
+      if (shared.bytes != nullptr) shared.bytes->Give(uid, reg.bytes());
+      return taken;
     }
-    return ResourceExhaustedError(
-        "stashd holds " + std::to_string(total) +
-        " registered allocations over all sessions, the limit (half of vm.max_map_count): "
-        "unregister some first, or reuse buffers");
   }
   s.declared_memories()[reg.memory_id()] = reg.bytes();
   return Status::Ok();
@@ -288,6 +278,12 @@ Status CheckHello(const v1::Hello& hello, v1::Backend backend, int pools) {
   return Status::Ok();
 }
 
+void GiveDeclared(Session& session, uint64_t bytes, uint64_t count) {
+  const SharedBudgets& shared = session.budgets();
+  if (shared.bytes != nullptr) shared.bytes->Give(session.info().uid, bytes);
+  if (shared.memories != nullptr) shared.memories->Give(session.info().uid, count);
+}
+
 Status AdmitRequest(const v1::SessionRequest& request, Session& session,
                     const AdmitLimits& limits) {
   if (request.request_id() == 0) return InvalidArgumentError("request_id must be nonzero");
@@ -321,12 +317,7 @@ Status AdmitRequest(const v1::SessionRequest& request, Session& session,
       if (it == session.declared_memories().end()) {
         return NotFoundError("memory " + std::to_string(id) + " is not registered in this session");
       }
-      if (limits.bytes_total != nullptr) {
-        limits.bytes_total->fetch_sub(it->second, std::memory_order_relaxed);
-      }
-      if (limits.memories_total != nullptr) {
-        limits.memories_total->fetch_sub(1, std::memory_order_relaxed);
-      }
+      GiveDeclared(session, it->second);
       session.declared_memories().erase(it);
       session.declared_by().erase(id);
       return Status::Ok();

@@ -2,7 +2,6 @@
 #ifndef STASH_DAEMON_ADMIT_H_
 #define STASH_DAEMON_ADMIT_H_
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -19,21 +18,16 @@ inline constexpr size_t kMaxTextBytes = 256;
 struct AdmitLimits {
   stash::v1::Backend backend = stash::v1::BACKEND_HOST;
   uint32_t max_inflight = 4096;  // queued requests per session
-  // Registered allocations per session, and over every session. Each is one mapping of the
-  // daemon: together they stay well under vm.max_map_count, past which every mmap of the daemon
-  // fails (and with it every other session's registrations).
+  // Registered allocations per session. Each is one mapping of the daemon: together (over every
+  // session, Session::budgets().memories) they stay well under vm.max_map_count, past which
+  // every mmap of the daemon fails (and with it every other session's registrations).
   uint64_t max_memories = 4096;
-  uint64_t max_memories_total = 32768;
-  // The daemon-wide count of registrations (non-owning; null = not counted, as in unit tests).
-  std::atomic<uint64_t>* memories_total = nullptr;
-  // Bytes of one registration, and of all registrations of every session together: each is
-  // mapped into the daemon's address space (128 TiB), and a sparse memfd costs its sender
-  // nothing. MEMORY_KIND_HOST_FD memory on the cuda backend holds only event counters and
-  // counts, so it gets `max_counter_memory_bytes`.
+  // Bytes of one registration (each is mapped into the daemon's address space, and a sparse
+  // memfd costs its sender nothing; all of them together: Session::budgets().bytes).
+  // MEMORY_KIND_HOST_FD memory on the cuda backend holds only event counters and counts, so it
+  // gets `max_counter_memory_bytes`.
   uint64_t max_memory_bytes = 1ULL << 40;
   uint64_t max_counter_memory_bytes = 64ULL << 20;
-  uint64_t max_bytes_total = 32ULL << 40;
-  std::atomic<uint64_t>* bytes_total = nullptr;  // non-owning; null = not counted
 };
 
 // Checks one post-Hello request against the session's registered memory and live tickets.
@@ -47,6 +41,10 @@ struct AdmitLimits {
 // change.
 Status AdmitRequest(const stash::v1::SessionRequest& request, Session& session,
                     const AdmitLimits& limits);
+
+// Gives back to the session's shared budgets what declaring `count` registrations of `bytes`
+// in all took (an unregistration, a registration that failed, the session's end).
+void GiveDeclared(Session& session, uint64_t bytes, uint64_t count = 1);
 
 // Checks a Hello: backend must be known and match, device must name one of `pools` pools unless
 // a cuda Hello names its GPU by UUID (the pool is then picked by UUID and the index is the

@@ -27,6 +27,13 @@ namespace v1 = stash::v1;
 // most a few in flight), and all sessions together: each is a descriptor of the daemon, which
 // gRPC, the pools and CUDA need too.
 constexpr size_t kMaxPendingDeposits = 64;
+// Sessions over all users, and what stays free for another user's first sessions: each costs a
+// stream, a little memory and, in mapped mode, a pidfd and a control block.
+constexpr uint64_t kMaxSessions = 4096;
+constexpr uint64_t kMaxSessionsFirst = 256;
+// Bytes of client memory registered over all sessions: a quarter of the 128 TiB address space
+// (a sparse memfd costs its sender nothing).
+constexpr uint64_t kMaxRegisteredBytes = 32ULL << 40;
 uint64_t MaxDepositsHeld() {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 4096;
@@ -124,10 +131,21 @@ DaemonCore::DaemonCore(const DaemonConfig& config, v1::Backend backend, std::str
   limits_.max_inflight = config.max_inflight;
   // Registrations in all: half the mappings the kernel allows, the rest stays for the daemon's
   // own (tiers, libraries, thread stacks); one session may take at most a quarter of that.
-  limits_.max_memories_total = MaxMapCount() / 2;
-  limits_.max_memories = std::min<uint64_t>(limits_.max_memories, limits_.max_memories_total / 4);
-  limits_.memories_total = &counters_.memories_declared;
-  limits_.bytes_total = &counters_.bytes_declared;
+  const uint64_t max_memories_total = MaxMapCount() / 2;
+  limits_.max_memories = std::min<uint64_t>(limits_.max_memories, max_memories_total / 4);
+  // A first session's worth stays free for another user: one session's most of each.
+  sessions_share_ = std::make_unique<FairShare>(FairShare::Spec{
+      "sessions", kMaxSessions, kMaxSessionsFirst, 0,
+      "close sessions that are not used (every session of a process that exited ends at once)"});
+  memories_share_ = std::make_unique<FairShare>(
+      FairShare::Spec{"registered allocations", max_memories_total, limits_.max_memories, 0,
+                      "unregister some first, or reuse buffers"});
+  bytes_share_ = std::make_unique<FairShare>(
+      FairShare::Spec{"bytes of registered client memory", kMaxRegisteredBytes,
+                      limits_.max_memory_bytes, 0, "unregister some first"});
+  deposits_share_ = std::make_unique<FairShare>(
+      FairShare::Spec{"descriptors deposited and not yet registered", MaxDepositsHeld(),
+                      kMaxPendingDeposits, 0, "send the RegisterMemory of earlier deposits first"});
 }
 
 StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& config,
@@ -174,6 +192,7 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     lease.chunk_bytes = core->chunk_bytes_;
     lease.max_lease_bytes = core->max_lease_bytes_;
     lease.peer_tier = config.peer_tier;
+    lease.first_share_divisor = 16;
     core->leases_ = std::make_unique<Leases>(
         pool_tiers, core->pools_.empty() ? nullptr : core->pools_[0]->host(), lease);
   }
@@ -196,8 +215,8 @@ void DaemonCore::Stop() {
 }
 
 StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hello,
-                                                           ResponseSink* sink,
-                                                           v1::Welcome* welcome) {
+                                                           ResponseSink* sink, v1::Welcome* welcome,
+                                                           const SocketPeer& peer) {
   if (draining()) {
     return UnavailableError("stashd on " + socket_path_ +
                             " is draining (stashctl drain or SIGTERM) and takes no new sessions: "
@@ -218,7 +237,11 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   info.client_version = hello.client_version();
   info.allow_host_spill = hello.allow_host_spill();
   info.mapped = hello.mode() == v1::MODE_MAPPED;
-  auto session = std::make_shared<Session>(info, sink, &counters_.rejected);
+  info.uid = peer.known ? peer.uid : 0;
+  STASH_RETURN_IF_ERROR(sessions_share_->Take(info.uid, 1));
+  auto session = std::make_shared<Session>(
+      info, sink, &counters_.rejected,
+      SharedBudgets{memories_share_.get(), bytes_share_.get(), deposits_share_.get()});
   {
     MutexLock lock(&mu_);
     sessions_[info.id] = session;
@@ -312,6 +335,7 @@ DescriptorReply DaemonCore::HandleDescriptors(const v1::DescriptorRequest& reque
   who.uid = peer.uid;
   who.pid = peer.pid;
   who.socket = peer.socket;
+  who.max_descriptors = peer.max_descriptors;
   switch (request.kind_case()) {
     case v1::DescriptorRequest::kDepositMemory: {
       if (session->info().mapped) {
@@ -320,9 +344,7 @@ DescriptorReply DaemonCore::HandleDescriptors(const v1::DescriptorRequest& reque
       }
       const v1::DepositMemory& d = request.deposit_memory();
       if (Status s = CheckClientMemoryFd(fds.at(0).get(), d.bytes()); !s.ok()) return s;
-      static const uint64_t max_held = MaxDepositsHeld();
-      return session->Deposit(d.memory_id(), d.bytes(), fds[0], kMaxPendingDeposits,
-                              &counters_.deposits_held, max_held);
+      return session->Deposit(d.memory_id(), d.bytes(), fds[0], kMaxPendingDeposits);
     }
     case v1::DescriptorRequest::kLeaseChunks: {
       DescriptorReply reply = leases_->Lease(who, request.lease_chunks());
@@ -349,13 +371,12 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session,
     if (closed) closed();
     return;
   }
+  sessions_share_->Give(session->info().uid, 1);
   {
     MutexLock lock(&session->mu());
     uint64_t bytes = 0;
     for (const auto& [id, size] : session->declared_memories()) bytes += size;
-    counters_.bytes_declared.fetch_sub(bytes, std::memory_order_relaxed);
-    counters_.memories_declared.fetch_sub(session->declared_memories().size(),
-                                          std::memory_order_relaxed);
+    GiveDeclared(*session, bytes, session->declared_memories().size());
     session->declared_memories().clear();
     session->declared_by().clear();
   }

@@ -15,9 +15,11 @@
 
 #include "common/copy_workers.h"
 #include "common/unique_fd.h"
+#include "daemon/acceptor.h"
 #include "daemon/admit.h"
 #include "daemon/config.h"
 #include "daemon/descriptor_message.h"
+#include "daemon/fair_share.h"
 #include "daemon/leases.h"
 #include "daemon/pool.h"
 #include "daemon/session.h"
@@ -49,9 +51,12 @@ class DaemonCore {
   DaemonCore& operator=(const DaemonCore&) = delete;
   ~DaemonCore();
 
-  // Starts a session for a Hello; fills `welcome`. Responses go to `sink` until CloseSession.
+  // Starts a session for a Hello that came from `peer` (the gRPC connection's credentials; an
+  // unknown peer counts as uid 0); fills `welcome`. Responses go to `sink` until CloseSession.
+  // RESOURCE_EXHAUSTED past the user's fair share of sessions.
   StatusOr<std::shared_ptr<Session>> OpenSession(const stash::v1::Hello& hello, ResponseSink* sink,
-                                                 stash::v1::Welcome* welcome);
+                                                 stash::v1::Welcome* welcome,
+                                                 const SocketPeer& peer = {});
 
   // Admits one post-Hello request and queues it, or answers it at once with its error.
   void HandleRequest(const std::shared_ptr<Session>& session, stash::v1::SessionRequest request);
@@ -126,6 +131,12 @@ class DaemonCore {
 
   DaemonCounters counters_;
   std::atomic<bool> draining_{false};
+  // Daemon-wide budgets shared fairly between Unix users (daemon/fair_share.h,
+  // docs/security.md "Limits").
+  std::unique_ptr<FairShare> sessions_share_;
+  std::unique_ptr<FairShare> memories_share_;
+  std::unique_ptr<FairShare> bytes_share_;
+  std::unique_ptr<FairShare> deposits_share_;
 
   Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

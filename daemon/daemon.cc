@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -22,6 +23,8 @@
 #include "common/socket_path.h"
 #include "common/sys.h"
 #include "common/version.h"
+#include "daemon/acceptor.h"
+#include "daemon/connection_gate.h"
 #include "daemon/core.h"
 #include "daemon/descriptor_server.h"
 #include "daemon/memory_fit.h"
@@ -113,6 +116,32 @@ bool SocketIsLive(const std::string& path) {
   return rc == 0;
 }
 
+// gRPC connections the Unix socket serves at once: each costs a descriptor and gRPC's buffers.
+// A user may hold at most 256, and beyond 32 only while 32 stay free for another user.
+uint64_t MaxGrpcConnections() {
+  rlimit limit{};
+  uint64_t nofile = 8192;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    nofile = limit.rlim_cur;
+  }
+  return std::clamp<uint64_t>(nofile / 8, 64, 1024);
+}
+constexpr uint64_t kGrpcConnectionsFirst = 32;
+constexpr uint64_t kGrpcConnectionsPerUser = 256;
+// The TCP listener (read-only statistics; its peers have no credentials): at most this many.
+constexpr uint64_t kTcpConnections = 64;
+
+// A gRPC server that serves only connections handed to it (ConnectionGate), with the daemon's
+// channel arguments.
+std::unique_ptr<grpc::Server> BuildServer(const std::vector<grpc::Service*>& services) {
+  grpc::ServerBuilder builder;
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  // Streams per connection: a rank opens one session; stashctl one call at a time.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 64);
+  return builder.BuildAndStart();
+}
+
 gid_t StashdGroup() {
   struct group* g = getgrnam("stashd");
   return g != nullptr ? g->gr_gid : static_cast<gid_t>(-1);
@@ -131,6 +160,11 @@ struct Daemon::Impl {
   std::unique_ptr<ReflectionV1Service> reflection_v1;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> tcp_server;
+  // The gates accept for the servers; gone before them (Shutdown).
+  std::unique_ptr<FairShare> connection_share;
+  std::unique_ptr<FairShare> tcp_share;
+  std::unique_ptr<ConnectionGate> gate;
+  std::unique_ptr<ConnectionGate> tcp_gate;
   std::unique_ptr<MetricsServer> metrics;  // reads core: gone before it
   Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
@@ -228,67 +262,61 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
             return core->HandleDescriptors(request, peer, fds);
           }));
 
-  // gRPC: the service, health and reflection.
+  // gRPC: the service, health and reflection, on connections the gate accepts (stashd accepts
+  // every connection itself: ConnectionGate).
+  impl->connection_share = std::make_unique<FairShare>(FairShare::Spec{
+      "gRPC connections", MaxGrpcConnections(), kGrpcConnectionsFirst, kGrpcConnectionsPerUser,
+      "close connections that are not used (one per process is enough)"});
+  STASH_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(impl->socket_path, SOCK_STREAM, group));
+  STASH_ASSIGN_OR_RETURN(impl->gate, ConnectionGate::Create(std::move(listener), "gRPC socket",
+                                                            impl->connection_share.get()));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  impl->service = std::make_unique<StashServiceImpl>(impl->core.get(), true);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(GrpcUnixTarget(impl->socket_path), grpc::InsecureServerCredentials());
-  builder.RegisterService(impl->service.get());
+  impl->service =
+      std::make_unique<StashServiceImpl>(impl->core.get(), true, true, impl->gate.get());
   impl->reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
       "stash.v1.StashService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
       "grpc.reflection.v1.ServerReflection"});
-  builder.RegisterService(impl->reflection_v1.get());
-  builder.SetMaxReceiveMessageSize(16 << 20);
-  // The socket is born 0660 (its mode is the access control): a chmod after bind would leave a
-  // window in which clients connect to a socket with the umask's mode.
-  const mode_t old_umask = umask(0117);
-  impl->server = builder.BuildAndStart();
-  umask(old_umask);
+  impl->server = BuildServer({impl->service.get(), impl->reflection_v1.get()});
   if (impl->server == nullptr) {
-    return UnavailableError("gRPC could not listen on " + impl->socket_path +
-                            " (see the log above): check the directory's permissions");
-  }
-  if (group != static_cast<gid_t>(-1)) {
-    // lchown: a symlink put in the socket's place is not followed.
-    if (lchown(impl->socket_path.c_str(), static_cast<uid_t>(-1), group) != 0) {
-      log->warn("cannot give {} to group stashd: {}", impl->socket_path, std::strerror(errno));
-    }
+    return UnavailableError("gRPC could not start its server (see the log above)");
   }
   impl->server->GetHealthCheckService()->SetServingStatus(true);
+  impl->gate->Serve(impl->server.get());
 
   if (!config.listen.empty()) {
     // Any local user reaches this port, past the socket's group: node-level numbers only,
     // unless the operator asked for the session rows too.
-    impl->tcp_service =
-        std::make_unique<StashServiceImpl>(impl->core.get(), false, config.listen_sessions);
-    grpc::ServerBuilder tcp;
     int port = 0;
-    tcp.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
-    tcp.RegisterService(impl->tcp_service.get());
-    // gRPC sets SO_REUSEPORT by default, which lets a second daemon bind the same port and the
-    // kernel split connections between the two: refuse a port in use instead.
-    tcp.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    impl->tcp_server = tcp.BuildAndStart();
-    if (impl->tcp_server == nullptr || port == 0) {
-      impl->server->Shutdown();
-      return UnavailableError("cannot listen on --listen=" + config.listen +
-                              ": the port is in use (another stashd?) or the address is not "
-                              "local: pick a free port");
+    auto tcp_listener = ListenTcp(config.listen, &port);
+    if (!tcp_listener.ok()) {
+      return UnavailableError("cannot listen on --listen=" + config.listen + ": " +
+                              tcp_listener.status().message() +
+                              " (the port is in use, another stashd?, or the address is not "
+                              "local): pick a free port");
+    }
+    impl->tcp_share = std::make_unique<FairShare>(
+        FairShare::Spec{"TCP listener connections", kTcpConnections, 0, 0,
+                        "close connections to the --listen port that are not used"});
+    STASH_ASSIGN_OR_RETURN(impl->tcp_gate, ConnectionGate::Create(std::move(tcp_listener).value(),
+                                                                  "TCP listener " + config.listen,
+                                                                  impl->tcp_share.get()));
+    impl->tcp_service = std::make_unique<StashServiceImpl>(
+        impl->core.get(), false, config.listen_sessions, impl->tcp_gate.get());
+    impl->tcp_server = BuildServer({impl->tcp_service.get()});
+    if (impl->tcp_server == nullptr) {
+      return UnavailableError("gRPC could not start the TCP listener's server (see the log above)");
     }
     impl->tcp_server->GetHealthCheckService()->SetServingStatus(true);
-    log->info("serving read-only stats on tcp {} ({})", config.listen,
+    impl->tcp_gate->Serve(impl->tcp_server.get());
+    log->info("serving read-only stats on tcp {} (port {}, {})", config.listen, port,
               config.listen_sessions ? "with per-session rows: --listen-sessions"
                                      : "node-level numbers only");
   }
 
   if (!config.metrics_listen.empty()) {
     auto metrics = MetricsServer::Start(config.metrics_listen, impl->core.get());
-    if (!metrics.ok()) {
-      if (impl->tcp_server != nullptr) impl->tcp_server->Shutdown();
-      impl->server->Shutdown();
-      return metrics.status();
-    }
+    if (!metrics.ok()) return metrics.status();
     impl->metrics = std::move(metrics).value();
     const std::string host = config.metrics_listen.substr(0, config.metrics_listen.rfind(':'));
     log->info("serving Prometheus metrics on http://{}:{}/metrics", host, impl->metrics->port());
@@ -320,6 +348,8 @@ void Daemon::Shutdown() {
   // cuda executor's writes are plain stores) and hang a trainer's stream for ever. Requests
   // arriving meanwhile are answered UNAVAILABLE.
   impl_->core->Stop();
+  impl_->gate.reset();  // accepts no more
+  impl_->tcp_gate.reset();
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (impl_->tcp_server != nullptr) impl_->tcp_server->Shutdown(deadline);
   impl_->server->Shutdown(deadline);

@@ -2,11 +2,15 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <linux/sockios.h>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -16,9 +20,12 @@
 
 #include "common/descriptor_socket.h"
 #include "common/logging.h"
+#include "common/macros.h"
 #include "common/mutex.h"
 #include "common/sys.h"
+#include "daemon/acceptor.h"
 #include "daemon/descriptor_message.h"
+#include "daemon/fair_share.h"
 
 namespace stash::daemon {
 
@@ -93,27 +100,36 @@ class Closer {
   std::shared_ptr<State> state_;
 };
 
-// How long one lease answer may wait for room in a peer's socket buffer, all its packets
-// together: a client reads its chunk packets as they come, and the buffer holds dozens of them,
-// so only a peer that does not read ever waits. The server's one thread is held that long at
-// most, and only by an answer that grants chunks (docs/security.md).
-constexpr std::chrono::milliseconds kLeaseSendLimit(200);
+// How long a peer may leave an answer unsent (its socket buffer full) before it is disconnected.
+constexpr auto kStuckLimit = std::chrono::seconds(1);
+// How often the server looks whether peers read the descriptors it sent them.
+constexpr int kInflightCheckMs = 20;
 
-// Sends one packet without blocking, waiting for room until `deadline` when the peer's buffer
-// is full (not at all for a deadline already past).
-bool SendBy(int socket, const std::string& bytes, const std::vector<int>& fds,
-            Clock::time_point deadline) {
-  while (true) {
-    const Status sent = SendPacket(socket, bytes, fds, /*nonblocking=*/true);
-    if (sent.ok()) return true;
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (sent.code() != StatusCode::kUnavailable || left.count() <= 0) return false;
-    pollfd p{socket, POLLOUT, 0};
-    int rc = 0;
-    STASH_SYSCALL_RETRY(rc, poll(&p, 1, static_cast<int>(left.count())));
-    if (rc < 0) return false;
+// Descriptors the daemon may have sent and its peers not yet read, over all peers: the kernel
+// counts them against the daemon (a sender past RLIMIT_NOFILE of them in flight is refused
+// with ETOOMANYREFS unless it runs as root), and queued ones are descriptors of its own.
+uint64_t InflightCapacity() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 4096;
+  return std::max<uint64_t>(64, limit.rlim_cur / 4);
+}
+
+// Connections served at once: kMaxConnections, or fewer where the open-file limit is low (each is
+// a descriptor of the daemon), but room for two users' worth.
+uint64_t MaxConnections() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return DescriptorServer::kMaxConnections;
   }
+  return std::clamp<uint64_t>(limit.rlim_cur / 8, 2 * DescriptorServer::kMaxConnectionsPerUser,
+                              DescriptorServer::kMaxConnections);
+}
+
+// Bytes the peer has not read yet of what was sent on `socket` (SIOCOUTQ); 0 when unknown.
+int Unread(int socket) {
+  int pending = 0;
+  if (ioctl(socket, SIOCOUTQ, &pending) != 0) return 0;
+  return pending;
 }
 
 }  // namespace
@@ -123,20 +139,39 @@ struct DescriptorServer::Impl {
   Handler handler;
   UniqueFd listener;
   UniqueFd wake;  // eventfd: Stop
+  FairShare connection_share{{"descriptor-channel connections", MaxConnections(),
+                              kMaxConnectionsPerUser, kMaxConnectionsPerUser,
+                              "close some (one per session is enough)"}};
+  FairShare inflight_share{{"descriptors sent to clients and not yet read", InflightCapacity(),
+                            InflightCapacity() / 8, 0,
+                            "read the answers of earlier lease requests first"}};
+  struct Outgoing {
+    std::string bytes;
+    UniqueFd fd;  // -1: none
+  };
   struct Connection {
     UniqueFd fd;
     PeerCredentials peer;
     Clock::time_point accepted;
-    bool served = false;  // sent a valid request
+    bool served = false;         // sent a valid request
+    std::deque<Outgoing> queue;  // the answer's packets not sent yet
+    Clock::time_point stuck_since{};
+    uint64_t inflight = 0;  // descriptors queued or sent and not known read
+    bool close_after_send = false;
   };
   std::vector<Connection> connections;  // the thread's own
   Closer closer;
   std::thread thread;
 
   void Run();
-  void Accept();
+  void Accept(Acceptor& acceptor);
   // Serves one packet of connection `c`; false when the connection must close.
   bool Serve(Connection& c);
+  // Sends what `c` has queued without waiting; false when the connection must close.
+  bool Flush(Connection& c, Clock::time_point now);
+  // Whether `c` may be read: its earlier answer's descriptors were all read by the peer.
+  bool Drained(Connection& c);
+  void Close(Connection& c);
 };
 
 DescriptorServer::DescriptorServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -146,27 +181,7 @@ StatusOr<std::unique_ptr<DescriptorServer>> DescriptorServer::Start(const std::s
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->handler = std::move(handler);
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return InvalidArgumentError("descriptor socket path " + path + " is longer than " +
-                                std::to_string(sizeof(addr.sun_path) - 1) +
-                                " bytes, the Unix socket limit: pick a shorter --socket");
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  impl->listener.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!impl->listener.valid()) return ErrnoStatus("socket(AF_UNIX, SOCK_SEQPACKET)");
-  unlink(path.c_str());  // stale: the caller holds the daemon's lock
-  // Born 0660 (the umask), never changed by path afterwards but for the group (lchown: a
-  // symlink put in its place is not followed).
-  const mode_t old_mask = umask(0117);
-  const int bound = bind(impl->listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  umask(old_mask);
-  if (bound != 0) return ErrnoStatus("bind(" + path + ")");
-  if (group != static_cast<gid_t>(-1) && lchown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
-    Log("ipc")->warn("cannot give {} to group stashd: {}", path, std::strerror(errno));
-  }
-  if (listen(impl->listener.get(), 128) != 0) return ErrnoStatus("listen(" + path + ")");
+  STASH_ASSIGN_OR_RETURN(impl->listener, ListenUnix(path, SOCK_SEQPACKET, group));
   impl->wake.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!impl->wake.valid()) return ErrnoStatus("eventfd");
   Impl* raw = impl.get();
@@ -180,20 +195,61 @@ DescriptorServer::~DescriptorServer() {
     Log("ipc")->error("cannot wake the descriptor server: {}", std::strerror(errno));
   }
   if (impl_->thread.joinable()) impl_->thread.join();
+  for (auto& c : impl_->connections) impl_->Close(c);
   unlink(impl_->path.c_str());
 }
 
+void DescriptorServer::Impl::Close(Connection& c) {
+  std::vector<UniqueFd> fds;
+  for (Outgoing& o : c.queue) {
+    if (o.fd.valid()) fds.push_back(std::move(o.fd));
+  }
+  c.queue.clear();
+  closer.Close(fds);
+  inflight_share.Give(c.peer.uid, c.inflight);
+  c.inflight = 0;
+  connection_share.Give(c.peer.uid, 1);
+  c.fd.reset();
+}
+
+bool DescriptorServer::Impl::Drained(Connection& c) {
+  if (c.inflight == 0) return true;
+  if (!c.queue.empty() || Unread(c.fd.get()) != 0) return false;
+  inflight_share.Give(c.peer.uid, c.inflight);
+  c.inflight = 0;
+  return true;
+}
+
 void DescriptorServer::Impl::Run() {
+  Acceptor acceptor(listener.get(), "descriptor socket " + path);
   std::vector<pollfd> fds;
   while (true) {
+    const auto now = Clock::now();
+    const bool resting = acceptor.backoff() > now;
     fds.clear();
     fds.push_back({wake.get(), POLLIN, 0});
-    fds.push_back({listener.get(), POLLIN, 0});
-    for (const Connection& c : connections) fds.push_back({c.fd.get(), POLLIN, 0});
+    fds.push_back({listener.get(), static_cast<short>(resting ? 0 : POLLIN), 0});
     bool unserved = false;
-    for (const Connection& c : connections) unserved = unserved || !c.served;
+    bool waiting = false;  // on a peer to read, or to make room
+    for (Connection& c : connections) {
+      short events = 0;
+      if (!c.queue.empty()) {
+        events = POLLOUT;
+        waiting = true;
+      } else if (Drained(c)) {
+        events = POLLIN;
+      } else {
+        waiting = true;  // looked at again in kInflightCheckMs
+      }
+      fds.push_back({c.fd.get(), events, 0});
+      unserved = unserved || !c.served;
+    }
+    int timeout = -1;
+    if (unserved) timeout = 1000;
+    if (waiting) timeout = kInflightCheckMs;
+    if (resting) timeout = timeout < 0 ? 100 : std::min(timeout, 100);
     int rc = 0;
-    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), unserved ? 1000 : -1));
+    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), timeout));
     if (rc < 0) {
       Log("ipc")->error("descriptor server: poll failed: {}", std::strerror(errno));
       return;
@@ -202,58 +258,76 @@ void DescriptorServer::Impl::Run() {
     // Connections first (indices shift as they close), then new ones.
     std::vector<Connection> kept;
     kept.reserve(connections.size());
-    const auto now = Clock::now();
+    const auto after = Clock::now();
     for (size_t i = 0; i < connections.size(); ++i) {
+      Connection& c = connections[i];
       const short events = fds[i + 2].revents;
-      if (events == 0 || Serve(connections[i])) {
-        if ((events & (POLLHUP | POLLERR | POLLNVAL)) != 0 && (events & POLLIN) == 0) continue;
-        if (!connections[i].served && now - connections[i].accepted > kIdleLimit) continue;
-        kept.push_back(std::move(connections[i]));
+      bool keep = true;
+      if (!c.queue.empty()) {
+        keep = Flush(c, after);
+      } else if ((events & POLLIN) != 0) {
+        keep = Serve(c) && Flush(c, after);
+      } else if ((events & (POLLHUP | POLLERR | POLLNVAL)) != 0) {
+        keep = false;
+      }
+      if (keep && c.queue.empty() && c.close_after_send) keep = false;
+      if (keep && !c.served && after - c.accepted > kIdleLimit) keep = false;
+      if (keep) {
+        kept.push_back(std::move(c));
+      } else {
+        Close(c);
       }
     }
     connections = std::move(kept);
-    if (fds[1].revents != 0) Accept();
+    if (fds[1].revents != 0) Accept(acceptor);
   }
 }
 
-void DescriptorServer::Impl::Accept() {
-  while (true) {
-    UniqueFd fd(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!fd.valid()) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        Log("ipc")->warn("descriptor server: accept failed: {}", std::strerror(errno));
-      }
-      return;
-    }
-    if (connections.size() >= kMaxConnections) {
-      (void)SendPacket(fd.get(),
-                       DescriptorAnswer(ResourceExhaustedError(
-                           "stashd serves at most " + std::to_string(kMaxConnections) +
-                           " descriptor-channel connections at once: try again later")),
-                       {}, /*nonblocking=*/true);
+void DescriptorServer::Impl::Accept(Acceptor& acceptor) {
+  while (auto accepted = acceptor.Accept()) {
+    UniqueFd fd = std::move(accepted->fd);
+    const SocketPeer& p = accepted->peer;
+    if (Status took = connection_share.Take(p.uid, 1); !took.ok()) {
+      // Said on the connection: the client reads it as the answer to its first request.
+      (void)SendPacket(fd.get(), DescriptorAnswer(took), {}, /*nonblocking=*/true);
       continue;  // closes it
     }
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      Log("ipc")->warn("descriptor server: SO_PEERCRED failed: {}", std::strerror(errno));
-      continue;
-    }
-    size_t same_user = 0;
-    for (const Connection& c : connections) same_user += c.peer.uid == cred.uid ? 1 : 0;
-    if (same_user >= kMaxConnectionsPerUser) {
-      (void)SendPacket(fd.get(),
-                       DescriptorAnswer(ResourceExhaustedError(
-                           "uid " + std::to_string(cred.uid) + " has " + std::to_string(same_user) +
-                           " descriptor-channel connections open, the limit per user: close "
-                           "some (one per session is enough)")),
-                       {}, /*nonblocking=*/true);
-      continue;
-    }
-    connections.push_back(Connection{
-        std::move(fd), PeerCredentials{cred.pid, cred.uid, cred.gid, -1}, Clock::now(), false});
+    Connection c;
+    c.fd = std::move(fd);
+    c.peer = PeerCredentials{p.pid, p.uid, p.gid, -1};
+    c.accepted = Clock::now();
+    connections.push_back(std::move(c));
   }
+}
+
+bool DescriptorServer::Impl::Flush(Connection& c, Clock::time_point now) {
+  while (!c.queue.empty()) {
+    Outgoing& o = c.queue.front();
+    std::vector<int> fds;
+    if (o.fd.valid()) fds.push_back(o.fd.get());
+    const Status sent = SendPacket(c.fd.get(), o.bytes, fds, /*nonblocking=*/true);
+    if (!sent.ok()) {
+      if (sent.code() != StatusCode::kUnavailable) return false;  // the peer is gone
+      if (c.stuck_since == Clock::time_point{}) c.stuck_since = now;
+      if (now - c.stuck_since > kStuckLimit) {
+        Log("ipc")->warn(
+            "descriptor channel: pid {} uid {} left its answer unread for {} s: disconnected "
+            "(chunks it did not receive stay in its lease until its process exits)",
+            c.peer.pid, c.peer.uid,
+            std::chrono::duration_cast<std::chrono::seconds>(kStuckLimit).count());
+        return false;
+      }
+      return true;
+    }
+    c.stuck_since = Clock::time_point{};
+    if (o.fd.valid()) {
+      std::vector<UniqueFd> done;
+      done.push_back(std::move(o.fd));
+      closer.Close(done);  // the peer has its own copy now
+    }
+    c.queue.pop_front();
+  }
+  return true;
 }
 
 bool DescriptorServer::Impl::Serve(Connection& c) {
@@ -263,46 +337,55 @@ bool DescriptorServer::Impl::Serve(Connection& c) {
   if (!packet.ok()) {
     if (packet.status().code() == StatusCode::kUnavailable) return true;  // spurious wake-up
     if (packet.status().code() == StatusCode::kOutOfRange) return false;  // closed
-    (void)SendPacket(c.fd.get(), DescriptorAnswer(packet.status()), {}, true);
-    return false;
+    c.queue.push_back(Outgoing{DescriptorAnswer(packet.status()), UniqueFd()});
+    c.close_after_send = true;
+    return true;
   }
   auto request = ParseDescriptorRequest(packet->bytes, packet->fds.size());
   if (!request.ok()) {
     Log("ipc")->warn("descriptor channel: pid {} uid {} sent a bad packet: {}", c.peer.pid,
                      c.peer.uid, request.status().message());
     closer.Close(packet->fds);
-    (void)SendPacket(c.fd.get(), DescriptorAnswer(request.status()), {}, true);
-    return false;
+    c.queue.push_back(Outgoing{DescriptorAnswer(request.status()), UniqueFd()});
+    c.close_after_send = true;
+    return true;
   }
   PeerCredentials peer = c.peer;
   peer.socket = c.fd.get();
+  // The answer may carry at most the user's fair share of descriptors in flight.
+  peer.max_descriptors = inflight_share.Headroom(c.peer.uid);
   DescriptorReply reply = handler(*request, peer, packet->fds);
   closer.Close(packet->fds);  // what the handler did not keep
   const Status& status = reply.status;
-  if (status.code() != StatusCode::kPermissionDenied) c.served = true;
   if (status.code() == StatusCode::kPermissionDenied) {
     Log("ipc")->warn("descriptor channel: refused pid {} uid {}: {}", c.peer.pid, c.peer.uid,
                      status.message());
+    c.close_after_send = true;
+  } else {
+    c.served = true;
   }
-  // A lease's chunk packets, then the answer: a peer that leaves them unread past
-  // kLeaseSendLimit is disconnected (its chunks stay leased to its session until it exits).
-  // Other answers never wait: the protocol has one answer in flight.
-  const auto deadline = reply.parts.empty() ? Clock::now() : Clock::now() + kLeaseSendLimit;
-  bool sent_parts = true;
+  // A lease's chunk packets, then the answer, all queued and sent without waiting: a peer that
+  // leaves them unread past kStuckLimit is disconnected (its chunks stay leased to its session
+  // until it exits), and the connection is not read again before the peer read them all.
+  uint64_t descriptors = 0;
   for (DescriptorPart& part : reply.parts) {
-    if (!sent_parts) break;
-    sent_parts = SendBy(c.fd.get(), part.bytes, {part.fd.get()}, deadline);
+    descriptors += part.fd.valid() ? 1 : 0;
+    c.queue.push_back(Outgoing{std::move(part.bytes), std::move(part.fd)});
   }
-  if (!reply.parts.empty()) {
-    std::vector<UniqueFd> sent_fds;
-    for (DescriptorPart& part : reply.parts) sent_fds.push_back(std::move(part.fd));
-    closer.Close(sent_fds);  // the peer has its own copies now
+  if (descriptors > 0) {
+    // Within the headroom given to the handler; a handler that sent more still counts it all.
+    if (!inflight_share.Take(c.peer.uid, descriptors).ok()) {
+      Log("ipc")->error(
+          "descriptor channel: an answer carries {} descriptors, past the share "
+          "of uid {}",
+          descriptors, c.peer.uid);
+    } else {
+      c.inflight += descriptors;
+    }
   }
-  if (!sent_parts) return false;
   reply.last.set_memory_id(request->deposit_memory().memory_id());
-  const bool sent =
-      SendBy(c.fd.get(), DescriptorAnswer(status, std::move(reply.last)), {}, deadline);
-  return sent && status.code() != StatusCode::kPermissionDenied;
+  c.queue.push_back(Outgoing{DescriptorAnswer(status, std::move(reply.last)), UniqueFd()});
+  return true;
 }
 
 }  // namespace stash::daemon

@@ -6,9 +6,17 @@
 // packet is answered with INVALID_ARGUMENT and its connection closed; every descriptor the
 // daemon does not keep is closed unread, on a closer thread of its own (closing a hostile
 // descriptor can block: a socket lingering on unsent data, a file of a FUSE server that does
-// not answer). Reads and writes never wait; a peer that does not read its answers is
-// disconnected, and so is one that sent nothing valid within 10 s. At most 1024 connections
-// are served at once, 64 per Unix user.
+// not answer).
+//
+// The server never waits on one peer while another's packet is ready: an answer is queued on its
+// connection and sent without blocking as the peer makes room; a peer that leaves it unsent for
+// a second is disconnected, and a connection is not read again until the peer read every
+// descriptor of its last answer. Descriptors in flight (queued, or sent and not yet read) are a
+// budget shared fairly between users (daemon/fair_share.h): a lease answer carries at most the
+// asking user's share. Connections are accepted by an Acceptor (a spare descriptor: running out
+// costs only the connection that hit the limit), at most 1024 at once, 64 per Unix user; one
+// over either limit is answered with the reason before it is closed, and one that sent nothing
+// valid within 10 s is closed.
 #ifndef STASH_DAEMON_DESCRIPTOR_SERVER_H_
 #define STASH_DAEMON_DESCRIPTOR_SERVER_H_
 
@@ -40,8 +48,8 @@ class DescriptorServer {
       std::function<DescriptorReply(const stash::v1::DescriptorRequest& request,
                                     const PeerCredentials& peer, std::vector<UniqueFd>& fds)>;
 
-  // The most connections served at once, and per Unix user; more are answered
-  // RESOURCE_EXHAUSTED and closed.
+  // The most connections served at once (fewer where the open-file limit is under 8 times
+  // this), and per Unix user; more are answered RESOURCE_EXHAUSTED and closed.
   static constexpr size_t kMaxConnections = 1024;
   static constexpr size_t kMaxConnectionsPerUser = 64;
 

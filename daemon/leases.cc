@@ -66,6 +66,18 @@ Leases::Leases(std::vector<Tier*> pools, Tier* host, LeaseConfig config)
     MutexLock lock(&mu_);
     for (Tier* tier : tiers_) chunks_.emplace_back(tier->chunks());
   }
+  for (Tier* tier : tiers_) {
+    FairShare::Spec spec;
+    spec.what = "chunks of tier " + tier->name();
+    spec.capacity = tier->chunks();
+    spec.first = config.first_share_divisor == 0
+                     ? 0
+                     : std::max<uint64_t>(1, tier->chunks() / config.first_share_divisor);
+    spec.advice =
+        "the lease grows no further; chunks come back as other users' sessions return them or "
+        "exit";
+    shares_.push_back(std::make_unique<FairShare>(std::move(spec)));
+  }
   reaper_ = std::thread([this] { Reap(); });
 }
 
@@ -150,6 +162,15 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   if (h == nullptr) return status;
   if (h->ended) return FailedPreconditionError("this session has ended");
 
+  // Each chunk granted is a descriptor sent; the answer may carry `who.max_descriptors` of them
+  // (the user's share of descriptors in flight), the control block's first.
+  if (!h->control_sent && who.max_descriptors == 0) {
+    return ResourceExhaustedError(
+        "uid " + std::to_string(who.uid) +
+        " has its share of descriptors in flight to it, sent in answers not yet read: read "
+        "those answers first");
+  }
+  const uint64_t max_chunks = who.max_descriptors - (h->control_sent ? 0 : 1);
   const bool host_ok = has_host_ && h->allow_host_spill;
   std::array<bool, k::kLeaseTiers> allowed{true, config_.peer_tier && pools_ > 1, host_ok};
   std::array<uint64_t, k::kLeaseTiers> held{};
@@ -171,7 +192,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   auto grow = [&](uint32_t t, uint64_t want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!allowed[t] || want <= held[t]) return;
     const uint64_t budget = quota_pages_ > held_total ? quota_pages_ - held_total : 0;
-    Status grown = Grow(*h, t, want, budget, &reply.parts);
+    Status grown = Grow(*h, t, want, budget, max_chunks, &reply.parts);
     if (!grown.ok()) Log("pool")->warn("session {}: lease: {}", h->session_id, grown.message());
     const uint64_t now = HeldPages(*h, t);
     held_total += now - held[t];
@@ -276,7 +297,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
 }
 
 Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t budget,
-                    std::vector<DescriptorPart>* parts) {
+                    uint64_t max_chunks, std::vector<DescriptorPart>* parts) {
   std::vector<size_t> sources;
   if (lease_tier == kDevice) {
     sources.push_back(static_cast<size_t>(h.pool));
@@ -293,12 +314,15 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
     Tier* tier = tiers_[source];
     std::vector<uint64_t> take;
     std::vector<bool> written;
+    // The user's fair share of this tier's chunks (daemon/fair_share.h).
+    const uint64_t share = shares_[source]->Headroom(h.uid);
     {
       MutexLock tier_lock(&tier->mu());
       const std::vector<uint64_t> free = tier->WhollyFreeChunks();
       uint64_t free_left = free.size();
       for (uint64_t c : free) {
-        if (held >= target) break;
+        if (held >= target || take.size() >= share) break;
+        if (parts->size() + take.size() >= max_chunks) break;
         const uint64_t pages = tier->ChunkPages(c);
         if (pages > budget) break;
         // A pool lends to peers only while it keeps more than half its chunks free.
@@ -310,10 +334,17 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
       }
       tier->TakeChunks(take, &written);
     }
+    // Within the headroom read above, under mu_: nothing else takes from this share meanwhile.
+    STASH_CHECK(shares_[source]->Take(h.uid, take.size()).ok()) << "fair share moved under mu_";
+    if (held < target && take.size() == share) {
+      Log("pool")->info("session {}: uid {} leases no more chunks of {}: {}", h.session_id, h.uid,
+                        tier->name(), shares_[source]->Take(h.uid, 1).message());
+    }
     for (size_t i = 0; i < take.size(); ++i) {
       Status handed = Hand(h, lease_tier, source, take[i], written[i], parts);
       if (!handed.ok()) {
         // Hand put its own chunk back; the ones not handed yet go back too.
+        shares_[source]->Give(h.uid, take.size() - i);
         MutexLock tier_lock(&tier->mu());
         for (size_t j = i + 1; j < take.size(); ++j) tier->ReturnChunk(take[j]);
         return handed;
@@ -376,29 +407,57 @@ DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& r
   }
   for (uint64_t id : request.chunk_ids()) {
     for (auto& list : h->held) list.erase(std::remove(list.begin(), list.end(), id), list.end());
-    PutBack(id >> 32, id & 0xffffffffu);
+    PutBack(id >> 32, id & 0xffffffffu, h->uid);
   }
   DescriptorReply reply;
   reply.last.set_chunks_returned(static_cast<uint64_t>(request.chunk_ids_size()));
   return reply;
 }
 
-void Leases::PutBack(uint64_t tier, uint64_t chunk) {
+void Leases::PutBack(uint64_t tier, uint64_t chunk, uint32_t uid) {
+  shares_[tier]->Give(uid, 1);
   Chunk& c = chunks_[tier][chunk];
+  // Out of every holder's hands now; in no ring until it has fresh memory.
+  c.state = State::kOrphaned;
+  c.holder.clear();
+  if (!Renew(tier, chunk, /*retry=*/false)) {
+    renew_.emplace_back(tier, chunk);
+    Wake();  // the reaper retries on a timer
+  }
+}
+
+bool Leases::Renew(uint64_t tier, uint64_t chunk, bool retry) {
   Status renewed = tiers_[tier]->chunk_memory()->Renew(chunk);
   if (!renewed.ok()) {
-    // The holder's memory may still be reachable: it must not go back to the ring. Leave it
-    // orphaned under no holder (lost until restart) and say so.
-    Log("pool")->error("chunk {} of tier {} cannot get fresh memory and is retired: {}", chunk,
-                       tiers_[tier]->name(), renewed.message());
-    c.state = State::kOrphaned;
-    c.holder.clear();
-    return;
+    // The holder's memory may still be reachable: it must not go back to the ring yet.
+    if (retry) return false;  // said once, when it first failed
+    Log("pool")->warn(
+        "chunk {} of tier {} cannot get fresh memory yet; it is kept out of the "
+        "pool and renewed again every second: {}",
+        chunk, tiers_[tier]->name(), renewed.message());
+    return false;
   }
-  c.state = State::kPooled;
-  c.holder.clear();
+  if (retry) {
+    Log("pool")->info("chunk {} of tier {} has fresh memory and is back in the pool", chunk,
+                      tiers_[tier]->name());
+  }
+  chunks_[tier][chunk].state = State::kPooled;
   MutexLock tier_lock(&tiers_[tier]->mu());
   tiers_[tier]->ReturnChunk(chunk);
+  return true;
+}
+
+void Leases::RetryRenewals() {
+  std::vector<std::pair<uint64_t, uint64_t>> waiting;
+  waiting.swap(renew_);
+  for (const auto& [tier, chunk] : waiting) {
+    if (!Renew(tier, chunk, /*retry=*/true)) renew_.emplace_back(tier, chunk);
+  }
+}
+
+size_t Leases::renewing() {
+  MutexLock lock(&mu_);
+  return renew_.size();
 }
 
 void Leases::SessionEnded(const std::string& session_id) {
@@ -441,8 +500,13 @@ void Leases::Reap() {
         ids.push_back(id);
       }
     }
+    bool renewing = false;
+    {
+      MutexLock lock(&mu_);
+      renewing = !renew_.empty();
+    }
     int rc = 0;
-    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), -1));
+    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), renewing ? 1000 : -1));
     if (rc < 0) {
       Log("pool")->error("leases: the reaper's poll failed: {}", std::strerror(errno));
       return;
@@ -452,6 +516,7 @@ void Leases::Reap() {
       (void)!read(wake_.get(), &value, sizeof(value));
     }
     MutexLock lock(&mu_);
+    if (renewing) RetryRenewals();
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto it = holders_.find(ids[i - 1]);
@@ -463,7 +528,7 @@ void Leases::Reap() {
       uint64_t returned = 0;
       for (auto& list : h.held) {
         for (uint64_t id : list) {
-          PutBack(id >> 32, id & 0xffffffffu);
+          PutBack(id >> 32, id & 0xffffffffu, h.uid);
           ++returned;
         }
         list.clear();

@@ -14,6 +14,13 @@
 // a fresh memfd before it is leased. So a lease always starts zero-filled and no byte crosses
 // from one holder to the next.
 //
+// Fair shares: every tier's chunks are a FairShare between Unix users (daemon/fair_share.h): a
+// user may lease a tier's chunks only while a first session's worth (stashd keeps a sixteenth of
+// the tier, at least one chunk: LeaseConfig::first_share_divisor) stays free for another user. A
+// chunk that cannot get fresh memory when it comes back (out of memory) waits, out of every ring,
+// and is renewed again by the reaper every second until it can go back: it is never lost to the
+// pool.
+//
 // Peer chunks (--peer-tier): a session may lease another device pool's chunks only while that
 // pool keeps more than half its chunks free after lending, so a pool's own ranks come first.
 #ifndef STASH_DAEMON_LEASES_H_
@@ -33,6 +40,7 @@
 #include "common/unique_fd.h"
 #include "daemon/control_block.h"
 #include "daemon/descriptor_message.h"
+#include "daemon/fair_share.h"
 #include "daemon/tier.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/v1/descriptor.pb.h"
@@ -45,6 +53,9 @@ struct LeaseConfig {
   uint64_t chunk_bytes = 0;      // Welcome.chunk_bytes (a whole number of pages)
   uint64_t max_lease_bytes = 0;  // per session over all tiers
   bool peer_tier = false;        // lend other pools' spare chunks
+  // Each tier keeps tier chunks / first_share_divisor (at least one) for another user's first
+  // session (daemon/fair_share.h); 0 = no such share (every chunk to whoever asks first).
+  uint64_t first_share_divisor = 0;
 };
 
 // The mapped session a request comes from, as checked by DaemonCore.
@@ -55,6 +66,8 @@ struct LeaseHolder {
   uint32_t uid = 0;
   int64_t pid = 0;  // SO_PEERCRED of the descriptor connection (daemon's pid namespace)
   int socket = -1;  // that connection, to confirm it still lives once the pidfd is open
+  // The most descriptors the answer may carry (the user's share of descriptors in flight).
+  uint64_t max_descriptors = UINT64_MAX;
 };
 
 // Thread-safe.
@@ -87,6 +100,10 @@ class Leases {
                 ControlView* control);
   // Holders tracked (sessions with a lease, live or orphaned), for tests.
   size_t holders();
+  // Chunks waiting to be renewed before they go back to their ring, for tests.
+  size_t renewing();
+  // The fair share of tier `tier` (pools, then host), for tests and stats.
+  const FairShare& share(size_t tier) const { return *shares_[tier]; }
 
   // Chunk ids: the tier index (pools, then host) in the high 32 bits, the chunk in the low.
   static uint64_t ChunkId(uint64_t tier, uint64_t chunk) { return (tier << 32) | chunk; }
@@ -117,15 +134,20 @@ class Leases {
   uint64_t HeldPages(const Holder& h, uint32_t lease_tier) const;
   uint64_t PagesOf(uint64_t id) const;
   // Grants chunks of `lease_tier` until the holder holds >= `target` pages, at most `budget`
-  // pages more; appends a part per chunk.
-  Status Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t budget,
+  // pages more, within the user's fair share of the tier, while `parts` (a part per chunk,
+  // appended) has fewer than `max_chunks`.
+  Status Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t budget, uint64_t max_chunks,
               std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands one chunk just taken out of its ring to `h`.
   Status Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, bool written,
               std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives a chunk fresh memory and puts it back in its ring (retired, with an error logged, when
-  // it cannot get fresh memory: the holder's may still be reachable).
-  void PutBack(uint64_t tier, uint64_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back a chunk `uid` held: fresh memory, then its ring. When it cannot get fresh memory
+  // now (the holder's may still be reachable), it waits in renew_ and the reaper tries again.
+  void PutBack(uint64_t tier, uint64_t chunk, uint32_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Renews the chunk and returns it to its ring; false when it cannot get fresh memory yet (said
+  // in the log on the first try, not on the reaper's retries).
+  bool Renew(uint64_t tier, uint64_t chunk, bool retry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetryRenewals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reap();
   void Wake();
@@ -137,12 +159,15 @@ class Leases {
   const bool has_host_;
   const uint64_t chunk_pages_;
   const uint64_t quota_pages_;
-  UniqueFd wake_;  // eventfd: the holder set changed, or stop
+  std::vector<std::unique_ptr<FairShare>> shares_;  // per tier, in chunks
+  UniqueFd wake_;                                   // eventfd: the holder set changed, or stop
 
   Mutex mu_;
   std::vector<std::vector<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);  // per tier
   absl::flat_hash_map<std::string, std::unique_ptr<Holder>> holders_ ABSL_GUARDED_BY(mu_);
   std::vector<UniqueFd> closing_ ABSL_GUARDED_BY(mu_);  // pidfds the reaper closes
+  // Chunks that came back and could not get fresh memory yet (tier, chunk): out of every ring.
+  std::vector<std::pair<uint64_t, uint64_t>> renew_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reaper_;
 };

@@ -1,4 +1,6 @@
 #include "daemon/pool.h"
+
+#include "daemon/admit.h"
 #include "daemon/event_log.h"
 
 #include <algorithm>
@@ -356,8 +358,7 @@ void Pool::DoRegister(Session& s, const v1::SessionRequest& req) {
       auto declared = s.declared_memories().find(reg.memory_id());
       if (by != s.declared_by().end() && by->second == req.request_id() &&
           declared != s.declared_memories().end()) {
-        counters_->bytes_declared.fetch_sub(declared->second, std::memory_order_relaxed);
-        counters_->memories_declared.fetch_sub(1, std::memory_order_relaxed);
+        GiveDeclared(s, declared->second);
         s.declared_memories().erase(declared);
         s.declared_by().erase(by);
       }

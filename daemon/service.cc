@@ -39,8 +39,9 @@ grpc::ByteBuffer Serialize(const google::protobuf::Message& message) {
 class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                              public ResponseSink {
  public:
-  explicit SessionReactor(DaemonCore* core)
+  SessionReactor(DaemonCore* core, const SocketPeer& peer)
       : core_(core),
+        peer_(peer),
         writes_([this](const grpc::ByteBuffer* r) { StartWrite(r); }, [this] { MaybeFinish(); }) {
     StartRead(&incoming_);
   }
@@ -85,7 +86,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
       }
       v1::SessionResponse response;
       response.set_request_id(request.request_id());
-      auto session = core_->OpenSession(request.hello(), this, response.mutable_welcome());
+      auto session = core_->OpenSession(request.hello(), this, response.mutable_welcome(), peer_);
       if (!session.ok()) {
         EndAfterWrites(ToGrpcStatus(session.status()));
         return;
@@ -131,6 +132,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
   }
 
   DaemonCore* const core_;
+  const SocketPeer peer_;             // the connection's credentials
   grpc::ByteBuffer incoming_;         // read side only
   uint64_t received_ = 0;             // messages read; read side only
   std::shared_ptr<Session> session_;  // set by Hello, read side only
@@ -144,13 +146,16 @@ class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
 
 class RejectSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  RejectSession() {
-    Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "sessions are served only on the Unix socket; the TCP listener is "
-                        "read-only (stats)"));
-  }
+  explicit RejectSession(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
+
+// Finishes a unary call with `status`.
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const Status& status) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
 
 // Answers a unary call: parses the request as `Request` (INVALID_ARGUMENT with the reason when
 // it is not one), then serializes what `answer` returns.
@@ -171,15 +176,29 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
 
 }  // namespace
 
+ConnectionGate::Connection StashServiceImpl::Caller(grpc::CallbackServerContext* context) const {
+  if (gate_ == nullptr) return {};
+  return gate_->Lookup(context->peer()).value_or(ConnectionGate::Connection{});
+}
+
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StashServiceImpl::Session(
-    grpc::CallbackServerContext* /*context*/) {
-  if (!allow_sessions_) return new RejectSession();
-  return new SessionReactor(core_);
+    grpc::CallbackServerContext* context) {
+  if (!allow_sessions_) {
+    return new RejectSession(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                          "sessions are served only on the Unix socket; the TCP "
+                                          "listener is read-only (stats)"));
+  }
+  const ConnectionGate::Connection caller = Caller(context);
+  if (!caller.refused.ok()) return new RejectSession(ToGrpcStatus(caller.refused));
+  return new SessionReactor(core_, caller.peer);
 }
 
 grpc::ServerUnaryReactor* StashServiceImpl::GetStats(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
+  if (const Status refused = Caller(context).refused; !refused.ok()) {
+    return Refuse(context, refused);
+  }
   return Unary<v1::GetStatsRequest>(context, request, response,
                                     [this] { return core_->Stats(session_rows_); });
 }
@@ -187,6 +206,9 @@ grpc::ServerUnaryReactor* StashServiceImpl::GetStats(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* StashServiceImpl::ListSessions(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
+  if (const Status refused = Caller(context).refused; !refused.ok()) {
+    return Refuse(context, refused);
+  }
   return Unary<v1::ListSessionsRequest>(context, request, response,
                                         [this] { return core_->ListSessions(session_rows_); });
 }
@@ -194,6 +216,9 @@ grpc::ServerUnaryReactor* StashServiceImpl::ListSessions(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* StashServiceImpl::GetConfig(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
+  if (const Status refused = Caller(context).refused; !refused.ok()) {
+    return Refuse(context, refused);
+  }
   return Unary<v1::GetConfigRequest>(context, request, response,
                                      [this] { return core_->Config(); });
 }
@@ -202,10 +227,11 @@ grpc::ServerUnaryReactor* StashServiceImpl::Drain(grpc::CallbackServerContext* c
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
   if (!allow_sessions_) {
-    auto* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                                 "the TCP listener is read-only: drain over the Unix socket"));
-    return reactor;
+    return Refuse(context, PermissionDeniedError(
+                               "the TCP listener is read-only: drain over the Unix socket"));
+  }
+  if (const Status refused = Caller(context).refused; !refused.ok()) {
+    return Refuse(context, refused);
   }
   return Unary<v1::DrainRequest>(context, request, response, [this] {
     core_->Drain();

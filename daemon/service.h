@@ -7,6 +7,7 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
+#include "daemon/connection_gate.h"
 #include "daemon/core.h"
 #include "stash/v1/stash.grpc.pb.h"
 
@@ -25,9 +26,12 @@ class StashServiceImpl final : public RawStashService {
   // `core` outlives the service. Without `allow_sessions` (the TCP listener) the service is
   // read-only: Session answers PERMISSION_DENIED. Without `session_rows` GetStats and
   // ListSessions carry no per-session rows (no pids, labels or session ids), only their count
-  // in `sessions_omitted`.
-  StashServiceImpl(DaemonCore* core, bool allow_sessions, bool session_rows = true)
-      : core_(core), allow_sessions_(allow_sessions), session_rows_(session_rows) {}
+  // in `sessions_omitted`. `gate` (may be null: unit tests) is the gate connections come through:
+  // calls on a connection it refused are answered with the refusal, and a session's Hello is
+  // credited to the connection's Unix user.
+  StashServiceImpl(DaemonCore* core, bool allow_sessions, bool session_rows = true,
+                   const ConnectionGate* gate = nullptr)
+      : core_(core), allow_sessions_(allow_sessions), session_rows_(session_rows), gate_(gate) {}
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* context) override;
@@ -45,9 +49,13 @@ class StashServiceImpl final : public RawStashService {
                                   grpc::ByteBuffer* response) override;
 
  private:
+  // The caller's connection as the gate knows it (no credentials when it does not).
+  ConnectionGate::Connection Caller(grpc::CallbackServerContext* context) const;
+
   DaemonCore* const core_;  // non-owning
   const bool allow_sessions_;
   const bool session_rows_;
+  const ConnectionGate* const gate_;  // non-owning, may be null
 };
 
 }  // namespace stash::daemon

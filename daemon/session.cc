@@ -1,14 +1,16 @@
 #include "daemon/session.h"
 
-#include "common/budget.h"
+#include "common/macros.h"
 #include "common/text.h"
 
 namespace stash::daemon {
 
-Session::Session(SessionInfo info, ResponseSink* sink, std::atomic<uint64_t>* daemon_rejected)
+Session::Session(SessionInfo info, ResponseSink* sink, std::atomic<uint64_t>* daemon_rejected,
+                 SharedBudgets budgets)
     : info_(std::move(info)),
       start_(std::chrono::steady_clock::now()),
       daemon_rejected_(daemon_rejected),
+      budgets_(budgets),
       sink_(sink) {}
 
 double Session::AgeSeconds() const {
@@ -37,8 +39,7 @@ void Session::ForgetTicket(uint64_t ticket) {
   live_tickets_.erase(ticket);
 }
 
-Status Session::Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd& fd, size_t max_deposits,
-                        std::atomic<uint64_t>* total, uint64_t max_total) {
+Status Session::Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd& fd, size_t max_deposits) {
   MutexLock lock(&mu_);
   if (deposits_closed_) return UnavailableError("the session has ended");
   auto it = deposits_.find(memory_id);
@@ -52,14 +53,9 @@ Status Session::Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd& fd, size_t
         "this session holds " + std::to_string(deposits_.size()) +
         " deposited descriptors not yet registered, the limit: send their RegisterMemory first");
   }
-  uint64_t held = 0;
-  if (!TakeFromBudget(total, 1, max_total, &held)) {
-    return ResourceExhaustedError(
-        "stashd holds " + std::to_string(held) +
-        " deposited descriptors not yet registered over all sessions, the limit: try again "
-        "once they are registered");
+  if (budgets_.deposits != nullptr) {
+    STASH_RETURN_IF_ERROR(budgets_.deposits->Take(info_.uid, 1));
   }
-  deposits_total_ = total;
   deposits_[memory_id] = Deposited{bytes, std::move(fd)};
   return Status::Ok();
 }
@@ -67,9 +63,7 @@ Status Session::Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd& fd, size_t
 void Session::ClearDeposits() {
   MutexLock lock(&mu_);
   deposits_closed_ = true;
-  if (deposits_total_ != nullptr) {
-    deposits_total_->fetch_sub(deposits_.size(), std::memory_order_relaxed);
-  }
+  if (budgets_.deposits != nullptr) budgets_.deposits->Give(info_.uid, deposits_.size());
   deposits_.clear();
 }
 
@@ -81,17 +75,15 @@ StatusOr<UniqueFd> Session::TakeDeposit(uint64_t memory_id, uint64_t bytes) {
         "no descriptor was deposited for memory " + std::to_string(memory_id) +
         ": hand the memfd over the descriptor channel (DepositMemory) before RegisterMemory");
   }
-  if (it->second.bytes < bytes) {
-    const uint64_t deposited = it->second.bytes;
-    deposits_.erase(it);
-    if (deposits_total_ != nullptr) deposits_total_->fetch_sub(1, std::memory_order_relaxed);
+  UniqueFd fd = std::move(it->second.fd);
+  const uint64_t deposited = it->second.bytes;
+  deposits_.erase(it);
+  if (budgets_.deposits != nullptr) budgets_.deposits->Give(info_.uid, 1);
+  if (deposited < bytes) {
     return FailedPreconditionError("memory " + std::to_string(memory_id) + " was deposited as " +
                                    std::to_string(deposited) + " bytes but registered as " +
                                    std::to_string(bytes) + ": register the size you deposited");
   }
-  UniqueFd fd = std::move(it->second.fd);
-  deposits_.erase(it);
-  if (deposits_total_ != nullptr) deposits_total_->fetch_sub(1, std::memory_order_relaxed);
   return fd;
 }
 

@@ -17,6 +17,7 @@
 
 #include "common/unique_fd.h"
 #include "daemon/executor.h"
+#include "daemon/fair_share.h"
 #include "daemon/live_tags.h"
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
@@ -76,6 +77,17 @@ struct PeerCredentials {
   uint32_t uid = 0;
   uint32_t gid = 0;
   int socket = -1;  // the connection, while its request is served; -1 otherwise
+  // While a request is served: the most descriptors its answer may carry.
+  uint64_t max_descriptors = UINT64_MAX;
+};
+
+// The daemon-wide budgets a session's requests take from, shared fairly between Unix users
+// (daemon/fair_share.h). Owned by DaemonCore, which outlives its sessions; a null member (unit
+// tests) is not counted.
+struct SharedBudgets {
+  FairShare* memories = nullptr;  // registered allocations (each one mapping of the daemon)
+  FairShare* bytes = nullptr;     // bytes of registered client memory
+  FairShare* deposits = nullptr;  // descriptors deposited and not yet registered
 };
 
 // Identity fixed by Hello.
@@ -90,17 +102,22 @@ struct SessionInfo {
   bool allow_host_spill = true;
   // Hello.mode = MODE_MAPPED: the session leases chunks and its stream carries no data path.
   bool mapped = false;
+  // The Unix user of the connection that said Hello (SO_PEERCRED): whose share of the
+  // daemon-wide budgets the session takes. 0 where the daemon cannot know (unit tests).
+  uint32_t uid = 0;
 };
 
 class Session {
  public:
   // `sink` receives responses until DetachSink(); `daemon_rejected` (may be null) counts this
-  // session's non-OK responses daemon-wide too.
-  Session(SessionInfo info, ResponseSink* sink, std::atomic<uint64_t>* daemon_rejected);
+  // session's non-OK responses daemon-wide too; `budgets` are what its requests take from.
+  Session(SessionInfo info, ResponseSink* sink, std::atomic<uint64_t>* daemon_rejected,
+          SharedBudgets budgets = {});
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
   const SessionInfo& info() const { return info_; }
+  const SharedBudgets& budgets() const { return budgets_; }
   SessionCounters& counters() { return counters_; }
   // What it holds now by (layer, microbatch, name); thread-safe.
   LiveTags& live_tags() { return live_tags_; }
@@ -131,12 +148,10 @@ class Session {
 
   // Descriptor channel: keeps a checked client memfd for `memory_id` until RegisterMemory maps
   // it (a second deposit under one id replaces the first). RESOURCE_EXHAUSTED past
-  // `max_deposits` descriptors of this session, or `max_total` of every session (counted in
-  // `*total`, which must outlive the session), not yet registered; UNAVAILABLE once the session
-  // is closed.
+  // `max_deposits` descriptors of this session, or past the user's share of budgets().deposits,
+  // not yet registered; UNAVAILABLE once the session is closed.
   // Takes `fd` only on OK (a refused one stays with the caller).
-  Status Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd& fd, size_t max_deposits,
-                 std::atomic<uint64_t>* total, uint64_t max_total);
+  Status Deposit(uint64_t memory_id, uint64_t bytes, UniqueFd& fd, size_t max_deposits);
   // The session ended: closes every deposited descriptor and refuses later deposits.
   void ClearDeposits();
   // Takes the descriptor deposited for `memory_id`; FAILED_PRECONDITION when there is none or it
@@ -166,6 +181,7 @@ class Session {
   const SessionInfo info_;
   const std::chrono::steady_clock::time_point start_;
   std::atomic<uint64_t>* const daemon_rejected_;  // non-owning, may be null
+  const SharedBudgets budgets_;
 
   SessionCounters counters_;
   LiveTags live_tags_;
@@ -183,7 +199,6 @@ class Session {
     UniqueFd fd;
   };
   absl::flat_hash_map<uint64_t, Deposited> deposits_ ABSL_GUARDED_BY(mu_);
-  std::atomic<uint64_t>* deposits_total_ ABSL_GUARDED_BY(mu_) = nullptr;  // non-owning
   bool deposits_closed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<PeerCredentials> peer_ ABSL_GUARDED_BY(mu_);
 

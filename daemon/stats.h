@@ -61,12 +61,6 @@ struct DaemonCounters {
   std::atomic<uint64_t> spills{0};
   std::atomic<uint64_t> overflows{0};
   std::atomic<uint64_t> rejected{0};
-  // Registrations admitted and not yet unregistered, failed or ended, over every session
-  // (AdmitLimits::memories_total).
-  std::atomic<uint64_t> memories_declared{0};
-  std::atomic<uint64_t> bytes_declared{0};
-  // Descriptors deposited on the descriptor channel and not yet registered, over every session.
-  std::atomic<uint64_t> deposits_held{0};
   // Stash latency in microseconds; the histogram's bounds run from 10 us to 10 s.
   SampleWindow stash_latency_us{
       {10, 25, 50, 100, 250, 500, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 1e7}};

@@ -192,15 +192,65 @@ TEST_F(Admit, RegisterOfTheOtherBackendsMemoryIsFailedPrecondition) {
 TEST_F(Admit, RegistrationsAreBoundedInBytes) {
   EXPECT_REJECTED(Check(Register(2, 2, limits_.max_memory_bytes + 1)), kInvalidArgument,
                   "register smaller buffers");
-  std::atomic<uint64_t> bytes{0};
-  limits_.bytes_total = &bytes;
-  limits_.max_bytes_total = 3 << 20;
-  EXPECT_TRUE(Check(Register(3, 3, 2 << 20)).ok());
-  EXPECT_REJECTED(Check(Register(4, 4, 2 << 20)), kResourceExhausted, "unregister some first");
-  EXPECT_EQ(bytes.load(), 2U << 20);
-  EXPECT_TRUE(Check(Unregister(5, 3)).ok());
-  EXPECT_EQ(bytes.load(), 0U);
-  EXPECT_TRUE(Check(Register(6, 4, 2 << 20)).ok());
+}
+
+// Sessions of two users against the daemon-wide budgets (daemon/fair_share.h).
+struct TwoUsers {
+  TwoUsers(uint64_t max_memories, uint64_t max_bytes)
+      : memories({"registered allocations", max_memories, 1, 0, "unregister some first"}),
+        bytes(
+            {"bytes of registered client memory", max_bytes, 1 << 20, 0, "unregister some first"}),
+        first(Info(1000), nullptr, nullptr, {&this->memories, &this->bytes, nullptr}),
+        second(Info(1000), nullptr, nullptr, {&this->memories, &this->bytes, nullptr}),
+        other(Info(2000), nullptr, nullptr, {&this->memories, &this->bytes, nullptr}) {}
+  static SessionInfo Info(uint32_t uid) {
+    SessionInfo info;
+    info.uid = uid;
+    return info;
+  }
+  FairShare memories;
+  FairShare bytes;
+  Session first;   // uid 1000
+  Session second;  // uid 1000 too
+  Session other;   // uid 2000
+};
+
+TEST(AdmitShared, BytesOverAllSessionsLeaveAnotherUsersFirstSessionItsShare) {
+  AdmitLimits limits;
+  TwoUsers users(100, 4 << 20);
+  EXPECT_TRUE(AdmitRequest(Register(1, 1, 2 << 20), users.first, limits).ok());
+  EXPECT_TRUE(AdmitRequest(Register(2, 2, 1 << 20), users.second, limits).ok());
+  // 3 MiB of 4 MiB in use by uid 1000: one more MiB would leave less than the 1 MiB kept for
+  // another user's first session.
+  Status s = AdmitRequest(Register(3, 3, 1 << 20), users.second, limits);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("bytes of registered client memory"));
+  EXPECT_THAT(s.message(), HasSubstr("uid 1000"));
+  EXPECT_THAT(s.message(), HasSubstr("another user's first session"));
+  EXPECT_THAT(s.message(), HasSubstr("unregister some first"));
+  // The other user's first session gets its share all the same.
+  EXPECT_TRUE(AdmitRequest(Register(4, 4, 1 << 20), users.other, limits).ok());
+  EXPECT_EQ(users.bytes.used(), 4U << 20);
+  // A refusal took nothing; an unregistration gives back.
+  EXPECT_EQ(users.memories.used(), 3U);
+  EXPECT_TRUE(AdmitRequest(Unregister(5, 1), users.first, limits).ok());
+  EXPECT_EQ(users.bytes.Held(1000), 1U << 20);
+  EXPECT_TRUE(AdmitRequest(Register(6, 3, 1 << 20), users.second, limits).ok());
+}
+
+TEST(AdmitShared, RegistrationsOverAllSessionsLeaveAnotherUsersFirstSessionItsShare) {
+  AdmitLimits limits;
+  TwoUsers users(4, 1ULL << 40);
+  EXPECT_TRUE(AdmitRequest(Register(1, 1, 4096), users.first, limits).ok());
+  EXPECT_TRUE(AdmitRequest(Register(2, 2, 4096), users.first, limits).ok());
+  EXPECT_TRUE(AdmitRequest(Register(3, 3, 4096), users.second, limits).ok());
+  const Status s = AdmitRequest(Register(4, 4, 4096), users.second, limits);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("registered allocations"));
+  EXPECT_EQ(users.bytes.used(), 3U * 4096);  // the byte share taken for it was given back
+  EXPECT_TRUE(AdmitRequest(Register(5, 5, 4096), users.other, limits).ok());
+  EXPECT_TRUE(AdmitRequest(Unregister(6, 3), users.second, limits).ok());
+  EXPECT_EQ(users.memories.Held(1000), 2U);
 }
 
 TEST(AdmitCuda, HostMemoryOnTheCudaBackendHoldsOnlyCounters) {
@@ -211,22 +261,6 @@ TEST(AdmitCuda, HostMemoryOnTheCudaBackendHoldsOnlyCounters) {
       AdmitRequest(Register(1, 1, limits.max_counter_memory_bytes + 1), session, limits);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_THAT(s.message(), HasSubstr("only counters"));
-}
-
-TEST_F(Admit, RegistrationsOverAllSessionsStopAtTheDaemonWideLimit) {
-  std::atomic<uint64_t> total{0};
-  limits_.memories_total = &total;
-  limits_.max_memories_total = 3;  // kMem was admitted before the count started
-  Session other(SessionInfo{}, nullptr, nullptr);
-  EXPECT_TRUE(Check(Register(2, 2, 4096)).ok());
-  EXPECT_TRUE(AdmitRequest(Register(3, 3, 4096), other, limits_).ok());
-  EXPECT_TRUE(AdmitRequest(Register(4, 4, 4096), other, limits_).ok());
-  EXPECT_REJECTED(Check(Register(5, 5, 4096)), kResourceExhausted, "vm.max_map_count");
-  EXPECT_EQ(total.load(), 3U);
-  // An unregistration makes room again.
-  EXPECT_TRUE(AdmitRequest(Unregister(6, 3), other, limits_).ok());
-  EXPECT_EQ(total.load(), 2U);
-  EXPECT_TRUE(Check(Register(7, 5, 4096)).ok());
 }
 
 TEST(AdmitCuda, TheCudaBackendTakesDeviceAndHostMemoryButNotUnspecified) {

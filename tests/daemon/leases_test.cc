@@ -501,5 +501,44 @@ TEST_F(LeasesTest, DaemonCopyAndMappedSessionsShareAPoolWithoutTouchingEachOther
   EXPECT_TRUE(pools_[0]->RingIsPermutation());
 }
 
+// Issue 20: one user's sessions cannot lease what another user's first session needs.
+TEST_F(LeasesTest, AUserLeavesAnotherUsersFirstSessionItsShareOfEachTier) {
+  LeaseConfig config;
+  config.first_share_divisor = 4;  // 8 chunks: 2 stay for another user
+  Build(config);
+  uint64_t leased = 0;
+  for (const char* id : {"a1", "a2", "a3", "a4"}) {
+    const Granted g = Want(Holder(id, getpid(), 1000), {{v1::TIER_DEVICE, 8}});
+    ASSERT_TRUE(g.status.ok()) << g.status.message();
+    leased += g.chunks.size();
+  }
+  EXPECT_EQ(leased, 6u);  // 8 chunks less the 2 kept
+  EXPECT_EQ(leases_->share(0).Held(1000), 6u);
+  // Another user's first session gets them all the same; a third user finds nothing left.
+  const Granted other = Want(Holder("b", getpid(), 2000), {{v1::TIER_DEVICE, 32}});
+  ASSERT_TRUE(other.status.ok()) << other.status.message();
+  EXPECT_EQ(other.chunks.size(), 2u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 0u);
+  // Returned chunks leave the user's share.
+  ASSERT_TRUE(Return(Holder("b", getpid(), 2000), {other.chunks[0].chunk_id()}).ok());
+  EXPECT_EQ(leases_->share(0).Held(2000), 1u);
+  EXPECT_EQ(leases_->share(0).used(), 7u);
+}
+
+// A lease answer carries at most the descriptors the server allows (the user's share of
+// descriptors in flight); the control block goes first.
+TEST_F(LeasesTest, ALeaseCarriesAtMostTheDescriptorsItIsAllowed) {
+  Build();
+  LeaseHolder h = Holder("a");
+  h.max_descriptors = 0;
+  EXPECT_EQ(Want(h, {{v1::TIER_DEVICE, 32}}).status.code(), StatusCode::kResourceExhausted);
+  h.max_descriptors = 3;
+  const Granted g = Want(h, {{v1::TIER_DEVICE, 32}});
+  ASSERT_TRUE(g.status.ok()) << g.status.message();
+  EXPECT_TRUE(g.control.valid());
+  EXPECT_EQ(g.chunks.size(), 2u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 6u);
+}
+
 }  // namespace
 }  // namespace stash::daemon

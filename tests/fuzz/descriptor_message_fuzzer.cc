@@ -141,23 +141,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The session's bookkeeping: a bound peer, one deposit, taken back once.
   daemon::SessionInfo info;
   info.pid = 1;
-  daemon::Session session(info, nullptr, nullptr);
+  daemon::FairShare held({"deposits", 8, 1, 0, "register first"});
+  daemon::Session session(info, nullptr, nullptr, {nullptr, nullptr, &held});
   FUZZ_CHECK(!session.CheckPeer({2, 0, 0}).ok());
   FUZZ_CHECK(session.CheckPeer({1, 0, 0}).ok());
   FUZZ_CHECK(!session.CheckPeer({1, 5, 0}).ok());
-  std::atomic<uint64_t> held{0};
   UniqueFd first(dup(fd)), second(dup(fd));
-  FUZZ_CHECK(session.Deposit(d.memory_id(), d.bytes(), first, 1, &held, 8).ok());
+  FUZZ_CHECK(session.Deposit(d.memory_id(), d.bytes(), first, 1).ok());
   FUZZ_CHECK(!first.valid());
-  FUZZ_CHECK(!session.Deposit(d.memory_id() + 1, d.bytes(), second, 1, &held, 8).ok());
+  FUZZ_CHECK(!session.Deposit(d.memory_id() + 1, d.bytes(), second, 1).ok());
   FUZZ_CHECK(second.valid());  // a refused descriptor stays with the caller
-  FUZZ_CHECK(held.load() == 1);
+  FUZZ_CHECK(held.used() == 1);
   const uint64_t asked = (packet.size() & 1) != 0 ? d.bytes() : d.bytes() / 2 + 1;
   auto taken = session.TakeDeposit(d.memory_id(), asked);
   FUZZ_CHECK(taken.ok() == (asked <= d.bytes()));
   FUZZ_CHECK(!session.TakeDeposit(d.memory_id(), 1).ok());
-  FUZZ_CHECK(held.load() == 0);
+  FUZZ_CHECK(held.used() == 0);
   session.ClearDeposits();
-  FUZZ_CHECK(!session.Deposit(d.memory_id(), d.bytes(), second, 1, &held, 8).ok());
+  FUZZ_CHECK(!session.Deposit(d.memory_id(), d.bytes(), second, 1).ok());
   return 0;
 }

@@ -102,14 +102,16 @@ struct Stashed {
 
 class Harness {
  public:
-  explicit Harness(uint8_t setup) : setup_(setup) {
+  explicit Harness(uint8_t setup)
+      : setup_(setup),
+        max_memories_total_((setup & kSetupTightTotal) != 0 ? kTightMemoriesTotal : 32768),
+        memories_total_({"registered allocations", max_memories_total_, 0, 0, "unregister"}),
+        session_(SessionInfo{}, nullptr, nullptr, {&memories_total_, nullptr, nullptr}) {
     limits_.backend = (setup & kSetupCuda) != 0 ? v1::BACKEND_CUDA : v1::BACKEND_HOST;
     if ((setup & kSetupTight) != 0) {
       limits_.max_inflight = kTightInflight;
       limits_.max_memories = kTightMemories;
     }
-    if ((setup & kSetupTightTotal) != 0) limits_.max_memories_total = kTightMemoriesTotal;
-    limits_.memories_total = &memories_total_;
     // Memories up to 2^62 bytes exercise the 64-bit range arithmetic; the byte caps of a
     // registration have their unit tests (Admit.RegistrationsAreBoundedInBytes).
     limits_.max_memory_bytes = UINT64_MAX;
@@ -129,7 +131,7 @@ class Harness {
     if (request.has_hello()) CheckHelloOf(request.hello());
     const Model before = Snapshot(session_);
     const uint64_t inflight = session_.counters().inflight.load();
-    const uint64_t total = memories_total_.load();
+    const uint64_t total = memories_total_.used();
     const Status status = daemon::AdmitRequest(request, session_, limits_);
     if (trace_) {
       std::fprintf(stderr, "%s -> %s\n", request.ShortDebugString().c_str(),
@@ -145,7 +147,7 @@ class Harness {
                      status.code() == StatusCode::kFailedPrecondition,
                  request, status);
       FUZZ_CHECK(after == before, request, status);
-      FUZZ_CHECK(memories_total_.load() == total, request, status);
+      FUZZ_CHECK(memories_total_.used() == total, request, status);
       return;
     }
     FUZZ_CHECK(request.request_id() != 0, request, status);
@@ -157,7 +159,7 @@ class Harness {
         FUZZ_CHECK(reg.memory_id() != 0 && reg.bytes() != 0, request, status);
         FUZZ_CHECK(!before.memories.count(reg.memory_id()), request, status);
         FUZZ_CHECK(before.memories.size() < limits_.max_memories, request, status);
-        FUZZ_CHECK(total < limits_.max_memories_total, request, status);
+        FUZZ_CHECK(total < max_memories_total_, request, status);
         if (reg.kind() == v1::MEMORY_KIND_HOST_FD) {
           FUZZ_CHECK(reg.handle().empty(), request, status);
         } else {
@@ -213,7 +215,7 @@ class Harness {
         FUZZ_CHECK(!"admitted a Hello or a request without a kind", request, status);
     }
     FUZZ_CHECK(after == expected, request, status);
-    FUZZ_CHECK(memories_total_.load() == after.memories.size(), request, status);
+    FUZZ_CHECK(memories_total_.used() == after.memories.size(), request, status);
     session_.counters().inflight.fetch_add(1);  // queued, as the pool does
   }
 
@@ -300,8 +302,9 @@ class Harness {
   const uint8_t setup_;
   const bool trace_ = std::getenv("STASH_FUZZ_TRACE") != nullptr;
   AdmitLimits limits_;
-  std::atomic<uint64_t> memories_total_{0};  // this is the daemon's only session
-  Session session_{SessionInfo{}, nullptr, nullptr};
+  const uint64_t max_memories_total_;
+  FairShare memories_total_;  // this is the daemon's only session: its one user
+  Session session_;
   std::map<uint64_t, Stashed> stashed_;   // admitted by this input and still live
   uint64_t next_id_ = uint64_t{1} << 63;  // setup and follow-up ids, apart from the input's
 };

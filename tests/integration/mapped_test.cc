@@ -333,7 +333,8 @@ TEST_F(Mapped, ClosingReturnsTheLease) {
 // same stash then goes. (Three stashes of half the pool: the daemon sizes by pages, while a
 // stash goes whole into one tier, so the host share must hold a whole one.)
 TEST_F(Mapped, AnAutoLeaseGrowsToTheHostAfterAnOverflow) {
-  StartDaemon({"--pool-bytes=1MiB", "--host-tier-bytes=8MiB", "--max-lease-bytes=4MiB"});
+  // 17 one-page chunks: one stays for another user's first session, 16 can be leased.
+  StartDaemon({"--pool-bytes=1088KiB", "--host-tier-bytes=8MiB", "--max-lease-bytes=4MiB"});
   Options o;
   o.socket = socket_;
   o.mode = Mode::kMapped;  // lease automatic by default
@@ -369,7 +370,8 @@ TEST_F(Mapped, AnAutoLeaseGrowsToTheHostAfterAnOverflow) {
 // Auto sizing shrinks a lease that sits unused for several steps: the rank gives back chunks
 // that hold no stash (ReturnChunks) and keeps the one its live stash is in, byte-exact.
 TEST_F(Mapped, AnAutoLeaseShrinksWhenPagesSitUnusedAndKeepsLiveStashes) {
-  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  // 34 chunks of 2 pages: two stay for another user's first session, 64 pages can be leased.
+  StartDaemon({"--pool-bytes=4352KiB", "--host-tier-bytes=0"});
   Options o;
   o.socket = socket_;
   o.mode = Mode::kMapped;
@@ -385,7 +387,7 @@ TEST_F(Mapped, AnAutoLeaseShrinksWhenPagesSitUnusedAndKeepsLiveStashes) {
     return pages;
   };
   const uint64_t at_start = leased();
-  EXPECT_EQ(at_start, 64u);  // the whole own pool, the default quota
+  EXPECT_EQ(at_start, 64u);  // the own pool up to the other users' share
   auto src = Buffer(kPage, 15);
   auto kept = client->Wait(*client->Stash(Args(*src, kPage, 1)));
   ASSERT_TRUE(kept.ok());

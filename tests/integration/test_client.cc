@@ -6,6 +6,8 @@
 // MODE churn: a mapped session with an automatic lease; prints "leased" once open, then runs
 //   steps for ever: BeginStep, 4 stashes of up to BYTES (random counts), reloads, a release,
 //   so a kill lands anywhere in a step (mid-copy, mid-lease, mid-return).
+// MODE once, once-mapped: one session of that mode stashes BYTES, reloads them, checks them
+//   byte for byte and exits: 0 and "ok" when all of it worked, 1 with the error otherwise.
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,6 +22,33 @@ namespace {
 int Fail(const stash::Status& status) {
   std::fprintf(stderr, "%s\n", status.ToString().c_str());
   return 1;
+}
+
+int Once(stash::Client& client, const stash::HostBuffer& buffer) {
+  auto destination = stash::HostBuffer::Allocate(buffer.size());
+  if (!destination.ok()) return Fail(destination.status());
+  stash::StashArgs args;
+  args.source = &buffer;
+  args.row_bytes = 1;
+  args.max_rows = buffer.size();
+  args.count.value = buffer.size();
+  auto ticket = client.Stash(args);
+  if (!ticket.ok()) return Fail(ticket.status());
+  auto stashed = client.Wait(*ticket);
+  if (!stashed.ok()) return Fail(stashed.status());
+  if (stashed->tier == stash::Tier::kOverflow) {
+    std::fprintf(stderr, "the stash overflowed\n");
+    return 1;
+  }
+  auto op = client.Reload({*ticket, destination->get(), 0, false, {}, {}, nullptr});
+  if (!op.ok()) return Fail(op.status());
+  if (auto done = client.Wait(*op); !done.ok()) return Fail(done.status());
+  if (std::memcmp((*destination)->data(), buffer.data(), buffer.size()) != 0) {
+    std::fprintf(stderr, "the reloaded bytes differ\n");
+    return 1;
+  }
+  std::printf("ok\n");
+  return 0;
 }
 
 int Churn(stash::Client& client, const stash::HostBuffer& buffer) {
@@ -62,14 +91,15 @@ int Churn(stash::Client& client, const stash::HostBuffer& buffer) {
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: stash-test-client SOCKET hold|midstash|churn BYTES\n");
+    std::fprintf(stderr,
+                 "usage: stash-test-client SOCKET hold|midstash|churn|once|once-mapped BYTES\n");
     return 2;
   }
   const std::string mode = argv[2];
   const uint64_t bytes = std::strtoull(argv[3], nullptr, 10);
   stash::Options options;
   options.socket = argv[1];
-  if (mode == "churn") options.mode = stash::Mode::kMapped;
+  if (mode == "churn" || mode == "once-mapped") options.mode = stash::Mode::kMapped;
   auto client = stash::Client::Open(options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -80,6 +110,7 @@ int main(int argc, char** argv) {
   if (!buffer.ok() || !events.ok()) return 1;
   std::memset((*buffer)->data(), 0x5a, bytes);
   if (mode == "churn") return Churn(**client, **buffer);
+  if (mode == "once" || mode == "once-mapped") return Once(**client, **buffer);
   stash::StashArgs args;
   args.source = buffer->get();
   args.row_bytes = 1;
