@@ -4,8 +4,10 @@
 #include "common/copy_workers.h"
 #include "daemon/host_executor.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -538,6 +540,39 @@ TEST_F(LeasesTest, ALeaseCarriesAtMostTheDescriptorsItIsAllowed) {
   EXPECT_TRUE(g.control.valid());
   EXPECT_EQ(g.chunks.size(), 2u);
   EXPECT_EQ(pools_[0]->chunks_free(), 6u);
+}
+
+// Issue 20: a chunk that comes back while the daemon has no descriptor to spare cannot get fresh
+// memory yet; it is kept out of the ring (its holder may still reach the old memory) and renewed
+// later, never lost to the pool.
+TEST_F(LeasesTest, AChunkThatCannotBeRenewedNowIsRenewedLater) {
+  Build();
+  const LeaseHolder h = Holder("a");
+  const Granted g = Want(h, {{v1::TIER_DEVICE, 4}});
+  ASSERT_EQ(g.chunks.size(), 1u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 7u);
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  int highest = 0;  // no descriptor can be opened under a soft limit of the highest open one
+  for (int fd = 0; fd < 65536; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1) highest = fd;
+  }
+  rlimit none = saved;
+  none.rlim_cur = static_cast<rlim_t>(highest);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  const Status returned = Return(h, {g.chunks[0].chunk_id()});
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_TRUE(returned.ok()) << returned.message();
+  EXPECT_EQ(leases_->renewing(), 1u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 7u);  // not back in the ring with its old memory
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 1u);
+  // The reaper renews it within about a second once descriptors are there again.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (leases_->renewing() != 0 && std::chrono::steady_clock::now() < until) usleep(10000);
+  EXPECT_EQ(leases_->renewing(), 0u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 8u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 0u);
+  EXPECT_TRUE(pools_[0]->RingIsPermutation());
 }
 
 }  // namespace
