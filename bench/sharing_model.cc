@@ -331,6 +331,7 @@ Peaks MeasurePeaks(const NodeTrace& trace) {
     for (uint32_t r = 0; r < ranks; ++r) {
       out.rank_peak_pages[r] = std::max(out.rank_peak_pages[r], step_peak[r]);
     }
+    out.step_rank_peaks.push_back(step_peak);
     out.node_peak_pages = std::max(out.node_peak_pages, node_peak);
     const uint64_t step_sum = std::accumulate(step_peak.begin(), step_peak.end(), uint64_t{0});
     ratio_sum += node_peak > 0 ? static_cast<double>(step_sum) / static_cast<double>(node_peak) : 1;
@@ -338,6 +339,19 @@ Peaks MeasurePeaks(const NodeTrace& trace) {
   out.sum_of_rank_peaks =
       std::accumulate(out.rank_peak_pages.begin(), out.rank_peak_pages.end(), uint64_t{0});
   out.mean_step_ratio = trace.tokens.empty() ? 0 : ratio_sum / trace.tokens.size();
+  return out;
+}
+
+std::vector<uint64_t> LeaseAims(const Peaks& peaks, uint64_t chunk_pages) {
+  std::vector<uint64_t> out;
+  for (size_t step = 1; step < peaks.step_rank_peaks.size(); ++step) {
+    uint64_t sum = 0;
+    for (const uint64_t demand : peaks.step_rank_peaks[step - 1]) {
+      const uint64_t margin = std::max<uint64_t>(1, (demand + 7) / 8);
+      sum += RoundUp(demand + margin, std::max<uint64_t>(1, chunk_pages));
+    }
+    out.push_back(sum);
+  }
   return out;
 }
 

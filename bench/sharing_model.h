@@ -117,12 +117,18 @@ struct Peaks {
   uint64_t sum_of_rank_peaks = 0;         // pages a pool per rank needs for zero overflows
   uint64_t node_peak_pages = 0;           // pages one node pool needs: the peak of the sum
   double mean_step_ratio = 0;             // per step: sum of that step's rank peaks / its node peak
+  std::vector<std::vector<uint64_t>> step_rank_peaks;  // [step][rank]
 };
 Peaks MeasurePeaks(const NodeTrace& trace);
 
 // Megatron's per-rank sizing (moe_paged_stash_buffer_size_factor_cuda > 0): factor x the
 // avg-based peak, the most stashes in flight x BalancedTokens(), in pages.
 uint64_t MegatronRankPages(const NodeTrace& trace, uint32_t rank, double factor);
+
+// What mapped mode's automatic leases ask for (docs/design.md, "Leases"): at each step after the
+// first, every rank wants its previous step's peak plus 1/8 (at least one page), rounded up to
+// whole chunks of `chunk_pages`. Returns the sum over ranks, per step from step 1 on.
+std::vector<uint64_t> LeaseAims(const Peaks& peaks, uint64_t chunk_pages);
 
 struct PoolSetup {
   std::vector<uint64_t> pool_pages;  // [pool]
