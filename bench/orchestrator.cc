@@ -29,7 +29,6 @@
 namespace stash::bench {
 namespace {
 
-
 // The ping server child (this binary, --role=ping-server).
 StatusOr<std::unique_ptr<Child>> StartPingServer(Env& env, const std::string& socket) {
   std::error_code ignored;
@@ -689,8 +688,8 @@ int RunOrchestrator(const BenchOptions& options) {
     env.dir = tmpl;
   }
   const std::vector<std::pair<std::string, std::function<Status(Env&, std::vector<Row>&)>>> phases =
-      {{"copy", PhaseCopy},      {"latency", PhaseLatency}, {"saturate", PhaseSaturate},
-       {"ring", PhaseRing},      {"memory", PhaseMemory},   {"idle", PhaseIdle},
+      {{"copy", PhaseCopy},       {"latency", PhaseLatency}, {"saturate", PhaseSaturate},
+       {"ring", PhaseRing},       {"memory", PhaseMemory},   {"idle", PhaseIdle},
        {"clients", PhaseClients}, {"sharing", PhaseSharing}};
   std::vector<Row> rows;
   bool failed = false;

@@ -107,13 +107,13 @@ void ModelRows(const Scenario& scenario, const DriftConfig& routing, uint32_t st
     factor = std::max(factor, kMegatronFactor * static_cast<double>(peaks.rank_peak_pages[r]) /
                                   static_cast<double>(megatron.pool_pages[r]));
   }
-  rows.push_back({kSection,
-                  "  one shared pool with zero overflows (per-rank pools need factor " +
-                      Fixed(factor, 2) + " for that)",
-                  Gib(bytes(peaks.node_peak_pages)), "Megatron's 8 pools " + Gib(bytes(megatron_total)),
-                  Ratio(static_cast<double>(peaks.node_peak_pages) /
-                        static_cast<double>(megatron_total)),
-                  "", Verdict::kNoTarget});
+  rows.push_back(
+      {kSection,
+       "  one shared pool with zero overflows (per-rank pools need factor " + Fixed(factor, 2) +
+           " for that)",
+       Gib(bytes(peaks.node_peak_pages)), "Megatron's 8 pools " + Gib(bytes(megatron_total)),
+       Ratio(static_cast<double>(peaks.node_peak_pages) / static_cast<double>(megatron_total)), "",
+       Verdict::kNoTarget});
 }
 
 // ---- the real daemon ------------------------------------------------------------------------
@@ -161,9 +161,9 @@ StatusOr<RankRun> DriveRanks(Env& env, const NodeTrace& trace, const std::string
         const NodeEvent& e = events[j];
         std::string& line = ops[e.rank];
         if (line.empty()) line = "o";
-        line += e.reload ? " r" + Str(e.slot)
-                         : " s" + Str(e.slot) + ":" +
-                               Str(trace.tokens[step][e.slot * ranks + e.rank]);
+        line += e.reload
+                    ? " r" + Str(e.slot)
+                    : " s" + Str(e.slot) + ":" + Str(trace.tokens[step][e.slot * ranks + e.rank]);
         ++j;
       }
       for (const auto& [rank, line] : ops) STASH_RETURN_IF_ERROR(workers[rank]->WriteLine(line));
@@ -180,8 +180,8 @@ StatusOr<RankRun> DriveRanks(Env& env, const NodeTrace& trace, const std::string
     out.spills += static_cast<uint64_t>(f["spills"]);
     out.leftover += static_cast<uint64_t>(f["pages_leftover"]);
     const auto high = static_cast<uint64_t>(f["pool_high_water"]);
-    out.pool_high_water = own_devices ? out.pool_high_water + high
-                                      : std::max(out.pool_high_water, high);
+    out.pool_high_water =
+        own_devices ? out.pool_high_water + high : std::max(out.pool_high_water, high);
   }
   for (auto& w : workers) w->Wait(10000);
   if (out.leftover != 0) {
@@ -229,8 +229,8 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
   const std::vector<std::string> common = {"--page-bytes=" + Str(page),
                                            "--host-tier-bytes=" + Str(host * page)};
   const std::string where = Str(steps) + " steps after " + Str(warmup) + " warm-up";
-  const PoolOutcome model_rank = SimulatePools(trace, PerRankPools(trace, kMegatronFactor, host),
-                                               warmup);
+  const PoolOutcome model_rank =
+      SimulatePools(trace, PerRankPools(trace, kMegatronFactor, host), warmup);
   const PoolOutcome model_shared = SimulatePools(trace, SharedPool(trace, total, host), warmup);
 
   auto run = [&](std::vector<std::string> flags, const std::string& mode,
@@ -244,9 +244,10 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
   Progress("sharing: stashd, 8 pools of Megatron's size, 8 rank processes, " + where);
   STASH_ASSIGN_OR_RETURN(const RankRun own, run(flags, "daemon-copy", true));
   rows.push_back({kSection,
-                  "stashd, 8 rank processes, " + where + ", per 1,000 steps: 8 pools of 1.10x "
-                  "avg-based peak (" + SizeName(rank_pages * page) + " each), host tier " +
-                      SizeName(host * page),
+                  "stashd, 8 rank processes, " + where +
+                      ", per 1,000 steps: 8 pools of 1.10x "
+                      "avg-based peak (" +
+                      SizeName(rank_pages * page) + " each), host tier " + SizeName(host * page),
                   Counts(own, steps), "model " + Counts(model_rank), "", "", Verdict::kNoTarget});
 
   flags = common;
@@ -254,8 +255,8 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
   Progress("sharing: stashd, one shared pool, daemon-copy, " + where);
   STASH_ASSIGN_OR_RETURN(const RankRun shared, run(flags, "daemon-copy", false));
   rows.push_back({kSection,
-                  "  (a) daemon-copy, one shared pool of the same total " +
-                      SizeName(total * page) + " (ratio: overflows + spills)",
+                  "  (a) daemon-copy, one shared pool of the same total " + SizeName(total * page) +
+                      " (ratio: overflows + spills)",
                   Counts(shared, steps),
                   "per-rank pools " + Counts(own, steps) + "; model " + Counts(model_shared),
                   MissRatio(shared, own), "", Verdict::kNoTarget});
@@ -325,12 +326,11 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
                   Ratio(static_cast<double>(shared_big.pool_high_water) /
                         static_cast<double>(own_big.pool_high_water)),
                   "", Verdict::kNoTarget});
-  rows.push_back({kSection, "  (c) same against Megatron's 8 pools of 1.10x avg-based peak",
-                  SizeName(shared_big.pool_high_water * page),
-                  "Megatron " + SizeName(total * page),
-                  Ratio(static_cast<double>(shared_big.pool_high_water) /
-                        static_cast<double>(total)),
-                  "", Verdict::kNoTarget});
+  rows.push_back(
+      {kSection, "  (c) same against Megatron's 8 pools of 1.10x avg-based peak",
+       SizeName(shared_big.pool_high_water * page), "Megatron " + SizeName(total * page),
+       Ratio(static_cast<double>(shared_big.pool_high_water) / static_cast<double>(total)), "",
+       Verdict::kNoTarget});
   return Status::Ok();
 }
 
