@@ -274,13 +274,13 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
       SimulatePools(trace, PerRankPools(trace, kMegatronFactor, host), warmup);
   const PoolOutcome model_shared = SimulatePools(trace, SharedPool(trace, total, host), warmup);
 
-  auto run = [&](std::vector<std::string> flags, const std::string& mode,
+  auto run = [&](const std::vector<std::string>& flags, const std::string& mode,
                  bool own) -> StatusOr<RankRun> {
     STASH_ASSIGN_OR_RETURN(auto daemon, Daemon::Start(env, flags));
     return DriveRanks(env, trace, daemon->socket(), mode, own, warmup);
   };
   std::vector<std::string> flags = common;
-  flags.push_back("--devices=8");
+  flags.emplace_back("--devices=8");
   flags.push_back("--pool-bytes=" + Str(rank_pages * page));
   Progress("sharing: stashd, 8 pools of Megatron's size, 8 rank processes, " + where);
   STASH_ASSIGN_OR_RETURN(const RankRun own, run(flags, "daemon-copy", true));
@@ -317,7 +317,7 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
       sum += static_cast<double>(a[i]);
       over += a[i] > total ? 1 : 0;
     }
-    const double n = static_cast<double>(a.size() - (warmup > 0 ? warmup - 1 : 0));
+    const auto n = static_cast<double>(a.size() - (warmup > 0 ? warmup - 1 : 0));
     return std::make_pair(sum / n, static_cast<double>(over) / n);
   };
   const uint64_t coarse_chunk = std::max<uint64_t>(1, total / 32);

@@ -121,7 +121,9 @@ std::vector<ScheduleSlot> PipelineSlots(const ScheduleConfig& c) {
   std::vector<size_t> next(c.pp, 0);
   std::vector<uint64_t> free_at(c.pp, 0);
   std::vector<ScheduleSlot> slots;
-  // Start time of a stash slot's forward, kept until its backward runs.
+  // Runs every stage's next operation whose input is there, until none is left (CheckSchedule
+  // admits only orders that finish: Megatron's, with whole rounds of pp microbatches when
+  // interleaved).
   bool progress = true;
   while (progress) {
     progress = false;
@@ -275,7 +277,7 @@ NodeTrace SimulateNode(const ScheduleConfig& schedule, const DriftConfig& routin
       const std::vector<double>& pi = inclusion[layer_index(slot)];
       std::fill(per_rank.begin(), per_rank.end(), 0);
       for (uint32_t e = 0; e < routing.experts; ++e) {
-        const double n = static_cast<double>(group_tokens);
+        const auto n = static_cast<double>(group_tokens);
         const double mean = n * pi[e];
         const double draw = std::round(mean + std::sqrt(mean * (1.0 - pi[e])) * normal(rng));
         const auto count = static_cast<uint64_t>(std::clamp(draw, 0.0, n));
