@@ -163,6 +163,7 @@ struct RankRun {
   uint64_t stashes = 0, overflows = 0, spills = 0;
   uint64_t pool_high_water = 0;  // shared pool: its high water; own pools: their sum
   uint64_t leftover = 0;         // pages still live at the end (must be 0)
+  uint64_t used_at_step = 0;     // most pool pages in use right after a counted BeginStep
 };
 
 // Runs 8 rank processes against `socket` through every step of `trace`, in lock step: all
@@ -220,6 +221,8 @@ StatusOr<RankRun> DriveRanks(Env& env, const NodeTrace& trace, const std::string
     out.overflows += static_cast<uint64_t>(f["overflows"]);
     out.spills += static_cast<uint64_t>(f["spills"]);
     out.leftover += static_cast<uint64_t>(f["pages_leftover"]);
+    out.used_at_step =
+        std::max(out.used_at_step, static_cast<uint64_t>(f["pool_used_at_step_max"]));
     const auto high = static_cast<uint64_t>(f["pool_high_water"]);
     out.pool_high_water =
         own_devices ? out.pool_high_water + high : std::max(out.pool_high_water, high);
@@ -400,6 +403,27 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
        SizeName(shared_big.pool_high_water * page), "Megatron " + SizeName(total * page),
        Ratio(static_cast<double>(shared_big.pool_high_water) / static_cast<double>(total)), "",
        Verdict::kNoTarget});
+  // Mapped mode's memory for zero overflows: leases from a pool too big to fill, each rank's
+  // quota twice Megatron's pool (the first lease takes the whole quota: warm-up), no host tier;
+  // what the 8 leases hold once sized for a step.
+  for (const uint64_t chunk_pages :
+       {std::max<uint64_t>(1, total / 32), std::max<uint64_t>(1, total / 256)}) {
+    flags = {"--page-bytes=" + Str(page), "--host-tier-bytes=0", "--pool-bytes=" + Str(big * page),
+             "--chunk-bytes=" + Str(chunk_pages * page),
+             "--max-lease-bytes=" + Str(2 * rank_pages * page)};
+    Progress("sharing: stashd, mapped leases from an unbounded pool, chunks of " +
+             SizeName(chunk_pages * page) + ", " + where);
+    STASH_ASSIGN_OR_RETURN(const RankRun leased, run(flags, "mapped", false));
+    rows.push_back(
+        {kSection,
+         "  (c) mapped: the 8 leases at their largest after BeginStep, chunks of " +
+             SizeName(chunk_pages * page) + " (" + Counts(leased, steps) + ")",
+         SizeName(leased.used_at_step * page),
+         "daemon-copy shared pool's high water " + SizeName(shared_big.pool_high_water * page),
+         Ratio(static_cast<double>(leased.used_at_step) /
+               static_cast<double>(shared_big.pool_high_water)),
+         "", Verdict::kNoTarget});
+  }
   return Status::Ok();
 }
 

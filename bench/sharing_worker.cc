@@ -1,5 +1,6 @@
 #include "bench/sharing_worker.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -45,7 +46,13 @@ class Rank {
   Status BeginStep(uint64_t step) {
     step_ = step;
     STASH_ASSIGN_OR_RETURN(const uint64_t op, client_->BeginStep(step));
-    return client_->Wait(op).status();
+    STASH_RETURN_IF_ERROR(client_->Wait(op).status());
+    if (step >= warmup_) {
+      // Mapped: what the leases hold once this rank's lease is sized for the step.
+      STASH_ASSIGN_OR_RETURN(const SessionStats stats, client_->Stats());
+      pool_used_max_ = std::max(pool_used_max_, stats.pool_pages_used);
+    }
+    return Status::Ok();
   }
 
   // "s<slot>:<rows>" and "r<slot>" words.
@@ -114,7 +121,8 @@ class Rank {
     out << "result stashes=" << counts_.stashes << " overflows=" << counts_.overflows
         << " spills=" << counts_.spills << " pool_high_water=" << stats.pool_pages_high_water
         << " host_high_water=" << stats.host_pages_high_water
-        << " pages_leftover=" << stats.pages_live << " stashes_left=" << tickets_.size();
+        << " pool_used_at_step_max=" << pool_used_max_ << " pages_leftover=" << stats.pages_live
+        << " stashes_left=" << tickets_.size();
     Say(out.str());
     return Status::Ok();
   }
@@ -124,6 +132,7 @@ class Rank {
   std::unique_ptr<HostBuffer> source_, destination_;
   uint64_t row_bytes_, max_rows_, warmup_;
   uint64_t step_ = 0;
+  uint64_t pool_used_max_ = 0;  // pages of the pool in use right after a counted BeginStep
   Counts counts_;
   std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> tickets_;  // slot: ticket, rows
 };

@@ -3,11 +3,13 @@
 // with the node's other ranks. It opens one session (--mode=daemon-copy|mapped, --device,
 // --rank; mapped sessions lease automatically, as a trainer would) and allocates one source and
 // one destination of --max-rows x --row-bytes, then prints "ready" and answers each stdin line:
-//   b <step>                       BeginStep(step); "ok" once answered
+//   b <step>                       BeginStep(step); "ok" once answered (from --warmup on, then
+//                                  reads the pool's pages in use: mapped leases held)
 //   o s<slot>:<rows> r<slot> ...   stash <rows> rows as stash <slot> / reload stash <slot>, all
 //                                  queued first and then waited for; "ok"
 //   end                            "result stashes=... overflows=... spills=... pool_high_water=...
-//                                  host_high_water=... pages_leftover=..." and exit
+//                                  host_high_water=... pool_used_at_step_max=...
+//                                  pages_leftover=..." and exit
 // A stash that overflowed has no ticket: its reload is skipped (the rank kept its buffer).
 // Overflows and spills are counted from step --warmup on; the reload of every stash is checked
 // against its source bytes.
