@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "bench/gbench_json.h"
+#include "bench/harness.h"
+#include "bench/phase_sharing.h"
 #include "bench/process.h"
 #include "bench/report.h"
 #include "bench/routing_model.h"
@@ -26,120 +28,6 @@
 
 namespace stash::bench {
 namespace {
-
-using Fields = std::map<std::string, double>;
-
-constexpr uint64_t kMiB = 1ULL << 20;
-constexpr uint64_t kKiB = 1ULL << 10;
-constexpr int kWorkerTimeoutMs = 120000;
-
-void Progress(const std::string& what) {
-  std::fprintf(stderr, "stash-bench: %s\n", what.c_str());
-  std::fflush(stderr);
-}
-
-// "256 KiB", "64 MiB".
-std::string SizeName(uint64_t bytes) { return FormatBytes(bytes); }
-
-std::string Gib(double bytes) { return Fixed(bytes / static_cast<double>(1ULL << 30), 2) + " GiB"; }
-
-std::string Tail(const std::string& path, size_t lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string l; std::getline(in, l);) all.push_back(l);
-  std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
-    out += "\n    " + all[i];
-  }
-  return out;
-}
-
-// Where this run keeps sockets and logs.
-struct Env {
-  BenchOptions options;
-  std::string dir;
-  int daemons = 0;
-};
-
-// A stashd child on a socket of its own; SIGTERMed when destroyed.
-class Daemon {
- public:
-  static StatusOr<std::unique_ptr<Daemon>> Start(Env& env, const std::vector<std::string>& flags) {
-    const std::string name = "stashd-" + std::to_string(++env.daemons);
-    const std::string socket = env.dir + "/" + name + ".sock";
-    const std::string log = env.dir + "/" + name + ".log";
-    std::vector<std::string> argv = {env.options.stashd, "--backend=host", "--socket=" + socket,
-                                     "--log-level=warn"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    std::error_code ignored;
-    std::filesystem::remove(socket, ignored);  // a stale one (--keep-dir) would look ready
-    STASH_ASSIGN_OR_RETURN(auto child, Child::Spawn(argv, log));
-    if (!WaitForPath(socket, 15000)) {
-      return UnavailableError("stashd did not create " + socket + "; its log:" + Tail(log, 10));
-    }
-    return std::unique_ptr<Daemon>(new Daemon(std::move(child), socket));
-  }
-  ~Daemon() { child_->Stop(SIGTERM, 10000); }
-  const std::string& socket() const { return socket_; }
-  pid_t pid() const { return child_->pid(); }
-
- private:
-  Daemon(std::unique_ptr<Child> child, std::string socket)
-      : child_(std::move(child)), socket_(std::move(socket)) {}
-  std::unique_ptr<Child> child_;
-  std::string socket_;
-};
-
-// User + system CPU seconds `pid` has used so far (/proc/<pid>/stat), or -1.
-double CpuSeconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = text.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return -1;
-  std::istringstream fields(text.substr(close + 2));
-  std::string field;
-  double utime = 0, stime = 0;
-  // After ")": state is field 3; utime and stime are fields 14 and 15.
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i == 14) utime = std::stod(field);
-    if (i == 15) stime = std::stod(field);
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-// The numbers of a "result key=value ..." line.
-Fields ToFields(const std::string& line) {
-  Fields out;
-  for (const auto& [k, v] : ParseFields(line)) out[k] = std::strtod(v.c_str(), nullptr);
-  return out;
-}
-
-// Reads a worker's lines until its "result" (or "error").
-StatusOr<Fields> AwaitResult(Child& worker, const std::string& log) {
-  while (true) {
-    auto line = worker.ReadLine(kWorkerTimeoutMs);
-    if (!line.ok()) {
-      return Status(line.status().code(), line.status().message() + "; log:" + Tail(log, 10));
-    }
-    if (line->rfind("result", 0) == 0) return ToFields(*line);
-    if (line->rfind("error", 0) == 0) {
-      return InternalError(worker.name() + ": " + line->substr(6) + Tail(log, 5));
-    }
-  }
-}
-
-StatusOr<std::unique_ptr<Child>> SpawnWorker(Env& env, const std::vector<std::string>& flags) {
-  std::vector<std::string> argv = {env.options.self, "--role=worker"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  return Child::Spawn(argv, env.dir + "/workers.log");
-}
-
-StatusOr<Fields> RunWorker(Env& env, const std::vector<std::string>& flags) {
-  STASH_ASSIGN_OR_RETURN(auto worker, SpawnWorker(env, flags));
-  STASH_ASSIGN_OR_RETURN(Fields fields, AwaitResult(*worker, env.dir + "/workers.log"));
-  worker->Wait(10000);
-  return fields;
-}
 
 // The ping server child (this binary, --role=ping-server).
 StatusOr<std::unique_ptr<Child>> StartPingServer(Env& env, const std::string& socket) {
@@ -800,9 +688,9 @@ int RunOrchestrator(const BenchOptions& options) {
     env.dir = tmpl;
   }
   const std::vector<std::pair<std::string, std::function<Status(Env&, std::vector<Row>&)>>> phases =
-      {{"copy", PhaseCopy},      {"latency", PhaseLatency}, {"saturate", PhaseSaturate},
-       {"ring", PhaseRing},      {"memory", PhaseMemory},   {"idle", PhaseIdle},
-       {"clients", PhaseClients}};
+      {{"copy", PhaseCopy},       {"latency", PhaseLatency}, {"saturate", PhaseSaturate},
+       {"ring", PhaseRing},       {"memory", PhaseMemory},   {"idle", PhaseIdle},
+       {"clients", PhaseClients}, {"sharing", PhaseSharing}};
   std::vector<Row> rows;
   bool failed = false;
   const auto t0 = Clock::now();

@@ -18,7 +18,7 @@ struct BenchOptions {
   std::string stashd;        // the daemon binary
   std::string paging_bench;  // stash-bench-paging (Google Benchmark)
   bool quick = false;        // fewer repetitions: a smoke run, not figures to quote
-  // Phases to run: copy, latency, saturate, ring, memory, idle, clients; empty = all.
+  // Phases to run: copy, latency, saturate, ring, memory, idle, clients, sharing; empty = all.
   std::set<std::string> phases;
   // The client modes the copy, latency and clients phases measure, in this order:
   // "daemon-copy" and/or "mapped" (docs/benchmarks.md).

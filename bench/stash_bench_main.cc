@@ -19,7 +19,8 @@
 namespace {
 
 constexpr char kUsage[] =
-    "Usage: stash-bench [--quick] [--phases=copy,latency,saturate,ring,memory,idle,clients]\n"
+    "Usage: stash-bench [--quick] "
+    "[--phases=copy,latency,saturate,ring,memory,idle,clients,sharing]\n"
     "                   [--modes=daemon-copy,mapped] [--stashd=PATH] [--paging-bench=PATH]\n"
     "                   [--markdown-out=FILE] [--keep-dir=DIR]\n"
     "\n"

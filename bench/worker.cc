@@ -16,6 +16,7 @@
 
 #include "bench/ping.h"
 #include "bench/samples.h"
+#include "bench/sharing_worker.h"
 #include "common/copy_workers.h"
 #include "common/macros.h"
 #include "stash/client.h"
@@ -866,6 +867,8 @@ int RunWorker(const Flags& flags) {
     status = RunBlocked(flags);
   } else if (task == "roundtrip") {
     status = RunRoundTrip(flags);
+  } else if (task == "rank") {
+    return RunRankWorker(flags);  // bench/sharing_worker.h
   } else {
     status = InvalidArgumentError("unknown --task=" + task);
   }

@@ -19,6 +19,8 @@
 //               them backward, BF16 on device 0 and MXFP8 on device 1; reports the pools' high
 //               water marks.
 //   blocked, roundtrip   the idle phase's holders and its round-trip probe.
+//   rank        one rank of the sharing phase, in lock step with the others
+//               (bench/sharing_worker.h).
 //
 // The session (copy, latency, saturate, throughput): --mode=daemon-copy (default) or
 // --mode=mapped; mapped sessions lease --lease-bytes of their device's pool explicitly
