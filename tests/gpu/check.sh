@@ -304,9 +304,13 @@ start_daemon() {  # start_daemon LOG
 
 stop_daemon() {
   if [ -z "$daemon_pid" ]; then return; fi
+  # Up to 5 s for a clean stop, then KILL. A stopped child stays a zombie until `wait` reaps
+  # it, and kill -0 succeeds on a zombie: its state in /proc says whether it still runs.
   kill -TERM "$daemon_pid" 2>/dev/null
-  for _ in $(seq 50); do  # up to 5 s for a clean stop
-    kill -0 "$daemon_pid" 2>/dev/null || break
+  local state
+  for _ in $(seq 50); do
+    state="$(cut -d' ' -f3 "/proc/$daemon_pid/stat" 2>/dev/null)"
+    if [ -z "$state" ] || [ "$state" = Z ]; then break; fi
     sleep 0.1
   done
   kill -KILL "$daemon_pid" 2>/dev/null
