@@ -190,10 +190,16 @@ class Copier {
       if (rounds >= kInFlight) {
         BENCH_CUDA(cudaEventSynchronize(done_[(rounds - kInFlight) % kEvents]));
       }
+      // stop() may consume what it looks for (the trainer's line): ask it once per answer.
+      bool stopped = false;
       while (round_s > 0 && NowSeconds() - start < static_cast<double>(rounds) * round_s) {
-        if (stop()) break;
+        if (stop()) {
+          stopped = true;
+          break;
+        }
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
+      if (stopped) break;
       EnqueueRound(copy_engine);
       BENCH_CUDA(cudaEventRecord(done_[rounds % kEvents], stream_));
       ++rounds;

@@ -12,8 +12,8 @@
 #   BUNDLE             a folder made by ./scripts/bundle (bin/, lib/, check.sh, REQUIRES)
 #   ROOT               a root file system to chroot into (needs bash, coreutils, grep, sed, ldd)
 #
-# For each ROOT: copies BUNDLE to ROOT/tmp/stash-bundle, runs its check.sh there under chroot
-# with a clean environment and no nvidia-smi, and expects exit status 1 with one of:
+# For each ROOT: copies BUNDLE to ROOT/tmp/stash-bundle, mounts /proc there (unmounted after),
+# runs its check.sh there under chroot with a clean environment and no nvidia-smi, and expects exit status 1 with one of:
 #   - "no GPU found" after "binaries load": the root's glibc is new enough, every binary the
 #     preflight starts loaded, and the check stopped where it looks for a GPU;
 #   - "glibc X.Y is older than" REQUIRES' glibc: the root is older than the bundle supports.
@@ -72,15 +72,23 @@ failed=0
 for root in "$@"; do
   root="$(realpath -- "$root")"
   [[ -x "$root/usr/bin/ldd" && -x "$root/bin/bash" ]] || die "$root is not a root file system with bash and ldd"
-  glibc="$(chroot "$root" /usr/bin/ldd --version 2>&1 | head -n 1 | grep -o '[0-9]\+\.[0-9]\+$')"
+  glibc="$(chroot "$root" /usr/bin/ldd --version 2>&1 | sed -n 1p | grep -o '[0-9]\+\.[0-9]\+$')"
   name="$(sed -n 's/^PRETTY_NAME="\(.*\)"/\1/p' "$root/etc/os-release" 2>/dev/null)"
   rm -rf "$root/tmp/stash-bundle" "$root/tmp/stash-check-out"
   cp -a "$bundle" "$root/tmp/stash-bundle"
+  # /proc, as on any node: the loader resolves $ORIGIN in the bundle's RUNPATH through
+  # /proc/self/exe, and check.sh reads /proc/<pid>/stat.
+  mounted=""
+  if ! mountpoint -q "$root/proc"; then
+    mount -t proc proc "$root/proc"
+    mounted="$root/proc"
+  fi
   set +e
   output="$(chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     HOME=/tmp OUT=/tmp/stash-check-out /bin/bash /tmp/stash-bundle/check.sh 2>&1)"
   code=$?
   set -e
+  if [[ -n "$mounted" ]]; then umount "$mounted"; fi
   echo "---- $root (${name:-?}, glibc $glibc): check.sh exit $code"
   printf '%s\n' "$output" | sed 's/^/   | /'
   if older "$glibc" "$need_glibc"; then
