@@ -45,12 +45,18 @@ exit 0
 """
 
 
-def fake_nvidia_smi(compute_mode="Default", mig="[N/A]", free_mib=80000, gpus=2):
+def fake_nvidia_smi(compute_mode="Default", mig="[N/A]", free_mib=80000, gpus=2,
+                    knows_mig=True):
     lines = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {UUID[:-1]}{i})" for i in range(gpus))
+    old_driver = "" if knows_mig else """
+  *mig.mode.current*) echo 'Field "mig.mode.current" is not a valid field to query.'; exit 2 ;;
+  "-i "*)
+    echo "index, uuid, name, driver_version, memory.total [MiB], memory.used [MiB], memory.free [MiB], compute_mode"
+    echo "$2, """ + UUID[:-1] + f"""$2, NVIDIA H100 80GB HBM3, 470.1, 81559 MiB, 1 MiB, {free_mib} MiB, {compute_mode}" ;;"""
     return f"""#!/bin/bash
 case "$*" in
   -L) printf '%s\\n' "{lines}" ;;
-  *--query-gpu=driver_version*) echo "580.65.06" ;;
+  *--query-gpu=driver_version*) echo "580.65.06" ;;{old_driver}
   "-i "*)
     index="$2"
     if [ "$index" -ge {gpus} ]; then echo "No devices were found"; exit 6; fi
@@ -142,6 +148,12 @@ def test_mig_and_a_nearly_full_gpu_stop_the_check(tmp_path, bundle):
 def test_a_bad_stash_check_gpu_is_refused(tmp_path, bundle, value, phrase):
     run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi(), STASH_CHECK_GPU=value)
     assert_stopped(tmp_path, run, phrase)
+
+
+def test_a_driver_that_does_not_know_mig_is_asked_again_without_it(tmp_path, bundle):
+    run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi(knows_mig=False,
+                                                             compute_mode="Exclusive_Process"))
+    assert_stopped(tmp_path, run, "compute mode Exclusive_Process")
 
 
 def test_every_step_sees_only_the_chosen_gpu(tmp_path, bundle):

@@ -212,6 +212,16 @@ query=index,uuid,name,driver_version,memory.total,memory.used,memory.free,comput
   timeout 15 nvidia-smi -i "$gpu" --query-gpu="$query" --format=csv
 } >>"$out/nvidia-smi.log" 2>&1
 row="$(sed -n "/^index, uuid/{n;p;q}" "$out/nvidia-smi.log")"
+if [ -z "$row" ] && grep -q "mig.mode.current" "$out/nvidia-smi.log" &&
+  grep -qi "not a valid field" "$out/nvidia-smi.log"; then
+  # A driver too old to know MIG: ask again without that field.
+  {
+    echo "\$ nvidia-smi -i $gpu --query-gpu=${query%,mig.mode.current} --format=csv"
+    timeout 15 nvidia-smi -i "$gpu" --query-gpu="${query%,mig.mode.current}" --format=csv
+  } >>"$out/nvidia-smi.log" 2>&1
+  row="$(sed -n "/^index, uuid/{n;p;q}" "$out/nvidia-smi.log")"
+  if [ -n "$row" ]; then row="$row, [N/A]"; fi
+fi
 if [ -z "$row" ] || ! [[ "$row" =~ ^$gpu, ]]; then
   stop "STASH_CHECK_GPU=$gpu: nvidia-smi has no GPU $gpu (it lists $gpus, 0 to $((gpus - 1)))"
 fi
