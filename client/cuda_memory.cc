@@ -68,8 +68,9 @@ StatusOr<std::unique_ptr<CudaSide>> CudaSide::Open(int device) {
     return FailedPreconditionError(
         "GPU " + std::to_string(device) +
         " does not support 64-bit stream memory operations (cuStreamBatchMemOp, "
-        "cuStreamWaitValue64), which the cuda backend orders streams with: update the NVIDIA "
-        "driver (R580 or newer, which CUDA 13 needs)");
+        "cuStreamWaitValue64), which the cuda backend orders streams with: drivers for CUDA 12 "
+        "and newer (R525+) offer them by default; an older driver needs the nvidia kernel "
+        "module loaded with NVreg_EnableStreamMemOPs=1");
   }
   CUuuid uuid{};
   STASH_CU_RETURN_IF_ERROR(d, DeviceGetUuid(&uuid, dev));

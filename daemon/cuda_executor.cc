@@ -236,8 +236,9 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const c
     return FailedPreconditionError(
         name + " (" + UuidText(uuid) +
         ") does not support 64-bit stream memory operations (cuStreamBatchMemOp), which "
-        "stashd uses for done events: update the NVIDIA driver (R580 or newer, which CUDA 13 "
-        "needs)");
+        "stashd uses for done events: drivers for CUDA 12 and newer (R525+) offer them by "
+        "default; an older driver needs the nvidia kernel module loaded with "
+        "NVreg_EnableStreamMemOPs=1");
   }
 
   size_t free_bytes = 0, total_bytes = 0;

@@ -113,11 +113,19 @@ void CudaTrainer::BeginStep() {
   for (Slot& slot : slots_) slot = Slot{};
 }
 
-// Queues the stash of Input(layer) before its producer runs: -1 in the count slot first, which
-// the daemon would reject, so parity proves it read the slot only after the ready event.
+// Before Input(layer)'s producer: -1 in the count slot, which the daemon would reject, so
+// parity proves it read the slot only after the ready event.
+Status CudaTrainer::PoisonCount(int layer) {
+  DEMO_CUDA(StoreInt64Cuda(RowCount(layer), -1, static_cast<cudaStream_t>(stream_)));
+  return Status::Ok();
+}
+
+// Asks for the stash of Input(layer) once its producer, the row count and the ready signal are
+// queued. Never before: with lazy module loading (the default since CUDA 12.2) the producer's
+// first launch may need a context-wide synchronisation, which would wait for a stream that
+// waits on the daemon while the daemon waits for a ready signal not yet queued. The Python
+// path (stashd.torch) keeps the same order.
 Status CudaTrainer::Stash(int layer) {
-  const auto stream = static_cast<cudaStream_t>(stream_);
-  DEMO_CUDA(StoreInt64Cuda(RowCount(layer), -1, stream));
   StashArgs args = LayerStashArgs(shape_, layer);
   args.device_source = Input(layer);
   args.count.device_count = RowCount(layer);
@@ -155,18 +163,19 @@ Status CudaTrainer::Forward(const StepInputs& inputs, StepOutputs* out) {
                             stream));
 
   // The dispatch is layer 0's producer.
-  if (Status s = Stash(0); !s.ok()) return s;
+  if (Status s = PoisonCount(0); !s.ok()) return s;
   DEMO_CUDA(cudaMemcpyAsync(Input(0), inputs.dispatched.data(), shape_.ActivationBytes(),
                             cudaMemcpyHostToDevice, stream));
   DEMO_CUDA(StoreInt64Cuda(RowCount(0), rows, stream));
   slots_[0].rows = rows;
   if (Status s = client_->EnqueueSignal(Event(0, kStashReady), stream); !s.ok()) return s;
+  if (Status s = Stash(0); !s.ok()) return s;
 
   std::string error;
   for (int l = 0; l < layers; ++l) {
     const bool last = l + 1 == layers;
     if (!last) {
-      if (Status s = Stash(l + 1); !s.ok()) return s;
+      if (Status s = PoisonCount(l + 1); !s.ok()) return s;
     }
     float* y = last ? output_ : Input(l + 1);
     if (!kernels::GroupedLinearForwardCuda(geometry, counts_, Input(l),
@@ -180,6 +189,7 @@ Status CudaTrainer::Forward(const StepInputs& inputs, StepOutputs* out) {
       if (Status s = client_->EnqueueSignal(Event(l + 1, kStashReady), stream); !s.ok()) {
         return s;
       }
+      if (Status s = Stash(l + 1); !s.ok()) return s;
     }
     if (Status s = Confirm(l); !s.ok()) return s;
   }

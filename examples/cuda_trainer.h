@@ -3,9 +3,10 @@
 // a PyTorch rank does it:
 //  - activations live in one cudaMalloc arena (like the caching allocator's segments), so the
 //    library exports one IPC handle and the daemon opens it once;
-//  - a stash is queued before its producer runs, with the row count in device memory (written
-//    -1 first, then the real count by a kernel) and a ready event the trainer's stream raises
-//    after the producer (EnqueueSignal): the daemon reads neither earlier;
+//  - a stash is asked for once its producer and the ready event the trainer's stream raises
+//    after it (EnqueueSignal) are queued, never before (a first, lazily loaded kernel launch
+//    may synchronise the context); the row count lives in device memory (written -1 first,
+//    then the real count by a kernel), and the daemon reads neither before the ready event;
 //  - once the daemon confirms a copy the rank poisons its own buffer on the stream;
 //  - backward reloads into a poisoned buffer (zero tail) behind a ready event raised after the
 //    previous layer's kernels, and the stream waits on the reload's done event
@@ -58,6 +59,7 @@ class CudaTrainer {
   float* Input(int layer) const;
   int64_t* RowCount(int layer) const;
   EventPoint Event(int layer, Counter counter) const;
+  Status PoisonCount(int layer);
   Status Stash(int layer);
   Status Confirm(int layer);
 

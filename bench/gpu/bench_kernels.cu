@@ -38,6 +38,16 @@ __global__ void FillKernel(uint64_t* words, uint64_t count, uint64_t seed) {
   }
 }
 
+// 16 bytes per thread per step, a grid-stride loop: the plain SM copy a driver's D2D memcpy
+// kernel is compared with (no paging, no plan).
+__global__ void VectorCopyKernel(uint4* dst, const uint4* src, uint64_t count) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    dst[i] = src[i];
+  }
+}
+
 __global__ void CountMismatchesKernel(const uint64_t* a, const uint64_t* b, uint64_t count,
                                       unsigned long long* mismatches) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
@@ -78,6 +88,20 @@ __global__ void __launch_bounds__(kThreads) BurnKernel(float* out, int64_t itera
 
 cudaError_t LaunchFill(uint64_t* d_words, uint64_t words, uint64_t seed, cudaStream_t stream) {
   FillKernel<<<BlocksFor(words), kThreads, 0, stream>>>(d_words, words, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchVectorCopy(void* d_dst, const void* d_src, uint64_t bytes, int sm_count,
+                             cudaStream_t stream) {
+  if (bytes % 16 != 0) return cudaErrorInvalidValue;
+  const uint64_t vectors = bytes / 16;
+  // Enough resident blocks to fill every SM several times over; the loop covers the rest.
+  const uint64_t wanted = static_cast<uint64_t>(sm_count > 0 ? sm_count : 1) * 8;
+  const uint64_t needed = (vectors + kThreads - 1) / kThreads;
+  const unsigned blocks =
+      static_cast<unsigned>(needed < wanted ? (needed > 0 ? needed : 1) : wanted);
+  VectorCopyKernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint4*>(d_dst),
+                                                    static_cast<const uint4*>(d_src), vectors);
   return cudaGetLastError();
 }
 

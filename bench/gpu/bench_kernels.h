@@ -1,6 +1,6 @@
 // The few kernels stash-bench-gpu needs besides the paging kernels: a position-dependent fill,
-// a mismatch counter, the gate of Gate (common.h) and the trainer's compute-bound FMA loop.
-// Each launcher returns the launch's error (cudaGetLastError), cudaSuccess when enqueued.
+// a plain SM copy, a mismatch counter, the gate of Gate (common.h) and the trainer's compute-bound
+// FMA loop. Each launcher returns the launch's error (cudaGetLastError), cudaSuccess when enqueued.
 #ifndef STASH_BENCH_GPU_BENCH_KERNELS_H_
 #define STASH_BENCH_GPU_BENCH_KERNELS_H_
 
@@ -13,6 +13,12 @@ namespace stash::bench_gpu {
 // d_words[i] = a mix of (i, seed), for i < words: every 8-byte word differs from its neighbours,
 // so a page copied to the wrong place cannot compare equal by accident.
 cudaError_t LaunchFill(uint64_t* d_words, uint64_t words, uint64_t seed, cudaStream_t stream);
+
+// d_dst[0, bytes) = d_src[0, bytes) with a plain SM kernel (16-byte loads and stores, a grid
+// of 8 blocks of 256 threads per SM): the SM copy baseline of `copy`. bytes must be a multiple
+// of 16 and both pointers 16-byte aligned (cudaMalloc's are).
+cudaError_t LaunchVectorCopy(void* d_dst, const void* d_src, uint64_t bytes, int sm_count,
+                             cudaStream_t stream);
 
 // Adds to *d_mismatches the number of i < words with d_a[i] != d_b[i].
 cudaError_t LaunchCountMismatches(const uint64_t* d_a, const uint64_t* d_b, uint64_t words,

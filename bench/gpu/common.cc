@@ -53,27 +53,37 @@ DeviceInfo SelectDevice(int device) {
   BENCH_CUDA(cudaDeviceGetAttribute(&info.compute_mode, cudaDevAttrComputeMode, device));
   BENCH_CUDA(cudaDeviceGetAttribute(&info.host_register_supported, cudaDevAttrHostRegisterSupported,
                                     device));
+  // Peak DRAM bandwidth from the memory clock and the bus width, two transfers per clock (what
+  // NVIDIA's own peak figures assume): 0 when the driver reports neither.
+  int clock_khz = 0, bus_bits = 0;
+  BENCH_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+  BENCH_CUDA(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  info.memory_peak_gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
   BENCH_CUDA(cudaDriverGetVersion(&info.driver_version));
   BENCH_CUDA(cudaRuntimeGetVersion(&info.runtime_version));
   return info;
 }
 
 std::string DeviceJson(const DeviceInfo& info) {
-  return json::Object({{"index", json::Int(info.index)},
-                       {"name", json::Str(info.name)},
-                       {"sm_count", json::Int(info.sm_count)},
-                       {"memory_bytes", json::Int(info.memory_bytes)},
-                       {"compute_mode", json::Int(info.compute_mode)},
-                       {"driver_version", json::Int(info.driver_version)},
-                       {"runtime_version", json::Int(info.runtime_version)}});
+  return json::Object(
+      {{"index", json::Int(info.index)},
+       {"name", json::Str(info.name)},
+       {"sm_count", json::Int(info.sm_count)},
+       {"memory_bytes", json::Int(info.memory_bytes)},
+       {"compute_mode", json::Int(info.compute_mode)},
+       {"memory_peak_gbps",
+        info.memory_peak_gbps > 0 ? json::Num(info.memory_peak_gbps) : json::Null()},
+       {"driver_version", json::Int(info.driver_version)},
+       {"runtime_version", json::Int(info.runtime_version)}});
 }
 
 std::string DeviceLine(const DeviceInfo& info) {
   char line[512];
-  std::snprintf(line, sizeof(line), "%s (device %d, %d SMs, %.1f GiB), driver %d, runtime %d",
+  std::snprintf(line, sizeof(line),
+                "%s (device %d, %d SMs, %.1f GiB, memory peak %.0f GB/s), driver %d, runtime %d",
                 info.name.c_str(), info.index, info.sm_count,
                 static_cast<double>(info.memory_bytes) / static_cast<double>(kMiB * 1024),
-                info.driver_version, info.runtime_version);
+                info.memory_peak_gbps, info.driver_version, info.runtime_version);
   return line;
 }
 

@@ -37,6 +37,8 @@ int RunIpc(const Options& options);
 int RunIpcChild(const Options& options);
 int RunOverlap(const Options& options);
 int RunOverlapTrainer(const Options& options);
+int RunWait(const Options& options);
+int RunWaitChild(const Options& options);
 
 // Exits with status 1 after printing "stash-bench-gpu: <expr> failed: <name>: <string> (file:line)"
 // when `error` is not cudaSuccess.
@@ -53,6 +55,7 @@ struct DeviceInfo {
   int sm_count = 0;
   int64_t memory_bytes = 0;
   int compute_mode = 0;  // cudaComputeMode: 0 default (shared), 2 prohibited, 3 exclusive process
+  double memory_peak_gbps = 0;  // HBM/DRAM peak: 2 x memory clock x bus width; 0 = unknown
   int driver_version = 0;
   int runtime_version = 0;
   int host_register_supported = 0;

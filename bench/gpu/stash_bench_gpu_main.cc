@@ -18,16 +18,18 @@ const char kUsage[] =
     "stash-bench-gpu: GPU benchmarks of stashd's CUDA data path (CUDA runtime only: no daemon,\n"
     "no gRPC). Each subcommand prints a table; --json FILE also writes the figures as JSON.\n"
     "\n"
-    "Usage: stash-bench-gpu <copy|ipc|overlap> [--flag=value ...]   (or --flag value)\n"
+    "Usage: stash-bench-gpu <copy|ipc|overlap|wait> [--flag=value ...]   (or --flag value)\n"
     "\n"
     "Subcommands:\n"
     "  copy     Stash (LaunchStash) and reload (LaunchReload) of the paging kernels into a\n"
     "           device pool of 256 KiB pages with a permuted free ring, against\n"
-    "           cudaMemcpyAsync device-to-device of the same bytes, at each --sizes size:\n"
-    "           GB/s and the ratio to memcpy (target >= 0.90x from 64 MiB up), GPU time\n"
+    "           cudaMemcpyAsync device-to-device and a plain SM copy kernel of the same\n"
+    "           bytes, at each --sizes size: GB/s, the share of the memory peak, and the\n"
+    "           ratio to the faster baseline (target >= 0.90x from 64 MiB up), GPU time\n"
     "           from events, median of --iters (default 20). Every size is verified once\n"
-    "           (the reloaded buffer must equal the source). Also the host cost of one\n"
-    "           LaunchStash call, the daemon-side cost per stash request (target <= 20 us).\n"
+    "           (the reloaded buffer must equal the source). Also the host cost of\n"
+    "           LaunchStash's kernel launches (the daemon's whole per-request cost is\n"
+    "           stash-bench-request's).\n"
     "  ipc      With a child process exporting --iters (default 20) 64 MiB buffers and\n"
     "           interprocess events: cudaIpcOpenMemHandle (first open, same handle again,\n"
     "           and an unordered_map lookup as the cached path), cudaIpcCloseMemHandle,\n"
@@ -36,9 +38,14 @@ const char kUsage[] =
     "  overlap  Does a copy launched by another process stall the trainer? A child process\n"
     "           runs --iters (default 1000) launches of a compute-bound FMA kernel on every\n"
     "           SM (about --launch-ms each) alone, while this process stashes and reloads\n"
-    "           --copy-mib MiB with the paging kernels, while it does so with one\n"
-    "           cudaMemcpyAsync per run of pages (copy engine), and alone again: the\n"
-    "           trainer's time, its slowdown and the copier's GB/s. About 10-20 s.\n"
+    "           --copy-mib MiB with the paging kernels, while it does so with batched\n"
+    "           memcpy calls (copy engine), each flat out and paced to the same GB/s, and\n"
+    "           alone again: the trainer's time, its slowdown, the trainer ms lost per GB\n"
+    "           moved and the copier's GB/s. About 15-25 s.\n"
+    "  wait     With CUDA_DEVICE_MAX_CONNECTIONS=1 and without: how long another stream\n"
+    "           of a trainer is held while one stream waits (cuStreamWaitValue64) for a\n"
+    "           counter raised an SM copy of --copy-mib MiB later; two child processes,\n"
+    "           --iters trials each (default 20), in us.\n"
     "\n"
     "Flags:\n"
     "  --device=N       CUDA device (default 0)\n"
@@ -46,7 +53,7 @@ const char kUsage[] =
     "                   round (overlap); 1..100000, default per subcommand as above\n"
     "  --sizes=LIST     copy: comma-separated sizes in MiB, 1..65536 each\n"
     "                   (default 1,16,64,256,1024); the pool is twice the largest\n"
-    "  --copy-mib=N     overlap: bytes of one stash, MiB, 1..65536 (default 256)\n"
+    "  --copy-mib=N     overlap, wait: bytes of one stash, MiB, 1..65536 (default 256)\n"
     "  --launch-ms=F    overlap: the trainer kernel's time per launch, ms, 0.05..100\n"
     "                   (default 1.5)\n"
     "  --json=FILE      also write the results as JSON to FILE\n"
@@ -136,7 +143,7 @@ Parsed ParseCommandLine(int argc, char** argv, Options* options, std::string* er
     }
   }
   if (options->command.empty()) {
-    *error = "no subcommand: say copy, ipc or overlap";
+    *error = "no subcommand: say copy, ipc, overlap or wait";
     return Parsed::kError;
   }
   return Parsed::kRun;
@@ -157,12 +164,14 @@ int Main(int argc, char** argv) {
     case Parsed::kRun:
       break;
   }
-  // The child roles: started by ipc and overlap, which checked the device already.
+  // The child roles: started by ipc, overlap and wait, which checked the device already.
   if (options.command == "ipc-child") return RunIpcChild(options);
   if (options.command == "overlap-trainer") return RunOverlapTrainer(options);
-  if (options.command != "copy" && options.command != "ipc" && options.command != "overlap") {
+  if (options.command == "wait-child") return RunWaitChild(options);
+  if (options.command != "copy" && options.command != "ipc" && options.command != "overlap" &&
+      options.command != "wait") {
     std::fprintf(stderr,
-                 "stash-bench-gpu: unknown subcommand '%s': say copy, ipc or overlap (see "
+                 "stash-bench-gpu: unknown subcommand '%s': say copy, ipc, overlap or wait (see "
                  "--help)\n",
                  options.command.c_str());
     return 2;
@@ -187,6 +196,7 @@ int Main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // tables appear as they are printed
   if (options.command == "copy") return RunCopy(options);
   if (options.command == "ipc") return RunIpc(options);
+  if (options.command == "wait") return RunWait(options);
   return RunOverlap(options);
 }
 

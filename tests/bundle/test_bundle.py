@@ -280,6 +280,22 @@ def test_check_sh_prints_glibc_and_driver_first_and_stops_on_an_older_machine(tm
     assert "older than 99.0" in (tmp_path / "out" / "summary.txt").read_text()
 
 
+# Roots made with the distributions' own tools (debootstrap), named in STASH_PREFLIGHT_ROOTS
+# (space-separated; e.g. made by `tests/bundle/preflight_root.sh --make bookworm /srv/roots/12
+# --make bullseye /srv/roots/11 ...`): the bundle's check.sh under chroot in each must run to its
+# GPU lookup where the root's glibc is new enough, and stop at the glibc preflight where it is
+# not. Needs root (chroot, mounting /proc).
+@pytest.mark.skipif(not os.environ.get("STASH_PREFLIGHT_ROOTS"),
+                    reason="STASH_PREFLIGHT_ROOTS names no debootstrapped roots")
+def test_check_sh_on_other_roots_runs_to_the_gpu_lookup_or_stops_at_glibc(bundle):
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    run = subprocess.run([str(REPO / "tests" / "bundle" / "preflight_root.sh"), str(bundle),
+                          *os.environ["STASH_PREFLIGHT_ROOTS"].split()],
+                         capture_output=True, text=True, timeout=300 * TIME_SCALE)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 # ---- Running from the bundle ------------------------------------------------------------------
 
 

@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
-# The one-call GPU check (docs/gpu-check.md): every GPU gtest, the demo and the PyTorch path
-# (torch_cuda_check.py) on the CUDA backend, and the three stash-bench-gpu benchmarks, each step under `timeout`, the whole run under 8 minutes.
-# Every step runs even when an earlier one failed; the summary table is printed last.
+# shellcheck disable=SC2317  # the step_* functions run indirectly, through STEPS
+# The one-call GPU check (docs/gpu-check.md): on ONE GPU, every GPU gtest (lazy and eager module
+# loading), the demo on the CUDA backend (both loadings) and the PyTorch path
+# (torch_cuda_check.py), and the stash-bench-gpu benchmarks, each step under `timeout`, the whole
+# run under 9 minutes. Every step runs even when an earlier one failed; the summary is printed last.
+#
+# The GPU: STASH_CHECK_GPU (default 0), the index nvidia-smi -L gives it. Every step sees that GPU
+# only (CUDA_VISIBLE_DEVICES=<its UUID>), so the daemon never opens a context on another job's
+# GPU. The preflight prints its compute mode and stops when two processes cannot hold contexts
+# on it at once (EXCLUSIVE_PROCESS, PROHIBITED), when MIG is on, or when too little memory is free.
 #
 # Layout: run from a bundle (./scripts/bundle), i.e. <bundle>/check.sh next to bin/ (stashd,
-# stashctl, stash-demo, stash-bench-gpu), lib/ (shared libraries) and tests/ (the GPU gtest
-# binaries). From the source tree (tests/gpu/check.sh) it uses the build in $BUNDLE, default
-# build/release.
+# stashctl, stash-demo, stash-bench-gpu, stash-bench-request), lib/ (shared libraries) and
+# tests/ (the GPU gtest binaries). From the source tree (tests/gpu/check.sh) it uses the build in
+# $BUNDLE, default build/release.
 #
 # Output: each step's full output goes to $OUT/<step>.log (and the benchmarks' JSON to
 # $OUT/<name>.json) when $OUT is set, else to a fresh temporary folder; the summary goes to
-# summary.txt there too. Exit status 0 when every step passed, else 1.
+# summary.txt there too. Exit status 0 when every step passed, else 1 (also when the preflight
+# stopped: then summary.txt holds its one message).
+#
+# Adding a step: write a function step_<name> that ends with `record`, and add <name> to STEPS
+# below (the order they run in; each step_* may read $gpu, $out, $tmp and the helpers here).
 set -uo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -33,7 +44,7 @@ find_bin() {
     stashd) echo "$root/daemon/stashd" ;;
     stashctl) echo "$root/client/stashctl/stashctl" ;;
     stash-demo) echo "$root/examples/stash-demo" ;;
-    stash-bench-gpu) echo "$root/bench/gpu/stash-bench-gpu" ;;
+    stash-bench-gpu | stash-bench-request) echo "$root/bench/gpu/$1" ;;
     *) echo "$root/bin/$1" ;;
   esac
 }
@@ -52,7 +63,6 @@ if [ -z "$out" ]; then out="$(mktemp -d /tmp/stash-gpu-check.XXXXXX)"; fi
 mkdir -p "$out"
 tmp="$(mktemp -d /tmp/stash-gpu-check-run.XXXXXX)"
 daemon_pid=""
-# shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
   if [ -n "$daemon_pid" ]; then kill -KILL "$daemon_pid" 2>/dev/null || true; fi
   rm -rf "$tmp"
@@ -60,8 +70,8 @@ cleanup() {
 trap cleanup EXIT
 
 start_s=$(date +%s)
-# Every step ends by this deadline (7.5 minutes), whatever hangs.
-deadline=$((start_s + 450))
+# Every step ends by this deadline (8.5 minutes), whatever hangs.
+deadline=$((start_s + 510))
 # Seconds a step may take: its CAP, or less so that each of the STEPS_AFTER it keeps 20 s.
 step_budget() {  # step_budget CAP STEPS_AFTER
   local left=$((deadline - $(date +%s) - 20 * $2))
@@ -88,10 +98,18 @@ record() {
   fi
 }
 
-# The value of "key": in JSON file $1 (the first occurrence; numbers with 2 decimals), or "?".
+# The value of "key" $2 in JSON file $1 (numbers with 2 decimals), or "?". With SECTION $3, only
+# on the line of the one-line object "SECTION": {...} (the benchmarks write `summary` that way):
+# without it, the first occurrence anywhere, which for a key that also appears per size is the
+# first size's, not the summary's.
 json_num() {
-  local v
-  v="$(grep -o "\"$2\": [^,}]*" "$1" 2>/dev/null | head -n 1 | sed 's/^[^:]*: //')"
+  local v src
+  if [ -n "${3:-}" ]; then
+    src="$(grep "\"$3\": {" "$1" 2>/dev/null | head -n 1)"
+  else
+    src="$(cat "$1" 2>/dev/null)"
+  fi
+  v="$(grep -o "\"$2\": [^,}]*" <<<"$src" | head -n 1 | sed 's/^[^:]*: //; s/"//g')"
   case "$v" in
     '') echo "?" ;;
     *[!0-9.eE+-]*) echo "$v" ;;
@@ -108,78 +126,160 @@ status_of() {  # status_of EXIT_CODE TIMEOUT_S
   esac
 }
 
+# Stops the check before any step: MESSAGE on stdout and as the whole summary.txt, exit 1.
+stop() {
+  echo "stash GPU check: $*" | tee "$out/summary.txt"
+  exit 1
+}
+
 echo "stash GPU check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $layout at $root"
 echo "output: $out"
 
-# ---- Preflight: glibc and the driver, before anything runs ----------------------------------------
+# ---- Preflight 1: glibc and the driver, before anything runs ------------------------------------
 # What the binaries need: a bundle says it in REQUIRES (scripts/bundle: the highest GLIBC_
 # version any shipped ELF needs, and the driver series of its CUDA runtime); a build tree runs
-# where it was built. The target is glibc 2.28 (tests/bundle); CUDA 13 needs driver R580. Too
-# old: stop here with what to change, rather than with loader errors in every step.
-need_glibc=2.28 need_driver=580
+# where it was built. Too old: stop here with what to change, rather than with loader errors in
+# every step.
+need_glibc="" need_driver=""
 if [ "$layout" = bundle ] && [ -f "$root/REQUIRES" ]; then
   need_glibc="$(sed -n 's/^glibc //p' "$root/REQUIRES")"
   need_driver="$(sed -n 's/^driver //p' "$root/REQUIRES")"
 fi
 glibc="$(ldd --version 2>&1 | head -n 1)"
-driver="$(timeout 15 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+driver=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  driver="$(timeout 15 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+fi
 if [ -z "$driver" ] && [ -r /proc/driver/nvidia/version ]; then
   driver="$(sed -n 's/.*Kernel Module *\([0-9][0-9.]*\).*/\1/p' /proc/driver/nvidia/version | head -n 1)"
 fi
 echo "\$ ldd --version: $glibc"
 echo "NVIDIA driver: ${driver:-none found}"
 glibc_version="$(echo "$glibc" | grep -o '[0-9]\+\.[0-9]\+$')"
-echo "needs: glibc >= ${need_glibc:-?}, NVIDIA driver >= R${need_driver:-?}"
+if [ "$layout" = bundle ]; then
+  echo "needs: glibc >= ${need_glibc:-?}, NVIDIA driver >= R${need_driver:-?} (REQUIRES)"
+else
+  echo "needs: what the build machine has (a build tree; a bundle says it in REQUIRES)"
+fi
 # Whether version $1 is older than $2 (x.y).
 older() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$1" ]; }
 if [ -n "$glibc_version" ] && [ -n "$need_glibc" ] && older "$glibc_version" "$need_glibc"; then
-  echo "stash GPU check: this machine's glibc $glibc_version is older than $need_glibc, which" \
-    "these binaries need: run them on a newer OS, or use a bundle built on an older base" \
-    "(docs/gpu-check.md)" | tee "$out/summary.txt"
-  exit 1
+  stop "this machine's glibc $glibc_version is older than $need_glibc, which these binaries" \
+    "need: run them on a newer OS (Debian 12, Ubuntu 24.04, RHEL 10), or build them on this" \
+    "node's OS (docs/gpu-check.md, \"Older nodes\")"
 fi
 driver_major="${driver%%.*}"
 if [ -n "$driver_major" ] && [ -n "$need_driver" ] && [ "$driver_major" -lt "$need_driver" ] 2>/dev/null; then
-  echo "stash GPU check: NVIDIA driver $driver is older than the R$need_driver series, which the" \
-    "CUDA runtime of these binaries needs: install driver R$need_driver or newer (or NVIDIA's" \
-    "CUDA forward-compatibility package)" | tee "$out/summary.txt"
-  exit 1
+  stop "NVIDIA driver $driver is older than the R$need_driver series, which the CUDA runtime" \
+    "of these binaries needs: install driver R$need_driver or newer, NVIDIA's CUDA" \
+    "forward-compatibility package (datacenter GPUs), or build with a CUDA toolkit this driver" \
+    "runs (docs/gpu-check.md, \"Older nodes\")"
 fi
 
-# ---- The machine --------------------------------------------------------------------------------
-gpu_present=0
+# The binaries load here (the loader finds every library, glibc has every symbol they bind):
+# stashd --version needs no GPU, and stash-bench-gpu --help neither.
+for b in stashd stash-bench-gpu; do
+  if ! loaded="$(timeout 15 "$(find_bin "$b")" --help 2>&1 >/dev/null | head -n 3)" ||
+    grep -q 'error while loading\|not found\|GLIBC_' <<<"$loaded"; then
+    stop "$(find_bin "$b") does not start on this machine: ${loaded:-no output}"
+  fi
+done
+echo "binaries load: $("$(find_bin stashd)" --version 2>&1 | head -n 1)"
+
+# ---- Preflight 2: the one GPU the check uses -----------------------------------------------------
+gpu="${STASH_CHECK_GPU:-0}"
+case "$gpu" in
+  '' | *[!0-9]*) stop "STASH_CHECK_GPU=$gpu is not a GPU index: give one index as nvidia-smi -L lists it (0, 1, ...)" ;;
+esac
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  stop "no GPU found: nvidia-smi is not installed, so this machine has no NVIDIA driver (or it" \
+    "is not in PATH); everything before this point ran. Run the check on a GPU node."
+fi
 {
   echo "\$ nvidia-smi -L"
   timeout 15 nvidia-smi -L
-  echo "\$ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv"
-  timeout 15 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 } >"$out/nvidia-smi.log" 2>&1
 cat "$out/nvidia-smi.log"
-if grep -q '^GPU [0-9]' "$out/nvidia-smi.log"; then gpu_present=1; fi
-# The first line after the csv header: "NVIDIA H200, 570.86.15, 143771 MiB".
-gpu_name="$(sed -n '/^name, driver_version/{n;p;q}' "$out/nvidia-smi.log")"
-if [ "$gpu_present" = 1 ]; then
-  record nvidia-smi pass "${gpu_name:-?}"
-else
-  record nvidia-smi "fail (no GPU listed)" "" "$out/nvidia-smi.log"
+gpus="$(grep -c '^GPU [0-9]' "$out/nvidia-smi.log")"
+if [ "$gpus" = 0 ]; then
+  stop "no GPU found: nvidia-smi -L lists none (see $out/nvidia-smi.log); everything before" \
+    "this point ran. Run the check on a GPU node."
 fi
+# index, uuid, name, driver, total MiB, used MiB, free MiB, compute mode, MIG mode.
+query=index,uuid,name,driver_version,memory.total,memory.used,memory.free,compute_mode,mig.mode.current
+{
+  echo "\$ nvidia-smi -i $gpu --query-gpu=$query --format=csv"
+  timeout 15 nvidia-smi -i "$gpu" --query-gpu="$query" --format=csv
+} >>"$out/nvidia-smi.log" 2>&1
+row="$(sed -n "/^index, uuid/{n;p;q}" "$out/nvidia-smi.log")"
+if [ -z "$row" ] && grep -q "mig.mode.current" "$out/nvidia-smi.log" &&
+  grep -qi "not a valid field" "$out/nvidia-smi.log"; then
+  # A driver too old to know MIG: ask again without that field.
+  {
+    echo "\$ nvidia-smi -i $gpu --query-gpu=${query%,mig.mode.current} --format=csv"
+    timeout 15 nvidia-smi -i "$gpu" --query-gpu="${query%,mig.mode.current}" --format=csv
+  } >>"$out/nvidia-smi.log" 2>&1
+  row="$(sed -n "/^index, uuid/{n;p;q}" "$out/nvidia-smi.log")"
+  if [ -n "$row" ]; then row="$row, [N/A]"; fi
+fi
+if [ -z "$row" ] || ! [[ "$row" =~ ^$gpu, ]]; then
+  stop "STASH_CHECK_GPU=$gpu: nvidia-smi has no GPU $gpu (it lists $gpus, 0 to $((gpus - 1)))"
+fi
+IFS=',' read -r _ gpu_uuid gpu_name gpu_driver mem_total mem_used mem_free compute_mode mig_mode <<<"$row"
+trim() { sed 's/^ *//; s/ *$//' <<<"$1"; }
+gpu_uuid="$(trim "$gpu_uuid")" gpu_name="$(trim "$gpu_name")" gpu_driver="$(trim "$gpu_driver")"
+mem_total="$(trim "$mem_total")" mem_used="$(trim "$mem_used")" mem_free="$(trim "$mem_free")"
+compute_mode="$(trim "$compute_mode")" mig_mode="$(trim "$mig_mode")"
+echo "GPU $gpu (STASH_CHECK_GPU): $gpu_name, $gpu_uuid, driver $gpu_driver, $mem_total total," \
+  "$mem_used used, $mem_free free; compute mode $compute_mode; MIG $mig_mode"
+case "$compute_mode" in
+  Exclusive_Process | Exclusive_Thread)
+    stop "GPU $gpu is in compute mode $compute_mode: only one process may hold a context on it," \
+      "and the check runs stashd beside its clients (the demo's ranks, the tests' and" \
+      "benchmarks' child processes), each with its own context. Set it to Default" \
+      "(nvidia-smi -i $gpu -c DEFAULT, as root), or pick a GPU in Default mode with STASH_CHECK_GPU" ;;
+  Prohibited)
+    stop "GPU $gpu is in compute mode Prohibited: no process may create a context on it. Pick" \
+      "another GPU with STASH_CHECK_GPU, or set it to Default (nvidia-smi -i $gpu -c DEFAULT)" ;;
+esac
+if [ "$mig_mode" = Enabled ]; then
+  stop "GPU $gpu has MIG enabled: the check needs a whole GPU (CUDA IPC and the benchmarks'" \
+    "figures assume one). Pick another GPU with STASH_CHECK_GPU, or disable MIG on it"
+fi
+# The largest step holds about 5 GiB on the GPU (stashd's 4 GiB pool; copy: a 2 GiB pool, 1 GiB
+# source and destination): a GPU that another job fills would fail steps for the wrong reason.
+free_mib="${mem_free%% *}"
+if [ -n "$free_mib" ] && [ "$free_mib" -eq "$free_mib" ] 2>/dev/null && [ "$free_mib" -lt 6144 ]; then
+  stop "GPU $gpu has $mem_free free ($mem_used used by other processes): the check needs" \
+    "6144 MiB. Pick an idle GPU with STASH_CHECK_GPU"
+fi
+# Every CUDA process from here on sees that GPU only, as device 0.
+export CUDA_VISIBLE_DEVICES="$gpu_uuid"
+record nvidia-smi pass "GPU $gpu: $gpu_name, driver $gpu_driver, $mem_total, compute mode $compute_mode; CUDA_VISIBLE_DEVICES=$gpu_uuid"
 
-# ---- 1. The GPU gtests ----------------------------------------------------------------------------
-mapfile -t gtests < <(find "$test_dir" -maxdepth 1 -type f -perm -u+x -name '*_test' 2>/dev/null | sort)
-if [ ${#gtests[@]} -eq 0 ]; then
-  record gtests "fail (no test binaries in $test_dir)" ""
-else
-  # Each binary twice: CUDA's default lazy module loading, and EAGER (every kernel loaded at
-  # context creation, as some clusters set it): a kernel that only fails to load one way shows.
-  runs=()
+# ---- Steps --------------------------------------------------------------------------------------
+# The order they run in. Each step_<name> records one or more summary rows.
+STEPS=(gtests demo bench_copy bench_request bench_ipc bench_overlap bench_wait)
+# How many steps come after the running one (for step_budget).
+steps_after=0
+
+# Each GPU gtest binary twice: CUDA's default lazy module loading, and EAGER (every kernel loaded
+# at context creation, as some clusters set it): a kernel that only fails to load one way shows.
+step_gtests() {
+  local gtests runs=() t run mode name left per_test code passed failed skipped status
+  mapfile -t gtests < <(find "$test_dir" -maxdepth 1 -type f -perm -u+x -name '*_test' 2>/dev/null | sort)
+  if [ ${#gtests[@]} -eq 0 ]; then
+    record gtests "fail (no test binaries in $test_dir)" ""
+    return
+  fi
   for t in "${gtests[@]}"; do runs+=("LAZY $t" "EAGER $t"); done
-  left_tests=${#runs[@]}
+  left=${#runs[@]}
   for run in "${runs[@]}"; do
     mode="${run%% *}" t="${run#* }"
     name="$(basename "$t")"
     if [ "$mode" = EAGER ]; then name="$name-eager"; fi
-    left_tests=$((left_tests - 1))
-    per_test="$(step_budget 90 $((left_tests + 4)))"
+    left=$((left - 1))
+    per_test="$(step_budget 90 $((left + steps_after)))"
     CUDA_MODULE_LOADING="$mode" timeout --kill-after=10 "$per_test" "$t" --gtest_color=no \
       >"$out/$name.log" 2>&1
     code=$?
@@ -188,53 +288,71 @@ else
     skipped="$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$out/$name.log" | tail -n 1)"
     passed="${passed:-0}" failed="${failed:-0}" skipped="${skipped:-0}"
     status="$(status_of "$code" "$per_test")"
-    # Tests skip with "no CUDA device" when CUDA sees none. Without a GPU that is a skip; with
-    # one in the machine it means CUDA could not use it (say a driver older than the runtime):
-    # a failure of the check, not a pass.
+    # The preflight found the GPU: a test that skips with "no CUDA device" means CUDA could not
+    # use it (a driver older than the runtime, say), a failure of the check, not a pass.
     if [ "$status" = pass ] && grep -q "no CUDA device" "$out/$name.log"; then
-      if [ "$gpu_present" = 1 ]; then
-        status="fail (skipped: CUDA sees no device, yet nvidia-smi lists one)"
-      else
-        status="skip (no CUDA device)"
-      fi
+      status="fail (skipped: CUDA sees no device, yet nvidia-smi lists GPU $gpu)"
     fi
     record "$name" "$status" "passed $passed, failed $failed, skipped $skipped" "$out/$name.log"
   done
-fi
+}
 
-# ---- 2. stash-demo on the CUDA backend --------------------------------------------------------
-sock="$tmp/stashd.sock"
-export STASHD_SOCKET="$sock"
-stashd="$(find_bin stashd)"
-stashctl="$(find_bin stashctl)"
-demo_log="$out/stash-demo.log"
-{
-  echo "\$ stashd --backend=cuda --socket=$sock --pool-bytes=4GiB --host-tier-bytes=1GiB"
-} >"$demo_log"
-"$stashd" --backend=cuda --socket="$sock" --pool-bytes=4GiB --host-tier-bytes=1GiB \
-  --log-level=info >"$out/stashd.log" 2>&1 &
-daemon_pid=$!
-ready=0
-for _ in $(seq 200); do  # up to 20 s
-  if ! kill -0 "$daemon_pid" 2>/dev/null; then break; fi
-  if timeout 5 "$stashctl" health --socket="$sock" >/dev/null 2>&1; then
-    ready=1
-    break
+# Starts stashd --backend=cuda on a private socket; 0 once `stashctl health` answers.
+start_daemon() {  # start_daemon LOG
+  local sock="$tmp/stashd.sock"
+  export STASHD_SOCKET="$sock"
+  "$(find_bin stashd)" --backend=cuda --socket="$sock" --pool-bytes=4GiB --host-tier-bytes=1GiB \
+    --log-level=info >"$1" 2>&1 &
+  daemon_pid=$!
+  for _ in $(seq 200); do  # up to 20 s
+    if ! kill -0 "$daemon_pid" 2>/dev/null; then return 1; fi
+    if timeout 5 "$(find_bin stashctl)" health --socket="$sock" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+stop_daemon() {
+  if [ -z "$daemon_pid" ]; then return; fi
+  # Up to 5 s for a clean stop, then KILL. A stopped child stays a zombie until `wait` reaps
+  # it, and kill -0 succeeds on a zombie: its state in /proc says whether it still runs.
+  kill -TERM "$daemon_pid" 2>/dev/null
+  local state
+  for _ in $(seq 50); do
+    state="$(cut -d' ' -f3 "/proc/$daemon_pid/stat" 2>/dev/null)"
+    if [ -z "$state" ] || [ "$state" = Z ]; then break; fi
+    sleep 0.1
+  done
+  kill -KILL "$daemon_pid" 2>/dev/null
+  wait "$daemon_pid" 2>/dev/null
+  daemon_pid=""
+}
+
+# stash-demo on the CUDA backend, with lazy and with eager module loading (a first kernel launch
+# that synchronises the context must not meet a stream that waits on the daemon), then
+# stashd.torch on the GPU: the PyTorch path, parity bit for bit.
+step_demo() {
+  local sock="$tmp/stashd.sock" mode name demo_log demo_s code
+  if ! start_daemon "$out/stashd.log"; then
+    record stash-demo "fail (stashd --backend=cuda did not become healthy within 20 s)" "" "$out/stashd.log"
+    stop_daemon
+    return
   fi
-  sleep 0.1
-done
-if [ "$ready" = 1 ]; then
-  echo "\$ stash-demo --backend=cuda --ranks=2 --socket=$sock" >>"$demo_log"
-  # --backend: flag added by the cuda backend work (the ranks compute on the GPU).
-  demo_s="$(step_budget 90 4)"
-  timeout --kill-after=5 "$demo_s" "$(find_bin stash-demo)" --backend=cuda --ranks=2 \
-    --socket="$sock" >>"$demo_log" 2>&1
-  code=$?
-  echo "\$ stashctl stats" >>"$demo_log"
-  timeout 5 "$stashctl" stats --socket="$sock" >>"$demo_log" 2>&1
-  record stash-demo "$(status_of "$code" "$demo_s")" "2 ranks, backend cuda" "$demo_log"
+  for mode in LAZY EAGER; do
+    name=stash-demo
+    if [ "$mode" = EAGER ]; then name=stash-demo-eager; fi
+    demo_log="$out/$name.log"
+    echo "\$ CUDA_MODULE_LOADING=$mode stash-demo --backend=cuda --ranks=2 --socket=$sock" >"$demo_log"
+    demo_s="$(step_budget 60 $((steps_after + 2)))"
+    CUDA_MODULE_LOADING="$mode" timeout --kill-after=5 "$demo_s" "$(find_bin stash-demo)" \
+      --backend=cuda --ranks=2 --socket="$sock" >>"$demo_log" 2>&1
+    code=$?
+    echo "\$ stashctl stats" >>"$demo_log"
+    timeout 5 "$(find_bin stashctl)" stats --socket="$sock" >>"$demo_log" 2>&1
+    record "$name" "$(status_of "$code" "$demo_s")" "2 ranks, backend cuda, CUDA_MODULE_LOADING=$mode" "$demo_log"
+  done
 
-  # ---- 2b. stashd.torch on the GPU: the PyTorch path, parity bit for bit ----------------------
+  local pkg lib script torch_log torch_s
   if [ "$layout" = bundle ]; then
     pkg="$root/python" lib="$root/lib/libstash_client.so" script="$root/torch_cuda_check.py"
   else
@@ -242,7 +360,7 @@ if [ "$ready" = 1 ]; then
     script="$here/torch_cuda_check.py"
   fi
   torch_log="$out/torch-cuda.log"
-  torch_s="$(step_budget 90 3)"
+  torch_s="$(step_budget 90 "$steps_after")"
   PYTHONPATH="$pkg" STASHD_CLIENT_LIB="$lib" timeout --kill-after=5 "$torch_s" \
     python3 "$script" >"$torch_log" 2>&1
   code=$?
@@ -251,42 +369,60 @@ if [ "$ready" = 1 ]; then
     2) record torch-cuda "skip (no CUDA-enabled torch for python3)" "" ;;
     *) record torch-cuda "$(status_of "$code" "$torch_s")" "" "$torch_log" ;;
   esac
-else
-  echo "stashd did not become healthy within 20 s (see stashd.log)" >>"$demo_log"
-  record stash-demo "fail (stashd --backend=cuda did not start)" "" "$out/stashd.log"
-fi
-if [ -n "$daemon_pid" ]; then
-  kill -TERM "$daemon_pid" 2>/dev/null
-  for _ in $(seq 50); do  # up to 5 s for a clean stop
-    kill -0 "$daemon_pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -KILL "$daemon_pid" 2>/dev/null
-  wait "$daemon_pid" 2>/dev/null
-  daemon_pid=""
-fi
+  stop_daemon
+}
 
-# ---- 3-5. stash-bench-gpu ---------------------------------------------------------------------
-bench="$(find_bin stash-bench-gpu)"
-run_bench() {  # run_bench SUBCOMMAND CAP_S STEPS_AFTER
-  local seconds
-  seconds="$(step_budget "$2" "$3")"
-  rm -f "$out/$1.json"
-  timeout --kill-after=5 "$seconds" "$bench" "$1" --json="$out/$1.json" >"$out/bench-$1.log" 2>&1
+run_bench() {  # run_bench BINARY SUBCOMMAND CAP_S [ENV=VALUE...]: prints the status
+  local binary="$1" sub="$2" seconds
+  seconds="$(step_budget "$3" "$steps_after")"
+  shift 3
+  rm -f "$out/$sub.json"
+  env "$@" timeout --kill-after=5 "$seconds" "$(find_bin "$binary")" "$sub" --json="$out/$sub.json" \
+    >"$out/bench-$sub.log" 2>&1
   status_of "$?" "$seconds"
 }
 
-status="$(run_bench copy 90 2)"
-j="$out/copy.json"
-record "bench copy" "$status" "stash $(json_num "$j" stash_ratio_min_from_64mib)x, reload $(json_num "$j" reload_ratio_min_from_64mib)x memcpy from 64 MiB (>= 0.9); LaunchStash $(json_num "$j" launch_stash_us_median) us (<= 20); small stashes $(json_num "$j" small_ops_per_s_median) ops/s (2 host fns: $(json_num "$j" small_ops_per_s_two_host_functions_median)); verified $(json_num "$j" verified)" "$out/bench-copy.log"
+step_bench_copy() {
+  local status j="$out/copy.json"
+  status="$(run_bench stash-bench-gpu copy 90)"
+  record "bench copy" "$status" "from 64 MiB, as a share of the faster baseline (SM copy kernel or cudaMemcpyAsync): stash $(json_num "$j" stash_ratio_min_from_64mib summary)x, reload $(json_num "$j" reload_ratio_min_from_64mib summary)x (target >= 0.9); of cudaMemcpyAsync alone: stash $(json_num "$j" stash_ratio_memcpy_min_from_64mib summary)x; largest size: stash $(json_num "$j" stash_hbm_share_largest summary), SM copy $(json_num "$j" sm_copy_hbm_share_largest summary), memcpy $(json_num "$j" memcpy_hbm_share_largest summary) of HBM peak $(json_num "$j" hbm_peak_gbps summary) GB/s; kernel launches of one stash $(json_num "$j" launch_stash_us_median summary) us; small stashes $(json_num "$j" small_ops_per_s_median summary) ops/s; verified $(json_num "$j" verified summary)" "$out/bench-copy.log"
+}
 
-status="$(run_bench ipc 60 1)"
-j="$out/ipc.json"
-record "bench ipc" "$status" "IPC open $(json_num "$j" mem_open_first_us_median) us, again $(json_num "$j" mem_open_again_us_median) us, cached $(json_num "$j" cache_lookup_ns_median) ns; event open $(json_num "$j" event_open_us_median) us; HostRegister 4K $(json_num "$j" host_register_4k_us_median) us" "$out/bench-ipc.log"
+# The daemon's whole per-request sequence (CudaExecutor::Stash: set the device, plan, launch,
+# copy the plan back, raise the done counter, add the host function, bookkeeping), timed on the
+# host through the daemon's own code.
+step_bench_request() {
+  local status j="$out/request.json"
+  status="$(run_bench stash-bench-request request 60)"
+  record "bench request" "$status" "daemon-side cost per stash request $(json_num "$j" stash_request_us_median summary) us (p90 $(json_num "$j" stash_request_us_p90 summary); target <= 20), per reload $(json_num "$j" reload_request_us_median summary) us; verified $(json_num "$j" verified summary)" "$out/bench-request.log"
+}
 
-status="$(run_bench overlap 90 0)"
-j="$out/overlap.json"
-record "bench overlap" "$status" "trainer slowdown: kernel copier $(json_num "$j" slowdown_kernel_copier)x, copy engine $(json_num "$j" slowdown_copy_engine_copier)x; copier $(json_num "$j" copier_kernel_gbps) / $(json_num "$j" copier_copy_engine_gbps) GB/s" "$out/bench-overlap.log"
+step_bench_ipc() {
+  local status j="$out/ipc.json"
+  status="$(run_bench stash-bench-gpu ipc 60)"
+  record "bench ipc" "$status" "IPC open $(json_num "$j" mem_open_first_us_median) us, again $(json_num "$j" mem_open_again_us_median) us, cached $(json_num "$j" cache_lookup_ns_median) ns; event open $(json_num "$j" event_open_us_median) us; HostRegister 4K $(json_num "$j" host_register_4k_us_median) us" "$out/bench-ipc.log"
+}
+
+step_bench_overlap() {
+  local status j="$out/overlap.json"
+  status="$(run_bench stash-bench-gpu overlap 90)"
+  record "bench overlap" "$status" "trainer ms lost per GB the copier moved (flat out): kernel $(json_num "$j" trainer_ms_per_gb_kernel_copier summary), copy engine ($(json_num "$j" copy_engine_call summary)) $(json_num "$j" trainer_ms_per_gb_copy_engine_copier summary); both paced to $(json_num "$j" paced_gbps summary) GB/s: slowdown kernel $(json_num "$j" slowdown_kernel_copier summary)x, copy engine $(json_num "$j" slowdown_copy_engine_copier summary)x" "$out/bench-overlap.log"
+}
+
+# How long a trainer stream that waits on a daemon copy's done counter holds the trainer's other
+# streams, with CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's setting: one hardware queue) against
+# the default; the benchmark runs both as child processes.
+step_bench_wait() {
+  local status j="$out/wait.json"
+  status="$(run_bench stash-bench-gpu wait 60)"
+  record "bench wait" "$status" "another trainer stream held while one waits $(json_num "$j" copy_wait_us summary) us for a daemon copy: $(json_num "$j" held_us_one_connection summary) us with CUDA_DEVICE_MAX_CONNECTIONS=1, $(json_num "$j" held_us_default_connections summary) us with the default" "$out/bench-wait.log"
+}
+
+total_steps=${#STEPS[@]}
+for i in "${!STEPS[@]}"; do
+  steps_after=$((total_steps - i - 1))
+  "step_${STEPS[$i]}"
+done
 
 # ---- Summary (last) ---------------------------------------------------------------------------
 {

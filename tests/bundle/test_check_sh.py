@@ -1,0 +1,180 @@
+"""check.sh's preflight and GPU choice, without a GPU: fake `nvidia-smi` commands and a fake
+bundle whose binaries only write down what they saw.
+
+Run: ctest --test-dir build/release -R gpu_check   (or /usr/bin/python3 -m pytest -q
+tests/bundle/test_check_sh.py). Needs bash and coreutils only.
+"""
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK = REPO / "tests" / "gpu" / "check.sh"
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+# One fake for every binary of the bundle: writes "<name> <CUDA_VISIBLE_DEVICES> <args>" to
+# $FAKE_LOG; answers --help and --version; stashd sleeps until check.sh stops it; the
+# benchmarks write a JSON whose first size did not verify while the summary did.
+FAKE_BINARY = r"""#!/bin/bash
+name="$(basename "$0")"
+echo "$name ${CUDA_VISIBLE_DEVICES:-unset} $*" >>"$FAKE_LOG"
+case "${1:-}" in
+  --help) echo "usage"; exit 0 ;;
+  --version) echo "stashd 9.9.9"; exit 0 ;;
+esac
+case "$name" in
+  stashd) exec sleep 60 ;;
+  stash-bench-gpu | stash-bench-request)
+    for a in "$@"; do case "$a" in --json=*) json="${a#--json=}" ;; esac; done
+    cat >"$json" <<'EOF'
+{
+  "sizes": [{"size_mib": 1, "verified": false}, {"size_mib": 64, "verified": true}],
+  "summary": {"stash_ratio_min_from_64mib": 0.95, "verified": true},
+  "ok": true
+}
+EOF
+    exit 0 ;;
+  *_test) echo "[  PASSED  ] 3 tests."; exit 0 ;;
+esac
+exit 0
+"""
+
+
+def fake_nvidia_smi(compute_mode="Default", mig="[N/A]", free_mib=80000, gpus=2,
+                    knows_mig=True):
+    lines = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {UUID[:-1]}{i})" for i in range(gpus))
+    old_driver = "" if knows_mig else """
+  *mig.mode.current*) echo 'Field "mig.mode.current" is not a valid field to query.'; exit 2 ;;
+  "-i "*)
+    echo "index, uuid, name, driver_version, memory.total [MiB], memory.used [MiB], memory.free [MiB], compute_mode"
+    echo "$2, """ + UUID[:-1] + f"""$2, NVIDIA H100 80GB HBM3, 470.1, 81559 MiB, 1 MiB, {free_mib} MiB, {compute_mode}" ;;"""
+    return f"""#!/bin/bash
+case "$*" in
+  -L) printf '%s\\n' "{lines}" ;;
+  *--query-gpu=driver_version*) echo "580.65.06" ;;{old_driver}
+  "-i "*)
+    index="$2"
+    if [ "$index" -ge {gpus} ]; then echo "No devices were found"; exit 6; fi
+    echo "index, uuid, name, driver_version, memory.total [MiB], memory.used [MiB], memory.free [MiB], compute_mode, mig.mode.current"
+    echo "$index, {UUID[:-1]}$index, NVIDIA H100 80GB HBM3, 580.65.06, 81559 MiB, 1 MiB, {free_mib} MiB, {compute_mode}, {mig}" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def write_exe(path, text):
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    root = tmp_path / "bundle"
+    for d in ("bin", "lib", "tests", "python"):
+        (root / d).mkdir(parents=True)
+    for name in ("stashd", "stashctl", "stash-demo", "stash-bench-gpu", "stash-bench-request"):
+        write_exe(root / "bin" / name, FAKE_BINARY)
+    write_exe(root / "tests" / "paging_gpu_test", FAKE_BINARY)
+    shutil.copy(CHECK, root / "check.sh")
+    (root / "torch_cuda_check.py").write_text("import sys\nsys.exit(2)\n")
+    (root / "REQUIRES").write_text("glibc 2.0\ndriver 580\n")
+    return root
+
+
+def run_check(tmp_path, bundle, smi=None, **env):
+    fake_bin = tmp_path / "fakebin"
+    fake_bin.mkdir(exist_ok=True)
+    if smi is not None:
+        write_exe(fake_bin / "nvidia-smi", smi)
+    # PATH without the machine's own nvidia-smi, if it has one.
+    path = [str(fake_bin)] + [d for d in os.environ["PATH"].split(":")
+                              if d and not (Path(d) / "nvidia-smi").exists()]
+    full_env = dict(os.environ, PATH=":".join(path), OUT=str(tmp_path / "out"),
+                    FAKE_LOG=str(tmp_path / "fake.log"), **env)
+    full_env.pop("CUDA_VISIBLE_DEVICES", None)
+    if "STASH_CHECK_GPU" not in env:
+        full_env.pop("STASH_CHECK_GPU", None)
+    run = subprocess.run(["bash", str(bundle / "check.sh")], capture_output=True, text=True,
+                         timeout=120, env=full_env)
+    log = (tmp_path / "fake.log").read_text() if (tmp_path / "fake.log").exists() else ""
+    return run, log
+
+
+def assert_stopped(tmp_path, run, *phrases):
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "== " not in run.stdout, "a step ran: " + run.stdout
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    for phrase in phrases:
+        assert phrase in run.stdout, run.stdout
+        assert phrase in summary, summary
+
+
+def test_without_nvidia_smi_it_runs_the_preflight_and_stops_where_it_looks_for_a_gpu(
+        tmp_path, bundle):
+    run, log = run_check(tmp_path, bundle)
+    assert "ldd --version:" in run.stdout and "NVIDIA driver: none found" in run.stdout
+    assert "binaries load: stashd 9.9.9" in run.stdout, run.stdout
+    assert_stopped(tmp_path, run, "no GPU found: nvidia-smi is not installed")
+    # Only the preflight's --help and --version ran.
+    assert all(("--help" in line or "--version" in line) for line in log.splitlines()), log
+
+
+def test_a_driver_without_gpus_stops_with_no_gpu_found(tmp_path, bundle):
+    run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi(gpus=0))
+    assert_stopped(tmp_path, run, "no GPU found: nvidia-smi -L lists none")
+
+
+@pytest.mark.parametrize("mode", ["Exclusive_Process", "Prohibited"])
+def test_a_gpu_two_processes_cannot_share_stops_the_check(tmp_path, bundle, mode):
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(compute_mode=mode))
+    assert_stopped(tmp_path, run, f"compute mode {mode}", "STASH_CHECK_GPU")
+    assert "sleep" not in log and "stash-demo" not in log, log
+
+
+def test_mig_and_a_nearly_full_gpu_stop_the_check(tmp_path, bundle):
+    run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi(mig="Enabled"))
+    assert_stopped(tmp_path, run, "MIG enabled")
+    run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi(free_mib=2000))
+    assert_stopped(tmp_path, run, "2000 MiB free", "6144 MiB")
+
+
+@pytest.mark.parametrize("value, phrase", [("x", "is not a GPU index"),
+                                           ("7", "nvidia-smi has no GPU 7 (it lists 2")])
+def test_a_bad_stash_check_gpu_is_refused(tmp_path, bundle, value, phrase):
+    run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi(), STASH_CHECK_GPU=value)
+    assert_stopped(tmp_path, run, phrase)
+
+
+def test_a_driver_that_does_not_know_mig_is_asked_again_without_it(tmp_path, bundle):
+    run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi(knows_mig=False,
+                                                             compute_mode="Exclusive_Process"))
+    assert_stopped(tmp_path, run, "compute mode Exclusive_Process")
+
+
+def test_every_step_sees_only_the_chosen_gpu(tmp_path, bundle):
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(), STASH_CHECK_GPU="1")
+    assert "compute mode Default" in run.stdout, run.stdout
+    chosen = UUID[:-1] + "1"
+    step_lines = [line for line in log.splitlines()
+                  if "--help" not in line and "--version" not in line]
+    names = {line.split()[0] for line in step_lines}
+    assert {"paging_gpu_test", "stashd", "stash-demo", "stash-bench-gpu",
+            "stash-bench-request"} <= names, log
+    for line in step_lines:
+        assert line.split()[1] == chosen, line
+    # Every gtest and the demo ran with lazy and with eager module loading.
+    assert "== paging_gpu_test-eager: pass" in run.stdout, run.stdout
+    assert "== stash-demo-eager: pass" in run.stdout, run.stdout
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_copy_row_reads_verified_from_the_summary_not_the_first_size(tmp_path, bundle):
+    run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi())
+    row = next(line for line in run.stdout.splitlines() if line.startswith("== bench copy:"))
+    assert "verified true" in row, row
+    assert "stash 0.95x" in row, row
