@@ -19,6 +19,7 @@ from stashd.buffer import Buffer
 from stashd.client import Client, Completion, Stats, StepFlags, Tier, connect, version
 from stashd.errors import CODE_NAMES, DeadlineExceeded, StashError, Unavailable
 
+# The project version (CMakeLists.txt); pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
 __all__ = [
