@@ -73,6 +73,12 @@ def report(socket: Optional[str], timeout_ms: int) -> Dict[str, Any]:
                             "$STASHD_SOCKET" if os.environ.get("STASHD_SOCKET") else "default")
     out["socket_state"] = _socket_state(path)
     out["daemon"] = "not tried"
+    from stashd.disabled import disabled_reason
+    reason = disabled_reason()
+    if reason is not None:
+        out["daemon"] = "disabled"
+        out["daemon_error"] = reason
+        return out
     if out["library"] is None:
         return out
     try:
