@@ -177,9 +177,9 @@ std::string FormatLatencyUs(double us, bool valid) {
 
 std::string FormatGbps(double gbps) {
   if (!std::isfinite(gbps) || gbps <= 0) return "-";
-  const double gib = gbps * 1e9 / static_cast<double>(1ULL << 30);
-  if (gib < 1) return Printf(gib * 1024 < 10 ? "%.2f MiB/s" : "%.1f MiB/s", gib * 1024);
-  return Printf(gib < 10 ? "%.2f GiB/s" : "%.1f GiB/s", gib);
+  // GB/s as the JSON's *_copy_gbps fields and the Grafana dashboard have it.
+  if (gbps < 1) return Printf(gbps * 1e3 < 10 ? "%.2f MB/s" : "%.1f MB/s", gbps * 1e3);
+  return Printf(gbps < 10 ? "%.2f GB/s" : "%.1f GB/s", gbps);
 }
 
 std::string BackendName(v1::Backend backend) {

@@ -24,8 +24,8 @@ std::string FormatDuration(double seconds);
 // "3.2 us", "41 us", "503.4 ms", "12.0 s"; "-" when `valid` is false (nothing measured yet).
 std::string FormatLatencyUs(double us, bool valid);
 
-// A rate given in GB/s (1e9 bytes per second, as the protocol has it) shown in the family of the
-// sizes (powers of 1024): "11.6 GiB/s", "512.0 MiB/s"; "-" when zero (nothing measured yet).
+// A rate given in GB/s (1e9 bytes per second, as the protocol and its JSON have it) shown in the
+// same unit: "12.4 GB/s", "524.3 MB/s"; "-" when zero (nothing measured yet).
 std::string FormatGbps(double gbps);
 
 // "host", "cuda" or "unspecified".

@@ -156,9 +156,10 @@ TEST(StashctlFormat, LatenciesAndRatesCarryTheirUnitsAndDashWhenUnmeasured) {
   EXPECT_EQ(FormatLatencyUs(41.4, true), "41 us");
   EXPECT_EQ(FormatLatencyUs(503439, true), "503.4 ms");
   EXPECT_EQ(FormatLatencyUs(41.4, false), "-");
-  EXPECT_EQ(FormatGbps(12.44), "11.6 GiB/s");  // 12.44e9 B/s in powers of 1024, like sizes
-  EXPECT_EQ(FormatGbps(1.073741824), "1.00 GiB/s");
-  EXPECT_EQ(FormatGbps(0.524288), "500.0 MiB/s");
+  // GB/s (1e9 bytes a second), the unit of the JSON's stash_copy_gbps: the two agree.
+  EXPECT_EQ(FormatGbps(12.44), "12.4 GB/s");
+  EXPECT_EQ(FormatGbps(1.073741824), "1.07 GB/s");
+  EXPECT_EQ(FormatGbps(0.524288), "524.3 MB/s");
   EXPECT_EQ(FormatGbps(0), "-");
 }
 
@@ -256,7 +257,7 @@ TEST(StashctlFormat, StatsShowTheDaemonLineTiersWithBarsAndSessions) {
       << text;
   EXPECT_NE(text.find("stashed 3 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("p50 19 us  p99 230 us"), std::string::npos) << text;
-  EXPECT_NE(text.find("11.6 GiB/s"), std::string::npos) << text;
+  EXPECT_NE(text.find("12.4 GB/s"), std::string::npos) << text;
   EXPECT_NE(text.find("gpu0  [#######.............]  35%"), std::string::npos) << text;
   EXPECT_NE(text.find("22.5 MiB / 64 MiB"), std::string::npos) << text;
   EXPECT_NE(text.find("host  [....................]   0%"), std::string::npos) << text;
