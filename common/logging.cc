@@ -164,10 +164,9 @@ void LogStartFailure(std::string_view message) {
     }
   }
   spdlog::memory_buf_t line;
-  line.append(std::string_view("{\"time\":\""));
+  line.append(std::string_view(R"({"time":")"));
   line.append(std::string_view(when));
-  line.append(
-      std::string_view("\",\"level\":\"critical\",\"logger\":\"stashd.main\",\"message\":\""));
+  line.append(std::string_view(R"(","level":"critical","logger":"stashd.main","message":")"));
   AppendEscaped(message, line);
   line.append(std::string_view("\"}\n"));
   std::fwrite(line.data(), 1, line.size(), stderr);

@@ -215,10 +215,10 @@ std::string Truncate(const std::string& text, size_t width) {
   if (width == 0) return "";
   std::string out;
   size_t cells = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const bool starts_cell = (static_cast<unsigned char>(text[i]) & 0xC0) != 0x80;
+  for (const char ch : text) {
+    const bool starts_cell = (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
     if (starts_cell && ++cells == width) break;
-    out += text[i];
+    out += ch;
   }
   return out + "~";
 }
