@@ -37,8 +37,9 @@ Status HostOnly(const char* what) {
 StatusOr<std::unique_ptr<MappedSession>> MappedSession::Open(const Options& options) {
   if (options.backend == Backend::kCuda) {
     return FailedPreconditionError(
-        "mapped mode is built for the host backend only so far; use mode daemon-copy "
-        "(Options.mode = Mode::kDaemonCopy) with the cuda backend");
+        "mapped mode is built for the host backend only so far; use the daemon-copy mode with "
+        "the cuda backend (Python: stashd.connect(backend=\"cuda\", mode=\"daemon-copy\"); "
+        "C++: Options.mode = Mode::kDaemonCopy)");
   }
   std::unique_ptr<MappedSession> session(new MappedSession(options));
   std::shared_ptr<SessionStream> stream;

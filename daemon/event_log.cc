@@ -42,11 +42,25 @@ namespace {
 std::string HeldBack(uint64_t n, const char* what) {
   return n == 0 ? std::string() : " (" + std::to_string(n) + " more " + what + " not logged)";
 }
+
+// What Describe says in words, as fields of the JSON line.
+void AddFields(LogFields& fields, const SessionInfo& session, const stash::v1::Stash* stash) {
+  fields.Add("session", session.id.substr(0, 8)).Add("pid", session.pid).Add("pool", session.pool);
+  if (session.rank >= 0) fields.Add("rank", session.rank);
+  if (!session.label.empty()) fields.Add("label", session.label);
+  if (stash != nullptr) {
+    fields.Add("layer", static_cast<int64_t>(stash->layer()))
+        .Add("microbatch", static_cast<int64_t>(stash->microbatch()));
+    if (!stash->name().empty()) fields.Add("name", stash->name());
+  }
+}
 }  // namespace
 
 void EventLog::Overflow(const SessionInfo& session, const stash::v1::Stash& stash, uint64_t rows) {
   uint64_t held = 0;
   if (!overflows_.Allow(RateLimiter::Clock::now(), &held)) return;
+  LogFields fields;
+  AddFields(fields, session, &stash);
   Log("events")->warn(
       "overflow: {}: {} rows of {} bytes found no room in the pool{}; the rank "
       "keeps its buffer{}",
@@ -57,6 +71,8 @@ void EventLog::Overflow(const SessionInfo& session, const stash::v1::Stash& stas
 void EventLog::Spill(const SessionInfo& session, const stash::v1::Stash& stash, uint64_t bytes) {
   uint64_t held = 0;
   if (!spills_.Allow(RateLimiter::Clock::now(), &held)) return;
+  LogFields fields;
+  AddFields(fields, session, &stash);
   Log("events")->info("spill: {}: {} bytes went to the host tier (pool full){}",
                       Describe(session, &stash), bytes, HeldBack(held, "spills"));
 }
@@ -65,6 +81,9 @@ void EventLog::Reject(const SessionInfo& session, const stash::v1::SessionReques
                       const Status& status) {
   uint64_t held = 0;
   if (!rejects_.Allow(RateLimiter::Clock::now(), &held)) return;
+  LogFields fields;
+  AddFields(fields, session, request.has_stash() ? &request.stash() : nullptr);
+  fields.Add("request", static_cast<int64_t>(request.request_id()));
   Log("events")->warn("reject: {}: request {}: {}{}",
                       Describe(session, request.has_stash() ? &request.stash() : nullptr),
                       request.request_id(), status.ToString(), HeldBack(held, "rejects"));

@@ -2,6 +2,9 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
 
 #include "common/logging.h"
 #include "common/version.h"
@@ -11,11 +14,33 @@
 #include "daemon/planned_config.h"
 #include "stash/v1/stash.pb.h"
 
+namespace {
+
+// Whether the command line or the environment asks for JSON logs, read without the parser (for
+// the error that says the parser refused the line: it must be JSON too).
+bool JsonLogsAsked(int argc, char** argv) {
+  bool json = false;
+  if (const char* env = std::getenv("STASHD_LOG_FORMAT")) json = std::strcmp(env, "json") == 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    for (const std::string_view flag : {"--log-format", "--log_format", "-log-format"}) {
+      if (arg.substr(0, flag.size()) != flag) continue;
+      const std::string_view rest = arg.substr(flag.size());
+      if (rest.empty() && i + 1 < argc) json = std::string_view(argv[i + 1]) == "json";
+      if (!rest.empty() && rest[0] == '=') json = rest.substr(1) == "json";
+    }
+  }
+  return json;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   namespace d = stash::daemon;
   auto parsed = d::ParseCommandLine(argc, argv);
   if (!parsed.ok()) {
-    std::fprintf(stderr, "stashd: %s\n", parsed.status().message().c_str());
+    if (JsonLogsAsked(argc, argv)) stash::SetLogFormat(stash::LogFormat::kJson);
+    stash::LogStartFailure(parsed.status().message());
     return 2;
   }
   switch (parsed->action) {

@@ -14,6 +14,7 @@
 #include "common/version.h"
 #include "daemon/core.h"
 #include "daemon/histogram.h"
+#include "daemon/process_stats.h"
 #include "daemon/stats.h"
 
 namespace stash::daemon {
@@ -45,19 +46,21 @@ void Add(MetricFamily& family, Labels labels, double value) {
   family.metric.push_back(std::move(metric));
 }
 
-// `scale` converts the histogram's unit to the exposed one (microseconds to seconds: 1e-6).
+// `units_per_exposed` converts the histogram's unit to the exposed one (microseconds per second:
+// 1e6). A division, not a multiplication by 1e-6: 10 / 1e6 is the double nearest 1e-05 and
+// prints as le="1e-05", where 10 * 1e-6 prints as le="9.999999999999999e-06".
 void AddHistogram(MetricFamily& family, Labels labels, const CumulativeHistogram& histogram,
-                  double scale) {
+                  double units_per_exposed) {
   const CumulativeHistogram::Snapshot snap = histogram.Read();
   ClientMetric metric;
   metric.label = std::move(labels);
   metric.histogram.sample_count = snap.count;
-  metric.histogram.sample_sum = snap.sum * scale;
+  metric.histogram.sample_sum = snap.sum / units_per_exposed;
   for (size_t i = 0; i < snap.counts.size(); ++i) {
     ClientMetric::Bucket bucket;
     bucket.cumulative_count = snap.counts[i];
-    bucket.upper_bound =
-        i < snap.bounds.size() ? snap.bounds[i] * scale : std::numeric_limits<double>::infinity();
+    bucket.upper_bound = i < snap.bounds.size() ? snap.bounds[i] / units_per_exposed
+                                                : std::numeric_limits<double>::infinity();
     metric.histogram.bucket.push_back(bucket);
   }
   family.metric.push_back(std::move(metric));
@@ -158,6 +161,52 @@ void SessionFamilies(const v1::GetStatsResponse& stats, std::vector<MetricFamily
   }
 }
 
+// One series per knob, its effective value and source as labels (what `stashctl config` shows),
+// so dashboards and alerts can join on what a node was started with.
+void ConfigFamily(const DaemonCore& core, std::vector<MetricFamily>* out) {
+  MetricFamily family = Family("stashd_config_info",
+                               "The daemon's effective knobs: value and source (default, env, "
+                               "flag) as labels; always 1",
+                               MetricType::Gauge);
+  const v1::GetConfigResponse config = core.Config();
+  for (const v1::ConfigEntry& e : config.entries()) {
+    Add(family, {{"knob", e.name()}, {"source", e.source()}, {"value", SafeLabel(e.value())}}, 1);
+  }
+  out->push_back(std::move(family));
+}
+
+// The process_* series Prometheus's client libraries export for their process. Left out of a
+// scrape when /proc cannot be read (never on Linux).
+void ProcessFamilies(std::vector<MetricFamily>* out) {
+  const StatusOr<ProcessStats> stats = ReadProcessStats();
+  if (!stats.ok()) return;
+  struct Spec {
+    const char* name;
+    const char* help;
+    MetricType type;
+    double value;
+  };
+  const Spec specs[] = {
+      {"process_cpu_seconds_total", "Total user and system CPU time spent in seconds",
+       MetricType::Counter, stats->cpu_seconds},
+      {"process_resident_memory_bytes", "Resident memory size in bytes", MetricType::Gauge,
+       static_cast<double>(stats->resident_bytes)},
+      {"process_virtual_memory_bytes", "Virtual memory size in bytes", MetricType::Gauge,
+       static_cast<double>(stats->virtual_bytes)},
+      {"process_open_fds", "Number of open file descriptors", MetricType::Gauge,
+       static_cast<double>(stats->open_fds)},
+      {"process_max_fds", "Maximum number of open file descriptors", MetricType::Gauge,
+       static_cast<double>(stats->max_fds)},
+      {"process_start_time_seconds", "Start time of the process since unix epoch in seconds",
+       MetricType::Gauge, stats->start_time_s},
+  };
+  for (const Spec& spec : specs) {
+    MetricFamily family = Family(spec.name, spec.help, spec.type);
+    Add(family, {}, spec.value);
+    out->push_back(std::move(family));
+  }
+}
+
 }  // namespace
 
 std::vector<MetricFamily> CollectMetrics(DaemonCore& core) {
@@ -175,6 +224,15 @@ std::vector<MetricFamily> CollectMetrics(DaemonCore& core) {
       Family("stashd_uptime_seconds", "Seconds since the daemon started", MetricType::Gauge);
   Add(uptime, {}, d.uptime_s());
   out.push_back(std::move(uptime));
+  MetricFamily draining =
+      Family("stashd_draining",
+             "1 while the daemon drains (stashctl drain, SIGTERM): new sessions and "
+             "stashes are refused",
+             MetricType::Gauge);
+  Add(draining, {}, core.draining() ? 1 : 0);
+  out.push_back(std::move(draining));
+  ConfigFamily(core, &out);
+  ProcessFamilies(&out);
 
   struct Node {
     const char* name;
@@ -256,7 +314,7 @@ std::vector<MetricFamily> CollectMetrics(DaemonCore& core) {
   const DaemonCounters& counters = core.counters();
   MetricFamily latency = Family("stashd_stash_latency_seconds",
                                 "Stash latency, from receipt to copy done", MetricType::Histogram);
-  AddHistogram(latency, {}, counters.stash_latency_us.histogram(), 1e-6);
+  AddHistogram(latency, {}, counters.stash_latency_us.histogram(), 1e6);
   out.push_back(std::move(latency));
   MetricFamily copy =
       Family("stashd_copy_throughput_bytes_per_second",

@@ -685,6 +685,9 @@ void Pool::DoTeardown(const std::shared_ptr<Session>& s, CopyExecutor::Then clos
   executor_->Fence(Track([s, stashes, closed = std::move(closed)] {
     s->memories().clear();  // unmaps
     s->counters().memories.store(0, std::memory_order_relaxed);
+    LogFields fields;
+    fields.Add("session", s->info().id.substr(0, 8)).Add("pid", s->info().pid);
+    if (s->info().rank >= 0) fields.Add("rank", s->info().rank);
     Log("pool")->info("session {} (rank {}, pid {}) ended: returned {} stashes", s->info().id,
                       s->info().rank, s->info().pid, stashes);
     if (closed) closed();

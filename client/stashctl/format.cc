@@ -76,26 +76,29 @@ std::string LeaseText(const v1::SessionStats& s) {
 }
 
 std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
-                         bool with_identity) {
+                         bool with_identity, size_t width) {
   using A = Table::Align;
+  // On a narrow terminal: labels and leases are cut first, then columns go, least telling
+  // first; rank, pid, label and what the session holds always show.
   std::vector<Table::Column> columns;
-  if (with_identity) columns.push_back({"SESSION", A::kLeft});
-  columns.insert(
-      columns.end(),
-      {{"RANK", A::kRight}, {"PID", A::kRight}, {"POOL", A::kRight}, {"LABEL", A::kLeft}});
-  if (with_identity) columns.push_back({"AGE", A::kRight});
-  columns.push_back({"MODE", A::kLeft});
+  if (with_identity) columns.push_back({"SESSION", A::kLeft, 0, 3});
+  columns.insert(columns.end(), {{"RANK", A::kRight},
+                                 {"PID", A::kRight},
+                                 {"POOL", A::kRight, 0, 5},
+                                 {"LABEL", A::kLeft, 12}});
+  if (with_identity) columns.push_back({"AGE", A::kRight, 0, 7});
+  columns.push_back({"MODE", A::kLeft, 0, 8});
   // Every header names its unit: counts of stashes or requests unless it says bytes or pages.
-  columns.insert(columns.end(), {{"STASHES", A::kRight},
-                                 {"RELOADS", A::kRight},
-                                 {"STASHED BYTES", A::kRight},
+  columns.insert(columns.end(), {{"STASHES", A::kRight, 0, 6},
+                                 {"RELOADS", A::kRight, 0, 9},
+                                 {"STASHED BYTES", A::kRight, 0, 10},
                                  {"HELD BYTES", A::kRight},
-                                 {"HELD PAGES", A::kRight},
-                                 {"SPILLS", A::kRight},
-                                 {"OVERFLOWS", A::kRight},
-                                 {"REJECTED", A::kRight},
-                                 {"LEASE", A::kLeft},
-                                 {"STEP FLAGS", A::kLeft}});
+                                 {"HELD PAGES", A::kRight, 0, 11},
+                                 {"SPILLS", A::kRight, 0, 2},
+                                 {"OVERFLOWS", A::kRight, 0, 1},
+                                 {"REJECTED", A::kRight, 0, 4},
+                                 {"LEASE", A::kLeft, 12, 12},
+                                 {"STEP FLAGS", A::kLeft, 0, 1}});
   Table table(std::move(columns));
   for (const v1::SessionStats& s : sessions) {
     std::vector<std::string> row;
@@ -119,7 +122,7 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
     row.push_back(StepFlags(s));
     table.AddRow(std::move(row));
   }
-  return table.Render();
+  return table.Render(width);
 }
 
 }  // namespace
@@ -174,9 +177,9 @@ std::string FormatLatencyUs(double us, bool valid) {
 
 std::string FormatGbps(double gbps) {
   if (!std::isfinite(gbps) || gbps <= 0) return "-";
-  const double gib = gbps * 1e9 / static_cast<double>(1ULL << 30);
-  if (gib < 1) return Printf(gib * 1024 < 10 ? "%.2f MiB/s" : "%.1f MiB/s", gib * 1024);
-  return Printf(gib < 10 ? "%.2f GiB/s" : "%.1f GiB/s", gib);
+  // GB/s as the JSON's *_copy_gbps fields and the Grafana dashboard have it.
+  if (gbps < 1) return Printf(gbps * 1e3 < 10 ? "%.2f MB/s" : "%.1f MB/s", gbps * 1e3);
+  return Printf(gbps < 10 ? "%.2f GB/s" : "%.1f GB/s", gbps);
 }
 
 std::string BackendName(v1::Backend backend) {
@@ -207,24 +210,103 @@ void Table::AddRow(std::vector<std::string> cells) {
   rows_.push_back(std::move(cells));
 }
 
-std::string Table::Render() const {
+std::string Truncate(const std::string& text, size_t width) {
+  if (DisplayWidth(text) <= width) return text;
+  if (width == 0) return "";
+  std::string out;
+  size_t cells = 0;
+  for (const char ch : text) {
+    const bool starts_cell = (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+    if (starts_cell && ++cells == width) break;
+    out += ch;
+  }
+  return out + "~";
+}
+
+std::string FitLines(const std::string& text, size_t width) {
+  if (width == 0) return text;
+  std::string out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line;
+    // The items of a summary line are separated by two spaces: break between them.
+    size_t at = start;
+    while (at < end) {
+      size_t sep = text.find("  ", at);
+      if (sep == std::string::npos || sep > end) sep = end;
+      const std::string item = text.substr(at, sep - at);
+      if (!line.empty() && DisplayWidth(line) + 2 + DisplayWidth(item) > width) {
+        out += line + "\n";
+        line.clear();
+      }
+      line += (line.empty() ? "" : "  ") + item;
+      at = sep == end ? end : sep + 2;
+    }
+    out += line + "\n";
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string Table::Render(size_t max_width) const {
   std::vector<size_t> widths(columns_.size(), 0);
   for (size_t c = 0; c < columns_.size(); ++c) {
     widths[c] = DisplayWidth(columns_[c].header);
     for (const auto& row : rows_) widths[c] = std::max(widths[c], DisplayWidth(row[c]));
   }
+  const std::vector<size_t> natural = widths;
+  std::vector<bool> shown(columns_.size(), true);
+  auto total = [&] {
+    size_t sum = 0, n = 0;
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      if (shown[c]) sum += widths[c], ++n;
+    }
+    return n == 0 ? 0 : sum + 2 * (n - 1);
+  };
+  // Narrower columns first (one cell at a time off the widest that may still shrink), then
+  // fewer: each column left out gives the others their full width back before they shrink again.
+  while (max_width > 0) {
+    widths = natural;
+    while (total() > max_width) {
+      size_t widest = columns_.size();
+      for (size_t c = 0; c < columns_.size(); ++c) {
+        const size_t floor = std::max(columns_[c].min_width, DisplayWidth(columns_[c].header));
+        if (!shown[c] || columns_[c].min_width == 0 || widths[c] <= floor) continue;
+        if (widest == columns_.size() || widths[c] > widths[widest]) widest = c;
+      }
+      if (widest == columns_.size()) break;
+      --widths[widest];
+    }
+    if (total() <= max_width) break;
+    size_t victim = columns_.size();
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      if (!shown[c] || columns_[c].drop == 0) continue;
+      if (victim == columns_.size() || columns_[c].drop >= columns_[victim].drop) victim = c;
+    }
+    if (victim == columns_.size()) break;  // only columns that always show: let it wrap
+    shown[victim] = false;
+  }
+  size_t last_shown = 0;
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    if (shown[c]) last_shown = c;
+  }
   std::string out;
   auto line = [&](const std::vector<std::string>& cells) {
     std::string text;
+    bool first = true;
     for (size_t c = 0; c < columns_.size(); ++c) {
-      if (c > 0) text += "  ";
+      if (!shown[c]) continue;
+      if (!first) text += "  ";
+      first = false;
       // Headers follow their column's alignment so they sit over the numbers.
       const Align align = columns_[c].align;
-      const bool last = c + 1 == columns_.size();
-      if (last && align == Align::kLeft) {
-        text += cells[c];
+      const std::string cell = Truncate(cells[c], widths[c]);
+      if (c == last_shown && align == Align::kLeft) {
+        text += cell;
       } else {
-        text += Pad(cells[c], widths[c], align);
+        text += Pad(cell, widths[c], align);
       }
     }
     while (!text.empty() && text.back() == ' ') text.pop_back();
@@ -251,7 +333,7 @@ std::string OmittedLine(uint64_t omitted) {
 
 }  // namespace
 
-std::string RenderStats(const v1::GetStatsResponse& stats) {
+std::string RenderStats(const v1::GetStatsResponse& stats, size_t width) {
   const v1::DaemonStats& d = stats.daemon();
   std::string out;
   out += "stashd " + OrDash(d.version()) + "  backend " + BackendName(d.backend()) + "  up " +
@@ -266,17 +348,18 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   out += "stash latency p50 " + FormatLatencyUs(d.stash_latency_p50_us(), measured) + "  p99 " +
          FormatLatencyUs(d.stash_latency_p99_us(), measured) + "  copy: stash " +
          FormatGbps(d.stash_copy_gbps()) + "  reload " + FormatGbps(d.reload_copy_gbps()) + "\n";
+  out = FitLines(out, width);
 
   using A = Table::Align;
   Table tiers({{"TIER", A::kLeft},
                {"USAGE", A::kLeft},
-               {"USED/TOTAL PAGES", A::kRight},
+               {"USED/TOTAL PAGES", A::kRight, 0, 5},
                {"USED / TOTAL BYTES", A::kRight},
-               {"PAYLOAD BYTES", A::kRight},
-               {"HIGH WATER PAGES", A::kRight},
-               {"HIGH WATER BYTES", A::kRight},
-               {"LIVE STASHES", A::kRight},
-               {"LEASED/FREE/TOTAL CHUNKS", A::kRight}});
+               {"PAYLOAD BYTES", A::kRight, 0, 2},
+               {"HIGH WATER PAGES", A::kRight, 0, 6},
+               {"HIGH WATER BYTES", A::kRight, 0, 3},
+               {"LIVE STASHES", A::kRight, 0, 1},
+               {"LEASED/FREE/TOTAL CHUNKS", A::kRight, 0, 4}});
   for (const v1::TierStats& t : stats.tiers()) {
     tiers.AddRow({t.name(), UsageBar(t.pages_used(), t.pages_total()),
                   Num(t.pages_used()) + "/" + Num(t.pages_total()),
@@ -289,13 +372,13 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
                                               "/" + Num(t.chunks_total())});
   }
   out += "\n";
-  out += tiers.Render();
+  out += tiers.Render(width);
   out += "\n";
   if (stats.sessions().empty() && stats.sessions_omitted() == 0) {
     out += "no sessions connected\n";
   } else {
     if (!stats.sessions().empty()) {
-      out += SessionTable(stats.sessions(), /*with_identity=*/false);
+      out += SessionTable(stats.sessions(), /*with_identity=*/false, width);
     }
     out += OmittedLine(stats.sessions_omitted());
   }
@@ -303,10 +386,10 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
 }
 
 std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
-                           uint64_t omitted, bool detail) {
+                           uint64_t omitted, bool detail, size_t width) {
   if (sessions.empty() && omitted == 0) return "no sessions connected\n";
   std::string out;
-  if (!sessions.empty()) out += SessionTable(sessions, /*with_identity=*/true);
+  if (!sessions.empty()) out += SessionTable(sessions, /*with_identity=*/true, width);
   out += OmittedLine(omitted);
   if (!detail) return out;
   using A = Table::Align;
@@ -327,7 +410,7 @@ std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionS
                       Num(l.last_step_high_water()),
                       l.pages_target() == 0 ? "fixed" : Num(l.pages_target())});
       }
-      out += lease.Render();
+      out += lease.Render(width);
       continue;
     }
     if (s.live().empty()) {
@@ -337,7 +420,7 @@ std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionS
     out += "live stashes by layer, microbatch and name\n";
     Table table({{"LAYER", A::kRight},
                  {"MICROBATCH", A::kRight},
-                 {"NAME", A::kLeft},
+                 {"NAME", A::kLeft, 12},
                  {"STASHES", A::kRight},
                  {"HELD BYTES", A::kRight},
                  {"HELD PAGES", A::kRight}});
@@ -345,12 +428,12 @@ std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionS
       table.AddRow({Num(l.layer()), Num(l.microbatch()), OrDash(l.name()), Num(l.stashes()),
                     FormatBytes(l.bytes()), Num(l.pages())});
     }
-    out += table.Render();
+    out += table.Render(width);
   }
   return out;
 }
 
-std::string RenderConfig(const v1::GetConfigResponse& config) {
+std::string RenderConfig(const v1::GetConfigResponse& config, size_t width) {
   std::string out;
   out += "stashd " + OrDash(config.version()) + "  backend " + BackendName(config.backend()) +
          "  socket " + OrDash(config.socket()) + "\n";
@@ -364,13 +447,18 @@ std::string RenderConfig(const v1::GetConfigResponse& config) {
     out += FormatBytes(config.host_tier_pages() * page) + " (" + Num(config.host_tier_pages()) +
            " pages)\n";
   }
+  out = FitLines(out, width);
   using A = Table::Align;
-  Table knobs({{"KNOB", A::kLeft}, {"VALUE", A::kLeft}, {"SOURCE", A::kLeft}, {"HELP", A::kLeft}});
+  // The help is cut first (the full text: stashd --help), then left out.
+  Table knobs({{"KNOB", A::kLeft},
+               {"VALUE", A::kLeft, 16},
+               {"SOURCE", A::kLeft},
+               {"HELP", A::kLeft, 24, 1}});
   for (const v1::ConfigEntry& e : config.entries()) {
     knobs.AddRow({e.name(), e.value().empty() ? "\"\"" : e.value(), e.source(), e.help()});
   }
   out += "\n";
-  out += knobs.Render();
+  out += knobs.Render(width);
   return out;
 }
 

@@ -24,8 +24,8 @@ std::string FormatDuration(double seconds);
 // "3.2 us", "41 us", "503.4 ms", "12.0 s"; "-" when `valid` is false (nothing measured yet).
 std::string FormatLatencyUs(double us, bool valid);
 
-// A rate given in GB/s (1e9 bytes per second, as the protocol has it) shown in the family of the
-// sizes (powers of 1024): "11.6 GiB/s", "512.0 MiB/s"; "-" when zero (nothing measured yet).
+// A rate given in GB/s (1e9 bytes per second, as the protocol and its JSON have it) shown in the
+// same unit: "12.4 GB/s", "524.3 MB/s"; "-" when zero (nothing measured yet).
 std::string FormatGbps(double gbps);
 
 // "host", "cuda" or "unspecified".
@@ -35,12 +35,20 @@ std::string BackendName(v1::Backend backend);
 // widest cell. Numbers read best right-aligned, names left-aligned. Control characters in cells
 // (a client chooses its own label) are shown as '?', so a cell cannot move the cursor. The last
 // column is not padded, so no line ends in spaces.
+//
+// Rendered for a terminal of `max_width` cells, a table too wide first narrows the columns that
+// may shrink (widest first, never below their min_width; a cut cell ends in '~'), then leaves
+// out droppable columns (highest `drop` first, the rightmost of equals first) until it fits.
 class Table {
  public:
   enum class Align { kLeft, kRight };
   struct Column {
     std::string header;
     Align align = Align::kLeft;
+    // Cells may be cut down to this many cells (at least the header's width); 0 = never cut.
+    size_t min_width = 0;
+    // Left out when the table does not fit: higher goes first; 0 = always shown.
+    int drop = 0;
   };
 
   explicit Table(std::vector<Column> columns);
@@ -50,8 +58,9 @@ class Table {
 
   size_t rows() const { return rows_.size(); }
 
-  // The header line and one line per row, each ending in '\n'.
-  std::string Render() const;
+  // The header line and one line per row, each ending in '\n'. max_width: the terminal's
+  // width in cells; 0 = no limit.
+  std::string Render(size_t max_width = 0) const;
 
  private:
   std::vector<Column> columns_;
@@ -61,17 +70,26 @@ class Table {
 // The width a terminal gives `text`: one cell per UTF-8 code point.
 size_t DisplayWidth(std::string_view text);
 
+// Each line of `text` longer than `width` cells broken between its items (separated by two
+// spaces) into several; width 0 = unchanged.
+std::string FitLines(const std::string& text, size_t width);
+
+// `text` cut to `width` display cells, its last cell '~' when anything was cut.
+std::string Truncate(const std::string& text, size_t width);
+
+// The renderers' `width` is the terminal's (see Table::Render); 0 = no limit.
+
 // The daemon lines, the tier table and the session table of `stashctl stats`.
-std::string RenderStats(const v1::GetStatsResponse& stats);
+std::string RenderStats(const v1::GetStatsResponse& stats, size_t width = 0);
 
 // The session table alone (`stashctl sessions`); a line saying there are none when empty, and
 // one saying how many the daemon left out (`omitted`) when it did. With `detail`, then per
 // session what it holds now by layer, microbatch and name.
 std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
-                           uint64_t omitted = 0, bool detail = false);
+                           uint64_t omitted = 0, bool detail = false, size_t width = 0);
 
 // The daemon's identity, pools and geometry, then the knob table (`stashctl config`).
-std::string RenderConfig(const v1::GetConfigResponse& config);
+std::string RenderConfig(const v1::GetConfigResponse& config, size_t width = 0);
 
 }  // namespace stash::stashctl
 

@@ -3,9 +3,11 @@
 #include <absl/flags/flag.h>
 #include <absl/flags/marshalling.h>
 #include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <ctime>
 #include <memory>
 #include <sstream>
@@ -24,6 +27,7 @@
 #include "client/stashctl/format.h"
 #include "client/stashctl/health.grpc.pb.h"
 #include "common/grpc_status.h"
+#include "common/macros.h"
 #include "common/socket_path.h"
 #include "common/socket_probe.h"
 #include "common/text.h"
@@ -98,6 +102,57 @@ const FlagSpec kFlags[] = {
      "a number of seconds > 0, e.g. --timeout=5",
      [](std::string_view v, Options* o) {
        return Parse(v, &o->timeout_s) && SecondsOk(o->timeout_s);
+     }},
+    {"format", "table|csv|csv,noheader|json",
+     "How to print: aligned tables (default, fitted to $COLUMNS or the terminal's width), CSV "
+     "rows for scripts and spreadsheets (stats: one row per tier; sessions: per session; "
+     "config: per knob), or JSON (as --json)",
+     "table, csv, csv,noheader or json, e.g. --format=csv",
+     [](std::string_view v, Options* o) {
+       o->csv = v == "csv" || v == "csv,noheader";
+       o->csv_header = v != "csv,noheader";
+       if (v == "json") o->json = true;
+       return o->csv || v == "json" || v == "table";
+     }},
+    {"query", "FIELD,...",
+     "With --format=csv: only these fields, in this order (proto field names, e.g. "
+     "rank,pid,label,bytes_live; a wrong name lists the valid ones), as nvidia-smi --query-gpu",
+     "comma-separated field names, e.g. --query=rank,pid,label,bytes_live",
+     [](std::string_view v, Options* o) {
+       o->query.clear();
+       size_t start = 0;
+       while (start <= v.size()) {
+         const size_t comma = std::min(v.find(',', start), v.size());
+         if (comma == start) return false;  // an empty name
+         o->query.emplace_back(v.substr(start, comma - start));
+         start = comma + 1;
+       }
+       return !o->query.empty();
+     }},
+    {"label", "GLOB", "stats, sessions: only sessions whose label matches (shell glob: 'llama-*')",
+     "a label or a glob, e.g. --label='llama-*'",
+     [](std::string_view v, Options* o) { return Parse(v, &o->selection.label); }},
+    {"rank", "N", "stats, sessions: only the sessions of this rank", "a rank, e.g. --rank=3",
+     [](std::string_view v, Options* o) {
+       int64_t rank = 0;
+       if (!Parse(v, &rank)) return false;
+       o->selection.rank = rank;
+       return true;
+     }},
+    {"pid", "N", "stats, sessions: only the sessions of this process", "a pid, e.g. --pid=4242",
+     [](std::string_view v, Options* o) {
+       int64_t pid = 0;
+       if (!Parse(v, &pid) || pid <= 0) return false;
+       o->selection.pid = pid;
+       return true;
+     }},
+    {"sort", "KEY",
+     "stats, sessions: order sessions by rank, pid or label, or by held bytes (held: largest "
+     "first). Default: by rank, as the daemon sends them",
+     "rank, pid, label or held, e.g. --sort=held",
+     [](std::string_view v, Options* o) {
+       o->selection.sort = std::string(v);
+       return ValidSortKey(o->selection.sort);
      }},
 };
 
@@ -267,26 +322,36 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
     frame.ok = true;
     frame.text = options.json ? ToJson(reply, pretty_json) : std::move(human);
   };
+  const size_t width = options.width;
   switch (options.command) {
     case Command::kStats: {
       v1::GetStatsResponse reply;
       grpc::Status status = connection.GetStats(&reply);
-      finish("GetStats", status, reply, status.ok() ? RenderStats(reply) : "");
+      SelectSessions(options.selection, reply.mutable_sessions());
+      finish("GetStats", status, reply,
+             !status.ok()  ? ""
+             : options.csv ? RenderCsv(reply.tiers(), options.query, options.csv_header)
+                           : RenderStats(reply, width));
       break;
     }
     case Command::kSessions: {
       v1::ListSessionsResponse reply;
       grpc::Status status = connection.ListSessions(&reply);
+      SelectSessions(options.selection, reply.mutable_sessions());
       finish("ListSessions", status, reply,
-             status.ok()
-                 ? RenderSessions(reply.sessions(), reply.sessions_omitted(), options.detail)
-                 : "");
+             !status.ok()  ? ""
+             : options.csv ? RenderCsv(reply.sessions(), options.query, options.csv_header)
+                           : RenderSessions(reply.sessions(), reply.sessions_omitted(),
+                                            options.detail, width));
       break;
     }
     case Command::kConfig: {
       v1::GetConfigResponse reply;
       grpc::Status status = connection.GetConfig(&reply);
-      finish("GetConfig", status, reply, status.ok() ? RenderConfig(reply) : "");
+      finish("GetConfig", status, reply,
+             !status.ok()  ? ""
+             : options.csv ? RenderCsv(reply.entries(), options.query, options.csv_header)
+                           : RenderConfig(reply, width));
       break;
     }
     case Command::kDrain: {
@@ -468,7 +533,8 @@ std::string UsageText() {
     if (flag.value_name != nullptr) out << "=" << flag.value_name;
     out << "\n" << Wrap(std::string(flag.help) + ".", 96, "      ");
   }
-  out << "  --version\n      Print the version and exit.\n"
+  out << "  --version\n      Print the version (stashctl's and the daemon's) and exit; with "
+         "--json as one\n      JSON object.\n"
          "  --help\n      Print this text and exit.\n\n"
          "Examples:\n"
          "  stashctl stats                              pools, tiers and sessions, once\n"
@@ -477,6 +543,8 @@ std::string UsageText() {
          "  STASHD_SOCKET=/tmp/s/s.sock stashctl config\n"
          "  stashctl config --json | jq '.entries[] | select(.name == \"pool_bytes\")'\n"
          "  stashctl --target 127.0.0.1:7070 stats      a daemon's read-only TCP listener\n"
+         "  stashctl sessions --sort=held --label='llama-*'   who holds the most, one job\n"
+         "  stashctl sessions --format=csv --query=rank,pid,label,bytes_live\n"
          "  stashctl health || echo 'stashd is down'\n\n"
          "Exit status: 0 done (health: SERVING); 1 no daemon answers, a request failed, or\n"
          "health is not SERVING (one line on stderr says which); 2 bad command line.\n";
@@ -556,6 +624,29 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
         "no command given: use stats, sessions, config, health or drain (see stashctl --help)");
   }
   options.command = command->command;
+  if (!options.query.empty() && !options.csv) {
+    return InvalidArgumentError("--query picks CSV fields: add --format=csv");
+  }
+  if (options.csv) {
+    if (options.json) return InvalidArgumentError("--format=csv and --json: give one");
+    const google::protobuf::Descriptor* rows = nullptr;
+    if (options.command == Command::kStats) rows = v1::TierStats::descriptor();
+    if (options.command == Command::kSessions) rows = v1::SessionStats::descriptor();
+    if (options.command == Command::kConfig) rows = v1::ConfigEntry::descriptor();
+    if (rows == nullptr) {
+      return InvalidArgumentError(
+          "--format=csv prints the rows of stats (tiers), sessions or "
+          "config; " +
+          std::string(command->name) + " has none");
+    }
+    STASH_ASSIGN_OR_RETURN(options.query, ResolveQuery(*rows, std::move(options.query)));
+  }
+  if (!options.selection.empty() && options.command != Command::kStats &&
+      options.command != Command::kSessions) {
+    return InvalidArgumentError(
+        "--label, --rank, --pid and --sort choose sessions: use them with "
+        "stats or sessions");
+  }
   if (options.count > 0 && options.watch_s <= 0) {
     return InvalidArgumentError("--count counts --watch frames: add --watch=SECONDS");
   }
@@ -567,6 +658,18 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
     options.socket = ClientSocketPath(options.socket);
   }
   return result;
+}
+
+size_t TerminalWidth(bool out_is_tty) {
+  if (const char* columns = std::getenv("COLUMNS"); columns != nullptr && *columns != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(columns, &end, 10);
+    if (end != nullptr && *end == '\0' && n > 0) return static_cast<size_t>(n);
+  }
+  if (!out_is_tty) return 0;
+  winsize size{};
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  return 0;
 }
 
 int Run(const Options& options, std::ostream& out, std::ostream& err, bool out_is_tty) {
@@ -598,12 +701,28 @@ int RunStashctl(int argc, char** argv, std::ostream& out, std::ostream& err, boo
     case CommandLine::Action::kVersion: {
       // This tool's version, then the daemon's: they may differ after an upgrade. Exit 0 either
       // way: the version of stashctl was printed.
-      out << "stashctl " << kVersion << "\n";
       Options options = parsed->options;
       options.timeout_s = std::min(options.timeout_s, 1.0);
       Connection connection(options);
       v1::GetConfigResponse reply;
       const grpc::Status status = connection.GetConfig(&reply);
+      if (options.json) {
+        // {"stashctl": "0.1.0", "stashd": "0.1.0" or null, "daemon": where, "error": why not}
+        google::protobuf::Struct json;
+        auto& fields = *json.mutable_fields();
+        fields["stashctl"].set_string_value(kVersion);
+        fields["daemon"].set_string_value(Where(options));
+        if (status.ok()) {
+          fields["stashd"].set_string_value(reply.version());
+        } else {
+          fields["stashd"].set_null_value(google::protobuf::NULL_VALUE);
+          fields["error"].set_string_value(ErrorLine(options, "GetConfig", status).substr(10));
+        }
+        out << ToJson(json, /*pretty=*/true);
+        out.flush();
+        return kExitOk;
+      }
+      out << "stashctl " << kVersion << "\n";
       if (status.ok()) {
         out << "stashd " << reply.version() << " (" << Where(options) << ")\n";
       } else {
@@ -615,7 +734,9 @@ int RunStashctl(int argc, char** argv, std::ostream& out, std::ostream& err, boo
     case CommandLine::Action::kRun:
       break;
   }
-  return Run(parsed->options, out, err, out_is_tty);
+  Options options = parsed->options;
+  options.width = TerminalWidth(out_is_tty);
+  return Run(options, out, err, out_is_tty);
 }
 
 }  // namespace stash::stashctl

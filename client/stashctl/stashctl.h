@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
+#include "client/stashctl/select.h"
 #include "stash/status.h"
 
 namespace stash::stashctl {
@@ -37,6 +39,16 @@ struct Options {
   int64_t count = 0;
   // Deadline of each request, in seconds.
   double timeout_s = 2;
+  // --format=csv: the rows (stats: tiers; sessions: sessions; config: knobs) as CSV with the
+  // `query` fields (proto field names; resolved by ParseCommandLine: never empty with csv).
+  bool csv = false;
+  bool csv_header = true;  // --format=csv,noheader: false
+  std::vector<std::string> query;
+  // --label, --rank, --pid, --sort: which sessions stats and sessions show, in what order.
+  SessionSelection selection;
+  // The terminal's width in cells that tables fit into (RunStashctl: $COLUMNS, else the tty's);
+  // 0 = no limit (a pipe).
+  size_t width = 0;
 };
 
 // What ParseCommandLine decided.
@@ -54,6 +66,10 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv);
 
 // The --help text: every command and flag, with examples.
 std::string UsageText();
+
+// The width tables fit into: $COLUMNS when it is a number > 0, else the terminal's when
+// `out_is_tty` (standard output's), else 0 (no limit).
+size_t TerminalWidth(bool out_is_tty);
 
 // Runs one parsed command against the daemon: the reply (or frames, with --watch) on `out`; on
 // failure exactly one line on `err`. `out_is_tty` clears the screen between --watch frames.

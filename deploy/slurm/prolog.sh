@@ -13,8 +13,9 @@
 #   - takes its knobs (STASHD_POOL_BYTES, ...) from /etc/default/stashd, like the service.
 #
 # Slurm drains a node whose Prolog fails. A daemon that does not come up is therefore only
-# logged (the job then runs without a stash; the client library reports UNAVAILABLE), unless
-# STASH_SLURM_STRICT=1 in /etc/default/stashd asks for the drain.
+# logged (the job then runs without a stash: task-prolog.sh exports STASHD_DISABLED=1, and
+# stashd.connect() returns a client that stashes nothing), unless STASH_SLURM_STRICT=1 in
+# /etc/default/stashd asks for the drain.
 #
 # Runs as root under slurmd, with SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GID set.
 set -euo pipefail

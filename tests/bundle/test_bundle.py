@@ -195,6 +195,17 @@ def test_under_the_size_budget(bundle):
     assert total < BUDGET_BYTES, f"{total / 2**20:.1f} MiB"
 
 
+def test_deploy_readme_states_the_size_it_has(bundle):
+    """deploy/README.md's "(about N MiB today)" is within 10% of the bundle this build makes."""
+    total = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file() and not p.is_symlink())
+    text = " ".join((REPO / "deploy" / "README.md").read_text(encoding="utf-8").split())
+    m = re.search(r"about ([0-9.]+) MiB today", text)
+    assert m, "deploy/README.md no longer says the bundle's size"
+    stated = float(m.group(1)) * 2**20
+    assert abs(stated - total) <= 0.1 * total, (
+        f"deploy/README.md says about {m.group(1)} MiB; the bundle is {total / 2**20:.1f} MiB")
+
+
 def test_every_elf_has_its_runpath(bundle):
     expected = {"bin": "$ORIGIN/../lib", "tests": "$ORIGIN/../lib", "lib": "$ORIGIN"}
     found = elves(bundle)

@@ -6,3 +6,9 @@ stash_add_test(stashctl_test
   LIBS stash::stashctl stash::proto)
 add_dependencies(stashctl_test stashd stashctl)
 target_compile_definitions(stashctl_test PRIVATE STASH_TEST_BIN_DIR="${PROJECT_BINARY_DIR}")
+
+# Tables fitted to the terminal, session filters and sorts, CSV queries: pure functions and the
+# command line, no daemon.
+stash_add_test(stashctl_select_test
+  SOURCES stashctl_select_test.cc
+  LIBS stash::stashctl stash::proto)

@@ -1,6 +1,7 @@
 // stashctl: the formatting and the command line in-process, then the built binary end to end
 // against the built stashd binary, each test with its own daemon on a socket in a fresh temp dir.
 #include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
@@ -155,9 +156,10 @@ TEST(StashctlFormat, LatenciesAndRatesCarryTheirUnitsAndDashWhenUnmeasured) {
   EXPECT_EQ(FormatLatencyUs(41.4, true), "41 us");
   EXPECT_EQ(FormatLatencyUs(503439, true), "503.4 ms");
   EXPECT_EQ(FormatLatencyUs(41.4, false), "-");
-  EXPECT_EQ(FormatGbps(12.44), "11.6 GiB/s");  // 12.44e9 B/s in powers of 1024, like sizes
-  EXPECT_EQ(FormatGbps(1.073741824), "1.00 GiB/s");
-  EXPECT_EQ(FormatGbps(0.524288), "500.0 MiB/s");
+  // GB/s (1e9 bytes a second), the unit of the JSON's stash_copy_gbps: the two agree.
+  EXPECT_EQ(FormatGbps(12.44), "12.4 GB/s");
+  EXPECT_EQ(FormatGbps(1.073741824), "1.07 GB/s");
+  EXPECT_EQ(FormatGbps(0.524288), "524.3 MB/s");
   EXPECT_EQ(FormatGbps(0), "-");
 }
 
@@ -255,7 +257,7 @@ TEST(StashctlFormat, StatsShowTheDaemonLineTiersWithBarsAndSessions) {
       << text;
   EXPECT_NE(text.find("stashed 3 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("p50 19 us  p99 230 us"), std::string::npos) << text;
-  EXPECT_NE(text.find("11.6 GiB/s"), std::string::npos) << text;
+  EXPECT_NE(text.find("12.4 GB/s"), std::string::npos) << text;
   EXPECT_NE(text.find("gpu0  [#######.............]  35%"), std::string::npos) << text;
   EXPECT_NE(text.find("22.5 MiB / 64 MiB"), std::string::npos) << text;
   EXPECT_NE(text.find("host  [....................]   0%"), std::string::npos) << text;
@@ -688,6 +690,33 @@ TEST_F(StashctlWithDaemon, VersionShowsTheDaemonsVersionToo) {
   EXPECT_EQ(o.out.rfind("stashctl ", 0), 0U) << o.out;
   EXPECT_NE(o.out.find("\nstashd " STASH_VERSION_STRING " (" + socket_ + ")\n"), std::string::npos)
       << o.out;
+}
+
+TEST_F(StashctlWithDaemon, VersionJsonIsOneObjectWithBothVersions) {
+  const Outcome o = Stashctl({"--version", "--json", "--socket", socket_});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  google::protobuf::Struct json;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(o.out, &json).ok()) << o.out;
+  EXPECT_EQ(json.fields().at("stashctl").string_value(), STASH_VERSION_STRING);
+  EXPECT_EQ(json.fields().at("stashd").string_value(), STASH_VERSION_STRING);
+  EXPECT_EQ(json.fields().at("daemon").string_value(), socket_);
+  const Outcome down = Stashctl({"--version", "--json", "--socket", dir_ + "/none.sock"});
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(down.out, &json).ok()) << down.out;
+  EXPECT_EQ(json.fields().at("stashd").kind_case(), google::protobuf::Value::kNullValue);
+  EXPECT_NE(json.fields().at("error").string_value().find("no stashd answers"), std::string::npos);
+}
+
+TEST_F(StashctlWithDaemon, CsvQueryPrintsTheChosenFieldsOfEachTier) {
+  const Outcome o =
+      Stashctl({"stats", "--format=csv", "--query=name,pages_total", "--socket", socket_});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out, "name,pages_total\ngpu0,64\ngpu1,64\nhost,32\n");
+}
+
+TEST_F(StashctlWithDaemon, TablesFitColumns) {
+  const Outcome o = Stashctl({"config", "--socket", socket_}, {"COLUMNS=60"});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  for (const std::string& line : Lines(o.out)) EXPECT_LE(DisplayWidth(line), 60u) << line;
 }
 
 TEST_F(StashctlBinaryTest, VersionSaysWhenNoDaemonAnswers) {

@@ -762,6 +762,21 @@ def test_prolog_drains_the_node_on_a_failed_start_only_when_strict(node, strict,
     assert not node.job_dir.exists()
 
 
+@pytest.mark.parametrize("mode", ["fail", "no-binaries"])
+def test_a_job_whose_prolog_could_not_start_stashd_runs_without_a_stash(node, mode):
+    """The task prolog tells the tasks so (STASHD_DISABLED=1): connect() then hands out a
+    client that stashes nothing instead of raising (tests/python/disabled_test.py)."""
+    empty = node.tmp / "empty"
+    empty.mkdir()
+    extra = ({"FAKE_STASHD_MODE": "fail"} if mode == "fail" else
+             {"STASH_SLURM_BIN_DIR": str(empty)})
+    result = node.run("prolog.sh", **extra)
+    assert result.returncode == 0, result.stderr
+    task = node.run("task-prolog.sh")
+    assert task.returncode == 0, task.stderr
+    assert task.stdout == "export STASHD_DISABLED=1\n"
+
+
 @pytest.mark.parametrize("strict,code", [("0", 0), ("1", 1)])
 def test_prolog_without_binaries_gives_up(node, strict, code):
     empty = node.tmp / "empty"

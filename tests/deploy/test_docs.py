@@ -143,3 +143,112 @@ def test_pod_monitor_scrapes_the_port_the_daemonset_serves_metrics_on():
     assert config["STASHD_METRICS_LISTEN"].endswith(f":{port}")
     annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(port)
+
+
+# ---- code blocks ------------------------------------------------------------------------------
+
+DOCS_WITH_CODE = ["README.md", "deploy/README.md", "client/python/README.md", "docs/*.md"]
+# Modules a snippet may use only after importing them (or binding the name).
+MODULES = {"torch", "stashd", "stash_torch", "os", "sys", "json", "subprocess", "np", "time"}
+
+
+def code_blocks():
+    """(doc, line, info words, code) of every fenced block of the docs."""
+    out = []
+    for path in tracked_files(*DOCS_WITH_CODE):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        i = 0
+        while i < len(lines):
+            m = re.match(r"^```(\S.*)?$", lines[i])
+            if m and m.group(1):
+                start, info = i + 1, m.group(1).split()
+                i += 1
+                while i < len(lines) and not lines[i].startswith("```"):
+                    i += 1
+                out.append((str(path.relative_to(REPO)), start, info, "\n".join(lines[start:i])))
+            i += 1
+    return out
+
+
+def test_every_python_block_parses_and_imports_what_it_uses():
+    """A block that imports anything is a whole snippet: it must import every module it uses
+    (the top README's PyTorch snippet used torch without importing it). Blocks that import
+    nothing continue an earlier one."""
+    import ast
+    problems = []
+    for doc, line, info, code in code_blocks():
+        if info[0] != "python":
+            continue
+        try:
+            tree = ast.parse(code)
+        except SyntaxError as e:
+            problems.append(f"{doc}:{line}: does not parse: {e}")
+            continue
+        bound = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                bound.add(node.id)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+        if not any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(tree)):
+            continue
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Load) and n.id in MODULES}
+        for name in sorted(used - bound):
+            problems.append(f"{doc}:{line}: uses {name} without importing it")
+    assert not problems, "\n".join(problems)
+
+
+def _runnable():
+    return [(doc, line, info[0], code) for doc, line, info, code in code_blocks()
+            if "runs" in info[1:]]
+
+
+def test_some_blocks_claim_to_run():
+    kinds = {kind for _, _, kind, _ in _runnable()}
+    assert {"python", "sh"} <= kinds, _runnable()
+
+
+@pytest.mark.parametrize("doc,line,kind,code", _runnable(),
+                         ids=[f"{doc}:{line}" for doc, line, _, _ in _runnable()])
+def test_blocks_that_claim_to_run_do(doc, line, kind, code, tmp_path):
+    """Blocks tagged ```python runs or ```sh runs run as written against a real stashd (host
+    backend): python with the checkout's package on PYTHONPATH, sh with stashctl on PATH."""
+    bin_dir = os.environ.get("STASHD_BIN_DIR")
+    if not bin_dir:
+        pytest.skip("STASHD_BIN_DIR is not set (ctest sets it): no daemon to run the blocks on")
+    stashd_bin = Path(bin_dir) / "daemon" / "stashd"
+    assert stashd_bin.is_file(), f"{stashd_bin} is not built"
+    sock = tmp_path / "s.sock"
+    daemon = subprocess.Popen([str(stashd_bin), f"--socket={sock}", "--backend=host",
+                               "--pool-bytes=16MiB", "--host-tier-bytes=16MiB",
+                               "--page-bytes=64KiB", "--log-level=warn"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        import socket as socket_module
+        import time
+        deadline = time.monotonic() + 10
+        while True:
+            probe = socket_module.socket(socket_module.AF_UNIX)
+            try:
+                probe.connect(str(sock))
+                break
+            except OSError:
+                assert daemon.poll() is None, daemon.stderr.read().decode()
+                assert time.monotonic() < deadline, "stashd did not listen within 10 s"
+                time.sleep(0.02)
+            finally:
+                probe.close()
+        env = {"PATH": f"{Path(bin_dir) / 'client' / 'stashctl'}:/usr/bin:/bin",
+               "HOME": str(tmp_path), "STASHD_SOCKET": str(sock),
+               "STASHD_BIN_DIR": bin_dir, "PYTHONPATH": str(REPO / "client" / "python")}
+        command = (["/usr/bin/python3", "-c", code] if kind == "python"
+                   else ["/bin/bash", "-euo", "pipefail", "-c", code])
+        run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path,
+                             timeout=120)
+        assert run.returncode == 0, f"{doc}:{line}:\n{code}\n---\n{run.stdout}{run.stderr}"
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=10)

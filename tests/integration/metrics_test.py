@@ -180,3 +180,56 @@ def test_a_real_prometheus_scrapes_the_daemon(daemon, tmp_path):
         assert up and up[0]["value"][1] == "1", up
     finally:
         stop(proc)
+
+
+def families(text):
+    """{name: type} from the # TYPE lines of an exposition page."""
+    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M))
+
+
+def test_the_series_operators_expect_are_there(daemon, tmp_path):
+    url, _, _ = daemon
+    text = fetch(url)
+    got = samples(text)
+    # The process_* series of Prometheus's client libraries, read from /proc of the daemon.
+    for name in ("process_resident_memory_bytes", "process_virtual_memory_bytes",
+                 "process_open_fds", "process_max_fds", "process_cpu_seconds_total",
+                 "process_start_time_seconds"):
+        assert (name, frozenset()) in got, f"no {name}:\n{text}"
+    assert got[("process_resident_memory_bytes", frozenset())] > 1 << 20
+    assert 3 <= got[("process_open_fds", frozenset())] <= got[("process_max_fds", frozenset())]
+    started = got[("process_start_time_seconds", frozenset())]
+    assert time.time() - 600 < started <= time.time() + 1
+    assert got[("stashd_draining", frozenset())] == 0
+    config = {dict(labels)["knob"]: dict(labels) for name, labels in got if
+              name == "stashd_config_info"}
+    assert config["pool_bytes"]["value"] == "16MiB" and config["pool_bytes"]["source"] == "flag"
+    assert config["drain_timeout"]["source"] == "default"
+    # Bucket bounds as people write them: 1e-05, not 9.999999999999999e-06.
+    bounds = re.findall(r'stashd_stash_latency_seconds_bucket\{le="([^"]+)"\}', text)
+    assert bounds[:4] == ["1e-05", "2.5e-05", "5e-05", "0.0001"], bounds
+    copy_bounds = re.findall(r'copy_throughput_bytes_per_second_bucket\{direction="stash",'
+                             r'le="([^"]+)"\}', text)
+    for b in bounds + copy_bounds:
+        # The shortest text that reads back as the same double (Python's repr), or an integer.
+        assert b == "+Inf" or b in (repr(float(b)), str(int(float(b)))), f"le={b!r}"
+
+
+def test_every_exported_family_is_documented(daemon, tmp_path):
+    """docs/operations.md's series table names every family of the page (the exposer's own
+    and stashd_tier_chunks_orphaned included)."""
+    url, _, _ = daemon
+    # Per-session families appear only while sessions exist: scrape while ranks hold pages.
+    text = page_while_ranks_hold_pages(*daemon[:2], tmp_path)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    table = doc.split("## Metrics (Prometheus)", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for cell in re.findall(r"`([a-z_{},]+)`", table):
+        # `stashd_session_{stashes,reloads}_total` stands for each name in the braces.
+        m = re.match(r"^([a-z_]*)\{([a-z_,]+)\}([a-z_]*)$", cell)
+        if m:
+            documented.update(m.group(1) + part + m.group(3) for part in m.group(2).split(","))
+        else:
+            documented.add(cell)
+    missing = sorted(set(families(text)) - documented)
+    assert not missing, f"families on /metrics that docs/operations.md does not describe: {missing}"

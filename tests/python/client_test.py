@@ -314,3 +314,11 @@ def test_mapped_mode_on_the_cuda_backend_is_refused_with_the_way_out(tmp_path):
         stashd.connect(str(tmp_path / "none.sock"), mode="mapped", backend="cuda")
     assert info.value.code_name == "FAILED_PRECONDITION"
     assert "daemon-copy" in str(info.value)
+
+
+def test_a_refused_mode_is_explained_in_python_terms(tmp_path):
+    """The library's advice names the Python call, not only the C++ option."""
+    with pytest.raises(stashd.StashError) as e:
+        stashd.connect(socket=str(tmp_path / "none.sock"), backend="cuda", mode="mapped",
+                       connect_timeout_ms=100)
+    assert 'stashd.connect(backend="cuda", mode="daemon-copy")' in str(e.value), str(e.value)

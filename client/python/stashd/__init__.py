@@ -17,8 +17,10 @@ The library is found next to this package, through $STASHD_CLIENT_LIB, or in the
 from stashd._lib import LibraryNotFound
 from stashd.buffer import Buffer
 from stashd.client import Client, Completion, Stats, StepFlags, Tier, connect, version
+from stashd.disabled import DisabledClient, DisabledWarning
 from stashd.errors import CODE_NAMES, DeadlineExceeded, StashError, Unavailable
 
+# The project version (CMakeLists.txt); pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "Client",
     "Completion",
     "DeadlineExceeded",
+    "DisabledClient",
+    "DisabledWarning",
     "LibraryNotFound",
     "Stats",
     "StashError",

@@ -398,6 +398,10 @@ def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: in
     lease (mapped mode): "auto" (the daemon sizes it at every begin_step) or a dict of bytes per
     tier, e.g. {"device": 64 << 20, "host": 16 << 20} (keys "device", "peer", "host").
     copy_threads (mapped mode): threads splitting one copy; 0 = the library's default.
+
+    With $STASHD_DISABLED set (not 0/false/no/off; the Slurm task prolog sets it when no stashd
+    could be started for the job) it returns a stashd.DisabledClient that stashes nothing (every
+    stash answers OVERFLOW, the caller keeps its data) and warns once, instead of raising.
     """
     if backend not in BACKENDS:
         raise ValueError(f"stashd.connect: backend must be 'host' or 'cuda', not {backend!r}")
@@ -412,6 +416,10 @@ def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: in
         if unknown:
             raise ValueError(f"stashd.connect: lease tiers are {', '.join(LEASE_TIERS)}; not "
                              f"{', '.join(unknown)}")
+    from stashd.disabled import DisabledClient, disabled_reason  # imports this module
+    reason = disabled_reason()
+    if reason is not None:
+        return DisabledClient(reason, socket, backend, mode)
     if device is None:
         device = default_device()
     lib = _lib.lib()

@@ -161,8 +161,8 @@ class stash_saved_tensors:
         self._entered = True
         self._errors_since = hook_errors.serial()
         phase = checkpointing.phase()
-        if not self._state.enabled:
-            self.skipped = "disabled"
+        if not self._state.enabled or getattr(self._state.client, "disabled", False):
+            self.skipped = "disabled"  # overflow_guard's rerun, or $STASHD_DISABLED
         elif phase != checkpointing.Phase.NORMAL:
             self.skipped = phase.value
             if phase == checkpointing.Phase.RECOMPUTE:
