@@ -268,6 +268,13 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
     welcome->set_max_lease_bytes(max_lease_bytes_);
     welcome->set_peer_tier(config_.peer_tier && pools_.size() > 1);
   }
+  LogFields fields;
+  fields.Add("session", info.id.substr(0, 8))
+      .Add("rank", info.rank)
+      .Add("pid", info.pid)
+      .Add("pool", info.pool)
+      .Add("label", info.label)
+      .Add("uid", static_cast<int64_t>(info.uid));
   Log("rpc")->info("session {} started: rank {}, pid {}, pool {}, label '{}', client {}, mode {}",
                    info.id, info.rank, info.pid, info.pool, Escaped(info.label, kMaxTextBytes),
                    Escaped(info.client_version, kMaxTextBytes),

@@ -417,7 +417,7 @@ int RunDaemon(const DaemonConfig& config) {
 
   auto daemon = Daemon::Start(config);
   if (!daemon.ok()) {
-    std::fprintf(stderr, "stashd: %s\n", daemon.status().message().c_str());
+    LogStartFailure(daemon.status().message());
     return 1;
   }
   NotifyReady("serving on " + (*daemon)->socket_path());
