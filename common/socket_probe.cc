@@ -14,16 +14,6 @@
 namespace stash {
 namespace {
 
-std::string GroupName(gid_t gid) {
-  struct group entry {};
-  struct group* found = nullptr;
-  char buffer[4096];
-  if (getgrgid_r(gid, &entry, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
-    return found->gr_name;
-  }
-  return std::to_string(gid);
-}
-
 std::string DirOf(const std::string& path) {
   const auto slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -38,6 +28,16 @@ std::string NoDaemon(const std::string& path, const std::string& detail) {
 
 }  // namespace
 
+std::string GroupName(gid_t gid) {
+  struct group entry {};
+  struct group* found = nullptr;
+  char buffer[4096];
+  if (getgrgid_r(gid, &entry, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
+    return found->gr_name;
+  }
+  return std::to_string(gid);
+}
+
 std::string PermissionDeniedMessage(const std::string& path) {
   // What denies: the socket itself, or the first directory on the way this user cannot search.
   std::string denier = path;
@@ -46,8 +46,15 @@ std::string PermissionDeniedMessage(const std::string& path) {
     if (dir == "/" || dir == ".") break;
   }
   struct stat st {};
-  const std::string group = stat(denier.c_str(), &st) == 0 ? GroupName(st.st_gid) : "stashd";
+  const bool found = stat(denier.c_str(), &st) == 0;
+  const std::string group = found ? GroupName(st.st_gid) : "stashd";
   const std::string what = denier == path ? "the socket" : "its directory " + denier;
+  if (found && st.st_gid == 0) {
+    return "permission denied on " + path + ": " + what +
+           " belongs to group root, so only root may connect (stashd was started on a node "
+           "without a 'stashd' group); have an administrator create it (sudo groupadd --system "
+           "stashd), add you to it (sudo usermod -aG stashd $USER) and restart stashd";
+  }
   return "permission denied on " + path + ": " + what + " lets in only its owner and group '" +
          group + "'; join the group with 'sudo usermod -aG " + group +
          " $USER' and log in again (or run as a member of it)";

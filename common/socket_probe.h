@@ -4,6 +4,8 @@
 #ifndef STASH_COMMON_SOCKET_PROBE_H_
 #define STASH_COMMON_SOCKET_PROBE_H_
 
+#include <sys/types.h>
+
 #include <string>
 
 #include "stash/status.h"
@@ -21,7 +23,12 @@ Status ProbeSocket(const std::string& path);
 // "permission denied on <path>: ...": what to do when this user may not connect to `path`
 // (names the owning group of the socket, or of the directory that denies access to it, and the
 // usermod line that joins it).
+// When that group is root's (a daemon started as root on a node without a `stashd` group), joining
+// it is not the answer: the message says to have the group made and stashd restarted.
 std::string PermissionDeniedMessage(const std::string& path);
+
+// The name of group `gid`, or its number when it has none.
+std::string GroupName(gid_t gid);
 
 }  // namespace stash
 

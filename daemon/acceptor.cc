@@ -138,15 +138,20 @@ std::optional<Acceptor::Accepted> Acceptor::Accept() {
     if (err == EINTR || err == ECONNABORTED) continue;
     if (err == EAGAIN || err == EWOULDBLOCK) return std::nullopt;
     if (err == EMFILE || err == ENFILE) {
-      NoteDropped(err);
+      // The kernel reports the shortage before it looks at the queue: there may be nobody.
       if (spare_.valid()) {
         // Free one descriptor, take the waiting connection with it and end it: it is the one
         // that hit the limit. Then hold the spare again for the next time.
         spare_.reset();
         UniqueFd victim(accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC));
+        const bool took = victim.valid();
         victim.reset();
         spare_ = OpenSpare();
+        if (!took) return std::nullopt;  // the queue is empty
+        NoteDropped(err);
         if (spare_.valid()) continue;
+      } else {
+        NoteDropped(err);
       }
       backoff_until_ = Clock::now() + kBackoff;
       return std::nullopt;

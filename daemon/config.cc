@@ -152,7 +152,7 @@ const Knob kKnobs[] = {
      }},
     {"listen", "HOST:PORT",
      "Also serve stats (read-only: no sessions) over TCP; a bare :PORT or PORT binds "
-     "127.0.0.1. Empty = off",
+     "127.0.0.1; port 0 picks a free one (stashctl config shows it). Empty = off",
      [](std::string_view v, DaemonConfig* c) {
        if (v.empty()) {
          c->listen.clear();
@@ -163,9 +163,9 @@ const Knob kKnobs[] = {
        std::string host = colon == std::string::npos ? "" : addr.substr(0, colon);
        std::string port = colon == std::string::npos ? addr : addr.substr(colon + 1);
        uint64_t port_num = 0;
-       if (!ParseUint(port, 1, 65535, &port_num).ok()) {
+       if (!ParseUint(port, 0, 65535, &port_num).ok()) {
          return InvalidArgumentError(
-             "must be HOST:PORT with a port from 1 to 65535, e.g. "
+             "must be HOST:PORT with a port from 0 to 65535 (0: any free one), e.g. "
              "127.0.0.1:7070");
        }
        if (host.empty()) host = "127.0.0.1";

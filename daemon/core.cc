@@ -540,6 +540,8 @@ v1::GetConfigResponse DaemonCore::Config() const {
   const Tier* host = pools_.empty() ? nullptr : pools_[0]->host();
   out.set_host_tier_pages(host != nullptr ? host->pages() : 0);
   out.set_version(kVersion);
+  out.set_metrics_url(metrics_url_);
+  out.set_tcp_listener(tcp_listener_);
   return out;
 }
 

@@ -93,8 +93,20 @@ class DaemonCore {
   void Stop();
 
   // Draining (daemon/drain.cc): from now on OpenSession and Stash requests get UNAVAILABLE;
-  // reloads, releases and the rest go on. Idempotent; there is no way back but a restart.
-  void Drain();
+  // reloads, releases and the rest go on. Idempotent. `who` names who asked, for the log.
+  void Drain(const std::string& who = "a stop signal");
+  // Ends draining: sessions and stashes are taken again. Idempotent.
+  void Undrain(const std::string& who);
+  // Called with the new state each time draining starts or ends (the daemon's health follows
+  // it). Set before serving.
+  void SetDrainListener(std::function<void(bool draining)> listener) {
+    drain_listener_ = std::move(listener);
+  }
+  // Where the daemon serves besides its socket, as GetConfig reports it. Set before serving.
+  void SetListeners(std::string metrics_url, std::string tcp_listener) {
+    metrics_url_ = std::move(metrics_url);
+    tcp_listener_ = std::move(tcp_listener);
+  }
   bool draining() const { return draining_.load(std::memory_order_relaxed); }
   // What is left: sessions connected, and stashes held plus requests in flight over all of them.
   uint64_t SessionsLive();
@@ -131,6 +143,10 @@ class DaemonCore {
 
   DaemonCounters counters_;
   std::atomic<bool> draining_{false};
+  Mutex drain_mu_;                            // orders drain state changes and their listener calls
+  std::function<void(bool)> drain_listener_;  // set before serving
+  std::string metrics_url_;                   // set before serving
+  std::string tcp_listener_;                  // set before serving
   // Daemon-wide budgets shared fairly between Unix users (daemon/fair_share.h,
   // docs/security.md "Limits").
   std::unique_ptr<FairShare> sessions_share_;

@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/macros.h"
 #include "common/socket_path.h"
+#include "common/socket_probe.h"
 #include "common/sys.h"
 #include "common/version.h"
 #include "daemon/acceptor.h"
@@ -158,6 +159,7 @@ struct Daemon::Impl {
   std::unique_ptr<StashServiceImpl> service;
   std::unique_ptr<StashServiceImpl> tcp_service;
   std::unique_ptr<ReflectionV1Service> reflection_v1;
+  std::unique_ptr<ReflectionV1Service> tcp_reflection_v1;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> tcp_server;
   // The gates accept for the servers; gone before them (Shutdown).
@@ -211,7 +213,12 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
         backend = v1::BACKEND_CUDA;
         log->info("backend auto picked cuda: {}", why);
       } else {
-        log->info("backend auto picked host: no CUDA device answered ({})", why);
+        // On a GPU node this is a mistake worth seeing: the ranks' CUDA tensors cannot come here.
+        log->warn(
+            "backend auto picked host: no CUDA device answered ({}); on a GPU node check "
+            "the driver and the devices this process sees, or pass --backend=cuda to "
+            "refuse to start without one",
+            why);
       }
       break;
   }
@@ -226,6 +233,13 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
         "--socket");
   }
   const gid_t group = StashdGroup();
+  if (group == static_cast<gid_t>(-1)) {
+    log->warn(
+        "there is no 'stashd' group: the sockets keep group {} (gid {}), so only that group's "
+        "members and root can connect; create it (groupadd --system stashd), add the trainers' "
+        "users (usermod -aG stashd USER) and restart stashd",
+        GroupName(getegid()), getegid());
+  }
   STASH_RETURN_IF_ERROR(PrepareSocketDir(DirOf(impl->socket_path), group));
   STASH_RETURN_IF_ERROR(CheckSocketDirIsPrivate(DirOf(impl->socket_path)));
   impl->lock_path = impl->socket_path + ".lock";
@@ -262,32 +276,16 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
             return core->HandleDescriptors(request, peer, fds);
           }));
 
-  // gRPC: the service, health and reflection, on connections the gate accepts (stashd accepts
-  // every connection itself: ConnectionGate).
-  impl->connection_share = std::make_unique<FairShare>(FairShare::Spec{
-      "gRPC connections", MaxGrpcConnections(), kGrpcConnectionsFirst, kGrpcConnectionsPerUser,
-      "close connections that are not used (one per process is enough)"});
-  STASH_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(impl->socket_path, SOCK_STREAM, group));
-  STASH_ASSIGN_OR_RETURN(impl->gate, ConnectionGate::Create(std::move(listener), "gRPC socket",
-                                                            impl->connection_share.get()));
+  // Every gRPC server gets health and v1alpha reflection.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  impl->service =
-      std::make_unique<StashServiceImpl>(impl->core.get(), true, true, impl->gate.get());
-  impl->reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
-      "stash.v1.StashService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
-      "grpc.reflection.v1.ServerReflection"});
-  impl->server = BuildServer({impl->service.get(), impl->reflection_v1.get()});
-  if (impl->server == nullptr) {
-    return UnavailableError("gRPC could not start its server (see the log above)");
-  }
-  impl->server->GetHealthCheckService()->SetServingStatus(true);
-  impl->gate->Serve(impl->server.get());
 
+  // The TCP listener and metrics first: once the Unix socket accepts, everything is up.
+  int tcp_port = 0;
   if (!config.listen.empty()) {
     // Any local user reaches this port, past the socket's group: node-level numbers only,
     // unless the operator asked for the session rows too.
-    int port = 0;
+    int& port = tcp_port;
     auto tcp_listener = ListenTcp(config.listen, &port);
     if (!tcp_listener.ok()) {
       return UnavailableError("cannot listen on --listen=" + config.listen + ": " +
@@ -303,12 +301,15 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
                                                                   impl->tcp_share.get()));
     impl->tcp_service = std::make_unique<StashServiceImpl>(
         impl->core.get(), false, config.listen_sessions, impl->tcp_gate.get());
-    impl->tcp_server = BuildServer({impl->tcp_service.get()});
+    impl->tcp_reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+        "stash.v1.StashService", "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"});
+    impl->tcp_server = BuildServer({impl->tcp_service.get(), impl->tcp_reflection_v1.get()});
     if (impl->tcp_server == nullptr) {
       return UnavailableError("gRPC could not start the TCP listener's server (see the log above)");
     }
     impl->tcp_server->GetHealthCheckService()->SetServingStatus(true);
-    impl->tcp_gate->Serve(impl->tcp_server.get());
+    impl->tcp_server->GetHealthCheckService()->SetServingStatus("stash.v1.StashService", true);
     log->info("serving read-only stats on tcp {} (port {}, {})", config.listen, port,
               config.listen_sessions ? "with per-session rows: --listen-sessions"
                                      : "node-level numbers only");
@@ -322,6 +323,46 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     log->info("serving Prometheus metrics on http://{}:{}/metrics", host, impl->metrics->port());
   }
 
+  // gRPC: the service, health and reflection, on connections the gate accepts (stashd accepts
+  // every connection itself: ConnectionGate).
+  impl->connection_share = std::make_unique<FairShare>(FairShare::Spec{
+      "gRPC connections", MaxGrpcConnections(), kGrpcConnectionsFirst, kGrpcConnectionsPerUser,
+      "close connections that are not used (one per process is enough)"});
+  STASH_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(impl->socket_path, SOCK_STREAM, group));
+  STASH_ASSIGN_OR_RETURN(impl->gate, ConnectionGate::Create(std::move(listener), "gRPC socket",
+                                                            impl->connection_share.get()));
+  impl->service =
+      std::make_unique<StashServiceImpl>(impl->core.get(), true, true, impl->gate.get());
+  impl->reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      "stash.v1.StashService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+      "grpc.reflection.v1.ServerReflection"});
+  impl->server = BuildServer({impl->service.get(), impl->reflection_v1.get()});
+  if (impl->server == nullptr) {
+    return UnavailableError("gRPC could not start its server (see the log above)");
+  }
+  impl->server->GetHealthCheckService()->SetServingStatus(true);
+  impl->server->GetHealthCheckService()->SetServingStatus("stash.v1.StashService", true);
+
+  // Health follows draining: the overall status ("", readiness) is NOT_SERVING while the daemon
+  // drains; "stash.v1.StashService" stays SERVING while it lives (liveness).
+  grpc::Server* unix_server = impl->server.get();
+  grpc::Server* tcp_server = impl->tcp_server.get();
+  impl->core->SetDrainListener([unix_server, tcp_server](bool draining) {
+    for (grpc::Server* server : {unix_server, tcp_server}) {
+      if (server != nullptr) server->GetHealthCheckService()->SetServingStatus("", !draining);
+    }
+  });
+  impl->core->SetListeners(
+      impl->metrics != nullptr
+          ? "http://" + config.metrics_listen.substr(0, config.metrics_listen.rfind(':')) + ":" +
+                std::to_string(impl->metrics->port()) + "/metrics"
+          : std::string(),
+      tcp_port != 0
+          ? config.listen.substr(0, config.listen.rfind(':')) + ":" + std::to_string(tcp_port)
+          : std::string());
+  // Everything is set up: serve. Connections that came meanwhile waited in the backlog.
+  if (impl->tcp_gate != nullptr) impl->tcp_gate->Serve(impl->tcp_server.get());
+  impl->gate->Serve(impl->server.get());
   log->info(
       "stashd {} serving on {} (backend {}, {} pool(s) of {}, page {}, host tier {})", kVersion,
       impl->socket_path, backend == v1::BACKEND_CUDA ? "cuda" : "host", impl->core->pools(),

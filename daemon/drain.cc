@@ -6,12 +6,21 @@
 
 namespace stash::daemon {
 
-void DaemonCore::Drain() {
+void DaemonCore::Drain(const std::string& who) {
+  MutexLock lock(&drain_mu_);
   if (draining_.exchange(true)) return;
-  Log("main")->info(
-      "draining: new sessions and stashes are refused; {} session(s) hold {} "
-      "stash(es) or request(s) in flight",
-      SessionsLive(), StashesLive());
+  Log("main")->warn(
+      "draining, asked by {}: new sessions and stashes are refused, health is NOT_SERVING; {} "
+      "session(s) hold {} stash(es) or request(s) in flight",
+      who, SessionsLive(), StashesLive());
+  if (drain_listener_) drain_listener_(true);
+}
+
+void DaemonCore::Undrain(const std::string& who) {
+  MutexLock lock(&drain_mu_);
+  if (!draining_.exchange(false)) return;
+  Log("main")->warn("draining ended, asked by {}: sessions and stashes are taken again", who);
+  if (drain_listener_) drain_listener_(false);
 }
 
 uint64_t DaemonCore::SessionsLive() {

@@ -2,12 +2,17 @@
 
 #include <grpcpp/support/slice.h>
 
+#include <unistd.h>
+
+#include <fstream>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/text.h"
 #include "common/write_queue.h"
 #include "daemon/wire.h"
 
@@ -150,6 +155,16 @@ class RejectSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void OnDone() override { delete this; }
 };
 
+// "uid U pid P (command)" of a caller, for log lines about who did what.
+std::string DescribePeer(const SocketPeer& peer) {
+  if (!peer.known) return "a caller without credentials";
+  std::string command;
+  std::ifstream comm("/proc/" + std::to_string(peer.pid) + "/comm");
+  std::getline(comm, command);
+  return "uid " + std::to_string(peer.uid) + " pid " + std::to_string(peer.pid) + " (" +
+         (command.empty() ? std::string("?") : Escaped(command, 64)) + ")";
+}
+
 // Finishes a unary call with `status`.
 grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const Status& status) {
   auto* reactor = context->DefaultReactor();
@@ -169,7 +184,11 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
-  *response = Serialize(answer());
+  if constexpr (std::is_invocable_v<Answer, const Request&>) {
+    *response = Serialize(answer(parsed));
+  } else {
+    *response = Serialize(answer());
+  }
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -230,16 +249,33 @@ grpc::ServerUnaryReactor* StashServiceImpl::Drain(grpc::CallbackServerContext* c
     return Refuse(context, PermissionDeniedError(
                                "the TCP listener is read-only: drain over the Unix socket"));
   }
-  if (const Status refused = Caller(context).refused; !refused.ok()) {
-    return Refuse(context, refused);
+  const ConnectionGate::Connection caller = Caller(context);
+  if (!caller.refused.ok()) return Refuse(context, caller.refused);
+  // Members of the socket's group use stashd; only root and the daemon's own user stop it.
+  const uid_t daemon_uid = geteuid();
+  if (gate_ != nullptr &&
+      (!caller.peer.known || (caller.peer.uid != 0 && caller.peer.uid != daemon_uid))) {
+    Log("main")->warn("refused to drain or undrain for {}: not root nor the daemon's user",
+                      DescribePeer(caller.peer));
+    return Refuse(context, PermissionDeniedError(
+                               "only root or stashd's own user (uid " + std::to_string(daemon_uid) +
+                               ") may drain or undrain it; uid " + std::to_string(caller.peer.uid) +
+                               " may use it: run 'sudo stashctl drain' (or undrain)"));
   }
-  return Unary<v1::DrainRequest>(context, request, response, [this] {
-    core_->Drain();
-    v1::DrainResponse answer;
-    answer.set_sessions_live(core_->SessionsLive());
-    answer.set_stashes_live(core_->StashesLive());
-    return answer;
-  });
+  const std::string who = DescribePeer(caller.peer);
+  return Unary<v1::DrainRequest>(context, request, response,
+                                 [this, &who](const v1::DrainRequest& asked) {
+                                   if (asked.undrain()) {
+                                     core_->Undrain(who);
+                                   } else {
+                                     core_->Drain(who);
+                                   }
+                                   v1::DrainResponse answer;
+                                   answer.set_sessions_live(core_->SessionsLive());
+                                   answer.set_stashes_live(core_->StashesLive());
+                                   answer.set_draining(core_->draining());
+                                   return answer;
+                                 });
 }
 
 }  // namespace stash::daemon

@@ -447,6 +447,8 @@ std::string RenderConfig(const v1::GetConfigResponse& config, size_t width) {
     out += FormatBytes(config.host_tier_pages() * page) + " (" + Num(config.host_tier_pages()) +
            " pages)\n";
   }
+  out += "metrics " + OrDash(config.metrics_url()) + "  tcp listener " +
+         OrDash(config.tcp_listener()) + "\n";
   out = FitLines(out, width);
   using A = Table::Align;
   // The help is cut first (the full text: stashd --help), then left out.

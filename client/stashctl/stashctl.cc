@@ -98,6 +98,14 @@ const FlagSpec kFlags[] = {
     {"count", "N", "With --watch: stop after N frames. Default: until Ctrl-C",
      "a whole number >= 1, e.g. --count=10",
      [](std::string_view v, Options* o) { return Parse(v, &o->count) && o->count >= 1; }},
+    {"service", "NAME",
+     "health: the gRPC health service to ask. Default: \"\" (the daemon as a whole: "
+     "NOT_SERVING while it drains); stash.v1.StashService stays SERVING while the daemon lives",
+     "a health service name, e.g. --service=stash.v1.StashService",
+     [](std::string_view v, Options* o) {
+       o->service = std::string(v);
+       return true;
+     }},
     {"timeout", "SECONDS", "How long to wait for the daemon's answer to each request. Default: 2",
      "a number of seconds > 0, e.g. --timeout=5",
      [](std::string_view v, Options* o) {
@@ -171,10 +179,16 @@ const CommandSpec kCommands[] = {
     {"config", Command::kConfig,
      "the daemon's effective knobs (value, where it came from, help), backend, socket, pools"},
     {"health", Command::kHealth,
-     "the gRPC health check: prints SERVING and exits 0, else prints the status and exits 1"},
+     "the gRPC health check: prints SERVING and exits 0, else prints the status and exits 1; "
+     "NOT_SERVING while the daemon drains (readiness) unless --service=stash.v1.StashService "
+     "(liveness)"},
     {"drain", Command::kDrain,
-     "start draining without stopping: new sessions and stashes are refused, ranks reload what "
-     "they stashed (SIGTERM does the same, then stops); `stashctl stats` shows what is left"},
+     "start draining without stopping (root or stashd's user only): new sessions and stashes "
+     "are refused, ranks reload what they stashed, health turns NOT_SERVING (SIGTERM does the "
+     "same, then stops); `stashctl stats` shows what is left"},
+    {"undrain", Command::kUndrain,
+     "end draining (root or stashd's user only): sessions and stashes are taken again, health "
+     "turns SERVING"},
 };
 
 const FlagSpec* FindFlag(std::string_view name) {
@@ -222,10 +236,12 @@ class Connection {
     SetDeadline(&context);
     return stash_->ListSessions(&context, v1::ListSessionsRequest(), reply);
   }
-  grpc::Status Drain(v1::DrainResponse* reply) {
+  grpc::Status Drain(bool undrain, v1::DrainResponse* reply) {
     grpc::ClientContext context;
     SetDeadline(&context);
-    return stash_->Drain(&context, v1::DrainRequest(), reply);
+    v1::DrainRequest request;
+    request.set_undrain(undrain);
+    return stash_->Drain(&context, request, reply);
   }
   grpc::Status GetConfig(v1::GetConfigResponse* reply) {
     grpc::ClientContext context;
@@ -233,10 +249,13 @@ class Connection {
     return stash_->GetConfig(&context, v1::GetConfigRequest(), reply);
   }
   // The server as a whole (service "").
-  grpc::Status CheckHealth(grpc::health::v1::HealthCheckResponse* reply) {
+  grpc::Status CheckHealth(const std::string& service,
+                           grpc::health::v1::HealthCheckResponse* reply) {
     grpc::ClientContext context;
     SetDeadline(&context);
-    return health_->Check(&context, grpc::health::v1::HealthCheckRequest(), reply);
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    return health_->Check(&context, request, reply);
   }
 
  private:
@@ -356,17 +375,26 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
     }
     case Command::kDrain: {
       v1::DrainResponse reply;
-      grpc::Status status = connection.Drain(&reply);
+      grpc::Status status = connection.Drain(false, &reply);
       finish("Drain", status, reply,
              "draining: stashd on " + Where(options) + " refuses new sessions and stashes; " +
                  std::to_string(reply.sessions_live()) + " session(s) hold " +
                  std::to_string(reply.stashes_live()) +
-                 " stash(es) or request(s) in flight (see stashctl stats)\n");
+                 " stash(es) or request(s) in flight (see stashctl stats; stashctl undrain "
+                 "ends it)\n");
+      break;
+    }
+    case Command::kUndrain: {
+      v1::DrainResponse reply;
+      grpc::Status status = connection.Drain(true, &reply);
+      finish("Drain", status, reply,
+             "stashd on " + Where(options) + " takes sessions and stashes again; " +
+                 std::to_string(reply.sessions_live()) + " session(s) connected\n");
       break;
     }
     case Command::kHealth: {
       grpc::health::v1::HealthCheckResponse reply;
-      grpc::Status status = connection.CheckHealth(&reply);
+      grpc::Status status = connection.CheckHealth(options.service, &reply);
       std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status());
       if (name.empty()) name = "UNKNOWN(" + std::to_string(reply.status()) + ")";
       finish("Health/Check", status, reply, name + "\n");
@@ -582,9 +610,10 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
         if (arg == spec.name) found = &spec;
       }
       if (found == nullptr) {
-        return InvalidArgumentError("unknown command '" + arg +
-                                    "': expected stats, sessions, config, health or drain (see "
-                                    "stashctl --help)");
+        return InvalidArgumentError(
+            "unknown command '" + arg +
+            "': expected stats, sessions, config, health, drain or undrain (see "
+            "stashctl --help)");
       }
       if (command != nullptr) {
         return InvalidArgumentError("one command at a time: got '" + std::string(command->name) +
@@ -621,7 +650,8 @@ StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
   }
   if (command == nullptr) {
     return InvalidArgumentError(
-        "no command given: use stats, sessions, config, health or drain (see stashctl --help)");
+        "no command given: use stats, sessions, config, health, drain or undrain (see stashctl "
+        "--help)");
   }
   options.command = command->command;
   if (!options.query.empty() && !options.csv) {

@@ -19,7 +19,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 
-enum class Command { kStats, kSessions, kConfig, kHealth, kDrain };
+enum class Command { kStats, kSessions, kConfig, kHealth, kDrain, kUndrain };
 
 // The effective command line.
 struct Options {
@@ -39,6 +39,9 @@ struct Options {
   int64_t count = 0;
   // Deadline of each request, in seconds.
   double timeout_s = 2;
+  // health: the gRPC health service name asked; "" = the daemon as a whole (NOT_SERVING while
+  // it drains: readiness), "stash.v1.StashService" (SERVING while it lives: liveness).
+  std::string service;
   // --format=csv: the rows (stats: tiers; sessions: sessions; config: knobs) as CSV with the
   // `query` fields (proto field names; resolved by ParseCommandLine: never empty with csv).
   bool csv = false;

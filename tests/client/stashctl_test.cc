@@ -860,8 +860,10 @@ TEST_F(StashctlWithDaemon, DrainRefusesNewWorkWithoutStoppingAndStatsSayIt) {
                            " refuses new sessions and stashes; 0 session(s) hold 0"),
             std::string::npos)
       << drain.out;
-  // Still serving, and saying it drains.
-  EXPECT_EQ(Stashctl({"health", "--socket", socket_}).out, "SERVING\n");
+  // Not ready for new work (readiness), still alive (liveness), and saying it drains.
+  EXPECT_EQ(Stashctl({"health", "--socket", socket_}).out, "NOT_SERVING\n");
+  EXPECT_EQ(Stashctl({"health", "--socket", socket_, "--service=stash.v1.StashService"}).out,
+            "SERVING\n");
   const Outcome stats = Stashctl({"stats", "--socket", socket_});
   EXPECT_NE(stats.out.find("  DRAINING\n"), std::string::npos) << stats.out;
   EXPECT_EQ(Stashctl({"drain", "--socket", socket_}).exit_code, 0);  // idempotent

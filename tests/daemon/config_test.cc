@@ -416,10 +416,10 @@ TEST_F(Config, BadLogLevelExitsTwoListingTheLevels) {
 }
 
 TEST_F(Config, BadListenAddressExitsTwo) {
-  for (const char* bad : {"foo", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:", "host:http"}) {
+  for (const char* bad : {"foo", "127.0.0.1:65536", "127.0.0.1:", "host:http"}) {
     SCOPED_TRACE(bad);
     const std::string flag = std::string("--listen=") + bad;
-    EXPECT_TRUE(IsUsageError(Stashd({flag}), {flag, "HOST:PORT", "1 to 65535"}));
+    EXPECT_TRUE(IsUsageError(Stashd({flag}), {flag, "HOST:PORT", "0 to 65535"}));
   }
   EXPECT_TRUE(IsUsageError(Stashd({}, {"STASHD_LISTEN=foo"}), {"STASHD_LISTEN=foo", "HOST:PORT"}));
 }

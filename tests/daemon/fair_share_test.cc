@@ -81,7 +81,7 @@ TEST(FairShare, RandomTakesKeepTheInvariants) {
       uint64_t used = 0;
       for (uint64_t h : held) used += h;
       const uint64_t free = kCapacity - used;
-      const bool fits = n <= free && (held[uid] + n <= kFirst || free - n >= kFirst);
+      const bool fits = n == 0 || (n <= free && (held[uid] + n <= kFirst || free - n >= kFirst));
       EXPECT_EQ(share.Take(uid, n).ok(), fits) << "uid " << uid << " n " << n;
       if (fits) held[uid] += n;
     }

@@ -553,12 +553,11 @@ TEST_F(LeasesTest, AChunkThatCannotBeRenewedNowIsRenewedLater) {
   EXPECT_EQ(pools_[0]->chunks_free(), 7u);
   rlimit saved{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
-  int highest = 0;  // no descriptor can be opened under a soft limit of the highest open one
-  for (int fd = 0; fd < 65536; ++fd) {
-    if (fcntl(fd, F_GETFD) != -1) highest = fd;
-  }
+  // A new descriptor takes the lowest free number: a soft limit at that number refuses any.
+  int lowest_free = 0;
+  while (fcntl(lowest_free, F_GETFD) != -1) ++lowest_free;
   rlimit none = saved;
-  none.rlim_cur = static_cast<rlim_t>(highest);
+  none.rlim_cur = static_cast<rlim_t>(lowest_free);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
   const Status returned = Return(h, {g.chunks[0].chunk_id()});
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);

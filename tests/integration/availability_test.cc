@@ -103,46 +103,9 @@ std::vector<UniqueFd> Flood(const std::string& path, int type, int n) {
   return held;
 }
 
-// Runs `argv` as `uid` (the test's own user when it is the current one): its exit code, 128+signal,
-// or -1 when it could not run or ran past 30 s.
+// Runs `argv` as `uid` (the test's own user when it is the current one): its exit code.
 int RunAs(uid_t uid, const std::vector<std::string>& argv, std::string* err = nullptr) {
-  if (uid == geteuid()) return RunCommand(argv, nullptr, err);
-  TempDir dir;
-  const std::string err_path = dir.path() + "/err";
-  const pid_t child = fork();
-  if (child < 0) return -1;
-  if (child == 0) {
-    const int e = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
-    if (e >= 0) dup2(e, 2);
-    if (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0) _exit(126);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  chmod(dir.path().c_str(), 0777);
-  int status = 0;
-  const auto until = Clock::now() + std::chrono::seconds(30 * TimeScale());
-  while (waitpid(child, &status, WNOHANG) == 0) {
-    if (Clock::now() > until) {
-      kill(child, SIGKILL);
-      waitpid(child, &status, 0);
-      return -1;
-    }
-    usleep(5000);
-  }
-  if (err != nullptr) {
-    std::string text;
-    if (FILE* f = fopen(err_path.c_str(), "r")) {
-      char buf[4096];
-      size_t n = 0;
-      while ((n = fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
-      fclose(f);
-    }
-    *err = text;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return RunCommand(argv, nullptr, err, {}, uid == geteuid() ? static_cast<uid_t>(-1) : uid);
 }
 
 // A client of `mode` (daemon-copy "once", mapped "once-mapped") stashes, reloads and checks

@@ -352,8 +352,8 @@ TEST_P(DatapathModes, NegativeCountIsRejectedAndNothingTaken) {
 }
 
 TEST_P(DatapathModes, BeginStepReportsThePreviousStepAndClearsFlags) {
-  // A host tier of 5 one-page chunks: a mapped lease may take 4 (one stays for another user).
-  StartDaemon({"--pool-bytes=256KiB", "--host-tier-bytes=320KiB"});
+  // Tiers of 5 one-page chunks: a mapped lease may take 4 of each (one stays for another user).
+  StartDaemon({"--pool-bytes=320KiB", "--host-tier-bytes=320KiB"});
   auto client = Connect(*daemon_);
   auto src = Buffer(1 << 20);
   auto a = client->Wait(*client->Stash(Args(*src, 1024, 1024, 200)));   // 4 pages: device

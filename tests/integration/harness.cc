@@ -1,6 +1,7 @@
 #include "tests/integration/harness.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -43,7 +44,7 @@ Process::~Process() {
 }
 
 bool Process::Start(const std::vector<std::string>& argv, const std::string& log_prefix,
-                    const std::vector<std::string>& env) {
+                    const std::vector<std::string>& env, uid_t as_uid) {
   out_path_ = log_prefix + ".out";
   err_path_ = log_prefix + ".err";
   // Everything the child needs is built before fork: between fork and exec only
@@ -65,6 +66,10 @@ bool Process::Start(const std::vector<std::string>& argv, const std::string& log
   if (pid_ == 0) {
     dup2(out, 1);
     dup2(err, 2);
+    if (as_uid != static_cast<uid_t>(-1) &&
+        (setgroups(0, nullptr) != 0 || setgid(as_uid) != 0 || setuid(as_uid) != 0)) {
+      _exit(126);
+    }
     execve(args[0], args.data(), envp.data());
     _exit(127);
   }
@@ -151,10 +156,10 @@ int TimeScale() {
 }
 
 int RunCommand(const std::vector<std::string>& argv, std::string* out, std::string* err,
-               const std::vector<std::string>& env) {
+               const std::vector<std::string>& env, uid_t as_uid) {
   TempDir dir;
   Process p;
-  if (!p.Start(argv, dir.path() + "/cmd", env)) return -1;
+  if (!p.Start(argv, dir.path() + "/cmd", env, as_uid)) return -1;
   const int code = p.Wait(std::chrono::seconds(30 * TimeScale()));
   if (out != nullptr) *out = p.Stdout();
   if (err != nullptr) *err = p.Stderr();

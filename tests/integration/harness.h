@@ -34,9 +34,10 @@ class Process {
   Process& operator=(const Process&) = delete;
   ~Process();  // SIGKILLs and reaps a process still running
 
-  // Starts `argv` with extra environment `env` ("NAME=value"); false when fork/exec failed.
+  // Starts `argv` with extra environment `env` ("NAME=value"), as Unix user and group `as_uid`
+  // when it is not -1 (the test must run as root); false when fork/exec failed.
   bool Start(const std::vector<std::string>& argv, const std::string& log_prefix,
-             const std::vector<std::string>& env = {});
+             const std::vector<std::string>& env = {}, uid_t as_uid = static_cast<uid_t>(-1));
   pid_t pid() const { return pid_; }
   bool running();
   // Sends `sig`; waits up to `timeout` for the exit; returns the exit code (128+signal when
@@ -79,9 +80,10 @@ bool SocketAccepts(const std::string& path);
 // return within 1 s".
 int TimeScale();
 
-// Runs `argv` to completion (up to 30 s); returns the exit code and fills stdout/stderr.
+// Runs `argv` to completion (up to 30 s), as `as_uid` when it is not -1; returns the exit code
+// (126 when it could not become that user) and fills stdout/stderr.
 int RunCommand(const std::vector<std::string>& argv, std::string* out, std::string* err,
-               const std::vector<std::string>& env = {});
+               const std::vector<std::string>& env = {}, uid_t as_uid = static_cast<uid_t>(-1));
 
 }  // namespace stash::testing
 

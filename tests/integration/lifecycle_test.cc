@@ -228,6 +228,32 @@ TEST(Lifecycle, ReflectionV1ListsStashServiceAndDescribesIt) {
   EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
 }
 
+// Issue 25: grpcurl asks v1 first on the read-only TCP listener too.
+TEST(Lifecycle, ReflectionV1IsServedOnTheTcpListenerToo) {
+  namespace v1r = grpc::reflection::v1;
+  const int port = FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  DaemonProcess daemon(Flags({"--listen=127.0.0.1:" + std::to_string(port)}));
+  ASSERT_READY(daemon);
+  auto stub = v1r::ServerReflection::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  v1r::ServerReflectionRequest list;
+  list.set_list_services("*");
+  ASSERT_TRUE(stream->Write(list));
+  v1r::ServerReflectionResponse listed;
+  ASSERT_TRUE(stream->Read(&listed));
+  std::vector<std::string> names;
+  for (const auto& service : listed.list_services_response().service()) {
+    names.push_back(service.name());
+  }
+  EXPECT_THAT(names, Contains("stash.v1.StashService"));
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 TEST(Lifecycle, GetStatsAnswers) {
   DaemonProcess daemon(Flags());
   ASSERT_READY(daemon);
