@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/socket_probe.h"
 #include "stash/client.h"
 #include "stash/v1/stash.grpc.pb.h"
 #include "tests/integration/daemon_stats.h"
@@ -717,8 +718,9 @@ TEST_F(Datapath, OpenOfASocketThisUserMayNotUseIsPermissionDeniedNamingTheGroup)
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 4), 0);           // a live daemon's socket...
-  ASSERT_EQ(chmod(path.c_str(), 0), 0);  // ...that lets nobody in
+  ASSERT_EQ(listen(fd, 4), 0);                                   // a live daemon's socket...
+  ASSERT_EQ(chmod(path.c_str(), 0), 0);                          // ...that lets nobody in
+  ASSERT_EQ(chown(path.c_str(), static_cast<uid_t>(-1), 1), 0);  // of a group not root's
   struct stat st {};
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   const struct group* owner = getgrgid(st.st_gid);
@@ -759,6 +761,12 @@ TEST_F(Datapath, OpenOfASocketThisUserMayNotUseIsPermissionDeniedNamingTheGroup)
   EXPECT_NE(report.find("permission denied on " + path), std::string::npos) << report;
   EXPECT_NE(report.find("group '" + group + "'"), std::string::npos) << report;
   EXPECT_NE(report.find("usermod -aG " + group), std::string::npos) << report;
+  // A socket of group root (stashd started as root with no stashd group): joining root is not
+  // the advice; making the group and restarting stashd is.
+  ASSERT_EQ(chown(path.c_str(), static_cast<uid_t>(-1), 0), 0);
+  const std::string root_advice = PermissionDeniedMessage(path);
+  EXPECT_NE(root_advice.find("groupadd --system stashd"), std::string::npos) << root_advice;
+  EXPECT_EQ(root_advice.find("usermod -aG root"), std::string::npos) << root_advice;
 }
 
 TEST_P(DatapathModes, DevicePointersOnTheHostBackendAreRefusedWithTheFix) {

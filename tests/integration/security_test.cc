@@ -601,5 +601,40 @@ TEST(Security, AnotherUserInTheSocketsGroupCannotUseAnotherUsersSession) {
   EXPECT_EQ(s.Register(8, kBytes).code(), kFailedPrecondition);
 }
 
+// Issue 20: a registration refused for a limit fails the operation that needed it with that
+// limit's reason, never a later "not registered".
+TEST(Security, ARegistrationRefusedForALimitFailsTheStashWithThatLimitsReason) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  Options o;
+  o.socket = daemon.socket();
+  auto client = Client::Open(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  // Every buffer a stash names is one registration; a session may hold 4096.
+  std::vector<std::unique_ptr<HostBuffer>> buffers;
+  StatusOr<Completion> last = InternalError("no stash ran");
+  for (int i = 0; i <= 4096; ++i) {
+    auto buffer = HostBuffer::Allocate(4096);
+    ASSERT_TRUE(buffer.ok());
+    StashArgs args;
+    args.source = buffer->get();
+    args.row_bytes = 4096;
+    args.max_rows = 1;
+    args.count.value = 0;  // no rows: no pages, only the registration
+    auto ticket = (*client)->Stash(args);
+    ASSERT_TRUE(ticket.ok()) << i << ": " << ticket.status().ToString();
+    last = (*client)->Wait(*ticket);
+    buffers.push_back(std::move(buffer).value());
+    if (!last.ok()) {
+      EXPECT_EQ(i, 4096);
+      break;
+    }
+  }
+  ASSERT_FALSE(last.ok());
+  EXPECT_EQ(last.status().code(), StatusCode::kResourceExhausted) << last.status().ToString();
+  EXPECT_THAT(last.status().message(), HasSubstr("registered allocations, the limit per session"));
+  EXPECT_THAT(last.status().message(), Not(HasSubstr("not registered")));
+}
+
 }  // namespace
 }  // namespace stash::testing
