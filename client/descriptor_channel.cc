@@ -14,6 +14,16 @@
 namespace stash {
 namespace {
 
+// One packet of stashd's answer. A daemon that refuses a connection (a connection cap) answers
+// and closes it; when our request was still unread then, the kernel reports the reset before
+// the answer that is queued behind it, so a reset is followed by one look for that answer.
+StatusOr<Packet> ReceiveAnswer(int socket) {
+  StatusOr<Packet> packet = ReceivePacket(socket);
+  if (packet.ok() || packet.status().code() != StatusCode::kOutOfRange) return packet;
+  StatusOr<Packet> queued = ReceivePacket(socket, /*nonblocking=*/true);
+  return queued.ok() ? std::move(queued) : std::move(packet);
+}
+
 namespace v1 = stash::v1;
 
 constexpr int kAnswerTimeoutMs = 10000;
@@ -85,7 +95,7 @@ Status DescriptorChannel::DepositMemory(uint64_t memory_id, uint64_t bytes, int 
   Status status = SendPacket(socket_.get(), request.SerializeAsString(), {fd});
   if (!status.ok()) return SendFailedLocked(status);
   status = WaitReadable(socket_.get(), kAnswerTimeoutMs);
-  StatusOr<Packet> answer = status.ok() ? ReceivePacket(socket_.get()) : StatusOr<Packet>(status);
+  StatusOr<Packet> answer = status.ok() ? ReceiveAnswer(socket_.get()) : StatusOr<Packet>(status);
   v1::DescriptorResponse response;
   if (answer.ok() && !response.ParseFromString(answer->bytes)) {
     answer = InternalError("stashd's answer on the descriptor channel does not parse");
@@ -134,7 +144,7 @@ Status DescriptorChannel::SendFailedLocked(const Status& failed) {
 
 StatusOr<Packet> DescriptorChannel::ReceiveLocked(std::string* bytes) {
   Status status = WaitReadable(socket_.get(), kAnswerTimeoutMs);
-  StatusOr<Packet> answer = status.ok() ? ReceivePacket(socket_.get()) : StatusOr<Packet>(status);
+  StatusOr<Packet> answer = status.ok() ? ReceiveAnswer(socket_.get()) : StatusOr<Packet>(status);
   if (!answer.ok()) {
     socket_.reset();
     return UnavailableError("no answer from stashd over " + path_ + ": " +

@@ -149,16 +149,23 @@ std::optional<Acceptor::Accepted> Acceptor::Accept() {
         spare_ = OpenSpare();
         if (!took) return std::nullopt;  // the queue is empty
         NoteDropped(err);
-        if (spare_.valid()) continue;
+        // One turned away per call: the caller gets back to its other duties in between.
+        if (spare_.valid()) return std::nullopt;
       } else {
         NoteDropped(err);
       }
       backoff_until_ = Clock::now() + kBackoff;
       return std::nullopt;
     }
-    // ENOMEM, ENOBUFS, a protocol error of one connection: rest briefly, never spin.
-    NoteDropped(err);
-    backoff_until_ = Clock::now() + kBackoff;
+    // ENOMEM, ENOBUFS, a protocol error of one connection: rest briefly, never spin. Nothing was
+    // turned away: the connection waits in the backlog.
+    const auto now = Clock::now();
+    if (now - error_logged_at_ >= kLogInterval) {
+      Log("rpc")->warn("{}: accept failed: {}; resting {} ms", name_, std::strerror(err),
+                       std::chrono::duration_cast<std::chrono::milliseconds>(kBackoff).count());
+      error_logged_at_ = now;
+    }
+    backoff_until_ = now + kBackoff;
     return std::nullopt;
   }
 }

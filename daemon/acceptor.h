@@ -47,8 +47,9 @@ class Acceptor {
     UniqueFd fd;  // non-blocking, close-on-exec
     SocketPeer peer;
   };
-  // One waiting connection, or nullopt when none waits or the one waiting could not be taken
-  // (see `backoff()`).
+  // One waiting connection, or nullopt when none waits, when one was turned away for want of
+  // descriptors (call again: at most one is turned away per call), or when the listener must
+  // rest (see `backoff()`).
   std::optional<Accepted> Accept();
   // Set when the listener must not be polled before this time (descriptors ran out and the
   // spare could not be had either); otherwise time_point::min().
@@ -65,6 +66,7 @@ class Acceptor {
   uint64_t dropped_ = 0;
   uint64_t dropped_logged_ = 0;
   std::chrono::steady_clock::time_point logged_at_{};
+  std::chrono::steady_clock::time_point error_logged_at_{};
   std::chrono::steady_clock::time_point backoff_until_ =
       std::chrono::steady_clock::time_point::min();
 };

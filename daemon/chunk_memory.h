@@ -21,9 +21,12 @@ class ChunkMemory {
  public:
   // Reserves `bytes` (> 0, a whole number of pages) and maps chunks of `chunk_bytes` (> 0; the
   // last one may be shorter) into it, each a fresh zero-filled memfd sealed with
-  // F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL. `label` names the memfds (/proc).
+  // F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL. `label` names the memfds (/proc). With `lock`,
+  // every chunk (and every renewed one) is populated and locked in memory (mlock), with progress
+  // in the log for a large tier; RESOURCE_EXHAUSTED naming the locked-memory limit when the
+  // kernel refuses.
   static StatusOr<std::unique_ptr<ChunkMemory>> Create(const std::string& label, uint64_t bytes,
-                                                       uint64_t chunk_bytes);
+                                                       uint64_t chunk_bytes, bool lock = false);
   ChunkMemory(const ChunkMemory&) = delete;
   ChunkMemory& operator=(const ChunkMemory&) = delete;
   ~ChunkMemory();
@@ -42,7 +45,7 @@ class ChunkMemory {
   Status Renew(uint64_t chunk);
 
  private:
-  ChunkMemory(std::string label, uint8_t* base, uint64_t bytes, uint64_t chunk_bytes);
+  ChunkMemory(std::string label, uint8_t* base, uint64_t bytes, uint64_t chunk_bytes, bool lock);
   StatusOr<UniqueFd> MapFresh(uint64_t chunk);
 
   // Never change after construction (fds_ entries change on Renew).
@@ -50,6 +53,7 @@ class ChunkMemory {
   uint8_t* const base_;
   const uint64_t bytes_;
   const uint64_t chunk_bytes_;
+  const bool lock_;
   std::vector<UniqueFd> fds_;
 };
 

@@ -36,6 +36,7 @@ ABSL_FLAG(std::string, drain_timeout, "5", "seconds to drain on SIGTERM");
 ABSL_FLAG(std::string, chunk_bytes, "0", "mapped mode: chunk bytes");
 ABSL_FLAG(std::string, max_lease_bytes, "0", "mapped mode: lease quota per session");
 ABSL_FLAG(std::string, peer_tier, "false", "mapped mode: lend other pools' spare chunks");
+ABSL_FLAG(std::string, lock_memory, "false", "populate and lock the tiers at start");
 
 namespace stash::daemon {
 namespace {
@@ -247,6 +248,13 @@ const Knob kKnobs[] = {
      "Mapped mode: let a session lease other device pools' free chunks (TIER_PEER), each pool "
      "lending only while it keeps more than half its chunks free, so its own ranks come first",
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->peer_tier); }},
+    {"lock_memory", "true|false",
+     "Host backend: populate and lock (mlock) every tier at start, with progress in the log, so "
+     "the memory is the daemon's for as long as it runs; needs the locked-memory limit "
+     "(LimitMEMLOCK=infinity, ulimit -l, the IPC_LOCK capability). Without it the tiers are "
+     "checked against free memory at start but their pages are taken only as they are first "
+     "written (the cuda backend's pinned host tier is locked either way)",
+     [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->lock_memory); }},
 };
 
 std::string EnvName(std::string_view name) {

@@ -36,6 +36,9 @@ struct DaemonConfig {
   uint64_t chunk_bytes = 0;      // 0 = --pool-bytes / 32 (>= host tier / 1024), whole pages
   uint64_t max_lease_bytes = 0;  // per session over all tiers; 0 = one device pool's bytes
   bool peer_tier = false;        // sessions may lease other pools' spare chunks
+  // Host backend: populate and lock (mlock) every tier at start, so the memory is the daemon's
+  // for good; without it the kernel hands pages out as they are first touched.
+  bool lock_memory = false;
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.
   struct Entry {

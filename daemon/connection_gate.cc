@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <grpcpp/server.h>
@@ -23,10 +22,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-ino_t InodeOf(int fd) {
-  struct stat st {};
-  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) ? st.st_ino : 0;
+// The socket's cookie: unique for the kernel's uptime, never reused, and asked without touching
+// any file system (a descriptor number gRPC closed may now name a client's FUSE file, whose
+// fstat could block for ever); 0 for a closed number or one that is no socket now.
+uint64_t CookieOf(int fd) {
+  uint64_t cookie = 0;
+  socklen_t len = sizeof(cookie);
+  if (getsockopt(fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) != 0) return 0;
+  return cookie;
 }
+
+// Connections taken from the listener before the gate serves its other duties again (sweeping,
+// stopping): a flood that keeps the backlog full cannot hold the gate.
+constexpr int kAcceptsPerWake = 32;
 
 }  // namespace
 
@@ -50,13 +58,7 @@ void ConnectionGate::Serve(grpc::Server* server) {
   thread_ = std::thread([this] { Run(); });
 }
 
-ConnectionGate::~ConnectionGate() {
-  const uint64_t one = 1;
-  if (write(wake_.get(), &one, sizeof(one)) != sizeof(one)) {
-    Log("rpc")->error("cannot wake the {} gate: {}", name_, std::strerror(errno));
-  }
-  if (thread_.joinable()) thread_.join();
-}
+ConnectionGate::~ConnectionGate() { Stop(); }
 
 void ConnectionGate::Run() {
   Acceptor acceptor(listener_.get(), name_);
@@ -75,13 +77,19 @@ void ConnectionGate::Run() {
     int rc = 0;
     STASH_SYSCALL_RETRY(rc, poll(fds, resting ? 1 : 2, timeout));
     if (rc < 0) {
-      Log("rpc")->error("{}: poll failed: {}", name_, std::strerror(errno));
-      return;
+      // Out of memory for the poll, say: never stop accepting for good.
+      Log("rpc")->error("{}: poll failed: {}; trying again", name_, std::strerror(errno));
+      usleep(100 * 1000);
+      continue;
     }
     if (fds[0].revents != 0) return;
     Sweep();
     if (!resting && fds[1].revents != 0) {
-      while (auto accepted = acceptor.Accept()) Admit(std::move(*accepted));
+      for (int i = 0; i < kAcceptsPerWake; ++i) {
+        auto accepted = acceptor.Accept();
+        if (!accepted) break;
+        Admit(std::move(*accepted));
+      }
     }
   }
 }
@@ -103,11 +111,13 @@ void ConnectionGate::Admit(Acceptor::Accepted accepted) {
   const uint32_t uid = accepted.peer.known ? accepted.peer.uid : kUnknownUid;
   Tracked t;
   t.connection.peer = accepted.peer;
-  t.inode = InodeOf(fd);
-  t.connection.refused = budget_->Take(uid, 1);
+  t.cookie = CookieOf(fd);
   {
     MutexLock lock(&mu_);
-    Forget(fd);  // that number was closed and reused: the old connection is gone
+    // That number was closed and reused: the old connection is gone, and its place in the
+    // budget free before this one takes one.
+    Forget(fd);
+    t.connection.refused = budget_->Take(uid, 1);
     if (!t.connection.refused.ok()) {
       const auto now = Clock::now();
       ++refused_;
@@ -132,18 +142,40 @@ void ConnectionGate::Admit(Acceptor::Accepted accepted) {
 
 void ConnectionGate::Sweep() {
   const auto now = Clock::now();
-  MutexLock lock(&mu_);
-  std::vector<int> gone;
-  for (auto& [fd, t] : tracked_) {
-    if (t.held.valid() && now >= t.deadline) {
-      // The refusal had its time to be read: end the connection (gRPC then closes its side).
-      shutdown(t.held.get(), SHUT_RDWR);
-      t.held.reset();
-      --refused_held_;
+  // Which numbers to look at, under the lock; the looks themselves without it.
+  std::vector<std::pair<int, uint64_t>> tracked;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [fd, t] : tracked_) {
+      if (t.held.valid() && now >= t.deadline) {
+        // The refusal had its time to be read: end the connection (gRPC then closes its side).
+        shutdown(t.held.get(), SHUT_RDWR);
+        t.held.reset();
+        --refused_held_;
+      }
+      tracked.emplace_back(fd, t.cookie);
     }
-    if (InodeOf(fd) != t.inode) gone.push_back(fd);
   }
-  for (int fd : gone) Forget(fd);
+  std::vector<int> gone;
+  for (const auto& [fd, cookie] : tracked) {
+    if (CookieOf(fd) != cookie) gone.push_back(fd);
+  }
+  MutexLock lock(&mu_);
+  for (int fd : gone) {
+    // Only if it is still the connection looked at (Admit may have put a new one there).
+    auto it = tracked_.find(fd);
+    if (it != tracked_.end() && CookieOf(fd) != it->second.cookie) Forget(fd);
+  }
+}
+
+void ConnectionGate::Stop() {
+  const uint64_t one = 1;
+  if (thread_.joinable()) {
+    if (write(wake_.get(), &one, sizeof(one)) != sizeof(one)) {
+      Log("rpc")->error("cannot wake the {} gate: {}", name_, std::strerror(errno));
+    }
+    thread_.join();
+  }
 }
 
 std::optional<ConnectionGate::Connection> ConnectionGate::Lookup(

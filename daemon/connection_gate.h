@@ -11,7 +11,8 @@
 // kRefusedLinger; past that a refused connection is closed at once.
 //
 // The gate learns that gRPC closed a connection by looking at its descriptor number every
-// kSweep (gone, or now another file): its place in the budget is then free again.
+// kSweep (gone, or now another socket: SO_COOKIE, which never touches a file system): its place
+// in the budget is then free again.
 #ifndef STASH_DAEMON_CONNECTION_GATE_H_
 #define STASH_DAEMON_CONNECTION_GATE_H_
 
@@ -59,8 +60,10 @@ class ConnectionGate {
 
   ConnectionGate(const ConnectionGate&) = delete;
   ConnectionGate& operator=(const ConnectionGate&) = delete;
-  // Stops accepting; connections already handed over stay with the server.
-  ~ConnectionGate();
+  // Stops accepting (joins the thread); connections already handed over stay with the server,
+  // and Lookup keeps answering: stop the gate before the server shuts down, destroy it after.
+  void Stop();
+  ~ConnectionGate();  // Stop()s
 
   // The connection an RPC came on, by ServerContext::peer(); nullopt when the gate does not know
   // it (not one of its connections).
@@ -71,8 +74,8 @@ class ConnectionGate {
  private:
   struct Tracked {
     Connection connection;
-    ino_t inode = 0;
-    UniqueFd held;  // refused: a duplicate to end it by, until `deadline`
+    uint64_t cookie = 0;  // SO_COOKIE of the connection's socket
+    UniqueFd held;        // refused: a duplicate to end it by, until `deadline`
     std::chrono::steady_clock::time_point deadline{};
   };
   ConnectionGate(UniqueFd listener, std::string name, FairShare* budget);

@@ -168,18 +168,24 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     Tier* host = nullptr;
     if (config.host_tier_bytes > 0) {
       STASH_ASSIGN_OR_RETURN(
-          auto tier, Tier::Create("host", -1, page, config.host_tier_bytes / page, chunk_pages));
+          auto tier, Tier::Create("host", -1, page, config.host_tier_bytes / page, chunk_pages,
+                                  config.lock_memory));
       host = tier.get();
       core->host_backend_tiers_.push_back(std::move(tier));
     }
     core->workers_ = std::make_unique<CopyWorkers>(config.copy_threads);
     for (uint32_t d = 0; d < config.devices; ++d) {
-      STASH_ASSIGN_OR_RETURN(auto tier, Tier::Create("gpu" + std::to_string(d), static_cast<int>(d),
-                                                     page, config.pool_bytes / page, chunk_pages));
+      STASH_ASSIGN_OR_RETURN(
+          auto tier, Tier::Create("gpu" + std::to_string(d), static_cast<int>(d), page,
+                                  config.pool_bytes / page, chunk_pages, config.lock_memory));
       executors.push_back(std::make_unique<HostExecutor>(tier.get(), host, core->workers_.get()));
       core->host_backend_tiers_.push_back(std::move(tier));
     }
   }
+  // After the open-file limit was raised (CheckChunkDescriptors): a quarter of what it is now.
+  core->deposits_share_ = std::make_unique<FairShare>(
+      FairShare::Spec{"descriptors deposited and not yet registered", MaxDepositsHeld(),
+                      kMaxPendingDeposits, 0, "send the RegisterMemory of earlier deposits first"});
   for (size_t d = 0; d < executors.size(); ++d) {
     core->pools_.push_back(
         std::make_unique<Pool>(static_cast<int>(d), std::move(executors[d]), &core->counters_));

@@ -129,17 +129,29 @@ uint64_t MaxGrpcConnections() {
 }
 constexpr uint64_t kGrpcConnectionsFirst = 32;
 constexpr uint64_t kGrpcConnectionsPerUser = 256;
-// The TCP listener (read-only statistics; its peers have no credentials): at most this many.
+// The TCP listener (read-only statistics; its peers have no credentials): at most this many,
+// each closed after a minute without a call.
 constexpr uint64_t kTcpConnections = 64;
+constexpr int kTcpIdleMs = 60 * 1000;
+// Memory gRPC may use for its buffers, per server.
+constexpr size_t kGrpcMemoryBytes = 1ULL << 30;
 
 // A gRPC server that serves only connections handed to it (ConnectionGate), with the daemon's
 // channel arguments.
-std::unique_ptr<grpc::Server> BuildServer(const std::vector<grpc::Service*>& services) {
+// `idle_ms` (> 0) closes connections that carried no call for that long.
+std::unique_ptr<grpc::Server> BuildServer(const std::vector<grpc::Service*>& services,
+                                          int idle_ms = 0) {
   grpc::ServerBuilder builder;
   for (grpc::Service* service : services) builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(16 << 20);
   // Streams per connection: a rank opens one session; stashctl one call at a time.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 64);
+  if (idle_ms > 0) builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle_ms);
+  // gRPC's buffers over all connections: however many messages callers send, gRPC's memory stays
+  // bounded (it sheds connections past this rather than growing the daemon).
+  grpc::ResourceQuota quota("stashd");
+  quota.Resize(kGrpcMemoryBytes);
+  builder.SetResourceQuota(quota);
   return builder.BuildAndStart();
 }
 
@@ -156,22 +168,26 @@ struct Daemon::Impl {
   int lock_fd = -1;
   std::unique_ptr<DaemonCore> core;
   std::unique_ptr<DescriptorServer> descriptors;  // uses core: declared after it, gone before
+  // The gates accept for the servers and the services look callers up in them: declared before
+  // both, so they are destroyed after; their threads stop first (~Impl, Shutdown).
+  std::unique_ptr<FairShare> connection_share;
+  std::unique_ptr<FairShare> tcp_share;
+  std::unique_ptr<ConnectionGate> gate;
+  std::unique_ptr<ConnectionGate> tcp_gate;
   std::unique_ptr<StashServiceImpl> service;
   std::unique_ptr<StashServiceImpl> tcp_service;
   std::unique_ptr<ReflectionV1Service> reflection_v1;
   std::unique_ptr<ReflectionV1Service> tcp_reflection_v1;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::Server> tcp_server;
-  // The gates accept for the servers; gone before them (Shutdown).
-  std::unique_ptr<FairShare> connection_share;
-  std::unique_ptr<FairShare> tcp_share;
-  std::unique_ptr<ConnectionGate> gate;
-  std::unique_ptr<ConnectionGate> tcp_gate;
   std::unique_ptr<MetricsServer> metrics;  // reads core: gone before it
   Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
 
   ~Impl() {
+    // No gate hands a connection to a server that is going away.
+    if (gate != nullptr) gate->Stop();
+    if (tcp_gate != nullptr) tcp_gate->Stop();
     if (lock_fd >= 0) close(lock_fd);
   }
 };
@@ -304,7 +320,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     impl->tcp_reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
         "stash.v1.StashService", "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"});
-    impl->tcp_server = BuildServer({impl->tcp_service.get(), impl->tcp_reflection_v1.get()});
+    impl->tcp_server =
+        BuildServer({impl->tcp_service.get(), impl->tcp_reflection_v1.get()}, kTcpIdleMs);
     if (impl->tcp_server == nullptr) {
       return UnavailableError("gRPC could not start the TCP listener's server (see the log above)");
     }
@@ -389,8 +406,8 @@ void Daemon::Shutdown() {
   // cuda executor's writes are plain stores) and hang a trainer's stream for ever. Requests
   // arriving meanwhile are answered UNAVAILABLE.
   impl_->core->Stop();
-  impl_->gate.reset();  // accepts no more
-  impl_->tcp_gate.reset();
+  impl_->gate->Stop();  // accepts no more; calls still find their callers until the servers end
+  if (impl_->tcp_gate != nullptr) impl_->tcp_gate->Stop();
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (impl_->tcp_server != nullptr) impl_->tcp_server->Shutdown(deadline);
   impl_->server->Shutdown(deadline);

@@ -160,6 +160,8 @@ struct DescriptorServer::Impl {
     bool close_after_send = false;
   };
   std::vector<Connection> connections;  // the thread's own
+  uint64_t stuck_dropped = 0;           // since the last line about them; the thread's own
+  Clock::time_point stuck_logged{};
   Closer closer;
   std::thread thread;
 
@@ -284,7 +286,11 @@ void DescriptorServer::Impl::Run() {
 }
 
 void DescriptorServer::Impl::Accept(Acceptor& acceptor) {
-  while (auto accepted = acceptor.Accept()) {
+  // At most a few per wake-up: a flood that keeps the backlog full cannot hold the one thread
+  // every peer's requests wait on.
+  for (int i = 0; i < 32; ++i) {
+    auto accepted = acceptor.Accept();
+    if (!accepted) break;
     UniqueFd fd = std::move(accepted->fd);
     const SocketPeer& p = accepted->peer;
     if (Status took = connection_share.Take(p.uid, 1); !took.ok()) {

@@ -337,8 +337,15 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
     // Within the headroom read above, under mu_: nothing else takes from this share meanwhile.
     STASH_CHECK(shares_[source]->Take(h.uid, take.size()).ok()) << "fair share moved under mu_";
     if (held < target && take.size() == share) {
-      Log("pool")->info("session {}: uid {} leases no more chunks of {}: {}", h.session_id, h.uid,
-                        tier->name(), shares_[source]->Take(h.uid, 1).message());
+      const auto now = std::chrono::steady_clock::now();
+      if (now - share_logged_ >= std::chrono::seconds(10)) {
+        Log("pool")->info(
+            "session {}: uid {} holds its share of {} ({} of {} chunks leased; {} stay for "
+            "another user's first session): the lease grows no further",
+            h.session_id, h.uid, tier->name(), shares_[source]->used(),
+            shares_[source]->spec().capacity, shares_[source]->spec().first);
+        share_logged_ = now;
+      }
     }
     for (size_t i = 0; i < take.size(); ++i) {
       Status handed = Hand(h, lease_tier, source, take[i], written[i], parts);

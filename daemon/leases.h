@@ -30,6 +30,7 @@
 #include <absl/container/flat_hash_map.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -168,6 +169,8 @@ class Leases {
   std::vector<UniqueFd> closing_ ABSL_GUARDED_BY(mu_);  // pidfds the reaper closes
   // Chunks that came back and could not get fresh memory yet (tier, chunk): out of every ring.
   std::vector<std::pair<uint64_t, uint64_t>> renew_ ABSL_GUARDED_BY(mu_);
+  // When a lease that stopped at its user's share was last said in the log.
+  std::chrono::steady_clock::time_point share_logged_ ABSL_GUARDED_BY(mu_){};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reaper_;
 };

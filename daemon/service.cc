@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -255,12 +257,22 @@ grpc::ServerUnaryReactor* StashServiceImpl::Drain(grpc::CallbackServerContext* c
   const uid_t daemon_uid = geteuid();
   if (gate_ != nullptr &&
       (!caller.peer.known || (caller.peer.uid != 0 && caller.peer.uid != daemon_uid))) {
-    Log("main")->warn("refused to drain or undrain for {}: not root nor the daemon's user",
-                      DescribePeer(caller.peer));
-    return Refuse(context, PermissionDeniedError(
-                               "only root or stashd's own user (uid " + std::to_string(daemon_uid) +
-                               ") may drain or undrain it; uid " + std::to_string(caller.peer.uid) +
-                               " may use it: run 'sudo stashctl drain' (or undrain)"));
+    static std::atomic<int64_t> logged_at{0};  // seconds; one line per 10 s at most
+    const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    int64_t last = logged_at.load();
+    if (now - last >= 10 && logged_at.compare_exchange_strong(last, now)) {
+      Log("main")->warn("refused to drain or undrain for {}: not root nor the daemon's user",
+                        DescribePeer(caller.peer));
+    }
+    const std::string caller_text = caller.peer.known
+                                        ? "uid " + std::to_string(caller.peer.uid) + " may use it"
+                                        : "this caller's credentials are unknown";
+    return Refuse(context,
+                  PermissionDeniedError("only root or stashd's own user (uid " +
+                                        std::to_string(daemon_uid) + ") may drain or undrain it; " +
+                                        caller_text + ": run 'sudo stashctl drain' (or undrain)"));
   }
   const std::string who = DescribePeer(caller.peer);
   return Unary<v1::DrainRequest>(context, request, response,

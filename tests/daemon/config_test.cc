@@ -53,6 +53,7 @@ const Knob kKnobs[] = {
     {"chunk_bytes", "--chunk-bytes", "STASHD_CHUNK_BYTES", "0", "1MiB", "2MiB"},
     {"max_lease_bytes", "--max-lease-bytes", "STASHD_MAX_LEASE_BYTES", "0", "64MiB", "128MiB"},
     {"peer_tier", "--peer-tier", "STASHD_PEER_TIER", "false", "true", "1"},
+    {"lock_memory", "--lock-memory", "STASHD_LOCK_MEMORY", "false", "true", "1"},
 };
 
 const char* const kSizeKnobs[] = {"pool_bytes", "page_bytes", "host_tier_bytes"};

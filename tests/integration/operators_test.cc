@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,26 @@ TEST(Operators, ConfigShowsWhereMetricsAndTheTcpListenerServe) {
   ASSERT_EQ(Stashctl(daemon, {"config", "--json"}, &out, &err), 0) << err;
   EXPECT_THAT(out, HasSubstr("\"metrics_url\""));
   EXPECT_THAT(out, HasSubstr("\"tcp_listener\""));
+}
+
+// The kB of memory process `pid` holds locked (VmLck in /proc/<pid>/status); -1 when unknown.
+long LockedKiB(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmLck:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+// --lock-memory populates and locks the tiers at start; without it nothing is locked.
+TEST(Operators, LockMemoryLocksEveryTierAtStart) {
+  DaemonProcess plain(Flags({"--host-tier-bytes=4MiB"}));
+  ASSERT_READY(plain);
+  EXPECT_EQ(LockedKiB(plain.process().pid()), 0);
+  DaemonProcess locked(Flags({"--host-tier-bytes=4MiB", "--lock-memory"}));
+  ASSERT_READY(locked);
+  EXPECT_GE(LockedKiB(locked.process().pid()), (8 + 4) * 1024);  // the pool and the host tier
 }
 
 }  // namespace
