@@ -53,6 +53,11 @@ TEST(Acceptor, ReadsThePeersCredentials) {
 // peer reads EOF), the queue keeps moving, and once descriptors are free again the next one is
 // accepted. Runs in a child with a low open-file limit.
 TEST(Acceptor, OutOfDescriptorsCostsOnlyTheConnectionThatHitTheLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  // UBSan's vptr check (built with ASan here) opens a pipe to probe memory: with every
+  // descriptor taken, as this test takes them, it reports a false error. The release build runs it.
+  GTEST_SKIP() << "needs a build without UBSan's vptr check (it needs free descriptors)";
+#endif
   const std::string path = TempSocket();
   const pid_t child = fork();
   ASSERT_GE(child, 0);

@@ -546,6 +546,11 @@ TEST_F(LeasesTest, ALeaseCarriesAtMostTheDescriptorsItIsAllowed) {
 // memory yet; it is kept out of the ring (its holder may still reach the old memory) and renewed
 // later, never lost to the pool.
 TEST_F(LeasesTest, AChunkThatCannotBeRenewedNowIsRenewedLater) {
+#if defined(__SANITIZE_ADDRESS__)
+  // UBSan's vptr check (built with ASan here) opens a pipe to probe memory: with every
+  // descriptor taken, as this test takes them, it reports a false error. The release build runs it.
+  GTEST_SKIP() << "needs a build without UBSan's vptr check (it needs free descriptors)";
+#endif
   Build();
   const LeaseHolder h = Holder("a");
   const Granted g = Want(h, {{v1::TIER_DEVICE, 4}});
