@@ -62,6 +62,7 @@ ConnectionGate::~ConnectionGate() { Stop(); }
 
 void ConnectionGate::Run() {
   Acceptor acceptor(listener_.get(), name_);
+  Clock::time_point poll_failed_logged{};
   while (true) {
     const auto now = Clock::now();
     const bool resting = acceptor.backoff() > now;
@@ -78,8 +79,14 @@ void ConnectionGate::Run() {
     STASH_SYSCALL_RETRY(rc, poll(fds, resting ? 1 : 2, timeout));
     if (rc < 0) {
       // Out of memory for the poll, say: never stop accepting for good.
-      Log("rpc")->error("{}: poll failed: {}; trying again", name_, std::strerror(errno));
+      if (Clock::now() - poll_failed_logged > std::chrono::seconds(10)) {
+        Log("rpc")->error("{}: poll failed: {}; trying again every 100 ms", name_,
+                          std::strerror(errno));
+        poll_failed_logged = Clock::now();
+      }
       usleep(100 * 1000);
+      uint64_t stop = 0;  // the wake eventfd is non-blocking: a stop is seen without poll
+      if (read(wake_.get(), &stop, sizeof(stop)) == sizeof(stop)) return;
       continue;
     }
     if (fds[0].revents != 0) return;

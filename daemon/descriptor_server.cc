@@ -225,6 +225,7 @@ bool DescriptorServer::Impl::Drained(Connection& c) {
 void DescriptorServer::Impl::Run() {
   Acceptor acceptor(listener.get(), "descriptor socket " + path);
   std::vector<pollfd> fds;
+  Clock::time_point poll_failed_logged{};
   while (true) {
     const auto now = Clock::now();
     const bool resting = acceptor.backoff() > now;
@@ -253,8 +254,16 @@ void DescriptorServer::Impl::Run() {
     int rc = 0;
     STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), timeout));
     if (rc < 0) {
-      Log("ipc")->error("descriptor server: poll failed: {}", std::strerror(errno));
-      return;
+      // Out of memory for the poll, say: never stop serving for good.
+      if (Clock::now() - poll_failed_logged > std::chrono::seconds(10)) {
+        Log("ipc")->error("descriptor server: poll failed: {}; trying again every 100 ms",
+                          std::strerror(errno));
+        poll_failed_logged = Clock::now();
+      }
+      usleep(100 * 1000);
+      uint64_t stop = 0;  // the wake eventfd is non-blocking: a stop is seen without poll
+      if (read(wake.get(), &stop, sizeof(stop)) == sizeof(stop)) return;
+      continue;
     }
     if (fds[0].revents != 0) return;
     // Connections first (indices shift as they close), then new ones.
