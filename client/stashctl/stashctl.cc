@@ -3,13 +3,13 @@
 #include <absl/flags/flag.h>
 #include <absl/flags/marshalling.h>
 #include <fcntl.h>
-#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cstdio>
 
 #include <algorithm>
 #include <atomic>
@@ -207,6 +207,26 @@ std::string SecondsText(double seconds) {
 Status BadValue(const FlagSpec& flag, std::string_view value) {
   return InvalidArgumentError("--" + Dashed(flag.name) + "=" + std::string(value) + ": expected " +
                               flag.expect);
+}
+
+// `text` as a JSON string: quotes, backslashes and control characters escaped, other bytes as
+// they are (UTF-8 passes through).
+std::string JsonQuote(std::string_view text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -737,18 +757,15 @@ int RunStashctl(int argc, char** argv, std::ostream& out, std::ostream& err, boo
       v1::GetConfigResponse reply;
       const grpc::Status status = connection.GetConfig(&reply);
       if (options.json) {
-        // {"stashctl": "0.1.0", "stashd": "0.1.0" or null, "daemon": where, "error": why not}
-        google::protobuf::Struct json;
-        auto& fields = *json.mutable_fields();
-        fields["stashctl"].set_string_value(kVersion);
-        fields["daemon"].set_string_value(Where(options));
-        if (status.ok()) {
-          fields["stashd"].set_string_value(reply.version());
-        } else {
-          fields["stashd"].set_null_value(google::protobuf::NULL_VALUE);
-          fields["error"].set_string_value(ErrorLine(options, "GetConfig", status).substr(10));
+        // {"stashctl": "0.1.0", "stashd": "0.1.0" or null, "daemon": where, "error": why not},
+        // written by hand: four flat fields need no message type.
+        out << "{\n \"stashctl\": " << JsonQuote(kVersion) << ",\n \"stashd\": "
+            << (status.ok() ? JsonQuote(reply.version()) : std::string("null"))
+            << ",\n \"daemon\": " << JsonQuote(Where(options));
+        if (!status.ok()) {
+          out << ",\n \"error\": " << JsonQuote(ErrorLine(options, "GetConfig", status).substr(10));
         }
-        out << ToJson(json, /*pretty=*/true);
+        out << "\n}\n";
         out.flush();
         return kExitOk;
       }

@@ -1,7 +1,6 @@
 // stashctl: the formatting and the command line in-process, then the built binary end to end
 // against the built stashd binary, each test with its own daemon on a socket in a fresh temp dir.
 #include <fcntl.h>
-#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
@@ -695,15 +694,16 @@ TEST_F(StashctlWithDaemon, VersionShowsTheDaemonsVersionToo) {
 TEST_F(StashctlWithDaemon, VersionJsonIsOneObjectWithBothVersions) {
   const Outcome o = Stashctl({"--version", "--json", "--socket", socket_});
   EXPECT_EQ(o.exit_code, 0) << o.err;
-  google::protobuf::Struct json;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(o.out, &json).ok()) << o.out;
-  EXPECT_EQ(json.fields().at("stashctl").string_value(), STASH_VERSION_STRING);
-  EXPECT_EQ(json.fields().at("stashd").string_value(), STASH_VERSION_STRING);
-  EXPECT_EQ(json.fields().at("daemon").string_value(), socket_);
+  // One object, one field a line (protobuf's Struct is not used: it crashes under TSan here).
+  EXPECT_EQ(o.out, "{\n \"stashctl\": \"" STASH_VERSION_STRING
+                   "\",\n \"stashd\": \"" STASH_VERSION_STRING "\",\n \"daemon\": \"" +
+                       socket_ + "\"\n}\n");
   const Outcome down = Stashctl({"--version", "--json", "--socket", dir_ + "/none.sock"});
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(down.out, &json).ok()) << down.out;
-  EXPECT_EQ(json.fields().at("stashd").kind_case(), google::protobuf::Value::kNullValue);
-  EXPECT_NE(json.fields().at("error").string_value().find("no stashd answers"), std::string::npos);
+  EXPECT_EQ(down.out.rfind("{\n", 0), 0U) << down.out;
+  EXPECT_NE(down.out.find("\n \"stashd\": null,\n"), std::string::npos) << down.out;
+  EXPECT_NE(down.out.find("\n \"error\": \"no stashd answers"), std::string::npos) << down.out;
+  ASSERT_GE(down.out.size(), 4U);
+  EXPECT_EQ(down.out.substr(down.out.size() - 4), "\"\n}\n") << down.out;
 }
 
 TEST_F(StashctlWithDaemon, CsvQueryPrintsTheChosenFieldsOfEachTier) {

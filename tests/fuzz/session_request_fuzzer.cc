@@ -41,6 +41,7 @@ namespace {
 
 namespace v1 = stash::v1;
 using daemon::AdmitLimits;
+using daemon::FairShare;
 using daemon::Session;
 using daemon::SessionInfo;
 using daemon::TicketShape;

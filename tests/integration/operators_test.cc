@@ -139,8 +139,9 @@ TEST(Operators, LockMemoryLocksEveryTierAtStart) {
   EXPECT_EQ(LockedKiB(plain.process().pid()), 0);
   DaemonProcess locked(Flags({"--host-tier-bytes=4MiB", "--lock-memory"}));
   ASSERT_READY(locked);
-  if (MapsLibrary(locked.process().pid(), "libasan")) {
-    GTEST_SKIP() << "this stashd is built with ASan, which makes mlock a no-op";
+  if (MapsLibrary(locked.process().pid(), "libasan") ||
+      MapsLibrary(locked.process().pid(), "libtsan")) {
+    GTEST_SKIP() << "this stashd is built with a sanitizer that makes mlock a no-op";
   }
   EXPECT_GE(LockedKiB(locked.process().pid()), (8 + 4) * 1024);  // the pool and the host tier
 }
