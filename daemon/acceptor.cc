@@ -99,6 +99,17 @@ StatusOr<UniqueFd> ListenTcp(const std::string& address, int* port) {
   return fd;
 }
 
+bool RestAfterFailedPoll(const std::string& who, int wake, Clock::time_point* logged) {
+  const int err = errno;
+  if (Clock::now() - *logged > kLogInterval) {
+    Log("rpc")->error("{}: poll failed: {}; trying again every 100 ms", who, std::strerror(err));
+    *logged = Clock::now();
+  }
+  usleep(100 * 1000);
+  uint64_t stop = 0;
+  return read(wake, &stop, sizeof(stop)) == sizeof(stop);
+}
+
 Acceptor::Acceptor(int listener, std::string name)
     : listener_(listener), name_(std::move(name)), spare_(OpenSpare()) {}
 

@@ -38,6 +38,12 @@ StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, gid_t group);
 // Binds and listens on TCP `address` ("host:port", port 0 = any free one); `*port` gets the port.
 StatusOr<UniqueFd> ListenTcp(const std::string& address, int* port);
 
+// After a poll of a server loop failed (out of memory, say): says so at most once per 10 s
+// (`*logged` keeps when), rests 100 ms, and returns true when a stop was signalled on `wake` (a
+// non-blocking eventfd) meanwhile. A server loop never stops serving for good on a failed poll.
+bool RestAfterFailedPoll(const std::string& who, int wake,
+                         std::chrono::steady_clock::time_point* logged);
+
 class Acceptor {
  public:
   // `listener` is non-owning and outlives this; `name` names the socket in log lines.

@@ -78,15 +78,7 @@ void ConnectionGate::Run() {
     int rc = 0;
     STASH_SYSCALL_RETRY(rc, poll(fds, resting ? 1 : 2, timeout));
     if (rc < 0) {
-      // Out of memory for the poll, say: never stop accepting for good.
-      if (Clock::now() - poll_failed_logged > std::chrono::seconds(10)) {
-        Log("rpc")->error("{}: poll failed: {}; trying again every 100 ms", name_,
-                          std::strerror(errno));
-        poll_failed_logged = Clock::now();
-      }
-      usleep(100 * 1000);
-      uint64_t stop = 0;  // the wake eventfd is non-blocking: a stop is seen without poll
-      if (read(wake_.get(), &stop, sizeof(stop)) == sizeof(stop)) return;
+      if (RestAfterFailedPoll(name_, wake_.get(), &poll_failed_logged)) return;
       continue;
     }
     if (fds[0].revents != 0) return;

@@ -254,15 +254,7 @@ void DescriptorServer::Impl::Run() {
     int rc = 0;
     STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), timeout));
     if (rc < 0) {
-      // Out of memory for the poll, say: never stop serving for good.
-      if (Clock::now() - poll_failed_logged > std::chrono::seconds(10)) {
-        Log("ipc")->error("descriptor server: poll failed: {}; trying again every 100 ms",
-                          std::strerror(errno));
-        poll_failed_logged = Clock::now();
-      }
-      usleep(100 * 1000);
-      uint64_t stop = 0;  // the wake eventfd is non-blocking: a stop is seen without poll
-      if (read(wake.get(), &stop, sizeof(stop)) == sizeof(stop)) return;
+      if (RestAfterFailedPoll("descriptor server", wake.get(), &poll_failed_logged)) return;
       continue;
     }
     if (fds[0].revents != 0) return;

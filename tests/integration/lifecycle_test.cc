@@ -184,6 +184,20 @@ TEST(Lifecycle, ReflectionListsStashService) {
   EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
 }
 
+// Asks a grpc.reflection.v1 stream for every service: their names, none when the stream failed.
+template <typename Stream>
+std::vector<std::string> ListServicesV1(Stream& stream) {
+  grpc::reflection::v1::ServerReflectionRequest list;
+  list.set_list_services("*");
+  grpc::reflection::v1::ServerReflectionResponse listed;
+  std::vector<std::string> names;
+  if (!stream.Write(list) || !stream.Read(&listed)) return names;
+  for (const auto& service : listed.list_services_response().service()) {
+    names.push_back(service.name());
+  }
+  return names;
+}
+
 TEST(Lifecycle, ReflectionV1ListsStashServiceAndDescribesIt) {
   // grpcurl asks grpc.reflection.v1 first.
   namespace v1r = grpc::reflection::v1;
@@ -194,15 +208,7 @@ TEST(Lifecycle, ReflectionV1ListsStashServiceAndDescribesIt) {
   ctx.set_deadline(Deadline());
   auto stream = stub->ServerReflectionInfo(&ctx);
 
-  v1r::ServerReflectionRequest list;
-  list.set_list_services("*");
-  ASSERT_TRUE(stream->Write(list));
-  v1r::ServerReflectionResponse listed;
-  ASSERT_TRUE(stream->Read(&listed));
-  std::vector<std::string> names;
-  for (const auto& service : listed.list_services_response().service()) {
-    names.push_back(service.name());
-  }
+  const std::vector<std::string> names = ListServicesV1(*stream);
   EXPECT_THAT(names, Contains("stash.v1.StashService"));
   EXPECT_THAT(names, Contains("grpc.reflection.v1.ServerReflection"));
 
@@ -240,15 +246,7 @@ TEST(Lifecycle, ReflectionV1IsServedOnTheTcpListenerToo) {
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline());
   auto stream = stub->ServerReflectionInfo(&ctx);
-  v1r::ServerReflectionRequest list;
-  list.set_list_services("*");
-  ASSERT_TRUE(stream->Write(list));
-  v1r::ServerReflectionResponse listed;
-  ASSERT_TRUE(stream->Read(&listed));
-  std::vector<std::string> names;
-  for (const auto& service : listed.list_services_response().service()) {
-    names.push_back(service.name());
-  }
+  const std::vector<std::string> names = ListServicesV1(*stream);
   EXPECT_THAT(names, Contains("stash.v1.StashService"));
   ASSERT_TRUE(stream->WritesDone());
   EXPECT_TRUE(stream->Finish().ok());
