@@ -164,6 +164,14 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
   } else {
     const uint64_t chunk_pages = ChunkPages(config);
     STASH_RETURN_IF_ERROR(CheckChunkDescriptors(config, chunk_pages));
+    if (core->max_lease_bytes_ < chunk_pages * page) {
+      // Leases come in whole chunks: a smaller quota could never grant one.
+      return InvalidArgumentError(
+          "--max-lease-bytes=" + std::to_string(config.max_lease_bytes) +
+          " is less than one chunk (" + std::to_string(chunk_pages * page) +
+          " bytes, --chunk-bytes or its default): no lease could be granted; raise it to at "
+          "least one chunk or lower --chunk-bytes");
+    }
     core->chunk_bytes_ = chunk_pages * page;
     Tier* host = nullptr;
     if (config.host_tier_bytes > 0) {

@@ -112,6 +112,20 @@ TEST(Operators, ConfigShowsWhereMetricsAndTheTcpListenerServe) {
   EXPECT_THAT(out, HasSubstr("\"tcp_listener\""));
 }
 
+// Issue 21: a quota smaller than one chunk could never grant a lease: stashd refuses to start,
+// with the numbers.
+TEST(Operators, AQuotaSmallerThanOneChunkIsRefusedAtStart) {
+  TempDir dir;
+  std::string err;
+  const int code =
+      RunCommand({BinDir() + "/daemon/stashd", "--socket=" + dir.path() + "/s.sock",
+                  "--backend=host", "--pool-bytes=8MiB", "--page-bytes=64KiB",
+                  "--host-tier-bytes=0", "--chunk-bytes=1MiB", "--max-lease-bytes=512KiB"},
+                 nullptr, &err);
+  EXPECT_NE(code, 0);
+  EXPECT_THAT(err, HasSubstr("--max-lease-bytes=524288 is less than one chunk (1048576 bytes"));
+}
+
 // The kB of memory process `pid` holds locked (VmLck in /proc/<pid>/status); -1 when unknown.
 long LockedKiB(pid_t pid) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");

@@ -307,6 +307,11 @@ def test_mapped_mode_arguments_are_checked_before_connecting():
         stashd.connect(mode="mapped", lease="big")
     with pytest.raises(ValueError, match="lease tiers are device, peer, host"):
         stashd.connect(mode="mapped", lease={"gpu": 1})
+    # Negative (or not whole) bytes are refused with the value, before connecting.
+    with pytest.raises(ValueError, match=r"lease\['device'\] is -5: give a whole number"):
+        stashd.connect(mode="mapped", lease={"device": -5})
+    with pytest.raises(ValueError, match=r"lease\['host'\] is 1.5"):
+        stashd.connect(mode="mapped", lease={"host": 1.5})
 
 
 def test_mapped_mode_on_the_cuda_backend_is_refused_with_the_way_out(tmp_path):

@@ -416,6 +416,10 @@ def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: in
         if unknown:
             raise ValueError(f"stashd.connect: lease tiers are {', '.join(LEASE_TIERS)}; not "
                              f"{', '.join(unknown)}")
+        for tier, value in lease.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"stashd.connect: lease[{tier!r}] is {value!r}: give a whole "
+                                 f"number of bytes >= 0 (0 = none of that tier)")
     from stashd.disabled import DisabledClient, disabled_reason  # imports this module
     reason = disabled_reason()
     if reason is not None:
