@@ -94,6 +94,29 @@ def test_next_layer_is_reloading_before_its_backward_starts(torch_client):
     assert at_layer_2[Key(1, 0)].prefetched == 0
 
 
+def test_depth_two_keeps_reloads_two_groups_ahead_not_more(torch_client):
+    # Issue 21: reloads already started count toward the depth. Before, every group entered
+    # started `depth` more groups past those already reloading, so they ran ever further ahead.
+    layers = 8
+    stash_torch.set_prefetch(torch_client, depth=2)
+    torch_client.begin_step(0)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(M, H, generator=g, dtype=torch.float64, requires_grad=True)
+    ws = [torch.randn(M, H, generator=g, dtype=torch.float64, requires_grad=True)
+          for _ in range(layers)]
+    seen = []
+    stack(torch_client, x, ws, probe=seen).sum().backward()
+    # seen[i] is taken right before layer (layers - 1 - i)'s backward: the group above it was
+    # entered last and started the next two groups, no further.
+    for i in range(1, layers - 2):
+        below = layers - 1 - i
+        acc = seen[i]
+        assert acc[Key(below, 0)].prefetched == 2, (i, acc[Key(below, 0)])
+        assert acc[Key(below - 1, 0)].prefetched == 2, (i, acc[Key(below - 1, 0)])
+        if below - 2 >= 0:
+            assert acc[Key(below - 2, 0)].prefetched == 0, (i, acc[Key(below - 2, 0)])
+
+
 def test_schedule_order_prefetches_across_microbatches(torch_client):
     # 1F1B-like: microbatch 1's backward runs right after microbatch 0's.
     stash_torch.set_prefetch(torch_client, depth=1, schedule=[

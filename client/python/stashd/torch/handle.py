@@ -21,7 +21,7 @@ class StashedTensor:
 
     __slots__ = ("_state", "_client", "ticket", "key", "shape", "dtype", "device", "rows",
                  "max_rows", "row_bytes", "divisor", "tier", "zero_tail", "_tensor", "_spent",
-                 "_source", "_count", "_ctx", "_cuda", "_lock", "_prefetch", "__weakref__")
+                 "_source", "_count", "_ctx", "_cuda", "_lock", "_prefetch", "read", "__weakref__")
 
     def __init__(self, state: _TorchState, ticket: int, tensor: torch.Tensor, rows: int,
                  max_rows: int, row_bytes: int, divisor: int, tier, zero_tail: bool,
@@ -50,6 +50,7 @@ class StashedTensor:
         self._lock = threading.Lock()  # one thread collects an answer or starts a reload
         # A reload started by prefetch(): (op, staging) until load() collects it.
         self._prefetch: Optional[Tuple[int, _Staging]] = None
+        self.read = False  # backward asked for it (load() was called)
 
     def __repr__(self) -> str:
         tier = "pending" if self.tier is None else self.tier.name
@@ -169,6 +170,7 @@ class StashedTensor:
     def load(self) -> torch.Tensor:
         """Reloads the rows (once) into a fresh tensor of the original shape, dtype, device;
         waits for a prefetched reload instead of starting one."""
+        self.read = True
         if self._tensor is not None:
             return self._tensor
         if self._cuda:

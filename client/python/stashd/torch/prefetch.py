@@ -65,7 +65,9 @@ class Prefetcher:
             return [k for k, v in self._groups.items() if _live(v)]
 
     def _next_keys(self, current: Key) -> List[Key]:
-        """Up to `depth` keys after `current` in schedule order that still hold stashes."""
+        """The `depth` keys after `current` in schedule order that backward has not read yet,
+        their reloads started or not: started ones count toward the depth, so the reloads in
+        flight stay `depth` groups ahead instead of running further ahead at every group."""
         if self.schedule is not None:
             try:
                 order = self.schedule[self.schedule.index(current) + 1:]
@@ -77,7 +79,7 @@ class Prefetcher:
                 order = list(reversed(forward[:forward.index(current)]))
             except ValueError:
                 order = []
-        return [k for k in order if _live(self._groups.get(k, ()))][:self.depth]
+        return [k for k in order if _unread(self._groups.get(k, ()))][:self.depth]
 
     def _start(self, keys: Iterable[Key]) -> int:
         started = 0
@@ -116,6 +118,11 @@ class Prefetcher:
 
 def _live(refs: Sequence[weakref.ref]) -> bool:
     return any(r() is not None and r().pending for r in refs)
+
+
+def _unread(refs: Sequence[weakref.ref]) -> bool:
+    """Whether backward has yet to read a stash of the group (reloading or not)."""
+    return any(r() is not None and not r().read for r in refs)
 
 
 def set_prefetch(client: "Client", depth: int = DEFAULT_DEPTH,
