@@ -1,5 +1,7 @@
 #include "common/sys.h"
 
+#include <sys/resource.h>
+
 #include <cstring>
 
 namespace stash {
@@ -24,6 +26,12 @@ Status ErrnoStatus(const std::string& what, int err) {
     default:
       return InternalError(std::move(message));
   }
+}
+
+uint64_t OpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 16384;
+  return limit.rlim_cur;
 }
 
 }  // namespace stash

@@ -4,6 +4,7 @@
 #define STASH_COMMON_SYS_H_
 
 #include <cerrno>
+#include <cstdint>
 #include <string>
 
 #include "stash/status.h"
@@ -14,6 +15,10 @@ namespace stash {
 // (ENOENT -> NOT_FOUND, EACCES/EPERM -> PERMISSION_DENIED, ENOMEM/ENOSPC -> RESOURCE_EXHAUSTED,
 // EINVAL -> INVALID_ARGUMENT, else INTERNAL).
 Status ErrnoStatus(const std::string& what, int err = errno);
+
+// This process's soft limit of open files (RLIMIT_NOFILE) as it is now; 16384 when it is
+// unlimited or cannot be read. Daemon-wide descriptor budgets are shares of it.
+uint64_t OpenFileLimit();
 
 }  // namespace stash
 

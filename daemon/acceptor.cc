@@ -18,7 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr auto kLogInterval = std::chrono::seconds(10);
 // How long the listener rests when not even the spare descriptor can be had.
 constexpr auto kBackoff = std::chrono::milliseconds(100);
 
@@ -99,11 +98,11 @@ StatusOr<UniqueFd> ListenTcp(const std::string& address, int* port) {
   return fd;
 }
 
-bool RestAfterFailedPoll(const std::string& who, int wake, Clock::time_point* logged) {
+bool RestAfterFailedPoll(const std::string& who, int wake, RateLimiter* log_limit) {
   const int err = errno;
-  if (Clock::now() - *logged > kLogInterval) {
+  uint64_t held = 0;
+  if (log_limit->Allow(Clock::now(), &held)) {
     Log("rpc")->error("{}: poll failed: {}; trying again every 100 ms", who, std::strerror(err));
-    *logged = Clock::now();
   }
   usleep(100 * 1000);
   uint64_t stop = 0;
@@ -115,14 +114,12 @@ Acceptor::Acceptor(int listener, std::string name)
 
 void Acceptor::NoteDropped(int err) {
   ++dropped_;
-  const auto now = Clock::now();
-  if (now - logged_at_ < kLogInterval) return;
+  uint64_t held = 0;
+  if (!dropped_log_.Allow(Clock::now(), &held)) return;
   Log("rpc")->warn(
       "{}: out of descriptors ({}): turned away {} connection(s) since the last report; raise "
       "the open-file limit (LimitNOFILE= in the systemd unit) if this is not a flood",
-      name_, std::strerror(err), dropped_ - dropped_logged_);
-  dropped_logged_ = dropped_;
-  logged_at_ = now;
+      name_, std::strerror(err), held + 1);
 }
 
 std::optional<Acceptor::Accepted> Acceptor::Accept() {
@@ -171,10 +168,10 @@ std::optional<Acceptor::Accepted> Acceptor::Accept() {
     // ENOMEM, ENOBUFS, a protocol error of one connection: rest briefly, never spin. Nothing was
     // turned away: the connection waits in the backlog.
     const auto now = Clock::now();
-    if (now - error_logged_at_ >= kLogInterval) {
+    uint64_t held = 0;
+    if (error_log_.Allow(now, &held)) {
       Log("rpc")->warn("{}: accept failed: {}; resting {} ms", name_, std::strerror(err),
                        std::chrono::duration_cast<std::chrono::milliseconds>(kBackoff).count());
-      error_logged_at_ = now;
     }
     backoff_until_ = now + kBackoff;
     return std::nullopt;

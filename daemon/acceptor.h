@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common/unique_fd.h"
+#include "daemon/rate_limiter.h"
 #include "stash/status.h"
 
 namespace stash::daemon {
@@ -39,10 +40,9 @@ StatusOr<UniqueFd> ListenUnix(const std::string& path, int type, gid_t group);
 StatusOr<UniqueFd> ListenTcp(const std::string& address, int* port);
 
 // After a poll of a server loop failed (out of memory, say): says so at most once per 10 s
-// (`*logged` keeps when), rests 100 ms, and returns true when a stop was signalled on `wake` (a
+// (`log_limit`), rests 100 ms, and returns true when a stop was signalled on `wake` (a
 // non-blocking eventfd) meanwhile. A server loop never stops serving for good on a failed poll.
-bool RestAfterFailedPoll(const std::string& who, int wake,
-                         std::chrono::steady_clock::time_point* logged);
+bool RestAfterFailedPoll(const std::string& who, int wake, RateLimiter* log_limit);
 
 class Acceptor {
  public:
@@ -70,9 +70,8 @@ class Acceptor {
   const std::string name_;
   UniqueFd spare_;
   uint64_t dropped_ = 0;
-  uint64_t dropped_logged_ = 0;
-  std::chrono::steady_clock::time_point logged_at_{};
-  std::chrono::steady_clock::time_point error_logged_at_{};
+  RateLimiter dropped_log_{1, std::chrono::seconds(10)};
+  RateLimiter error_log_{1, std::chrono::seconds(10)};
   std::chrono::steady_clock::time_point backoff_until_ =
       std::chrono::steady_clock::time_point::min();
 };

@@ -62,7 +62,7 @@ ConnectionGate::~ConnectionGate() { Stop(); }
 
 void ConnectionGate::Run() {
   Acceptor acceptor(listener_.get(), name_);
-  Clock::time_point poll_failed_logged{};
+  RateLimiter poll_failed_log(1, std::chrono::seconds(10));
   while (true) {
     const auto now = Clock::now();
     const bool resting = acceptor.backoff() > now;
@@ -78,7 +78,7 @@ void ConnectionGate::Run() {
     int rc = 0;
     STASH_SYSCALL_RETRY(rc, poll(fds, resting ? 1 : 2, timeout));
     if (rc < 0) {
-      if (RestAfterFailedPoll(name_, wake_.get(), &poll_failed_logged)) return;
+      if (RestAfterFailedPoll(name_, wake_.get(), &poll_failed_log)) return;
       continue;
     }
     if (fds[0].revents != 0) return;
@@ -119,13 +119,12 @@ void ConnectionGate::Admit(Acceptor::Accepted accepted) {
     t.connection.refused = budget_->Take(uid, 1);
     if (!t.connection.refused.ok()) {
       const auto now = Clock::now();
-      ++refused_;
-      if (now - refused_logged_ >= std::chrono::seconds(10)) {
+      uint64_t held = 0;
+      if (refused_log_.Allow(now, &held)) {
         Log("rpc")->warn(
-            "{}: refused {} connection(s) in the last 10 s; the latest, pid {} uid {}: {}", name_,
-            refused_, accepted.peer.pid, accepted.peer.uid, t.connection.refused.message());
-        refused_ = 0;
-        refused_logged_ = now;
+            "{}: refused {} connection(s) since the last report; the latest, pid {} "
+            "uid {}: {}",
+            name_, held + 1, accepted.peer.pid, accepted.peer.uid, t.connection.refused.message());
       }
       if (refused_held_ >= kMaxRefusedHeld) return;  // closes it: no room to say why
       t.held.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));

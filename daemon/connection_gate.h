@@ -29,6 +29,7 @@
 #include "common/unique_fd.h"
 #include "daemon/acceptor.h"
 #include "daemon/fair_share.h"
+#include "daemon/rate_limiter.h"
 #include "stash/status.h"
 
 namespace grpc {
@@ -94,8 +95,7 @@ class ConnectionGate {
   mutable Mutex mu_;
   absl::flat_hash_map<int, Tracked> tracked_ ABSL_GUARDED_BY(mu_);  // by descriptor number
   size_t refused_held_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t refused_ = 0;  // the thread's own
-  std::chrono::steady_clock::time_point refused_logged_{};
+  RateLimiter refused_log_{1, std::chrono::seconds(10)};
   std::thread thread_;
 };
 

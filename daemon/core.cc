@@ -6,6 +6,7 @@
 #include "common/macros.h"
 #include "common/random.h"
 #include "common/shm.h"
+#include "common/sys.h"
 #include "common/text.h"
 #include "common/version.h"
 #include "daemon/descriptor_server.h"
@@ -34,11 +35,7 @@ constexpr uint64_t kMaxSessionsFirst = 256;
 // Bytes of client memory registered over all sessions: a quarter of the 128 TiB address space
 // (a sparse memfd costs its sender nothing).
 constexpr uint64_t kMaxRegisteredBytes = 32ULL << 40;
-uint64_t MaxDepositsHeld() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 4096;
-  return std::max<uint64_t>(64, limit.rlim_cur / 4);
-}
+uint64_t MaxDepositsHeld() { return std::max<uint64_t>(64, OpenFileLimit() / 4); }
 
 // vm.max_map_count: every registration is one mapping of the daemon, and the kernel refuses
 // mmap for the whole process past this many.

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/file.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -119,14 +118,7 @@ bool SocketIsLive(const std::string& path) {
 
 // gRPC connections the Unix socket serves at once: each costs a descriptor and gRPC's buffers.
 // A user may hold at most 256, and beyond 32 only while 32 stay free for another user.
-uint64_t MaxGrpcConnections() {
-  rlimit limit{};
-  uint64_t nofile = 8192;
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
-    nofile = limit.rlim_cur;
-  }
-  return std::clamp<uint64_t>(nofile / 8, 64, 1024);
-}
+uint64_t MaxGrpcConnections() { return std::clamp<uint64_t>(OpenFileLimit() / 8, 64, 1024); }
 constexpr uint64_t kGrpcConnectionsFirst = 32;
 constexpr uint64_t kGrpcConnectionsPerUser = 256;
 // The TCP listener (read-only statistics; its peers have no credentials): at most this many,

@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -26,6 +25,7 @@
 #include "daemon/acceptor.h"
 #include "daemon/descriptor_message.h"
 #include "daemon/fair_share.h"
+#include "daemon/rate_limiter.h"
 
 namespace stash::daemon {
 
@@ -108,20 +108,12 @@ constexpr int kInflightCheckMs = 20;
 // Descriptors the daemon may have sent and its peers not yet read, over all peers: the kernel
 // counts them against the daemon (a sender past RLIMIT_NOFILE of them in flight is refused
 // with ETOOMANYREFS unless it runs as root), and queued ones are descriptors of its own.
-uint64_t InflightCapacity() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 4096;
-  return std::max<uint64_t>(64, limit.rlim_cur / 4);
-}
+uint64_t InflightCapacity() { return std::max<uint64_t>(64, OpenFileLimit() / 4); }
 
 // Connections served at once: kMaxConnections, or fewer where the open-file limit is low (each is
 // a descriptor of the daemon), but room for two users' worth.
 uint64_t MaxConnections() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
-    return DescriptorServer::kMaxConnections;
-  }
-  return std::clamp<uint64_t>(limit.rlim_cur / 8, 2 * DescriptorServer::kMaxConnectionsPerUser,
+  return std::clamp<uint64_t>(OpenFileLimit() / 8, 2 * DescriptorServer::kMaxConnectionsPerUser,
                               DescriptorServer::kMaxConnections);
 }
 
@@ -159,9 +151,8 @@ struct DescriptorServer::Impl {
     uint64_t inflight = 0;  // descriptors queued or sent and not known read
     bool close_after_send = false;
   };
-  std::vector<Connection> connections;  // the thread's own
-  uint64_t stuck_dropped = 0;           // since the last line about them; the thread's own
-  Clock::time_point stuck_logged{};
+  std::vector<Connection> connections;                 // the thread's own
+  RateLimiter stuck_log{1, std::chrono::seconds(10)};  // peers disconnected for not reading
   Closer closer;
   std::thread thread;
 
@@ -225,7 +216,7 @@ bool DescriptorServer::Impl::Drained(Connection& c) {
 void DescriptorServer::Impl::Run() {
   Acceptor acceptor(listener.get(), "descriptor socket " + path);
   std::vector<pollfd> fds;
-  Clock::time_point poll_failed_logged{};
+  RateLimiter poll_failed_log(1, std::chrono::seconds(10));
   while (true) {
     const auto now = Clock::now();
     const bool resting = acceptor.backoff() > now;
@@ -254,7 +245,7 @@ void DescriptorServer::Impl::Run() {
     int rc = 0;
     STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), timeout));
     if (rc < 0) {
-      if (RestAfterFailedPoll("descriptor server", wake.get(), &poll_failed_logged)) return;
+      if (RestAfterFailedPoll("descriptor server", wake.get(), &poll_failed_log)) return;
       continue;
     }
     if (fds[0].revents != 0) return;
@@ -317,11 +308,14 @@ bool DescriptorServer::Impl::Flush(Connection& c, Clock::time_point now) {
       if (sent.code() != StatusCode::kUnavailable) return false;  // the peer is gone
       if (c.stuck_since == Clock::time_point{}) c.stuck_since = now;
       if (now - c.stuck_since > kStuckLimit) {
-        Log("ipc")->warn(
-            "descriptor channel: pid {} uid {} left its answer unread for {} s: disconnected "
-            "(chunks it did not receive stay in its lease until its process exits)",
-            c.peer.pid, c.peer.uid,
-            std::chrono::duration_cast<std::chrono::seconds>(kStuckLimit).count());
+        uint64_t held = 0;
+        if (stuck_log.Allow(now, &held)) {
+          Log("ipc")->warn(
+              "descriptor channel: disconnected {} peer(s) that left an answer unsent for a "
+              "second since the last report, the latest pid {} uid {} (chunks a peer did not "
+              "receive stay in its lease until its process exits)",
+              held + 1, c.peer.pid, c.peer.uid);
+        }
         return false;
       }
       return true;

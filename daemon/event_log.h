@@ -12,30 +12,12 @@
 #include <string>
 
 #include "common/mutex.h"
+#include "daemon/rate_limiter.h"
 #include "daemon/session.h"
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
 
 namespace stash::daemon {
-
-// At most `burst` events per `period`; thread-safe. Time is passed in, so tests need no clock.
-class RateLimiter {
- public:
-  using Clock = std::chrono::steady_clock;
-  RateLimiter(uint64_t burst, Clock::duration period) : burst_(burst), period_(period) {}
-
-  // True when an event at `now` may be logged; then `*held_back` is the number of events
-  // refused since the last one allowed (and the count restarts).
-  bool Allow(Clock::time_point now, uint64_t* held_back);
-
- private:
-  const uint64_t burst_;
-  const Clock::duration period_;
-  Mutex mu_;
-  Clock::time_point window_start_ ABSL_GUARDED_BY(mu_){};
-  uint64_t in_window_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t held_back_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 // The daemon's event lines (logger "events"): 10 lines a second per kind.
 class EventLog {

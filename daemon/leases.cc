@@ -337,14 +337,13 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
     // Within the headroom read above, under mu_: nothing else takes from this share meanwhile.
     STASH_CHECK(shares_[source]->Take(h.uid, take.size()).ok()) << "fair share moved under mu_";
     if (held < target && take.size() == share) {
-      const auto now = std::chrono::steady_clock::now();
-      if (now - share_logged_ >= std::chrono::seconds(10)) {
+      uint64_t held_back = 0;
+      if (share_log_.Allow(RateLimiter::Clock::now(), &held_back)) {
         Log("pool")->info(
             "session {}: uid {} holds its share of {} ({} of {} chunks leased; {} stay for "
             "another user's first session): the lease grows no further",
             h.session_id, h.uid, tier->name(), shares_[source]->used(),
             shares_[source]->spec().capacity, shares_[source]->spec().first);
-        share_logged_ = now;
       }
     }
     for (size_t i = 0; i < take.size(); ++i) {

@@ -42,6 +42,7 @@
 #include "daemon/control_block.h"
 #include "daemon/descriptor_message.h"
 #include "daemon/fair_share.h"
+#include "daemon/rate_limiter.h"
 #include "daemon/tier.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/v1/descriptor.pb.h"
@@ -169,8 +170,8 @@ class Leases {
   std::vector<UniqueFd> closing_ ABSL_GUARDED_BY(mu_);  // pidfds the reaper closes
   // Chunks that came back and could not get fresh memory yet (tier, chunk): out of every ring.
   std::vector<std::pair<uint64_t, uint64_t>> renew_ ABSL_GUARDED_BY(mu_);
-  // When a lease that stopped at its user's share was last said in the log.
-  std::chrono::steady_clock::time_point share_logged_ ABSL_GUARDED_BY(mu_){};
+  // Lines about leases that stopped at their user's share.
+  RateLimiter share_log_{1, std::chrono::seconds(10)};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reaper_;
 };

@@ -4,7 +4,6 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <mutex>
@@ -16,6 +15,7 @@
 #include "common/logging.h"
 #include "common/text.h"
 #include "common/write_queue.h"
+#include "daemon/rate_limiter.h"
 #include "daemon/wire.h"
 
 namespace stash::daemon {
@@ -257,14 +257,13 @@ grpc::ServerUnaryReactor* StashServiceImpl::Drain(grpc::CallbackServerContext* c
   const uid_t daemon_uid = geteuid();
   if (gate_ != nullptr &&
       (!caller.peer.known || (caller.peer.uid != 0 && caller.peer.uid != daemon_uid))) {
-    static std::atomic<int64_t> logged_at{0};  // seconds; one line per 10 s at most
-    const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
-    int64_t last = logged_at.load();
-    if (now - last >= 10 && logged_at.compare_exchange_strong(last, now)) {
-      Log("main")->warn("refused to drain or undrain for {}: not root nor the daemon's user",
-                        DescribePeer(caller.peer));
+    static RateLimiter refused_log(1, std::chrono::seconds(10));
+    uint64_t held = 0;
+    if (refused_log.Allow(RateLimiter::Clock::now(), &held)) {
+      Log("main")->warn(
+          "refused to drain or undrain for {}: not root nor the daemon's user ({} more refused "
+          "since the last report)",
+          DescribePeer(caller.peer), held);
     }
     const std::string caller_text = caller.peer.known
                                         ? "uid " + std::to_string(caller.peer.uid) + " may use it"
