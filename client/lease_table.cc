@@ -13,6 +13,43 @@ namespace stash {
 using kernels::ControlLoad;
 using kernels::ControlStore;
 
+namespace {
+
+// Copies the fields the rank writes from `from` into the live block `to`, one store each.
+void CarryRankFields(const kernels::SessionControl& from, kernels::SessionControl& to) {
+  uint64_t kernels::SessionControl::*const fields[] = {
+      &kernels::SessionControl::step,
+      &kernels::SessionControl::steps,
+      &kernels::SessionControl::stashes,
+      &kernels::SessionControl::reloads,
+      &kernels::SessionControl::releases,
+      &kernels::SessionControl::bytes_stashed,
+      &kernels::SessionControl::bytes_reloaded,
+      &kernels::SessionControl::spills,
+      &kernels::SessionControl::overflows,
+      &kernels::SessionControl::rejected,
+      &kernels::SessionControl::demand_pages,
+      &kernels::SessionControl::demand_high_water,
+      &kernels::SessionControl::last_step_demand_high_water,
+      &kernels::SessionControl::step_flags,
+      &kernels::SessionControl::largest_stash_pages,
+      &kernels::SessionControl::last_step_largest_stash_pages,
+      &kernels::SessionControl::step_stashes,
+      &kernels::SessionControl::last_step_stashes,
+      &kernels::SessionControl::return_done};
+  for (auto field : fields) ControlStore(to.*field, ControlLoad(from.*field));
+  uint64_t kernels::TierControl::*const tier_fields[] = {
+      &kernels::TierControl::pages_used, &kernels::TierControl::high_water,
+      &kernels::TierControl::last_step_high_water, &kernels::TierControl::stashes_live,
+      &kernels::TierControl::bytes_live};
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    for (auto field : tier_fields)
+      ControlStore(to.tiers[t].*field, ControlLoad(from.tiers[t].*field));
+  }
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<LeaseTable>> LeaseTable::Create(
     uint64_t page_bytes, uint64_t chunk_bytes,
     const std::array<uint64_t, kernels::kLeaseTiers>& tier_bytes) {
@@ -63,12 +100,11 @@ Status LeaseTable::SetControlBlock(UniqueFd fd, uint64_t bytes) {
   if (p == MAP_FAILED) return ErrnoStatus("mapping the control block");
   madvise(p, bytes, MADV_DONTFORK);
   auto* block = static_cast<kernels::SessionControl*>(p);
-  // The daemon wrote magic and version; everything else is ours.
-  const uint64_t magic = ControlLoad(block->magic);
-  const uint64_t version = ControlLoad(block->version);
-  std::memcpy(static_cast<void*>(block), &own_control_, sizeof(own_control_));
-  ControlStore(block->magic, magic);
-  ControlStore(block->version, version);
+  // The daemon reads this block while we carry our counters over, and it owns magic, version
+  // and its own line (daemon_flags, return_request, ...): the rank's fields only, each a
+  // store of its own, never a plain copy over the live block.
+  CarryRankFields(*control_, *block);
+  ControlStore(block->attached, kernels::kControlMagic);
   if (control_map_ != nullptr) munmap(control_map_, control_map_bytes_);
   control_map_ = static_cast<uint8_t*>(p);
   control_map_bytes_ = bytes;

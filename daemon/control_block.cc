@@ -52,6 +52,9 @@ ControlView ControlBlock::Read(const std::array<uint64_t, k::kLeaseTiers>& pages
       std::min(k::ControlLoad(block_->last_step_demand_high_water), quota_pages);
   v.last_step_largest_stash_pages =
       std::min(k::ControlLoad(block_->last_step_largest_stash_pages), quota_pages);
+  v.last_step_stashes = k::ControlLoad(block_->last_step_stashes);
+  v.attached = k::ControlLoad(block_->attached) == k::kControlMagic;
+  v.return_done = k::ControlLoad(block_->return_done);
   const uint64_t flags = k::ControlLoad(block_->step_flags);
   v.step_overflow = (flags & k::kStepOverflow) != 0;
   v.step_spilled = (flags & k::kStepSpilled) != 0;
@@ -68,5 +71,22 @@ ControlView ControlBlock::Read(const std::array<uint64_t, k::kLeaseTiers>& pages
   }
   return v;
 }
+
+void ControlBlock::SetDraining(bool draining) {
+  k::ControlStore(block_->daemon_flags, draining ? k::kDaemonDraining : 0);
+}
+
+uint64_t ControlBlock::RequestReturn(const std::array<uint64_t, k::kLeaseTiers>& target_pages) {
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+    k::ControlStore(block_->return_target_pages[t], target_pages[t]);
+  }
+  // The targets first, then the number the rank watches (release: a rank that sees the new
+  // number reads these targets).
+  const uint64_t request = k::ControlLoad(block_->return_request) + 1;
+  __atomic_store_n(&block_->return_request, request, __ATOMIC_RELEASE);
+  return request;
+}
+
+uint64_t ControlBlock::return_requested() const { return k::ControlLoad(block_->return_request); }
 
 }  // namespace stash::daemon

@@ -44,6 +44,9 @@ struct ControlView {
   uint64_t last_step_largest_stash_pages = 0;  // <= the quota in pages
   bool step_overflow = false;
   bool step_spilled = false;
+  uint64_t last_step_stashes = 0;  // 0: the step before tried no stash (no demand sample)
+  bool attached = false;           // the rank mapped the block
+  uint64_t return_done = 0;        // the last return request the rank acted on
   std::array<ControlTierView, kernels::kLeaseTiers> tiers{};
 };
 
@@ -64,6 +67,15 @@ class ControlBlock {
   // one read to the next, so the counters the metrics export from them stay counters.
   ControlView Read(const std::array<uint64_t, kernels::kLeaseTiers>& pages_leased,
                    uint64_t quota_pages, uint64_t page_bytes) const;
+
+  // The daemon's own line, read by the rank at each BeginStep.
+  // Sets or clears kDaemonDraining.
+  void SetDraining(bool draining);
+  // Asks the rank to give back chunks no stash uses until it holds at most `target_pages` per
+  // tier; returns the request's number (ControlView::return_done reaches it once acted on).
+  uint64_t RequestReturn(const std::array<uint64_t, kernels::kLeaseTiers>& target_pages);
+  // The number of the last RequestReturn (0: none).
+  uint64_t return_requested() const;
 
  private:
   ControlBlock(std::unique_ptr<SharedMemory> memory, kernels::SessionControl* block)

@@ -19,7 +19,7 @@ namespace stash::kernels {
 // "stashctl" in ASCII, then the layout version: a block that does not start with both is
 // shown as empty.
 inline constexpr uint64_t kControlMagic = 0x6c74636873617473ull;
-inline constexpr uint64_t kControlVersion = 1;
+inline constexpr uint64_t kControlVersion = 2;
 
 // The tiers a mapped session leases, in the order a stash tries them.
 enum LeaseTier : uint32_t { kLeaseDevice = 0, kLeasePeer = 1, kLeaseHost = 2 };
@@ -62,13 +62,38 @@ struct alignas(64) SessionControl {
   // overflowed): a stash goes whole into one tier, so a spill tier must hold at least this much.
   uint64_t largest_stash_pages;
   uint64_t last_step_largest_stash_pages;
+  // Stashes tried (placed or overflowed) in the current step and in the step before. A step
+  // that tried none (a rerun with the stash off) is no sample of demand: auto sizing skips it.
+  uint64_t step_stashes;
+  uint64_t last_step_stashes;
+  // kControlMagic once the rank mapped this block: until then the daemon sends it again with
+  // each lease answer.
+  uint64_t attached;
+  // The last return_request (below) the rank acted on.
+  uint64_t return_done;
+  uint64_t rank_reserved[2];
+
+  // Written by the daemon, read by the rank at each BeginStep. Its own cache line: the rank's
+  // counters above change at every stash.
+  alignas(64) uint64_t daemon_flags;  // kDaemonDraining
+  // Raised by the daemon when it asks the rank to give back chunks none of its stashes use,
+  // down to return_target_pages per tier, at its next step (another session found the pool
+  // leased out).
+  uint64_t return_request;
+  uint64_t return_target_pages[kLeaseTiers];
+  uint64_t daemon_reserved[3];
+
   TierControl tiers[kLeaseTiers];
 };
-static_assert(sizeof(SessionControl) == 192 + 64 * kLeaseTiers,
+static_assert(sizeof(SessionControl) == 256 + 64 * kLeaseTiers,
               "SessionControl is shared across processes");
 
 inline constexpr uint64_t kStepOverflow = 1;
 inline constexpr uint64_t kStepSpilled = 2;
+
+// daemon_flags: the daemon drains (stashctl drain): stash no more, reload what is stashed,
+// then end the session; cleared again by stashctl undrain.
+inline constexpr uint64_t kDaemonDraining = 1;
 
 // The size of the memfd that holds a SessionControl.
 inline constexpr uint64_t kControlBlockBytes = 4096;
