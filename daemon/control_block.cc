@@ -87,6 +87,8 @@ uint64_t ControlBlock::RequestReturn(const std::array<uint64_t, k::kLeaseTiers>&
   return request;
 }
 
+bool ControlBlock::attached() const { return k::ControlLoad(block_->attached) == k::kControlMagic; }
+
 uint64_t ControlBlock::return_requested() const { return k::ControlLoad(block_->return_request); }
 
 }  // namespace stash::daemon

@@ -74,6 +74,8 @@ class ControlBlock {
   // Asks the rank to give back chunks no stash uses until it holds at most `target_pages` per
   // tier; returns the request's number (ControlView::return_done reaches it once acted on).
   uint64_t RequestReturn(const std::array<uint64_t, kernels::kLeaseTiers>& target_pages);
+  // Whether the rank said it mapped the block (until then the daemon sends it again).
+  bool attached() const;
   // The number of the last RequestReturn (0: none).
   uint64_t return_requested() const;
 

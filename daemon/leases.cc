@@ -35,6 +35,10 @@ v1::Tier ProtoTier(uint32_t lease_tier) {
   }
 }
 
+const std::string& ProtoTierName(uint32_t lease_tier) {
+  return v1::Tier_Name(ProtoTier(lease_tier));
+}
+
 uint32_t LeaseTierOf(v1::Tier tier) {
   return tier == v1::TIER_DEVICE ? kDevice : tier == v1::TIER_PEER ? kPeer : kHost;
 }
@@ -162,23 +166,22 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   if (h == nullptr) return status;
   if (h->ended) return FailedPreconditionError("this session has ended");
 
+  // The control block goes with every answer until the rank says it mapped it (an answer the
+  // rank lost or could not map would otherwise leave the session without one for good).
+  const bool send_control = !h->control->attached();
   // Each chunk granted is a descriptor sent; the answer may carry `who.max_descriptors` of them
   // (the user's share of descriptors in flight), the control block's first.
-  if (!h->control_sent && who.max_descriptors == 0) {
+  if (send_control && who.max_descriptors == 0) {
     return ResourceExhaustedError(
         "uid " + std::to_string(who.uid) +
         " has its share of descriptors in flight to it, sent in answers not yet read: read "
         "those answers first");
   }
-  const uint64_t max_chunks = who.max_descriptors - (h->control_sent ? 0 : 1);
+  const uint64_t max_chunks = who.max_descriptors - (send_control ? 1 : 0);
   const bool host_ok = has_host_ && h->allow_host_spill;
   std::array<bool, k::kLeaseTiers> allowed{true, config_.peer_tier && pools_ > 1, host_ok};
   std::array<uint64_t, k::kLeaseTiers> held{};
-  uint64_t held_total = 0;
-  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
-    held[t] = HeldPages(*h, t);
-    held_total += held[t];
-  }
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(*h, t);
   std::array<uint64_t, k::kLeaseTiers> capacity{};
   capacity[kDevice] = tiers_[static_cast<size_t>(h->pool)]->pages();
   for (size_t p = 0; p < pools_; ++p) {
@@ -191,12 +194,13 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   // be shorter or rounded, so the quota is checked in pages as granted).
   auto grow = [&](uint32_t t, uint64_t want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!allowed[t] || want <= held[t]) return;
-    const uint64_t budget = quota_pages_ > held_total ? quota_pages_ - held_total : 0;
+    const uint64_t budget = quota_pages_ > held[t] ? quota_pages_ - held[t] : 0;
     Status grown = Grow(*h, t, want, budget, max_chunks, &reply.parts);
     if (!grown.ok()) Log("pool")->warn("session {}: lease: {}", h->session_id, grown.message());
-    const uint64_t now = HeldPages(*h, t);
-    held_total += now - held[t];
-    held[t] = now;
+    held[t] = HeldPages(*h, t);
+    // Short of what it aimed at and within the quota: the tier is leased out. Sessions holding
+    // chunks their demand does not need are asked to give them back at their next step.
+    if (held[t] < want && held[t] + chunk_pages_ <= quota_pages_) AskForReturns(*h, t);
   };
   std::array<uint64_t, k::kLeaseTiers> target = held;
   std::array<uint64_t, k::kLeaseTiers> pages_target = held;
@@ -204,7 +208,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     h->automatic = false;
     h->aim = {};
     h->below = {};
-    uint64_t total = 0;
+    bool over = false;
     std::string asked;
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
       for (const v1::TierPages& w : request.want()) {
@@ -225,37 +229,51 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
                    std::to_string(w.pages() <= quota_pages_ ? target[t] : w.pages()) + " pages";
         }
       }
-      total += target[t];
+      over = over || target[t] > quota_pages_;
     }
-    if (total > quota_pages_) {
+    if (over) {
       return ResourceExhaustedError(
           "the lease asks for " + (asked.empty() ? std::string("nothing") : asked) + " (pages of " +
           std::to_string(config_.page_bytes) + " bytes, in whole chunks of " +
           std::to_string(chunk_pages_) + " pages) but a session may lease at most " +
           std::to_string(quota_pages_) + " pages, " + std::to_string(config_.max_lease_bytes) +
-          " bytes (--max-lease-bytes): ask for less");
+          " bytes, of each tier (--max-lease-bytes): ask for less");
     }
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) grow(t, target[t]);
   } else {
     h->automatic = true;
     const ControlView view = h->control->Read(held, quota_pages_, config_.page_bytes);
-    if (view.steps == 0) {
-      // No step behind: the own pool's free chunks up to the quota.
-      target[kDevice] = std::max(held[kDevice], RoundUp(quota_pages_, chunk_pages_));
-      grow(kDevice, target[kDevice]);
+    // A step with no stash tried (none yet, or a rerun with the stash off) says nothing about
+    // demand: the lease stays as it is.
+    const bool sample = view.steps > 0 && view.last_step_stashes > 0;
+    if (!h->sampled && held == std::array<uint64_t, k::kLeaseTiers>{}) {
+      // No step behind: half the own pool's free chunks (at least one, at most the quota), so
+      // ranks that start together each get room and a lone rank most of its pool. Steps then
+      // size it to demand; a rank holding more than it needs gives back when asked.
+      Tier* pool = tiers_[static_cast<size_t>(h->pool)];
+      uint64_t free_pages = 0;
+      {
+        MutexLock tier_lock(&pool->mu());
+        free_pages = pool->WhollyFreeChunks().size() * chunk_pages_;
+      }
+      const uint64_t want = std::min(RoundUp(quota_pages_, chunk_pages_),
+                                     std::max(chunk_pages_, RoundUp(free_pages / 2, chunk_pages_)));
+      grow(kDevice, want);
       for (uint32_t t = 0; t < k::kLeaseTiers; ++t) h->aim[t] = held[t];
-    } else {
+    } else if (sample) {
+      h->sampled = true;
       const uint64_t demand = view.last_step_demand_high_water;
       const uint64_t margin = std::max<uint64_t>(1, (demand + 7) / 8);
-      uint64_t remaining = std::min(quota_pages_, demand + margin);
+      uint64_t remaining = demand + margin;
       for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
         // A stash goes whole into one tier: a tier that takes part of the demand past the own
         // pool holds at least the step's largest stash, or that stash would overflow again.
-        const uint64_t want =
-            t != kDevice && remaining > 0
-                ? std::min(quota_pages_, std::max(remaining, view.last_step_largest_stash_pages))
-                : remaining;
-        const uint64_t aim = allowed[t] ? std::min(RoundUp(want, chunk_pages_), capacity[t]) : 0;
+        const uint64_t want = t != kDevice && remaining > 0
+                                  ? std::max(remaining, view.last_step_largest_stash_pages)
+                                  : remaining;
+        const uint64_t aim = allowed[t] ? std::min({RoundUp(want, chunk_pages_), capacity[t],
+                                                    RoundUp(quota_pages_, chunk_pages_)})
+                                        : 0;
         h->aim[t] = aim;
         grow(t, aim);
         // What the tier holds now covers that much of the demand; the rest goes on.
@@ -268,9 +286,13 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
       if (h->aim[t] < held[t]) {
         h->below[t] = std::min<uint64_t>(h->below[t] + 1, 1000);
-        pages_target[t] = h->below[t] >= 3 ? h->aim[t] : held[t];
+        // Above its aim for three steps, or asked to give back (another session waits for the
+        // tier): down to the aim now.
+        const bool asked = h->return_asked[t];
+        pages_target[t] = h->below[t] >= 3 || asked ? h->aim[t] : held[t];
       } else {
         h->below[t] = 0;
+        h->return_asked[t] = false;
         pages_target[t] = held[t];
       }
     }
@@ -283,7 +305,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     lease->set_pages(held[t]);
     lease->set_pages_target(pages_target[t]);
   }
-  if (!h->control_sent) {
+  if (send_control) {
     v1::DescriptorResponse block;
     block.set_more(true);
     block.mutable_control_block()->set_bytes(k::kControlBlockBytes);
@@ -291,9 +313,32 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     if (!fd.valid()) return ErrnoStatus("dup of the control block");
     reply.parts.insert(reply.parts.begin(),
                        DescriptorPart{DescriptorAnswer(Status::Ok(), block), std::move(fd)});
-    h->control_sent = true;
   }
   return reply;
+}
+
+void Leases::AskForReturns(const Holder& wanting, uint32_t lease_tier) {
+  if (lease_tier == kPeer) return;  // peers lend only spare chunks: nothing to ask back
+  for (auto& [id, other] : holders_) {
+    Holder& g = *other;
+    if (&g == &wanting || g.ended || !g.automatic || !g.sampled || g.return_asked[lease_tier]) {
+      continue;
+    }
+    if (lease_tier == kDevice && g.pool != wanting.pool) continue;
+    if (HeldPages(g, lease_tier) <= g.aim[lease_tier]) continue;
+    // Down to its aim (its last step's demand and margin) in this tier, the rest as held.
+    std::array<uint64_t, k::kLeaseTiers> target{};
+    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+      target[t] = t == lease_tier ? g.aim[t] : HeldPages(g, t);
+    }
+    g.return_asked[lease_tier] = true;
+    g.control->RequestReturn(target);
+    Log("pool")->info(
+        "session {}: asked to give back {} pages of {} it does not use at its next step, for "
+        "session {}",
+        g.session_id, HeldPages(g, lease_tier) - g.aim[lease_tier], ProtoTierName(lease_tier),
+        wanting.session_id);
+  }
 }
 
 Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t budget,

@@ -124,14 +124,21 @@ class Leases {
     uint32_t uid = 0;
     UniqueFd pidfd;
     std::unique_ptr<ControlBlock> control;
-    bool control_sent = false;
     bool ended = false;      // the stream ended: chunks are orphaned
     bool automatic = false;  // its last lease was automatic
     std::array<std::vector<uint64_t>, kernels::kLeaseTiers> held;  // chunk ids per lease tier
     std::array<uint64_t, kernels::kLeaseTiers> below{};  // auto requests the aim sat below
     std::array<uint64_t, kernels::kLeaseTiers> aim{};    // auto: the pages aimed at
+    bool sampled = false;  // auto: sized from a step's demand at least once
+    // Asked (through the control block) to give back what it holds above its aim, per tier,
+    // until it holds no more than the aim.
+    std::array<bool, kernels::kLeaseTiers> return_asked{};
   };
 
+  // `wanting` could not grow `lease_tier` to its aim: every automatic session of the same
+  // source holding more than its own aim there is asked, through its control block, to give
+  // the rest back at its next step (once per session until it has).
+  void AskForReturns(const Holder& wanting, uint32_t lease_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Holder* FindOrCreate(const LeaseHolder& who, Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t HeldPages(const Holder& h, uint32_t lease_tier) const;
   uint64_t PagesOf(uint64_t id) const;

@@ -122,12 +122,21 @@ class LeasesTest : public ::testing::Test {
 
 TEST_F(LeasesTest, QuotaRefusalSaysTheNumbersAndGrantsNothing) {
   Build();
-  const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 24}, {v1::TIER_HOST, 16}});
+  // The quota holds for each tier: 24 device pages and 16 host pages are within it...
+  const Granted within = Want(Holder("c"), {{v1::TIER_DEVICE, 24}, {v1::TIER_HOST, 16}});
+  ASSERT_TRUE(within.status.ok()) << within.status.message();
+  EXPECT_EQ(within.chunks.size(), 10u);
+  std::vector<uint64_t> ids;
+  for (const v1::LeasedChunk& c : within.chunks) ids.push_back(c.chunk_id());
+  ASSERT_TRUE(Return(Holder("c"), ids).ok());
+  // ...36 device pages are not.
+  const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 36}, {v1::TIER_HOST, 16}});
   EXPECT_EQ(g.status.code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(g.status.message().find("at most 32 pages, 131072 bytes (--max-lease-bytes)"),
-            std::string::npos)
+  EXPECT_NE(
+      g.status.message().find("at most 32 pages, 131072 bytes, of each tier (--max-lease-bytes)"),
+      std::string::npos)
       << g.status.message();
-  EXPECT_NE(g.status.message().find("TIER_DEVICE 24 pages, TIER_HOST 16 pages"), std::string::npos)
+  EXPECT_NE(g.status.message().find("TIER_DEVICE 36 pages, TIER_HOST 16 pages"), std::string::npos)
       << g.status.message();
   EXPECT_TRUE(g.chunks.empty());
   // What was asked is quoted as asked, however far past the quota (not the clamped number).
@@ -155,10 +164,19 @@ TEST_F(LeasesTest, GrantsWholeChunksTheControlBlockFirstAndWhatIsFree) {
   ASSERT_TRUE(rest.status.ok());
   EXPECT_EQ(rest.chunks.size(), 6u);
   EXPECT_EQ(pools_[0]->chunks_free(), 0u);
-  // The next lease of the first session brings no second control block.
+  // The control block comes again with each answer until the rank says it mapped it (an
+  // answer it lost must not leave it without one)...
   const Granted again = Want(Holder("a"), {{v1::TIER_HOST, 4}});
-  EXPECT_FALSE(again.control.valid());
+  ASSERT_TRUE(again.control.valid());
   EXPECT_EQ(again.chunks.size(), 1u);
+  auto* block =
+      reinterpret_cast<k::SessionControl*>(Map(again.control.get(), k::kControlBlockBytes));
+  k::ControlStore(block->attached, k::kControlMagic);
+  // ...and no more once it did.
+  const Granted then = Want(Holder("a"), {{v1::TIER_HOST, 8}});
+  EXPECT_FALSE(then.control.valid());
+  EXPECT_EQ(then.chunks.size(), 1u);
+  munmap(block, k::kControlBlockBytes);
   EXPECT_TRUE(pools_[0]->RingIsPermutation());
 }
 
@@ -312,18 +330,16 @@ TEST_F(LeasesTest, OrphanedChunksComeBackWhenTheProcessExits) {
 TEST_F(LeasesTest, AutoGrowsToTheStepsDemandAndShrinksOnlyAfterThreeSteps) {
   Build();
   const LeaseHolder h = Holder("a");
-  // First auto lease, no step behind: the own pool's free chunks up to the quota.
+  // First auto lease, no step behind: half the own pool's free chunks.
   Granted g = Auto(h);
   ASSERT_TRUE(g.status.ok());
   ASSERT_TRUE(g.control.valid());
-  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 32u);
+  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 16u);
   auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
   EXPECT_EQ(block->magic, k::kControlMagic);
-  ASSERT_TRUE(Return(h, {g.chunks[4].chunk_id(), g.chunks[5].chunk_id(), g.chunks[6].chunk_id(),
-                         g.chunks[7].chunk_id()})
-                  .ok());
   // A step of demand 20 pages: 20 + ceil(20/8)=3 -> 23 -> 24 pages (6 chunks): grows at once.
   block->steps = 1;
+  block->last_step_stashes = 2;
   block->last_step_demand_high_water = 20;
   g = Auto(h);
   EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
@@ -345,34 +361,108 @@ TEST_F(LeasesTest, AutoGrowsToTheStepsDemandAndShrinksOnlyAfterThreeSteps) {
   EXPECT_EQ(Target(g, v1::TIER_DEVICE), 24u);
   // More than the own pool: the rest goes to the host tier (no --peer-tier).
   ASSERT_EQ(Want(Holder("other"), {{v1::TIER_DEVICE, 8}}).chunks.size(), 2u);
-  block->last_step_demand_high_water = 30;  // 30 + 4 = 34 > quota 32: 32
+  // 30 + 4 = 34: the own pool's 24 free pages, the other 10 (12) from the host tier, whose
+  // quota is its own.
+  block->last_step_demand_high_water = 30;
   g = Auto(h);
   EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
-  EXPECT_EQ(Pages(g, v1::TIER_HOST), 8u);
+  EXPECT_EQ(Pages(g, v1::TIER_HOST), 12u);
   munmap(block, k::kControlBlockBytes);
 }
 
 TEST_F(LeasesTest, ASpillTierHoldsTheStepsLargestStashWhole) {
   Build();
-  // Another session holds half the own pool; the first auto lease takes the other half.
+  // Another session holds half the own pool; the first auto lease takes half the other half.
   ASSERT_EQ(Want(Holder("b"), {{v1::TIER_DEVICE, 16}}).chunks.size(), 4u);
   const LeaseHolder h = Holder("a");
   Granted g = Auto(h);
   ASSERT_TRUE(g.control.valid());
-  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 16u);
+  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 8u);
   auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
-  // Demand 18 pages = the own 16 + 2 more, but the step's largest stash was 12 pages: a host
-  // lease of 2 (+ margin) pages could never take it, so the host tier aims at 12 -> 12 pages.
+  // Demand 18 pages = the own pool's 16 free + 2 more, but the step's largest stash was 12
+  // pages: a host lease of 2 (+ margin) pages could never take it, so the host tier aims at 12.
   block->steps = 1;
+  block->last_step_stashes = 3;
   block->last_step_demand_high_water = 18;
   block->last_step_largest_stash_pages = 12;
   g = Auto(h);
   EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 16u);
   EXPECT_EQ(Pages(g, v1::TIER_HOST), 12u);
-  // Garbage is clamped to the quota (32 pages) and only sizes this session's own lease.
+  // Garbage is clamped to the quota (32 pages of each tier) and only sizes this session's own
+  // lease.
   block->last_step_largest_stash_pages = ~0ull;
   g = Auto(h);
-  EXPECT_LE(Pages(g, v1::TIER_DEVICE) + Pages(g, v1::TIER_HOST), 32u);
+  EXPECT_LE(Pages(g, v1::TIER_DEVICE), 32u);
+  EXPECT_LE(Pages(g, v1::TIER_HOST), 32u);
+  munmap(block, k::kControlBlockBytes);
+}
+
+// Ranks that start together on one pool each find room: the first automatic lease is half of
+// what is free, not the whole quota.
+TEST_F(LeasesTest, FirstAutoLeasesOfRanksStartingTogetherEachGetRoom) {
+  Build();
+  const uint64_t expected[] = {16, 8, 4, 4};
+  for (int r = 0; r < 4; ++r) {
+    const Granted g = Auto(Holder("r" + std::to_string(r)));
+    ASSERT_TRUE(g.status.ok()) << g.status.message();
+    EXPECT_EQ(Pages(g, v1::TIER_DEVICE), expected[r]) << "rank " << r;
+  }
+}
+
+// A step that tried no stash (a rerun with the stash off) is no sample of demand: the lease
+// neither shrinks nor counts toward the three steps below its aim.
+TEST_F(LeasesTest, AStepWithoutStashesIsNoSampleOfDemand) {
+  Build();
+  const LeaseHolder h = Holder("a");
+  Granted g = Auto(h);
+  auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
+  block->steps = 1;
+  block->last_step_stashes = 4;
+  block->last_step_demand_high_water = 20;
+  g = Auto(h);
+  ASSERT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
+  // Three reruns with the stash off: no stash, no demand.
+  block->last_step_stashes = 0;
+  block->last_step_demand_high_water = 0;
+  for (int i = 0; i < 5; ++i) {
+    block->steps = 2 + i;
+    g = Auto(h);
+    EXPECT_EQ(Target(g, v1::TIER_DEVICE), 24u) << "rerun " << i;
+  }
+  munmap(block, k::kControlBlockBytes);
+}
+
+// A session that finds the pool leased out makes the daemon ask, through their control blocks,
+// the automatic sessions that hold more than their demand to give the rest back at their next
+// step; their next lease answer then targets their aim at once.
+TEST_F(LeasesTest, ASessionFindingThePoolLeasedOutAsksOthersToGiveBack) {
+  Build();
+  const LeaseHolder a = Holder("a");
+  const Granted first = Auto(a);
+  ASSERT_EQ(Pages(first, v1::TIER_DEVICE), 16u);
+  ASSERT_EQ(first.chunks.size(), 4u);
+  auto* block =
+      reinterpret_cast<k::SessionControl*>(Map(first.control.get(), k::kControlBlockBytes));
+  block->steps = 1;
+  block->last_step_stashes = 1;
+  Granted g;
+  block->last_step_demand_high_water = 4;  // 4 + 1 -> aim 8 pages
+  g = Auto(a);
+  EXPECT_EQ(Target(g, v1::TIER_DEVICE), 16u);  // one step below its aim: kept for now
+  EXPECT_EQ(k::ControlLoad(block->return_request), 0u);
+  ASSERT_EQ(Want(Holder("b"), {{v1::TIER_DEVICE, 16}}).chunks.size(), 4u);  // the pool is full
+  const Granted c = Auto(Holder("c"));
+  EXPECT_EQ(Pages(c, v1::TIER_DEVICE), 0u);
+  EXPECT_EQ(k::ControlLoad(block->return_request), 1u);
+  EXPECT_EQ(k::ControlLoad(block->return_target_pages[k::kLeaseDevice]), 8u);
+  // Asked once, not at every lease of the one waiting.
+  (void)Auto(Holder("c"));
+  EXPECT_EQ(k::ControlLoad(block->return_request), 1u);
+  g = Auto(a);
+  EXPECT_EQ(Target(g, v1::TIER_DEVICE), 8u);
+  // It gives two chunks back; the waiting session's next lease takes them.
+  ASSERT_TRUE(Return(a, {first.chunks[2].chunk_id(), first.chunks[3].chunk_id()}).ok());
+  EXPECT_EQ(Pages(Auto(Holder("c")), v1::TIER_DEVICE), 4u);
   munmap(block, k::kControlBlockBytes);
 }
 
@@ -430,7 +520,8 @@ TEST_F(LeasesTest, GarbageInAControlBlockChangesOnlyThatSessionsNumbers) {
     // The auto sizer reads it too and stays within the quota.
     const Granted g = Auto(Holder("a"));
     EXPECT_TRUE(g.status.ok());
-    EXPECT_LE(Pages(g, v1::TIER_DEVICE) + Pages(g, v1::TIER_HOST), 32u);
+    EXPECT_LE(Pages(g, v1::TIER_DEVICE), 32u);
+    EXPECT_LE(Pages(g, v1::TIER_HOST), 32u);
     std::vector<v1::LeaseStats> rows_b;
     ControlView view_b;
     ASSERT_TRUE(leases_->Describe("b", &rows_b, &view_b));
