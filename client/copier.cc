@@ -61,8 +61,7 @@ Copier::Copier(std::unique_ptr<LeaseTable> table, uint32_t copy_threads, bool al
                StepHook step_hook)
     : allow_host_(allow_host),
       step_hook_(std::move(step_hook)),
-      // Random high bits: a ticket of another session (or process) is not found here.
-      id_base_(RandomNonZeroU64() & ~uint64_t{0xffffffff}),
+      id_base_(RandomNonZeroU64()),
       workers_(std::max<uint32_t>(1, copy_threads)),
       table_(std::move(table)) {
   thread_ = std::thread([this] { Run(); });
@@ -86,8 +85,8 @@ uint64_t Copier::Submit(CopyOp op) {
   uint64_t id = 0;
   {
     MutexLock lock(&mu_);
-    id = id_base_ | (++next_id_ & 0xffffffff);
-    if (id == 0) id = id_base_ | (++next_id_ & 0xffffffff);
+    id = id_base_ + ++next_id_;
+    if (id == 0) id = id_base_ + ++next_id_;  // 0 is no ticket
     op.id = id;
     op.epoch = epoch_;
     op.submitted = std::chrono::steady_clock::now();
@@ -174,6 +173,32 @@ void Copier::NewEpoch() {
   flags_ = StepFlags{};
 }
 
+void Copier::Post(TableChange change) {
+  bool wake = false;
+  {
+    MutexLock lock(&mu_);
+    posted_.push_back(std::move(change));
+    has_posted_.store(true, std::memory_order_release);
+    wake = sleeping_;
+    sleeping_ = false;
+  }
+  if (wake) work_cv_.Signal();
+}
+
+void Copier::ApplyChanges() {
+  {
+    MutexLock lock(&mu_);
+    for (TableChange& c : posted_) changes_.push_back(std::move(c));
+    posted_.clear();
+    has_posted_.store(false, std::memory_order_relaxed);
+  }
+  std::vector<TableChange> later;
+  for (TableChange& change : changes_) {
+    if (!change(table_, !stashes_.empty())) later.push_back(std::move(change));
+  }
+  changes_ = std::move(later);
+}
+
 void Copier::Drain() {
   MutexLock lock(&mu_);
   ++waiters_;
@@ -192,17 +217,23 @@ void Copier::Run() {
     std::deque<CopyOp> batch;
     {
       MutexLock lock(&mu_);
-      while (queue_.empty() && !stopping_) {
+      while (queue_.empty() && posted_.empty() && !stopping_) {
         sleeping_ = true;
         work_cv_.Wait(&mu_);
       }
       sleeping_ = false;
-      if (queue_.empty()) return;  // stopping, and everything ran
       batch.swap(queue_);
       running_ = batch.size();
       seen = queued_.load(std::memory_order_relaxed);
     }
+    if (batch.empty()) {
+      ApplyChanges();
+      MutexLock lock(&mu_);
+      if (stopping_ && queue_.empty()) return;  // stopping, and everything ran
+      continue;
+    }
     for (CopyOp& op : batch) {
+      if (has_posted_.load(std::memory_order_acquire)) ApplyChanges();
       Result result;
       Execute(op, result);
       // The library raises the done event itself, also after an error: a stream waiting on it
@@ -304,10 +335,14 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   if (plan.placement == Placement::kOverflow) {
     done.tier = Tier::kOverflow;
     ControlAdd(c.overflows, 1);
-    // The pages it would have needed count as demand for auto sizing.
+    ControlAdd(c.step_stashes, 1);
+    // The pages it would have needed count as demand for auto sizing, for the rest of the step
+    // (the rank holds the activation itself until backward).
     const uint64_t rows = std::min(plan.rows, op.max_rows);
     const uint64_t pages = kernels::PagesFor(rows * op.row_bytes, page_bytes);
+    step_overflow_pages_ += pages;
     const uint64_t want = ControlLoad(c.demand_pages) + pages;
+    ControlStore(c.demand_pages, want);
     ControlStore(c.demand_high_water, std::max(ControlLoad(c.demand_high_water), want));
     ControlStore(c.largest_stash_pages, std::max(ControlLoad(c.largest_stash_pages), pages));
     SetFlag(op.epoch, /*overflow=*/true, /*spilled=*/false);
@@ -340,6 +375,7 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   ControlAdd(t.stashes_live, 1);
   ControlAdd(t.bytes_live, plan.bytes);
   ControlAdd(c.stashes, 1);
+  ControlAdd(c.step_stashes, 1);
   ControlAdd(c.bytes_stashed, plan.bytes);
   const uint64_t demand = ControlLoad(c.demand_pages) + plan.pages;
   ControlStore(c.demand_pages, demand);
@@ -436,7 +472,14 @@ void Copier::DoBeginStep(const CopyOp& op, Result& result) {
     ControlStore(t.high_water, ControlLoad(t.pages_used));
   }
   ControlStore(c.last_step_demand_high_water, ControlLoad(c.demand_high_water));
+  // The step's overflowed stashes stop counting: the next step's demand starts from the pages
+  // its live stashes hold.
+  const uint64_t demand = ControlLoad(c.demand_pages);
+  ControlStore(c.demand_pages, demand - std::min(demand, step_overflow_pages_));
+  step_overflow_pages_ = 0;
   ControlStore(c.demand_high_water, ControlLoad(c.demand_pages));
+  ControlStore(c.last_step_stashes, ControlLoad(c.step_stashes));
+  ControlStore(c.step_stashes, 0);
   ControlStore(c.last_step_largest_stash_pages, ControlLoad(c.largest_stash_pages));
   ControlStore(c.largest_stash_pages, 0);
   ControlStore(c.step_flags, 0);

@@ -69,6 +69,10 @@ class Copier {
   // (which it may replace, when no stash is live) and whether a stash is live.
   using StepHook =
       std::function<void(uint64_t step, std::unique_ptr<LeaseTable>& table, bool stashes_live)>;
+  // A change to the table made on the worker thread between two operations (chunks that came,
+  // a new session's table). Returns false to be tried again at the next boundary (it needs no
+  // stash live, say).
+  using TableChange = std::function<bool(std::unique_ptr<LeaseTable>& table, bool stashes_live)>;
 
   // `copy_threads` >= 1 (the worker counts); `allow_host`: stashes may go to the host tier.
   Copier(std::unique_ptr<LeaseTable> table, uint32_t copy_threads, bool allow_host,
@@ -87,6 +91,9 @@ class Copier {
   StepFlags Flags() const;
   // Starts a new step here at once: flags cleared; later stashes count for it.
   void NewEpoch();
+  // Queues `change` for the worker, which runs it before its next operation (or at once when
+  // idle). Never blocks on the worker.
+  void Post(TableChange change);
   // Waits until every operation submitted so far ran.
   void Drain();
   // Drains (an operation still waiting for its ready event 10 s after this is answered
@@ -118,21 +125,31 @@ class Copier {
   // Returns `record`'s pages to its ring and updates the control block's live counts.
   void ReturnStashPages(const StashRecord& record);
   void SetFlag(uint64_t epoch, bool overflow, bool spilled);
+  // Runs the posted table changes (worker thread); those that say "not yet" stay queued.
+  void ApplyChanges();
 
   const bool allow_host_;
   const StepHook step_hook_;
-  const uint64_t id_base_;  // random: tickets of other sessions are not found here
+  // Random: tickets of other sessions (and processes) are not found here. Ids run on over all
+  // 64 bits from it, so they never wrap onto a live ticket.
+  const uint64_t id_base_;
   CopyWorkers workers_;
 
   // Worker thread only.
   std::unique_ptr<LeaseTable> table_;
   std::unordered_map<uint64_t, StashRecord> stashes_;
   StepFlags stream_flags_;  // the current step's flags in stream order (BeginStep answers them)
+  // Pages of the current step's overflowed stashes: they count as demand until the step ends
+  // (the rank holds them itself meanwhile).
+  uint64_t step_overflow_pages_ = 0;
+  std::vector<TableChange> changes_;  // taken from posted_, not applied yet
 
   mutable Mutex mu_;
   CondVar work_cv_;  // the worker sleeps on it
   CondVar done_cv_;  // Wait and Drain sleep on it
   std::deque<CopyOp> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<TableChange> posted_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> has_posted_{false};  // posted_ is not empty: the worker looks between ops
   std::unordered_map<uint64_t, Result> results_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;

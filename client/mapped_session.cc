@@ -55,6 +55,7 @@ StatusOr<std::unique_ptr<MappedSession>> MappedSession::Open(const Options& opti
   session->copier_ = std::make_unique<Copier>(
       std::move(table), options.copy_threads, options.allow_host_spill,
       [raw](uint64_t, std::unique_ptr<LeaseTable>& t, bool live) { raw->OnStep(t, live); });
+  session->lease_thread_ = std::thread([raw] { raw->LeaseLoop(); });
   return session;
 }
 
@@ -109,22 +110,7 @@ Status MappedSession::Lease(LeaseTable& table, DescriptorChannel& channel,
   }
   STASH_ASSIGN_OR_RETURN(LeaseAnswer answer, channel.Lease(!fixed, want));
   Status first = Status::Ok();
-  if (answer.control_block.valid()) {
-    first = table.SetControlBlock(std::move(answer.control_block), answer.control_block_bytes);
-  }
-  std::vector<uint64_t> give_back;
-  for (LeaseAnswer::Chunk& c : answer.chunks) {
-    Status mapped = table.AddChunk(LeaseTierOf(c.tier), c.id, std::move(c.fd), c.bytes);
-    if (!mapped.ok()) {
-      give_back.push_back(c.id);
-      if (first.ok()) first = mapped;
-    }
-  }
-  for (const LeaseAnswer::Held& held : answer.lease) {
-    if (held.pages_target >= held.pages) continue;
-    std::vector<uint64_t> ids = table.ShrinkTo(LeaseTierOf(held.tier), held.pages_target);
-    give_back.insert(give_back.end(), ids.begin(), ids.end());
-  }
+  std::vector<uint64_t> give_back = Apply(table, answer, &first);
   if (!give_back.empty()) {
     StatusOr<uint64_t> returned = channel.Return(give_back);
     if (!returned.ok() && first.ok()) first = returned.status();
@@ -133,48 +119,166 @@ Status MappedSession::Lease(LeaseTable& table, DescriptorChannel& channel,
   return first;
 }
 
+std::vector<uint64_t> MappedSession::Apply(LeaseTable& table, LeaseAnswer& answer, Status* first) {
+  if (answer.control_block.valid()) {
+    Status st = table.SetControlBlock(std::move(answer.control_block), answer.control_block_bytes);
+    if (!st.ok() && first->ok()) *first = st;
+  }
+  std::vector<uint64_t> give_back;
+  for (LeaseAnswer::Chunk& c : answer.chunks) {
+    Status mapped = table.AddChunk(LeaseTierOf(c.tier), c.id, std::move(c.fd), c.bytes);
+    if (!mapped.ok()) {
+      give_back.push_back(c.id);
+      if (first->ok()) *first = mapped;
+    }
+  }
+  answer.chunks.clear();
+  for (const LeaseAnswer::Held& held : answer.lease) {
+    if (held.pages_target >= held.pages) continue;
+    std::vector<uint64_t> ids = table.ShrinkTo(LeaseTierOf(held.tier), held.pages_target);
+    give_back.insert(give_back.end(), ids.begin(), ids.end());
+  }
+  return give_back;
+}
+
 void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live) {
-  std::shared_ptr<SessionStream> current = stream();
-  if (current->broken_now()) {
-    if (stashes_live) return;  // the chunks held carry the step; reconnect once none is live
-    std::shared_ptr<SessionStream> fresh;
-    std::unique_ptr<LeaseTable> fresh_table;
-    Status st = Connect(&fresh, &fresh_table);
-    if (!st.ok()) {
-      if (!unavailable_logged_.exchange(true)) {
-        Log("client")->warn(
-            "mapped session: cannot reconnect to stashd yet ({}); the step goes "
-            "on with the chunks held",
-            st.ToString());
-      }
-      return;
+  LeaseWork work;
+  // The daemon asked (another session found the pool leased out): give back down to its
+  // targets what no stash holds. Targets first, then the number (RequestReturn's order).
+  kernels::SessionControl& control = table->control();
+  const uint64_t asked = __atomic_load_n(&control.return_request, __ATOMIC_ACQUIRE);
+  if (asked != kernels::ControlLoad(control.return_done)) {
+    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+      std::vector<uint64_t> ids =
+          table->ShrinkTo(t, kernels::ControlLoad(control.return_target_pages[t]));
+      work.give_back.insert(work.give_back.end(), ids.begin(), ids.end());
     }
-    unavailable_logged_ = false;
-    table = std::move(fresh_table);  // the old chunks are unmapped: their daemon is gone
+    kernels::ControlStore(control.return_done, asked);
+  }
+  if (stream()->broken_now()) {
+    // The chunks held carry the step; a new session once none is live. (What was taken out
+    // above belongs to the session that is gone: the daemon took it back already.)
+    if (stashes_live) return;
+    work.give_back.clear();
+    work.reconnect = true;
+  } else {
+    work.lease = options_.lease.automatic;
+  }
+  if (work.lease || work.reconnect || !work.give_back.empty()) Ask(std::move(work));
+}
+
+void MappedSession::Ask(LeaseWork work) {
+  {
+    MutexLock lock(&work_mu_);
+    work_.lease = work_.lease || work.lease;
+    work_.reconnect = work_.reconnect || work.reconnect;
+    work_.give_back.insert(work_.give_back.end(), work.give_back.begin(), work.give_back.end());
+  }
+  work_cv_.Signal();
+}
+
+void MappedSession::LeaseLoop() {
+  for (;;) {
+    LeaseWork work;
     {
-      MutexLock lock(&mu_);
-      stream_ = std::move(fresh);
+      MutexLock lock(&work_mu_);
+      while (!stop_ && !work_.lease && !work_.reconnect && work_.give_back.empty()) {
+        work_cv_.Wait(&work_mu_);
+      }
+      if (stop_) return;  // the destructor returns what is left
+      work = std::move(work_);
+      work_ = LeaseWork{};
+      if (reconnecting_) work.reconnect = false;  // one new session at a time
+      if (work.reconnect) reconnecting_ = true;
     }
-    // The old stream's object goes away here, on the copier thread (its call is over).
-    current.reset();
+    std::shared_ptr<SessionStream> current = stream();
+    if (!work.give_back.empty() && !current->broken_now()) {
+      StatusOr<uint64_t> returned = current->descriptors->Return(work.give_back);
+      if (!returned.ok()) {
+        Log("client")->warn("mapped session: chunks were not given back ({})",
+                            returned.status().ToString());
+      }
+    }
+    if (work.reconnect) {
+      ReconnectAsync(current);
+    } else if (work.lease && !current->broken_now()) {
+      LeaseAsync(current);
+    }
+  }
+}
+
+void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
+  StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
+  if (!answer.ok() || !answer->status.ok()) {
+    const Status st = answer.ok() ? answer->status : answer.status();
+    if (!unavailable_logged_.exchange(true)) {
+      Log("client")->warn(
+          "mapped session: the lease was not resized ({}); the step goes on with the chunks "
+          "held",
+          st.ToString());
+    }
+    if (!answer.ok()) return;
+  }
+  // Applied by the copier between two operations, to the table of the session it came from.
+  auto came = std::make_shared<LeaseAnswer>(std::move(answer).value());
+  copier_->Post([this, came, current](std::unique_ptr<LeaseTable>& table, bool) {
+    if (stream() != current) return true;  // a new session since: these chunks were its old one's
+    Status first = Status::Ok();
+    std::vector<uint64_t> give_back = Apply(*table, *came, &first);
+    if (!first.ok()) Log("client")->warn("mapped session: lease: {}", first.ToString());
+    if (!give_back.empty()) Ask(LeaseWork{false, false, std::move(give_back)});
+    return true;
+  });
+}
+
+void MappedSession::ReconnectAsync(const std::shared_ptr<SessionStream>& current) {
+  auto fresh = std::make_shared<std::shared_ptr<SessionStream>>();
+  auto fresh_table = std::make_shared<std::unique_ptr<LeaseTable>>();
+  Status st = Connect(fresh.get(), fresh_table.get());
+  if (!st.ok()) {
+    if (!unavailable_logged_.exchange(true)) {
+      Log("client")->warn(
+          "mapped session: cannot reconnect to stashd yet ({}); the step goes on with the "
+          "chunks held",
+          st.ToString());
+    }
+    MutexLock lock(&work_mu_);
+    reconnecting_ = false;
     return;
   }
-  if (!options_.lease.automatic) return;
-  Status st = Lease(*table, *current->descriptors, current->welcome, /*fixed=*/false);
-  if (!st.ok() && !unavailable_logged_.exchange(true)) {
-    Log("client")->warn(
-        "mapped session: the lease was not resized ({}); the step goes on with "
-        "the chunks held",
-        st.ToString());
-  }
+  unavailable_logged_ = false;
+  // The new session replaces the old at the first boundary with no stash live: the old chunks
+  // are unmapped then (their daemon is gone).
+  copier_->Post([this, fresh, fresh_table, current](std::unique_ptr<LeaseTable>& table, bool live) {
+    if (live) return false;
+    table = std::move(*fresh_table);
+    {
+      MutexLock lock(&mu_);
+      stream_ = std::move(*fresh);
+    }
+    MutexLock lock(&work_mu_);
+    reconnecting_ = false;
+    return true;
+  });
 }
 
 MappedSession::~MappedSession() {
   if (copier_ == nullptr) return;
+  // The lease thread first: what it would still give back, this gives back below.
+  {
+    MutexLock lock(&work_mu_);
+    stop_ = true;
+  }
+  work_cv_.SignalAll();
+  if (lease_thread_.joinable()) lease_thread_.join();
   std::unique_ptr<LeaseTable> table = copier_->Stop();
   copier_.reset();
   std::shared_ptr<SessionStream> s = stream();
   std::vector<uint64_t> ids = table != nullptr ? table->ChunkIds() : std::vector<uint64_t>{};
+  {
+    MutexLock lock(&work_mu_);
+    ids.insert(ids.end(), work_.give_back.begin(), work_.give_back.end());
+  }
   table.reset();  // unmapped before the daemon hears they are back
   if (!ids.empty() && !s->broken_now()) (void)s->descriptors->Return(ids);
   s->Close();

@@ -13,7 +13,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "client/copier.h"
 #include "client/lease_table.h"
@@ -62,14 +64,33 @@ class MappedSession {
     MutexLock lock(&mu_);
     return stream_;
   }
-  // LeaseChunks (automatic, or Options.lease when `fixed`) into `table`: maps what comes,
-  // returns what the daemon wants back and holds no stash. The first error.
+  // What the lease thread does next: every round trip after Open runs there, never on the
+  // copier, so a slow or hung daemon never stalls a rank's stashes; the copier applies what
+  // comes back between two operations (Copier::Post).
+  struct LeaseWork {
+    bool lease = false;               // an automatic lease for the step just begun
+    bool reconnect = false;           // the stream broke and no stash is live
+    std::vector<uint64_t> give_back;  // chunk ids no stash uses any more
+  };
+  // LeaseChunks (automatic, or Options.lease when `fixed`) into `table` (not the copier's yet):
+  // maps what comes, returns what the daemon wants back and holds no stash. The first error.
   Status Lease(LeaseTable& table, DescriptorChannel& channel, const v1::Welcome& welcome,
                bool fixed);
-  // The copier's BeginStep hook (copier thread).
+  // Maps an answer's control block and chunks into `table` and takes out what the daemon's
+  // targets say and no stash holds; returns the ids to give back. `first`: the first error.
+  static std::vector<uint64_t> Apply(LeaseTable& table, LeaseAnswer& answer, Status* first);
+  // The copier's BeginStep hook (copier thread): acts on the daemon's return request in the
+  // control block and hands the round trips to the lease thread.
   void OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live);
   // A new session with the daemon and its first lease: the stream and the table.
   Status Connect(std::shared_ptr<SessionStream>* stream, std::unique_ptr<LeaseTable>* table);
+  // Adds `work` to what the lease thread does next (any thread).
+  void Ask(LeaseWork work);
+  void LeaseLoop();
+  // One automatic lease, then its answer posted to the copier (lease thread).
+  void LeaseAsync(const std::shared_ptr<SessionStream>& current);
+  // A new session, posted to the copier to replace the old once no stash is live.
+  void ReconnectAsync(const std::shared_ptr<SessionStream>& current);
 
   const Options options_;
   v1::Welcome welcome_;  // never changes after Open
@@ -78,6 +99,13 @@ class MappedSession {
   std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> unavailable_logged_{false};
   std::unique_ptr<Copier> copier_;  // set in Open
+
+  Mutex work_mu_;
+  CondVar work_cv_;
+  LeaseWork work_ ABSL_GUARDED_BY(work_mu_);
+  bool reconnecting_ ABSL_GUARDED_BY(work_mu_) = false;  // a new session is on its way
+  bool stop_ ABSL_GUARDED_BY(work_mu_) = false;
+  std::thread lease_thread_;  // started in Open, after copier_
 };
 
 }  // namespace stash

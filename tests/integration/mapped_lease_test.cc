@@ -279,7 +279,8 @@ TEST(MappedLeases, WelcomeCarriesTheChunkGeometryAndModesAreKeptApart) {
   const std::string& secret = mapped.welcome().descriptor_secret();
   Lease over = AskLease(c.get(), id, secret, 1000);
   EXPECT_EQ(over.last.code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
-  EXPECT_NE(over.last.message().find("8388608 bytes (--max-lease-bytes)"), std::string::npos)
+  EXPECT_NE(over.last.message().find("8388608 bytes, of each tier (--max-lease-bytes)"),
+            std::string::npos)
       << over.last.message();
   EXPECT_TRUE(over.chunks.empty());
   // Within it: chunks and the control block, then a lease entry.
