@@ -321,17 +321,18 @@ void Leases::AskForReturns(const Holder& wanting, uint32_t lease_tier) {
   if (lease_tier == kPeer) return;  // peers lend only spare chunks: nothing to ask back
   for (auto& [id, other] : holders_) {
     Holder& g = *other;
-    if (&g == &wanting || g.ended || !g.automatic || !g.sampled || g.return_asked[lease_tier]) {
-      continue;
-    }
+    if (&g == &wanting || g.ended || !g.automatic || !g.sampled) continue;
     if (lease_tier == kDevice && g.pool != wanting.pool) continue;
-    if (HeldPages(g, lease_tier) <= g.aim[lease_tier]) continue;
-    // Down to its aim (its last step's demand and margin) in this tier, the rest as held.
+    // Its next automatic lease goes down to its new aim at once, not after three steps.
+    const bool asked_before = g.return_asked[lease_tier];
+    g.return_asked[lease_tier] = true;
+    if (asked_before || HeldPages(g, lease_tier) <= g.aim[lease_tier]) continue;
+    // Above its aim (its last step's demand and margin) now: down to it at its next step,
+    // through the control block. Tiers not asked about keep what they hold.
     std::array<uint64_t, k::kLeaseTiers> target{};
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
-      target[t] = t == lease_tier ? g.aim[t] : HeldPages(g, t);
+      target[t] = g.return_asked[t] ? g.aim[t] : UINT64_MAX;
     }
-    g.return_asked[lease_tier] = true;
     g.control->RequestReturn(target);
     Log("pool")->info(
         "session {}: asked to give back {} pages of {} it does not use at its next step, for "

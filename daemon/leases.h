@@ -136,8 +136,9 @@ class Leases {
   };
 
   // `wanting` could not grow `lease_tier` to its aim: every automatic session of the same
-  // source holding more than its own aim there is asked, through its control block, to give
-  // the rest back at its next step (once per session until it has).
+  // source goes down to its aim at its next lease (not after three steps), and one holding
+  // more than its aim now is asked, through its control block, to give the rest back at its
+  // next step (once, until it holds no more than its aim).
   void AskForReturns(const Holder& wanting, uint32_t lease_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Holder* FindOrCreate(const LeaseHolder& who, Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t HeldPages(const Holder& h, uint32_t lease_tier) const;
