@@ -232,6 +232,57 @@ TEST_F(CopierTest, BeginStepAnswersThePreviousStepsFlagsAndRollsTheControlBlock)
   EXPECT_FALSE(WaitOk(BeginStep(8)).step_overflow);
 }
 
+// Every overflowed stash of a step counts as demand until the step ends (the rank holds it
+// meanwhile): three overflows of 5 pages are 15 pages of demand, not 5. The stashes tried are
+// counted per step: a step with none is no sample of demand for the daemon.
+TEST_F(CopierTest, OverflowsOfAStepAddUpInDemandAndStashesAreCountedPerStep) {
+  Start(1, 0);  // 4 pages
+  auto src = Memory(5 * kPage, 3);
+  const uint64_t placed = Stash(src, kPage, 2, 2);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(WaitOk(Stash(src, kPage, 5, 5)).tier, Tier::kOverflow);
+  WaitOk(placed);
+  EXPECT_EQ(kernels::ControlLoad(control_->demand_high_water), 17u);
+  EXPECT_EQ(kernels::ControlLoad(control_->step_stashes), 4u);
+  WaitOk(BeginStep(1));
+  EXPECT_EQ(kernels::ControlLoad(control_->last_step_demand_high_water), 17u);
+  EXPECT_EQ(kernels::ControlLoad(control_->last_step_stashes), 4u);
+  // The overflows are gone with their step; the placed stash is still live.
+  EXPECT_EQ(kernels::ControlLoad(control_->demand_pages), 2u);
+  WaitOk(BeginStep(2));  // a step with no stash at all
+  EXPECT_EQ(kernels::ControlLoad(control_->last_step_stashes), 0u);
+  EXPECT_EQ(kernels::ControlLoad(control_->last_step_demand_high_water), 2u);
+}
+
+// A table change posted from another thread runs on the worker between operations; one that
+// needs no stash live waits until none is.
+TEST_F(CopierTest, PostedTableChangesRunBetweenOperations) {
+  Start(1, 0);
+  auto src = Memory(kPage, 5);
+  const uint64_t live = WaitOk(Stash(src, kPage, 1, 1)).ticket;
+  std::atomic<int> ran{0};
+  std::atomic<int> tried{0};
+  copier_->Post([&](std::unique_ptr<LeaseTable>& table, bool) {
+    EXPECT_TRUE(table->AddChunk(kernels::kLeaseDevice, 9, FakeChunk(kChunk), kChunk).ok());
+    ++ran;
+    return true;
+  });
+  copier_->Post([&](std::unique_ptr<LeaseTable>&, bool stashes_live) {
+    ++tried;
+    return !stashes_live;
+  });
+  // 1 + 4 pages: fits only once the posted chunk is in.
+  auto big = Memory(4 * kPage, 6);
+  EXPECT_EQ(WaitOk(Stash(big, kPage, 4, 4)).tier, Tier::kDevice);
+  EXPECT_EQ(ran.load(), 1);
+  const int tries_while_live = tried.load();
+  EXPECT_GE(tries_while_live, 1);
+  copier_->Drain();
+  std::unique_ptr<LeaseTable> table = copier_->Stop();
+  ASSERT_NE(table, nullptr);
+  EXPECT_EQ(table->chunks(kernels::kLeaseDevice), 2u);
+  (void)live;
+}
+
 TEST_F(CopierTest, BigCopiesSplitOverThreadsStayByteExact) {
   auto table = LeaseTable::Create(kPage, 256 * kPage, Caps(256 * kPage));
   ASSERT_TRUE(table.ok());
