@@ -241,8 +241,9 @@ const Knob kKnobs[] = {
      "of the daemon",
      [](std::string_view v, DaemonConfig* c) { return ParseSize(v, &c->chunk_bytes); }},
     {"max_lease_bytes", "SIZE",
-     "Mapped mode: the most bytes one session may lease over all tiers; a larger explicit "
-     "lease is refused with RESOURCE_EXHAUSTED. 0 = one device pool's bytes (--pool-bytes)",
+     "Mapped mode: the most bytes one session may lease of each tier (own device, peer devices, "
+     "host), so a session that leases its pool can still spill; a larger explicit lease is "
+     "refused with RESOURCE_EXHAUSTED. 0 = one device pool's bytes (--pool-bytes)",
      [](std::string_view v, DaemonConfig* c) { return ParseSize(v, &c->max_lease_bytes); }},
     {"peer_tier", "true|false",
      "Mapped mode: let a session lease other device pools' free chunks (TIER_PEER), each pool "

@@ -34,7 +34,7 @@ struct DaemonConfig {
   std::string metrics_listen;       // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
   // Mapped mode (host backend).
   uint64_t chunk_bytes = 0;      // 0 = --pool-bytes / 32 (>= host tier / 1024), whole pages
-  uint64_t max_lease_bytes = 0;  // per session over all tiers; 0 = one device pool's bytes
+  uint64_t max_lease_bytes = 0;  // per session in each tier; 0 = one device pool's bytes
   bool peer_tier = false;        // sessions may lease other pools' spare chunks
   // Host backend: populate and lock (mlock) every tier at start, so the memory is the daemon's
   // for good; without it the kernel hands pages out as they are first touched.

@@ -53,7 +53,7 @@ namespace stash::daemon {
 struct LeaseConfig {
   uint64_t page_bytes = 0;
   uint64_t chunk_bytes = 0;      // Welcome.chunk_bytes (a whole number of pages)
-  uint64_t max_lease_bytes = 0;  // per session over all tiers
+  uint64_t max_lease_bytes = 0;  // per session in each tier
   bool peer_tier = false;        // lend other pools' spare chunks
   // Each tier keeps tier chunks / first_share_divisor (at least one) for another user's first
   // session (daemon/fair_share.h); 0 = no such share (every chunk to whoever asks first).

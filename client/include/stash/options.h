@@ -26,8 +26,10 @@ enum class Mode {
 // How much a mapped session leases of each tier.
 struct Lease {
   // True (the default): the daemon sizes the lease at each BeginStep from the step before (its
-  // high water plus a margin); the first step gets the own device's free chunks up to the quota
-  // (stashd --max-lease-bytes). False: the bytes below, rounded up to whole chunks.
+  // demand's high water plus 1/8; a step with no stash tried is no sample); the first lease is
+  // half the own device's free chunks, within the quota (stashd --max-lease-bytes, per tier).
+  // The round trip runs on the session's lease thread and lands between two operations: a slow
+  // daemon never stalls stashes. False: the bytes below, rounded up to whole chunks.
   bool automatic = true;
   uint64_t device_bytes = 0;  // the own device's pool
   uint64_t peer_bytes = 0;    // other devices' spare chunks (asked only of a --peer-tier daemon)
