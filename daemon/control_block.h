@@ -62,9 +62,10 @@ class ControlBlock {
   // The memfd to hand to the rank (borrowed).
   int fd() const { return memory_->fd(); }
 
-  // Reads the block, clamping per tier to `pages_leased[t]` and demand to `quota_pages`. The
-  // totals (stashes, reloads, releases, bytes, spills, overflows, rejected) never go down from
-  // one read to the next, so the counters the metrics export from them stay counters.
+  // Reads the block, clamping per tier to `pages_leased[t]` and demand to `quota_pages` (the quota
+  // over all tiers). The totals (stashes, reloads, releases, bytes, spills, overflows, rejected)
+  // never go down from one read to the next, so the counters the metrics export from them stay
+  // counters.
   ControlView Read(const std::array<uint64_t, kernels::kLeaseTiers>& pages_leased,
                    uint64_t quota_pages, uint64_t page_bytes) const;
 

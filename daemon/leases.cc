@@ -242,7 +242,8 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) grow(t, target[t]);
   } else {
     h->automatic = true;
-    const ControlView view = h->control->Read(held, quota_pages_, config_.page_bytes);
+    const ControlView view =
+        h->control->Read(held, quota_pages_ * k::kLeaseTiers, config_.page_bytes);
     // A step with no stash tried (none yet, or a rerun with the stash off) says nothing about
     // demand: the lease stays as it is.
     const bool sample = view.steps > 0 && view.last_step_stashes > 0;
@@ -613,7 +614,7 @@ bool Leases::Describe(const std::string& session_id, std::vector<v1::LeaseStats>
   const Holder& h = *it->second;
   std::array<uint64_t, k::kLeaseTiers> held{};
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(h, t);
-  *control = h.control->Read(held, quota_pages_, config_.page_bytes);
+  *control = h.control->Read(held, quota_pages_ * k::kLeaseTiers, config_.page_bytes);
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
     if (h.held[t].empty() && h.aim[t] == 0) continue;
     v1::LeaseStats row;

@@ -133,7 +133,7 @@ TEST(LeaseTable, AForkedChildDoesNotInheritTheChunks) {
   EXPECT_EQ(msync(base, kChunk, MS_ASYNC), 0);  // still mapped here
 }
 
-TEST(LeaseTable, TheControlBlockTakesOverTheCountersAndKeepsTheDaemonsMagic) {
+TEST(LeaseTable, TheControlBlockTakesOverTheCountersAndKeepsTheDaemonsLine) {
   auto table = Table();
   ASSERT_TRUE(table->AddChunk(0, 1, FakeChunk(kChunk), kChunk).ok());
   kernels::ControlStore(table->control().stashes, 3);
@@ -143,9 +143,18 @@ TEST(LeaseTable, TheControlBlockTakesOverTheCountersAndKeepsTheDaemonsMagic) {
   ASSERT_NE(written, MAP_FAILED);
   written->magic = kernels::kControlMagic;
   written->version = kernels::kControlVersion;
+  // The daemon's own line is live: it may have written it before the rank maps the block.
+  written->daemon_flags = kernels::kDaemonDraining;
+  written->return_request = 5;
+  written->return_target_pages[0] = 8;
+  EXPECT_EQ(written->attached, 0u);
   ASSERT_TRUE(table->SetControlBlock(std::move(block), kernels::kControlBlockBytes).ok());
   EXPECT_EQ(kernels::ControlLoad(written->magic), kernels::kControlMagic);
   EXPECT_EQ(kernels::ControlLoad(written->version), kernels::kControlVersion);
+  EXPECT_EQ(kernels::ControlLoad(written->daemon_flags), kernels::kDaemonDraining);
+  EXPECT_EQ(kernels::ControlLoad(written->return_request), 5u);
+  EXPECT_EQ(kernels::ControlLoad(written->return_target_pages[0]), 8u);
+  EXPECT_EQ(kernels::ControlLoad(written->attached), kernels::kControlMagic);
   EXPECT_EQ(kernels::ControlLoad(written->stashes), 3u);
   EXPECT_EQ(kernels::ControlLoad(written->tiers[0].pages_leased), 4u);
   EXPECT_EQ(kernels::ControlLoad(written->tiers[0].ring_tail), 4u);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -154,6 +155,27 @@ TEST_F(MappedSharing, ANewcomerGetsChunksAnIdleSessionGivesBackAtItsNextStep) {
   auto placed = newcomer->Wait(*newcomer->Stash(Args(*work[0], 40)), 10000);
   ASSERT_TRUE(placed.ok()) << placed.status().ToString();
   EXPECT_EQ(placed->tier, Tier::kDevice) << "the idle session did not give back at its next step";
+}
+
+// The lease quota holds for each tier: with the default (one pool), a rank whose steps need
+// more than its pool leases the pool and spills the rest to the host tier instead of
+// overflowing. (Before, one quota over all tiers went to the device lease, and the host tier
+// the README's mapped example configures stayed unused.)
+TEST_F(MappedSharing, WithTheDefaultQuotaARankBeyondItsPoolSpillsToTheHostTier) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=16MiB"});
+  auto rank = Open(daemon_->socket());
+  ASSERT_NE(rank, nullptr);
+  std::vector<std::unique_ptr<HostBuffer>> sources;
+  for (uint32_t i = 0; i < 12; ++i) sources.push_back(Buffer(16 * kPage, 40 + i));  // 12 MiB
+  std::vector<Tier> tiers;
+  bool fits = false;
+  for (uint64_t step = 0; step < 6 && !fits; ++step) {
+    tiers = Step(*rank, step, sources);
+    fits = std::find(tiers.begin(), tiers.end(), Tier::kOverflow) == tiers.end();
+    std::this_thread::sleep_for(milliseconds(50 * TimeScale()));  // the lease lands
+  }
+  EXPECT_TRUE(fits) << "a step of 12 MiB on an 8 MiB pool with a 16 MiB host tier still overflows";
+  EXPECT_NE(std::find(tiers.begin(), tiers.end(), Tier::kHost), tiers.end());
 }
 
 // The daemon stops answering (SIGSTOP) mid-job: a mapped rank's steps go on, stashes and
