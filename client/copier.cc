@@ -58,9 +58,10 @@ inline void CpuRelax() {
 }  // namespace
 
 Copier::Copier(std::unique_ptr<LeaseTable> table, uint32_t copy_threads, bool allow_host,
-               StepHook step_hook)
+               StepHook step_hook, OutgrownHook outgrown_hook)
     : allow_host_(allow_host),
       step_hook_(std::move(step_hook)),
+      outgrown_hook_(std::move(outgrown_hook)),
       id_base_(RandomNonZeroU64()),
       workers_(std::max<uint32_t>(1, copy_threads)),
       table_(std::move(table)) {
@@ -346,6 +347,7 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
     ControlStore(c.demand_high_water, std::max(ControlLoad(c.demand_high_water), want));
     ControlStore(c.largest_stash_pages, std::max(ControlLoad(c.largest_stash_pages), pages));
     SetFlag(op.epoch, /*overflow=*/true, /*spilled=*/false);
+    if (outgrown_hook_) outgrown_hook_();
     done.latency_us = MicrosSince(op.submitted);
     return;
   }
@@ -384,6 +386,13 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   const bool spilled = plan.tier != kernels::kLeaseDevice;
   if (spilled) ControlAdd(c.spills, 1);
   SetFlag(op.epoch, false, spilled);
+  // Short of room: a spill, or the own device's chunks less than an eighth free (the margin
+  // auto sizing keeps). The lease grows off this thread, landing between later operations.
+  const uint64_t leased = table_->pages_leased(kernels::kLeaseDevice);
+  if (outgrown_hook_ &&
+      (spilled || kernels::RingFree(*table_->ring(kernels::kLeaseDevice)) * 8 < leased)) {
+    outgrown_hook_();
+  }
   done.tier = TierOf(plan.tier);
   done.bytes = plan.bytes;
   done.pages = plan.pages;

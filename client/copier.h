@@ -74,9 +74,13 @@ class Copier {
   // stash live, say).
   using TableChange = std::function<bool(std::unique_ptr<LeaseTable>& table, bool stashes_live)>;
 
+  // Runs on the worker thread when the lease gets short mid-step: a stash spilled or
+  // overflowed, or the own device's chunks are all but full. Must not block.
+  using OutgrownHook = std::function<void()>;
+
   // `copy_threads` >= 1 (the worker counts); `allow_host`: stashes may go to the host tier.
   Copier(std::unique_ptr<LeaseTable> table, uint32_t copy_threads, bool allow_host,
-         StepHook step_hook);
+         StepHook step_hook, OutgrownHook outgrown_hook = nullptr);
   Copier(const Copier&) = delete;
   Copier& operator=(const Copier&) = delete;
   // Drain()s and stops the worker.
@@ -130,6 +134,7 @@ class Copier {
 
   const bool allow_host_;
   const StepHook step_hook_;
+  const OutgrownHook outgrown_hook_;
   // Random: tickets of other sessions (and processes) are not found here. Ids run on over all
   // 64 bits from it, so they never wrap onto a live ticket.
   const uint64_t id_base_;

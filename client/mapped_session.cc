@@ -54,7 +54,8 @@ StatusOr<std::unique_ptr<MappedSession>> MappedSession::Open(const Options& opti
   MappedSession* raw = session.get();
   session->copier_ = std::make_unique<Copier>(
       std::move(table), options.copy_threads, options.allow_host_spill,
-      [raw](uint64_t, std::unique_ptr<LeaseTable>& t, bool live) { raw->OnStep(t, live); });
+      [raw](uint64_t, std::unique_ptr<LeaseTable>& t, bool live) { raw->OnStep(t, live); },
+      [raw] { raw->OnOutgrown(); });
   session->lease_thread_ = std::thread([raw] { raw->LeaseLoop(); });
   return session;
 }
@@ -167,6 +168,13 @@ void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live
   if (work.lease || work.reconnect || !work.give_back.empty()) Ask(std::move(work));
 }
 
+void MappedSession::OnOutgrown() {
+  // One request until its answer is in: the copier calls this at every stash that finds the
+  // lease short.
+  if (!options_.lease.automatic || growing_.exchange(true)) return;
+  Ask(LeaseWork{/*lease=*/true, false, {}});
+}
+
 void MappedSession::Ask(LeaseWork work) {
   {
     MutexLock lock(&work_mu_);
@@ -209,6 +217,7 @@ void MappedSession::LeaseLoop() {
 
 void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
   StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
+  if (!answer.ok()) growing_ = false;  // nothing will be applied: the next shortage asks again
   if (!answer.ok() || !answer->status.ok()) {
     const Status st = answer.ok() ? answer->status : answer.status();
     if (!unavailable_logged_.exchange(true)) {
@@ -227,6 +236,7 @@ void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
     std::vector<uint64_t> give_back = Apply(*table, *came, &first);
     if (!first.ok()) Log("client")->warn("mapped session: lease: {}", first.ToString());
     if (!give_back.empty()) Ask(LeaseWork{false, false, std::move(give_back)});
+    growing_ = false;
     return true;
   });
 }

@@ -84,6 +84,9 @@ class MappedSession {
   void OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live);
   // A new session with the daemon and its first lease: the stream and the table.
   Status Connect(std::shared_ptr<SessionStream>* stream, std::unique_ptr<LeaseTable>* table);
+  // The copier's hook when the lease is short mid-step (copier thread): one automatic lease,
+  // sized by the daemon from the step so far.
+  void OnOutgrown();
   // Adds `work` to what the lease thread does next (any thread).
   void Ask(LeaseWork work);
   void LeaseLoop();
@@ -98,7 +101,8 @@ class MappedSession {
   mutable Mutex mu_;
   std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> unavailable_logged_{false};
-  std::unique_ptr<Copier> copier_;  // set in Open
+  std::atomic<bool> growing_{false};  // a mid-step lease is asked and not applied yet
+  std::unique_ptr<Copier> copier_;    // set in Open
 
   Mutex work_mu_;
   CondVar work_cv_;

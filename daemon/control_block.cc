@@ -53,6 +53,9 @@ ControlView ControlBlock::Read(const std::array<uint64_t, k::kLeaseTiers>& pages
   v.last_step_largest_stash_pages =
       std::min(k::ControlLoad(block_->last_step_largest_stash_pages), quota_pages);
   v.last_step_stashes = k::ControlLoad(block_->last_step_stashes);
+  v.step_stashes = k::ControlLoad(block_->step_stashes);
+  v.demand_high_water = std::min(k::ControlLoad(block_->demand_high_water), quota_pages);
+  v.largest_stash_pages = std::min(k::ControlLoad(block_->largest_stash_pages), quota_pages);
   v.attached = k::ControlLoad(block_->attached) == k::kControlMagic;
   v.return_done = k::ControlLoad(block_->return_done);
   const uint64_t flags = k::ControlLoad(block_->step_flags);

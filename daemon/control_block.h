@@ -45,8 +45,12 @@ struct ControlView {
   bool step_overflow = false;
   bool step_spilled = false;
   uint64_t last_step_stashes = 0;  // 0: the step before tried no stash (no demand sample)
-  bool attached = false;           // the rank mapped the block
-  uint64_t return_done = 0;        // the last return request the rank acted on
+  // The current step so far (a lease asked mid-step, when the rank outgrows its lease).
+  uint64_t step_stashes = 0;
+  uint64_t demand_high_water = 0;    // <= the quota in pages
+  uint64_t largest_stash_pages = 0;  // <= the quota in pages
+  bool attached = false;             // the rank mapped the block
+  uint64_t return_done = 0;          // the last return request the rank acted on
   std::array<ControlTierView, kernels::kLeaseTiers> tiers{};
 };
 

@@ -198,12 +198,20 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     Status grown = Grow(*h, t, want, budget, max_chunks, &reply.parts);
     if (!grown.ok()) Log("pool")->warn("session {}: lease: {}", h->session_id, grown.message());
     held[t] = HeldPages(*h, t);
-    // Short of what it aimed at and within the quota: the tier is leased out. Sessions holding
-    // chunks their demand does not need are asked to give them back at their next step.
-    if (held[t] < want && held[t] + chunk_pages_ <= quota_pages_) AskForReturns(*h, t);
+    // A new session (no step sized it yet) short of what it aimed at, within the quota: the
+    // tier is leased out. Sessions holding chunks their demand does not need are asked to give
+    // them back at their next step. (Not for every lease that falls short: in a pool whose
+    // ranks' aims add up past it, giving back at once only leaves chunks free until the next
+    // BeginStep, where the three steps' hysteresis keeps them used.)
+    if (!h->sampled && held[t] < want && held[t] + chunk_pages_ <= quota_pages_) {
+      AskForReturns(*h, t);
+    }
   };
   std::array<uint64_t, k::kLeaseTiers> target = held;
   std::array<uint64_t, k::kLeaseTiers> pages_target = held;
+  // Automatic: steps above the aim are counted once per step, not per request (a rank asks
+  // mid-step too, when it outgrows its lease).
+  bool new_step = false;
   if (!request.automatic()) {
     h->automatic = false;
     h->aim = {};
@@ -244,9 +252,12 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     h->automatic = true;
     const ControlView view =
         h->control->Read(held, quota_pages_ * k::kLeaseTiers, config_.page_bytes);
-    // A step with no stash tried (none yet, or a rerun with the stash off) says nothing about
-    // demand: the lease stays as it is.
-    const bool sample = view.steps > 0 && view.last_step_stashes > 0;
+    // Demand: the step before's, or the current step's so far when that is more (a rank that
+    // outgrows its lease mid-step asks at once). A step with no stash tried (a rerun with the
+    // stash off) says nothing about demand: the lease stays as it is.
+    const bool sample = view.last_step_stashes > 0 || view.step_stashes > 0;
+    new_step = view.steps != h->steps_seen;
+    h->steps_seen = view.steps;
     if (!h->sampled && held == std::array<uint64_t, k::kLeaseTiers>{}) {
       // No step behind: half the own pool's free chunks (at least one, at most the quota), so
       // ranks that start together each get room and a lone rank most of its pool. Steps then
@@ -263,15 +274,18 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
       for (uint32_t t = 0; t < k::kLeaseTiers; ++t) h->aim[t] = held[t];
     } else if (sample) {
       h->sampled = true;
-      const uint64_t demand = view.last_step_demand_high_water;
+      const uint64_t demand =
+          std::max(view.last_step_stashes > 0 ? view.last_step_demand_high_water : 0,
+                   view.demand_high_water);
+      const uint64_t largest =
+          std::max(view.last_step_largest_stash_pages, view.largest_stash_pages);
       const uint64_t margin = std::max<uint64_t>(1, (demand + 7) / 8);
       uint64_t remaining = demand + margin;
       for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
         // A stash goes whole into one tier: a tier that takes part of the demand past the own
         // pool holds at least the step's largest stash, or that stash would overflow again.
-        const uint64_t want = t != kDevice && remaining > 0
-                                  ? std::max(remaining, view.last_step_largest_stash_pages)
-                                  : remaining;
+        const uint64_t want =
+            t != kDevice && remaining > 0 ? std::max(remaining, largest) : remaining;
         const uint64_t aim = allowed[t] ? std::min({RoundUp(want, chunk_pages_), capacity[t],
                                                     RoundUp(quota_pages_, chunk_pages_)})
                                         : 0;
@@ -286,7 +300,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   if (request.automatic()) {
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
       if (h->aim[t] < held[t]) {
-        h->below[t] = std::min<uint64_t>(h->below[t] + 1, 1000);
+        if (new_step) h->below[t] = std::min<uint64_t>(h->below[t] + 1, 1000);
         // Above its aim for three steps, or asked to give back (another session waits for the
         // tier): down to the aim now.
         const bool asked = h->return_asked[t];

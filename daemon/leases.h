@@ -129,7 +129,8 @@ class Leases {
     std::array<std::vector<uint64_t>, kernels::kLeaseTiers> held;  // chunk ids per lease tier
     std::array<uint64_t, kernels::kLeaseTiers> below{};  // auto requests the aim sat below
     std::array<uint64_t, kernels::kLeaseTiers> aim{};    // auto: the pages aimed at
-    bool sampled = false;  // auto: sized from a step's demand at least once
+    bool sampled = false;     // auto: sized from a step's demand at least once
+    uint64_t steps_seen = 0;  // auto: the control block's `steps` at the last request
     // Asked (through the control block) to give back what it holds above its aim, per tier,
     // until it holds no more than the aim.
     std::array<bool, kernels::kLeaseTiers> return_asked{};

@@ -283,6 +283,39 @@ TEST_F(CopierTest, PostedTableChangesRunBetweenOperations) {
   (void)live;
 }
 
+// The copier tells its session when the lease runs short mid-step (a spill, an overflow, or
+// the own device's chunks less than an eighth free), so the lease grows within the step.
+TEST(CopierOutgrown, ShortLeasesAreReportedAtOnce) {
+  auto table = LeaseTable::Create(kPage, kChunk, Caps(8 * kChunk));
+  ASSERT_TRUE(table.ok());
+  for (uint64_t id = 1; id <= 2; ++id) {
+    ASSERT_TRUE((*table)->AddChunk(kernels::kLeaseDevice, id, FakeChunk(kChunk), kChunk).ok());
+  }
+  ASSERT_TRUE((*table)->AddChunk(kernels::kLeaseHost, 3, FakeChunk(kChunk), kChunk).ok());
+  std::atomic<int> outgrown{0};
+  Copier copier(std::move(table).value(), 1, /*allow_host=*/true, nullptr, [&] { ++outgrown; });
+  auto src = Memory(8 * kPage, 1);
+  auto stash = [&](uint64_t pages) {
+    CopyOp op;
+    op.kind = CopyOp::Kind::kStash;
+    op.memory = src;
+    op.row_bytes = kPage;
+    op.max_rows = pages;
+    op.count_value = static_cast<int64_t>(pages);
+    auto c = copier.Wait(copier.Submit(std::move(op)), 10000);
+    EXPECT_TRUE(c.ok());
+    return c.ok() ? c->tier : Tier::kUnspecified;
+  };
+  EXPECT_EQ(stash(4), Tier::kDevice);  // 4 of 8 pages free: room enough
+  EXPECT_EQ(outgrown.load(), 0);
+  EXPECT_EQ(stash(4), Tier::kDevice);  // none free now
+  EXPECT_EQ(outgrown.load(), 1);
+  EXPECT_EQ(stash(4), Tier::kHost);  // a spill
+  EXPECT_EQ(outgrown.load(), 2);
+  EXPECT_EQ(stash(4), Tier::kOverflow);
+  EXPECT_EQ(outgrown.load(), 3);
+}
+
 TEST_F(CopierTest, BigCopiesSplitOverThreadsStayByteExact) {
   auto table = LeaseTable::Create(kPage, 256 * kPage, Caps(256 * kPage));
   ASSERT_TRUE(table.ok());

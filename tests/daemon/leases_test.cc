@@ -345,14 +345,19 @@ TEST_F(LeasesTest, AutoGrowsToTheStepsDemandAndShrinksOnlyAfterThreeSteps) {
   EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
   EXPECT_EQ(g.chunks.size(), 2u);
   EXPECT_EQ(Target(g, v1::TIER_DEVICE), 24u);
-  // Demand drops to 5 pages (aim 8): the target stays at what is held for two requests...
+  // Demand drops to 5 pages (aim 8): the target stays at what is held for two steps (however
+  // many requests a step makes: a rank asks mid-step too)...
   block->last_step_demand_high_water = 5;
   for (int i = 0; i < 2; ++i) {
-    g = Auto(h);
-    EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
-    EXPECT_EQ(Target(g, v1::TIER_DEVICE), 24u) << "request " << i;
+    block->steps = 2 + i;
+    for (int request = 0; request < 3; ++request) {
+      g = Auto(h);
+      EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
+      EXPECT_EQ(Target(g, v1::TIER_DEVICE), 24u) << "step " << i << " request " << request;
+    }
   }
   // ...and drops on the third.
+  block->steps = 4;
   g = Auto(h);
   EXPECT_EQ(Target(g, v1::TIER_DEVICE), 8u);
   // Demand back up: no shrink wanted any more.
@@ -367,6 +372,35 @@ TEST_F(LeasesTest, AutoGrowsToTheStepsDemandAndShrinksOnlyAfterThreeSteps) {
   g = Auto(h);
   EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
   EXPECT_EQ(Pages(g, v1::TIER_HOST), 12u);
+  munmap(block, k::kControlBlockBytes);
+}
+
+// A rank that outgrows its lease mid-step asks at once: the daemon sizes it from the current
+// step's demand so far when that is more than the step before's.
+TEST_F(LeasesTest, AMidStepRequestGrowsToTheCurrentStepsDemand) {
+  Build();
+  const LeaseHolder h = Holder("a");
+  Granted g = Auto(h);
+  ASSERT_EQ(Pages(g, v1::TIER_DEVICE), 16u);
+  auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
+  block->steps = 1;
+  block->last_step_stashes = 1;
+  block->last_step_demand_high_water = 4;  // aim 8
+  block->step_stashes = 3;
+  block->demand_high_water = 20;  // this step so far: 20 + 3 -> 24 pages
+  g = Auto(h);
+  EXPECT_EQ(Pages(g, v1::TIER_DEVICE), 24u);
+  // The first step of a session that stashed before any BeginStep is sized the same way.
+  const LeaseHolder fresh = Holder("b");
+  Granted f = Auto(fresh);
+  ASSERT_EQ(Pages(f, v1::TIER_DEVICE), 4u);  // half of the 8 free pages
+  auto* fresh_block =
+      reinterpret_cast<k::SessionControl*>(Map(f.control.get(), k::kControlBlockBytes));
+  fresh_block->step_stashes = 1;
+  fresh_block->demand_high_water = 7;  // 7 + 1 -> 8 pages: all that is free
+  f = Auto(fresh);
+  EXPECT_EQ(Pages(f, v1::TIER_DEVICE), 8u);
+  munmap(fresh_block, k::kControlBlockBytes);
   munmap(block, k::kControlBlockBytes);
 }
 
