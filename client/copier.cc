@@ -493,6 +493,8 @@ void Copier::DoBeginStep(const CopyOp& op, Result& result) {
   ControlStore(c.largest_stash_pages, 0);
   ControlStore(c.step_flags, 0);
   if (step_hook_) step_hook_(op.step, table_, !stashes_.empty());
+  // What the hook had come back (a lease answered in time) applies before the step's stashes.
+  if (has_posted_.load(std::memory_order_acquire)) ApplyChanges();
 }
 
 }  // namespace stash

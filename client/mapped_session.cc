@@ -165,7 +165,23 @@ void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live
   } else {
     work.lease = options_.lease.automatic;
   }
-  if (work.lease || work.reconnect || !work.give_back.empty()) Ask(std::move(work));
+  const bool lease = work.lease;
+  if (!lease && !work.reconnect && work.give_back.empty()) return;
+  const uint64_t round = Ask(std::move(work));
+  if (!lease || slow_.load(std::memory_order_relaxed)) return;
+  // A daemon that answers in time sizes the lease before the step's first stash, as if in
+  // stream order; one that does not costs this step kStepLeaseWait once, and later steps
+  // nothing until it answers again (the answer then lands between two operations).
+  MutexLock lock(&work_mu_);
+  const auto deadline = std::chrono::steady_clock::now() + kStepLeaseWait;
+  while (leased_round_ < round && !stop_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      slow_ = true;
+      return;
+    }
+    lease_cv_.WaitWithTimeout(&work_mu_, deadline - now);
+  }
 }
 
 void MappedSession::OnOutgrown() {
@@ -175,19 +191,23 @@ void MappedSession::OnOutgrown() {
   Ask(LeaseWork{/*lease=*/true, false, {}});
 }
 
-void MappedSession::Ask(LeaseWork work) {
+uint64_t MappedSession::Ask(LeaseWork work) {
+  uint64_t round = 0;
   {
     MutexLock lock(&work_mu_);
+    if (work.lease) round = ++asked_round_;
     work_.lease = work_.lease || work.lease;
     work_.reconnect = work_.reconnect || work.reconnect;
     work_.give_back.insert(work_.give_back.end(), work.give_back.begin(), work.give_back.end());
   }
   work_cv_.Signal();
+  return round;
 }
 
 void MappedSession::LeaseLoop() {
   for (;;) {
     LeaseWork work;
+    uint64_t round = 0;
     {
       MutexLock lock(&work_mu_);
       while (!stop_ && !work_.lease && !work_.reconnect && work_.give_back.empty()) {
@@ -196,6 +216,7 @@ void MappedSession::LeaseLoop() {
       if (stop_) return;  // the destructor returns what is left
       work = std::move(work_);
       work_ = LeaseWork{};
+      round = asked_round_;
       if (reconnecting_) work.reconnect = false;  // one new session at a time
       if (work.reconnect) reconnecting_ = true;
     }
@@ -211,6 +232,14 @@ void MappedSession::LeaseLoop() {
       ReconnectAsync(current);
     } else if (work.lease && !current->broken_now()) {
       LeaseAsync(current);
+    }
+    if (work.lease) {
+      {
+        MutexLock lock(&work_mu_);
+        leased_round_ = round;
+      }
+      slow_ = false;
+      lease_cv_.SignalAll();
     }
   }
 }
@@ -280,6 +309,7 @@ MappedSession::~MappedSession() {
     stop_ = true;
   }
   work_cv_.SignalAll();
+  lease_cv_.SignalAll();
   if (lease_thread_.joinable()) lease_thread_.join();
   std::unique_ptr<LeaseTable> table = copier_->Stop();
   copier_.reset();

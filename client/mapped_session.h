@@ -10,6 +10,7 @@
 #include <absl/base/thread_annotations.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,8 +88,9 @@ class MappedSession {
   // The copier's hook when the lease is short mid-step (copier thread): one automatic lease,
   // sized by the daemon from the step so far.
   void OnOutgrown();
-  // Adds `work` to what the lease thread does next (any thread).
-  void Ask(LeaseWork work);
+  // Adds `work` to what the lease thread does next (any thread); returns the lease round it
+  // joins (0 when it asks no lease).
+  uint64_t Ask(LeaseWork work);
   void LeaseLoop();
   // One automatic lease, then its answer posted to the copier (lease thread).
   void LeaseAsync(const std::shared_ptr<SessionStream>& current);
@@ -104,8 +106,15 @@ class MappedSession {
   std::atomic<bool> growing_{false};  // a mid-step lease is asked and not applied yet
   std::unique_ptr<Copier> copier_;    // set in Open
 
+  // How long a BeginStep waits for its automatic lease before the step goes on without it.
+  static constexpr std::chrono::milliseconds kStepLeaseWait{50};
+
   Mutex work_mu_;
   CondVar work_cv_;
+  CondVar lease_cv_;                                     // leased_round_ moved
+  uint64_t asked_round_ ABSL_GUARDED_BY(work_mu_) = 0;   // leases asked so far
+  uint64_t leased_round_ ABSL_GUARDED_BY(work_mu_) = 0;  // the last round answered (or failed)
+  std::atomic<bool> slow_{false};  // a BeginStep's lease did not come in time: stop waiting
   LeaseWork work_ ABSL_GUARDED_BY(work_mu_);
   bool reconnecting_ ABSL_GUARDED_BY(work_mu_) = false;  // a new session is on its way
   bool stop_ ABSL_GUARDED_BY(work_mu_) = false;

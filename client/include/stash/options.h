@@ -28,8 +28,10 @@ struct Lease {
   // True (the default): the daemon sizes the lease at each BeginStep from the step before (its
   // demand's high water plus 1/8; a step with no stash tried is no sample); the first lease is
   // half the own device's free chunks, within the quota (stashd --max-lease-bytes, per tier).
-  // The round trip runs on the session's lease thread and lands between two operations: a slow
-  // daemon never stalls stashes. False: the bytes below, rounded up to whole chunks.
+  // The round trip runs on the session's lease thread; BeginStep waits for it up to 50 ms, then
+  // it lands between two later operations (and later steps stop waiting until the daemon
+  // answers in time again): a hung daemon never stalls stashes. A rank that outgrows its lease
+  // mid-step asks at once. False: the bytes below, rounded up to whole chunks.
   bool automatic = true;
   uint64_t device_bytes = 0;  // the own device's pool
   uint64_t peer_bytes = 0;    // other devices' spare chunks (asked only of a --peer-tier daemon)
