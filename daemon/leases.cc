@@ -147,6 +147,9 @@ Leases::Holder* Leases::FindOrCreate(const LeaseHolder& who, Status* status) {
   holder->pool = who.pool;
   holder->allow_host_spill = who.allow_host_spill;
   holder->uid = who.uid;
+  holder->rank = who.rank;
+  holder->hello_pid = who.hello_pid;
+  holder->label = who.label;
   holder->pidfd = std::move(pidfd);
   holder->control = std::move(control).value();
   Holder* raw = holder.get();
@@ -471,6 +474,7 @@ void Leases::SessionEnded(const std::string& session_id) {
   auto it = holders_.find(session_id);
   if (it == holders_.end()) return;
   Holder& h = *it->second;
+  SampleHolder(h, /*last=*/false);  // the rank's last step, while the block is surely final
   h.ended = true;
   bool any = false;
   for (const auto& list : h.held) {
@@ -485,6 +489,7 @@ void Leases::SessionEnded(const std::string& session_id) {
 void Leases::Drop(const std::string& session_id) {
   auto it = holders_.find(session_id);
   if (it == holders_.end()) return;
+  SampleHolder(*it->second, /*last=*/true);
   closing_.push_back(std::move(it->second->pidfd));  // closed by the reaper, never under its poll
   holders_.erase(it);
   Wake();
@@ -511,8 +516,10 @@ void Leases::Reap() {
       MutexLock lock(&mu_);
       renewing = !renew_.empty();
     }
+    // Once a second while anything is to renew or any control block to sample.
+    const bool timed = renewing || fds.size() > 1;
     int rc = 0;
-    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), renewing ? 1000 : -1));
+    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), timed ? 1000 : -1));
     if (rc < 0) {
       Log("pool")->error("leases: the reaper's poll failed: {}", std::strerror(errno));
       return;
@@ -523,6 +530,7 @@ void Leases::Reap() {
     }
     MutexLock lock(&mu_);
     if (renewing) RetryRenewals();
+    for (auto& [id, h] : holders_) SampleHolder(*h, /*last=*/false);
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto it = holders_.find(ids[i - 1]);
@@ -581,6 +589,49 @@ bool Leases::Describe(const std::string& session_id, std::vector<v1::LeaseStats>
     leases->push_back(std::move(row));
   }
   return true;
+}
+
+void Leases::SetActivityListener(std::function<void(const MappedActivity&)> listener) {
+  MutexLock lock(&mu_);
+  listener_ = std::move(listener);
+}
+
+void Leases::Sample() {
+  MutexLock lock(&mu_);
+  for (auto& [id, h] : holders_) SampleHolder(*h, /*last=*/false);
+}
+
+void Leases::SampleHolder(Holder& h, bool last) {
+  std::array<uint64_t, k::kLeaseTiers> held{};
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(h, t);
+  // Read keeps every total monotone from one read to the next, whoever reads: the differences
+  // below are never negative, and `sampled` moves forward only.
+  const ControlView now = h.control->Read(held, quota_pages_, config_.page_bytes);
+  if (!now.valid) return;  // the rank wrote over the header: nothing to take from it
+  const ControlView& was = h.sampled;
+  MappedActivity a;
+  a.steps = now.steps - std::min(now.steps, was.steps);
+  a.stashes = now.stashes - std::min(now.stashes, was.stashes);
+  a.reloads = now.reloads - std::min(now.reloads, was.reloads);
+  a.releases = now.releases - std::min(now.releases, was.releases);
+  a.bytes_stashed = now.bytes_stashed - std::min(now.bytes_stashed, was.bytes_stashed);
+  a.bytes_reloaded = now.bytes_reloaded - std::min(now.bytes_reloaded, was.bytes_reloaded);
+  a.spills = now.spills - std::min(now.spills, was.spills);
+  a.overflows = now.overflows - std::min(now.overflows, was.overflows);
+  a.rejected = now.rejected - std::min(now.rejected, was.rejected);
+  const bool grew = (a.steps | a.stashes | a.reloads | a.releases | a.bytes_stashed |
+                     a.bytes_reloaded | a.spills | a.overflows | a.rejected) != 0;
+  h.sampled = now;
+  if (listener_ == nullptr || !grew) return;
+  a.session_id = h.session_id;
+  a.rank = h.rank;
+  a.pid = h.hello_pid;
+  a.pool = h.pool;
+  a.label = h.label;
+  a.allow_host_spill = h.allow_host_spill;
+  a.step = now.step;
+  a.last = last;
+  listener_(a);
 }
 
 size_t Leases::holders() {

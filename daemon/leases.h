@@ -32,6 +32,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -70,6 +71,33 @@ struct LeaseHolder {
   int socket = -1;  // that connection, to confirm it still lives once the pidfd is open
   // The most descriptors the answer may carry (the user's share of descriptors in flight).
   uint64_t max_descriptors = UINT64_MAX;
+  // What the rank said in its Hello, for the event lines of MappedActivity.
+  int64_t rank = -1;
+  int64_t hello_pid = 0;
+  std::string label;
+};
+
+// What a mapped session's control block added to its totals since the previous sample of the
+// same holder (ControlBlock::Read keeps the totals monotone, so nothing here is negative and no
+// number is counted twice), with who the session is, for the node's totals and event log.
+struct MappedActivity {
+  std::string session_id;
+  int64_t rank = -1;
+  int64_t pid = 0;  // as the Hello said
+  int pool = 0;
+  std::string label;
+  bool allow_host_spill = false;
+  uint64_t step = 0;   // the rank's step at this sample
+  uint64_t steps = 0;  // BeginSteps since the previous sample
+  uint64_t stashes = 0;
+  uint64_t reloads = 0;
+  uint64_t releases = 0;
+  uint64_t bytes_stashed = 0;
+  uint64_t bytes_reloaded = 0;
+  uint64_t spills = 0;
+  uint64_t overflows = 0;
+  uint64_t rejected = 0;
+  bool last = false;  // the holder's final sample: its session ended or its process exited
 };
 
 // Thread-safe.
@@ -83,6 +111,14 @@ class Leases {
   ~Leases();  // stops the reaper
 
   const LeaseConfig& config() const { return config_; }
+
+  // Receives every sample of every holder's control block that found its totals grown, called
+  // under the broker's lock (it must not call into Leases): the reaper samples each holder once
+  // a second, Sample() on demand, and each holder gets a last sample when its session ends and
+  // when it is dropped (a SIGKILLed rank's last step included). Set before the first Lease.
+  void SetActivityListener(std::function<void(const MappedActivity&)> listener);
+  // Samples every holder's control block now (before stats are read).
+  void Sample();
 
   // Sets a session's lease (stash/v1/descriptor.proto LeaseChunks): one part per chunk newly
   // granted, the control block's first at the session's first granted lease, then `last`.
@@ -130,6 +166,10 @@ class Leases {
     std::array<std::vector<uint64_t>, kernels::kLeaseTiers> held;  // chunk ids per lease tier
     std::array<uint64_t, kernels::kLeaseTiers> below{};  // auto requests the aim sat below
     std::array<uint64_t, kernels::kLeaseTiers> aim{};    // auto: the pages aimed at
+    int64_t rank = -1;                                   // from the Hello, for MappedActivity
+    int64_t hello_pid = 0;
+    std::string label;
+    ControlView sampled;  // the totals the listener was last given
   };
 
   Holder* FindOrCreate(const LeaseHolder& who, Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -151,6 +191,8 @@ class Leases {
   bool Renew(uint64_t tier, uint64_t chunk, bool retry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetryRenewals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads `h`'s control block and gives the listener what grew since the last sample.
+  void SampleHolder(Holder& h, bool last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reap();
   void Wake();
 
@@ -173,6 +215,7 @@ class Leases {
   // Lines about leases that stopped at their user's share.
   RateLimiter share_log_{1, std::chrono::seconds(10)};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(const MappedActivity&)> listener_;  // set before the first Lease
   std::thread reaper_;
 };
 

@@ -579,5 +579,104 @@ TEST_F(LeasesTest, AChunkThatCannotBeRenewedNowIsRenewedLater) {
   EXPECT_TRUE(pools_[0]->RingIsPermutation());
 }
 
+// What the node's totals take from mapped sessions (issue 21): each control block's growth once,
+// never a number twice, never a step back, and a killed rank's last writes after its death.
+class ActivitySums {
+ public:
+  void Add(const MappedActivity& a) {
+    MutexLock lock(&mu_);
+    stashes_ += a.stashes;
+    overflows_ += a.overflows;
+    spills_ += a.spills;
+    bytes_ += a.bytes_stashed;
+    reloads_ += a.reloads;
+    steps_ += a.steps;
+    last_ = last_ || a.last;
+  }
+  std::array<uint64_t, 6> Get() {
+    MutexLock lock(&mu_);
+    return {stashes_, overflows_, spills_, bytes_, reloads_, steps_};
+  }
+
+ private:
+  Mutex mu_;
+  uint64_t stashes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t overflows_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t spills_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reloads_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  bool last_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST_F(LeasesTest, ActivityCountsEachBlocksGrowthOnceAndAKilledRanksLastStep) {
+  Build();
+  ActivitySums sums;
+  leases_->SetActivityListener([&](const MappedActivity& a) { sums.Add(a); });
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  LeaseHolder who = Holder("a", child);
+  who.rank = 3;
+  who.label = "job";
+  const Granted g = Want(who, {{v1::TIER_DEVICE, 8}});
+  ASSERT_TRUE(g.control.valid());
+  auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
+  block->steps = 1;
+  block->stashes = 3;
+  block->overflows = 1;
+  block->bytes_stashed = 300;
+  leases_->Sample();
+  using Sums = std::array<uint64_t, 6>;
+  EXPECT_EQ(sums.Get(), (Sums{3, 1, 0, 300, 0, 1}));
+  leases_->Sample();  // nothing grew: nothing is added again
+  EXPECT_EQ(sums.Get(), (Sums{3, 1, 0, 300, 0, 1}));
+  // A rank that lowers a total takes nothing back from the node's counters.
+  block->stashes = 1;
+  leases_->Sample();
+  EXPECT_EQ(sums.Get(), (Sums{3, 1, 0, 300, 0, 1}));
+  // The rank's last step, then SIGKILL: the reaper reads the block once more before it drops
+  // the holder, so the last step counts though nothing asked for stats meanwhile.
+  block->steps = 2;
+  block->stashes = 5;
+  block->overflows = 4;
+  block->spills = 2;
+  block->reloads = 3;
+  block->bytes_stashed = 500;
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (leases_->holders() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(leases_->holders(), 0u);
+  EXPECT_EQ(sums.Get(), (Sums{5, 4, 2, 500, 3, 2}));
+  block->stashes = 9;  // written after the holder was dropped: read by nobody
+  leases_->Sample();
+  EXPECT_EQ(sums.Get(), (Sums{5, 4, 2, 500, 3, 2}));
+  munmap(block, k::kControlBlockBytes);
+}
+
+// The reaper samples blocks by itself, once a second, with no stats read to trigger it.
+TEST_F(LeasesTest, TheReaperSamplesControlBlocksEverySecond) {
+  Build();
+  ActivitySums sums;
+  leases_->SetActivityListener([&](const MappedActivity& a) { sums.Add(a); });
+  const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 4}});
+  ASSERT_TRUE(g.control.valid());
+  auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
+  // Past the sample the new holder's wake-up brought: the next comes from the timer.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  block->overflows = 7;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (sums.Get()[1] == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(sums.Get()[1], 7u);
+  munmap(block, k::kControlBlockBytes);
+}
+
 }  // namespace
 }  // namespace stash::daemon
