@@ -447,10 +447,15 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
 void DaemonCore::MappedRow(Session& s, v1::SessionStats* row) {
   std::vector<v1::LeaseStats> leases;
   ControlView c;
-  // The counters of a mapped session are its control block's: written by the rank, clamped.
-  if (leases_->Describe(s.info().id, &leases, &c)) {
+  LiveView live;
+  // The counters of a mapped session are its control block's: written by the rank, clamped;
+  // its live stashes by tag are the block's live-stash table (the daemon-copy rows are empty).
+  if (leases_->Describe(s.info().id, &leases, &c, &live)) {
     for (v1::LeaseStats& lease : leases) *row->add_leases() = std::move(lease);
   }
+  row->clear_live();
+  for (v1::LiveStashes& l : live.rows) *row->add_live() = std::move(l);
+  row->set_live_untagged(live.untagged);
   row->set_stashes(c.stashes);
   row->set_reloads(c.reloads);
   row->set_releases(c.releases);

@@ -568,7 +568,7 @@ Leases::TierCounts Leases::Counts(const Tier* tier) {
 }
 
 bool Leases::Describe(const std::string& session_id, std::vector<v1::LeaseStats>* leases,
-                      ControlView* control) {
+                      ControlView* control, LiveView* live) {
   MutexLock lock(&mu_);
   auto it = holders_.find(session_id);
   if (it == holders_.end()) return false;
@@ -576,6 +576,7 @@ bool Leases::Describe(const std::string& session_id, std::vector<v1::LeaseStats>
   std::array<uint64_t, k::kLeaseTiers> held{};
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(h, t);
   *control = h.control->Read(held, quota_pages_, config_.page_bytes);
+  if (live != nullptr) *live = h.control->ReadLive(*control);
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
     if (h.held[t].empty() && h.aim[t] == 0) continue;
     v1::LeaseStats row;

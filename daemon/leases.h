@@ -134,8 +134,9 @@ class Leases {
     uint64_t orphaned = 0;
   };
   TierCounts Counts(const Tier* tier);
+  // `live` (optional): its live stashes by tag, from the block's live-stash table.
   bool Describe(const std::string& session_id, std::vector<stash::v1::LeaseStats>* leases,
-                ControlView* control);
+                ControlView* control, LiveView* live = nullptr);
   // Holders tracked (sessions with a lease, live or orphaned), for tests.
   size_t holders();
   // Chunks waiting to be renewed before they go back to their ring, for tests.

@@ -678,5 +678,70 @@ TEST_F(LeasesTest, TheReaperSamplesControlBlocksEverySecond) {
   munmap(block, k::kControlBlockBytes);
 }
 
+// The live-stash table is untrusted: rows never add up to more than the block says is held,
+// names are cut and escaped, entries mid-rewrite are skipped, and nothing is indexed with a
+// value from it.
+TEST_F(LeasesTest, TheLiveTableIsReadClampedAndEscaped) {
+  Build();
+  const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 8}});
+  ASSERT_TRUE(g.control.valid());
+  auto* memory = Map(g.control.get(), k::kControlBlockBytes);
+  auto* block = reinterpret_cast<k::SessionControl*>(memory);
+  auto* table = reinterpret_cast<k::LiveTable*>(memory + k::kLiveTableOffset);
+  std::vector<v1::LeaseStats> rows;
+  ControlView view;
+  LiveView live;
+  // Three stashes live, 6 pages, 20000 bytes; a rank without a table: all untagged.
+  block->tiers[0].pages_used = 6;
+  block->tiers[0].stashes_live = 3;
+  block->tiers[0].bytes_live = 20000;
+  ASSERT_TRUE(leases_->Describe("a", &rows, &view, &live));
+  EXPECT_TRUE(live.rows.empty());
+  EXPECT_EQ(live.untagged, 3u);
+  // Entries: a good one, one mid-rewrite (odd seq), one with a huge claim and a bad name, and
+  // more than the block holds.
+  table->magic = k::kLiveTableMagic;
+  auto put = [&](uint32_t i, uint64_t seq, uint64_t ticket, uint64_t tags, uint64_t bytes,
+                 uint64_t pages, const std::string& name, uint64_t name_bytes) {
+    k::LiveEntry& e = table->entries[i];
+    e.seq = seq;
+    e.ticket = ticket;
+    e.tags = tags;
+    e.bytes = bytes;
+    e.pages = pages;
+    std::memset(e.name, 0, sizeof(e.name));
+    std::memcpy(e.name, name.data(), std::min<size_t>(name.size(), sizeof(e.name)));
+    e.name_bytes = name_bytes;
+  };
+  put(0, 2, 11, 1 | (uint64_t{4} << 32), 4096, 1, "fc1", 3);
+  put(1, 3, 12, 2, 4096, 1, "busy", 4);
+  put(2, 4, 13, 3, ~0ull, ~0ull, std::string("a\x01\xff\\") + std::string(90, 'x'), ~0ull);
+  for (uint32_t i = 3; i < k::kLiveEntries; ++i) put(i, 2, 100 + i, 9, 1, 1, "more", 4);
+  rows.clear();
+  ASSERT_TRUE(leases_->Describe("a", &rows, &view, &live));
+  uint64_t stashes = 0, pages = 0, bytes = 0;
+  bool fc1 = false;
+  for (const v1::LiveStashes& r : live.rows) {
+    stashes += r.stashes();
+    pages += r.pages();
+    bytes += r.bytes();
+    EXPECT_NE(r.name(), "busy");
+    EXPECT_LE(r.name().size(), 4 * k::kLiveNameBytes);
+    for (char ch : r.name()) EXPECT_GE(static_cast<unsigned char>(ch), 0x20) << r.name();
+    if (r.name() == "fc1") {
+      fc1 = true;
+      EXPECT_EQ(r.layer(), 1u);
+      EXPECT_EQ(r.microbatch(), 4u);
+      EXPECT_EQ(r.bytes(), 4096u);
+    }
+  }
+  EXPECT_TRUE(fc1);
+  EXPECT_EQ(stashes + live.untagged, 3u);
+  EXPECT_EQ(stashes, 3u);
+  EXPECT_LE(pages, 6u);
+  EXPECT_LE(bytes, 20000u);
+  munmap(memory, k::kControlBlockBytes);
+}
+
 }  // namespace
 }  // namespace stash::daemon

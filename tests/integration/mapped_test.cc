@@ -478,5 +478,69 @@ TEST_F(Mapped, NodeTotalsCountAKilledRanksLastStep) {
   EXPECT_EQ(d.bytes_stashed(), 10 * kPage);
 }
 
+// Issue 21: `stashctl sessions --detail` / --json show a mapped session's live stashes by
+// (layer, microbatch, name), from the list of tags its rank keeps in the control block, as for
+// daemon-copy sessions; the JSON never has "live": [] beside live stashes.
+TEST_F(Mapped, SessionsShowLiveStashesByLayerMicrobatchAndName) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=0", "--max-lease-bytes=64MiB"});
+  auto client = Connect(4 << 20, 0);
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(4 * kPage, 22);
+  auto tagged = [&](uint32_t layer, uint32_t microbatch, const std::string& name, uint64_t rows) {
+    StashArgs a = Args(*src, kPage, rows);
+    a.layer = layer;
+    a.microbatch = microbatch;
+    a.name = name;
+    auto done = client->Wait(*client->Stash(a));
+    EXPECT_TRUE(done.ok() && done->tier == Tier::kDevice);
+    return done.ok() ? done->ticket : 0;
+  };
+  const uint64_t fc1_a = tagged(1, 0, "fc1", 2);
+  tagged(1, 0, "fc1", 3);
+  const uint64_t experts = tagged(2, 1, "experts", 4);
+  ASSERT_TRUE(client->Wait(*client->Release(fc1_a)).ok());
+  tagged(1, 0, "fc1", 1);
+  v1::GetStatsResponse stats = DaemonStats(socket_);
+  ASSERT_EQ(stats.sessions_size(), 1);
+  v1::SessionStats s = stats.sessions(0);
+  EXPECT_EQ(s.stashes_live(), 3u);
+  EXPECT_EQ(s.live_untagged(), 0u);
+  ASSERT_EQ(s.live_size(), 2) << s.DebugString();
+  EXPECT_EQ(s.live(0).layer(), 1u);
+  EXPECT_EQ(s.live(0).microbatch(), 0u);
+  EXPECT_EQ(s.live(0).name(), "fc1");
+  EXPECT_EQ(s.live(0).stashes(), 2u);
+  EXPECT_EQ(s.live(0).bytes(), 4 * kPage);
+  EXPECT_EQ(s.live(0).pages(), 4u);
+  EXPECT_EQ(s.live(1).layer(), 2u);
+  EXPECT_EQ(s.live(1).microbatch(), 1u);
+  EXPECT_EQ(s.live(1).name(), "experts");
+  EXPECT_EQ(s.live(1).stashes(), 1u);
+  EXPECT_EQ(s.live(1).bytes(), 4 * kPage);
+
+  auto stashctl = [&](const std::vector<std::string>& args) {
+    testing::Process p;
+    std::vector<std::string> argv = {testing::BinDir() + "/client/stashctl/stashctl",
+                                     "--socket=" + socket_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    EXPECT_TRUE(p.Start(argv, daemon_->dir() + "/stashctl"));
+    EXPECT_EQ(p.Wait(seconds(10 * TimeScale())), 0) << p.Stderr();
+    return p.Stdout();
+  };
+  const std::string detail = stashctl({"sessions", "--detail"});
+  EXPECT_NE(detail.find("live stashes by layer, microbatch and name"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("experts"), std::string::npos) << detail;
+  const std::string json = stashctl({"sessions", "--json"});
+  EXPECT_NE(json.find("\"name\": \"fc1\""), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"live\": []"), std::string::npos) << json;
+
+  // Reloaded and released, the rows go.
+  auto out = Buffer(4 * kPage);
+  ASSERT_TRUE(client->Wait(*client->Reload({experts, out.get(), 0, false, {}, {}})).ok());
+  s = DaemonStats(socket_).sessions(0);
+  ASSERT_EQ(s.live_size(), 1);
+  EXPECT_EQ(s.live(0).name(), "fc1");
+}
+
 }  // namespace
 }  // namespace stash
