@@ -86,6 +86,16 @@ class Mapped : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(c).value() : nullptr;
   }
+  // What `stashctl --socket=<the daemon's> ARGS...` printed (it must succeed).
+  std::string Stashctl(const std::vector<std::string>& args) {
+    testing::Process p;
+    std::vector<std::string> argv = {testing::BinDir() + "/client/stashctl/stashctl",
+                                     "--socket=" + socket_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    EXPECT_TRUE(p.Start(argv, daemon_->dir() + "/stashctl"));
+    EXPECT_EQ(p.Wait(seconds(10 * TimeScale())), 0) << p.Stderr();
+    return p.Stdout();
+  }
   void TearDown() override {
     for (auto* d : {daemon_.get(), restarted_.get()}) {
       if (d != nullptr && d->process().running()) {
@@ -431,6 +441,11 @@ TEST_F(Mapped, NodeTotalsAndTheEventLogCountMappedStashesSpillsAndOverflows) {
   };
   expect_totals("during the step");
   expect_totals("read again: nothing counted twice");
+  const std::string stats = Stashctl({"stats"});
+  EXPECT_NE(stats.find("stashes 2  reloads 1  releases 0  stashed 1.5 MiB  reloaded 768 KiB"),
+            std::string::npos)
+      << stats;
+  EXPECT_NE(stats.find("spills 1  overflows 1"), std::string::npos) << stats;
   client.reset();  // the session ends; the node's counters keep what it did
   expect_totals("after the session ended");
   // The event lines say so, naming the session's rank and step as daemon-copy lines do.
@@ -518,19 +533,10 @@ TEST_F(Mapped, SessionsShowLiveStashesByLayerMicrobatchAndName) {
   EXPECT_EQ(s.live(1).stashes(), 1u);
   EXPECT_EQ(s.live(1).bytes(), 4 * kPage);
 
-  auto stashctl = [&](const std::vector<std::string>& args) {
-    testing::Process p;
-    std::vector<std::string> argv = {testing::BinDir() + "/client/stashctl/stashctl",
-                                     "--socket=" + socket_};
-    argv.insert(argv.end(), args.begin(), args.end());
-    EXPECT_TRUE(p.Start(argv, daemon_->dir() + "/stashctl"));
-    EXPECT_EQ(p.Wait(seconds(10 * TimeScale())), 0) << p.Stderr();
-    return p.Stdout();
-  };
-  const std::string detail = stashctl({"sessions", "--detail"});
+  const std::string detail = Stashctl({"sessions", "--detail"});
   EXPECT_NE(detail.find("live stashes by layer, microbatch and name"), std::string::npos) << detail;
   EXPECT_NE(detail.find("experts"), std::string::npos) << detail;
-  const std::string json = stashctl({"sessions", "--json"});
+  const std::string json = Stashctl({"sessions", "--json"});
   EXPECT_NE(json.find("\"name\": \"fc1\""), std::string::npos) << json;
   EXPECT_EQ(json.find("\"live\": []"), std::string::npos) << json;
 
