@@ -115,7 +115,8 @@ class Leases {
   // Receives every sample of every holder's control block that found its totals grown, called
   // under the broker's lock (it must not call into Leases): the reaper samples each holder once
   // a second, Sample() on demand, and each holder gets a last sample when its session ends and
-  // when it is dropped (a SIGKILLed rank's last step included). Set before the first Lease.
+  // when it is dropped (a SIGKILLed rank's last step included). Set before the first Lease;
+  // without a listener no block is sampled.
   void SetActivityListener(std::function<void(const MappedActivity&)> listener);
   // Samples every holder's control block now (before stats are read).
   void Sample();

@@ -624,27 +624,27 @@ TEST_F(LeasesTest, ActivityCountsEachBlocksGrowthOnceAndAKilledRanksLastStep) {
   const Granted g = Want(who, {{v1::TIER_DEVICE, 8}});
   ASSERT_TRUE(g.control.valid());
   auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
-  block->steps = 1;
-  block->stashes = 3;
-  block->overflows = 1;
-  block->bytes_stashed = 300;
+  k::ControlStore(block->steps, 1);
+  k::ControlStore(block->stashes, 3);
+  k::ControlStore(block->overflows, 1);
+  k::ControlStore(block->bytes_stashed, 300);
   leases_->Sample();
   using Sums = std::array<uint64_t, 6>;
   EXPECT_EQ(sums.Get(), (Sums{3, 1, 0, 300, 0, 1}));
   leases_->Sample();  // nothing grew: nothing is added again
   EXPECT_EQ(sums.Get(), (Sums{3, 1, 0, 300, 0, 1}));
   // A rank that lowers a total takes nothing back from the node's counters.
-  block->stashes = 1;
+  k::ControlStore(block->stashes, 1);
   leases_->Sample();
   EXPECT_EQ(sums.Get(), (Sums{3, 1, 0, 300, 0, 1}));
   // The rank's last step, then SIGKILL: the reaper reads the block once more before it drops
   // the holder, so the last step counts though nothing asked for stats meanwhile.
-  block->steps = 2;
-  block->stashes = 5;
-  block->overflows = 4;
-  block->spills = 2;
-  block->reloads = 3;
-  block->bytes_stashed = 500;
+  k::ControlStore(block->steps, 2);
+  k::ControlStore(block->stashes, 5);
+  k::ControlStore(block->overflows, 4);
+  k::ControlStore(block->spills, 2);
+  k::ControlStore(block->reloads, 3);
+  k::ControlStore(block->bytes_stashed, 500);
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -653,7 +653,7 @@ TEST_F(LeasesTest, ActivityCountsEachBlocksGrowthOnceAndAKilledRanksLastStep) {
   }
   ASSERT_EQ(leases_->holders(), 0u);
   EXPECT_EQ(sums.Get(), (Sums{5, 4, 2, 500, 3, 2}));
-  block->stashes = 9;  // written after the holder was dropped: read by nobody
+  k::ControlStore(block->stashes, 9);  // written after the holder was dropped: read by nobody
   leases_->Sample();
   EXPECT_EQ(sums.Get(), (Sums{5, 4, 2, 500, 3, 2}));
   munmap(block, k::kControlBlockBytes);
@@ -669,7 +669,7 @@ TEST_F(LeasesTest, TheReaperSamplesControlBlocksEverySecond) {
   auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
   // Past the sample the new holder's wake-up brought: the next comes from the timer.
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  block->overflows = 7;
+  k::ControlStore(block->overflows, 7);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (sums.Get()[1] == 0 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
