@@ -91,16 +91,18 @@ LiveView ControlBlock::ReadLive(const ControlView& view) const {
   std::map<std::tuple<uint32_t, uint32_t, std::string>, stash::v1::LiveStashes> rows;
   for (uint32_t i = 0; i < k::kLiveEntries && out.untagged > 0; ++i) {
     const k::LiveEntry& e = live_->entries[i];
-    const uint64_t seq = __atomic_load_n(&e.seq, __ATOMIC_ACQUIRE);
+    // Acquire loads: the seq read last is read after every field (the rank's release stores
+    // make a field of a newer write come with its odd seq).
+    auto get = [](const uint64_t& field) { return __atomic_load_n(&field, __ATOMIC_ACQUIRE); };
+    const uint64_t seq = get(e.seq);
     if (seq % 2 != 0) continue;  // being rewritten: its stash counts as untagged
-    const uint64_t ticket = k::ControlLoad(e.ticket);
-    const uint64_t tags = k::ControlLoad(e.tags);
-    const uint64_t entry_bytes = k::ControlLoad(e.bytes);
-    const uint64_t entry_pages = k::ControlLoad(e.pages);
-    const uint64_t name_bytes = std::min(k::ControlLoad(e.name_bytes), k::kLiveNameBytes);
+    const uint64_t ticket = get(e.ticket);
+    const uint64_t tags = get(e.tags);
+    const uint64_t entry_bytes = get(e.bytes);
+    const uint64_t entry_pages = get(e.pages);
+    const uint64_t name_bytes = std::min(get(e.name_bytes), k::kLiveNameBytes);
     uint64_t words[k::kLiveNameBytes / 8];
-    for (size_t w = 0; w < k::kLiveNameBytes / 8; ++w) words[w] = k::ControlLoad(e.name[w]);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    for (size_t w = 0; w < k::kLiveNameBytes / 8; ++w) words[w] = get(e.name[w]);
     if (k::ControlLoad(e.seq) != seq || ticket == 0) continue;
     // Within what the session holds: the rows never add up to more than the block's counts.
     const uint64_t p = std::min(entry_pages, pages);

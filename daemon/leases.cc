@@ -474,7 +474,7 @@ void Leases::SessionEnded(const std::string& session_id) {
   auto it = holders_.find(session_id);
   if (it == holders_.end()) return;
   Holder& h = *it->second;
-  SampleHolder(h, /*last=*/false);  // the rank's last step, while the block is surely final
+  SampleHolder(h);  // the rank's last step, as its stream ends
   h.ended = true;
   bool any = false;
   for (const auto& list : h.held) {
@@ -489,7 +489,7 @@ void Leases::SessionEnded(const std::string& session_id) {
 void Leases::Drop(const std::string& session_id) {
   auto it = holders_.find(session_id);
   if (it == holders_.end()) return;
-  SampleHolder(*it->second, /*last=*/true);
+  SampleHolder(*it->second);  // its very last numbers (a killed rank's last step)
   closing_.push_back(std::move(it->second->pidfd));  // closed by the reaper, never under its poll
   holders_.erase(it);
   Wake();
@@ -530,7 +530,7 @@ void Leases::Reap() {
     }
     MutexLock lock(&mu_);
     if (renewing) RetryRenewals();
-    for (auto& [id, h] : holders_) SampleHolder(*h, /*last=*/false);
+    for (auto& [id, h] : holders_) SampleHolder(*h);
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto it = holders_.find(ids[i - 1]);
@@ -599,10 +599,10 @@ void Leases::SetActivityListener(std::function<void(const MappedActivity&)> list
 
 void Leases::Sample() {
   MutexLock lock(&mu_);
-  for (auto& [id, h] : holders_) SampleHolder(*h, /*last=*/false);
+  for (auto& [id, h] : holders_) SampleHolder(*h);
 }
 
-void Leases::SampleHolder(Holder& h, bool last) {
+void Leases::SampleHolder(Holder& h) {
   if (listener_ == nullptr) return;  // nobody to tell (tests that drive the broker alone)
   std::array<uint64_t, k::kLeaseTiers> held{};
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(h, t);
@@ -632,7 +632,6 @@ void Leases::SampleHolder(Holder& h, bool last) {
   a.label = h.label;
   a.allow_host_spill = h.allow_host_spill;
   a.step = now.step;
-  a.last = last;
   listener_(a);
 }
 

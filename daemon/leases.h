@@ -97,7 +97,6 @@ struct MappedActivity {
   uint64_t spills = 0;
   uint64_t overflows = 0;
   uint64_t rejected = 0;
-  bool last = false;  // the holder's final sample: its session ended or its process exited
 };
 
 // Thread-safe.
@@ -194,7 +193,7 @@ class Leases {
   void RetryRenewals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads `h`'s control block and gives the listener what grew since the last sample.
-  void SampleHolder(Holder& h, bool last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SampleHolder(Holder& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reap();
   void Wake();
 

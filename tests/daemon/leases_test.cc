@@ -591,7 +591,6 @@ class ActivitySums {
     bytes_ += a.bytes_stashed;
     reloads_ += a.reloads;
     steps_ += a.steps;
-    last_ = last_ || a.last;
   }
   std::array<uint64_t, 6> Get() {
     MutexLock lock(&mu_);
@@ -606,7 +605,6 @@ class ActivitySums {
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reloads_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
-  bool last_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 TEST_F(LeasesTest, ActivityCountsEachBlocksGrowthOnceAndAKilledRanksLastStep) {
