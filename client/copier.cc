@@ -396,6 +396,8 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   done.tier = TierOf(plan.tier);
   done.bytes = plan.bytes;
   done.pages = plan.pages;
+  record.live_entry =
+      table_->live().Add(op.id, op.layer, op.microbatch, op.name, plan.bytes, plan.pages);
   stashes_.emplace(op.id, std::move(record));
   done.latency_us = MicrosSince(op.submitted);
 }
@@ -411,6 +413,7 @@ void Copier::ReturnStashPages(const StashRecord& record) {
   ControlStore(t.stashes_live, ControlLoad(t.stashes_live) - 1);
   ControlStore(t.bytes_live, ControlLoad(t.bytes_live) - record.bytes);
   ControlStore(c.demand_pages, ControlLoad(c.demand_pages) - record.pages);
+  table_->live().Remove(record.live_entry);
 }
 
 void Copier::DoReload(const CopyOp& op, Result& result) {

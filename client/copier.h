@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -61,6 +62,9 @@ struct CopyOp {
   uint64_t ticket = 0;
   bool zero_tail = false;
   uint64_t step = 0;  // kBeginStep
+  // kStash: the tags, for the control block's live-stash table.
+  uint32_t layer = 0, microbatch = 0;
+  std::string name;
 };
 
 class Copier {
@@ -114,6 +118,7 @@ class Copier {
     uint32_t tier = 0;
     uint64_t rows = 0, bytes = 0, pages = 0, row_bytes = 0, max_rows = 0;
     std::vector<uint64_t> page_record;
+    int32_t live_entry = -1;  // in the live-stash table (LiveTableWriter::Add)
   };
 
   void Run();

@@ -104,6 +104,7 @@ Status LeaseTable::SetControlBlock(UniqueFd fd, uint64_t bytes) {
   // and its own line (daemon_flags, return_request, ...): the rank's fields only, each a
   // store of its own, never a plain copy over the live block.
   CarryRankFields(*control_, *block);
+  live_.Attach(static_cast<uint8_t*>(p), bytes);  // the live stashes' tags, carried over too
   ControlStore(block->attached, kernels::kControlMagic);
   if (control_map_ != nullptr) munmap(control_map_, control_map_bytes_);
   control_map_ = static_cast<uint8_t*>(p);

@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "client/live_table.h"
 #include "common/unique_fd.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/kernels/paging.h"
@@ -44,6 +45,8 @@ class LeaseTable {
   // carries this table's counters over into it. Until then control() is a private block.
   Status SetControlBlock(UniqueFd fd, uint64_t bytes);
   kernels::SessionControl& control() { return *control_; }
+  // The block's live-stash table (tableless until the daemon's block is mapped).
+  LiveTableWriter& live() { return live_; }
 
   // Maps chunk `chunk_id` (`fd`, `bytes`: a whole number of pages, at most chunk_bytes) into a
   // free slot of `tier` and appends its pages to the tier's ring. INVALID_ARGUMENT for a chunk
@@ -90,6 +93,7 @@ class LeaseTable {
   kernels::SessionControl* control_ = &own_control_;
   uint8_t* control_map_ = nullptr;
   uint64_t control_map_bytes_ = 0;
+  LiveTableWriter live_;
 };
 
 }  // namespace stash

@@ -349,6 +349,9 @@ StatusOr<uint64_t> MappedSession::Stash(const StashArgs& args) {
   op.offset = args.offset;
   op.row_bytes = args.row_bytes;
   op.max_rows = args.max_rows;
+  op.layer = args.layer;
+  op.microbatch = args.microbatch;
+  op.name = args.name;
   if (args.count.buffer != nullptr) {
     if (args.count.offset % 8 != 0 || args.count.offset + 8 > args.count.buffer->size()) {
       return InvalidArgumentError("the row count must be an 8-byte aligned int64");

@@ -1,8 +1,12 @@
 #include "daemon/control_block.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <tuple>
 
 #include "common/macros.h"
+#include "common/text.h"
 
 namespace stash::daemon {
 
@@ -73,6 +77,58 @@ ControlView ControlBlock::Read(const std::array<uint64_t, k::kLeaseTiers>& pages
     out.bytes_live = std::min(k::ControlLoad(in.bytes_live), max_bytes);
   }
   return v;
+}
+
+LiveView ControlBlock::ReadLive(const ControlView& view) const {
+  LiveView out;
+  uint64_t stashes = 0;
+  uint64_t pages = 0;
+  uint64_t bytes = 0;
+  for (const ControlTierView& t : view.tiers) {
+    stashes += t.stashes_live;
+    pages += t.pages_used;
+    bytes += t.bytes_live;
+  }
+  out.untagged = stashes;
+  if (!view.valid || k::ControlLoad(live_->magic) != k::kLiveTableMagic) return out;
+  std::map<std::tuple<uint32_t, uint32_t, std::string>, stash::v1::LiveStashes> rows;
+  for (uint32_t i = 0; i < k::kLiveEntries && out.untagged > 0; ++i) {
+    const k::LiveEntry& e = live_->entries[i];
+    // Acquire loads: the seq read last is read after every field (the rank's release stores
+    // make a field of a newer write come with its odd seq).
+    auto get = [](const uint64_t& field) { return __atomic_load_n(&field, __ATOMIC_ACQUIRE); };
+    const uint64_t seq = get(e.seq);
+    if (seq % 2 != 0) continue;  // being rewritten: its stash counts as untagged
+    const uint64_t ticket = get(e.ticket);
+    const uint64_t tags = get(e.tags);
+    const uint64_t entry_bytes = get(e.bytes);
+    const uint64_t entry_pages = get(e.pages);
+    const uint64_t name_bytes = std::min(get(e.name_bytes), k::kLiveNameBytes);
+    uint64_t words[k::kLiveNameBytes / 8];
+    for (size_t w = 0; w < k::kLiveNameBytes / 8; ++w) words[w] = get(e.name[w]);
+    if (k::ControlLoad(e.seq) != seq || ticket == 0) continue;
+    // Within what the session holds: the rows never add up to more than the block's counts.
+    const uint64_t p = std::min(entry_pages, pages);
+    const uint64_t b = std::min(entry_bytes, bytes);
+    pages -= p;
+    bytes -= b;
+    --out.untagged;
+    const auto layer = static_cast<uint32_t>(tags);
+    const auto microbatch = static_cast<uint32_t>(tags >> 32);
+    // Printable UTF-8 kept; control characters, backslashes and broken UTF-8 as \xNN.
+    std::string name = Escaped(std::string_view(reinterpret_cast<const char*>(words), name_bytes),
+                               k::kLiveNameBytes);
+    stash::v1::LiveStashes& row = rows[{layer, microbatch, name}];
+    row.set_layer(layer);
+    row.set_microbatch(microbatch);
+    row.set_name(std::move(name));
+    row.set_stashes(row.stashes() + 1);
+    row.set_bytes(row.bytes() + b);
+    row.set_pages(row.pages() + p);
+  }
+  out.rows.reserve(rows.size());
+  for (auto& [key, row] : rows) out.rows.push_back(std::move(row));
+  return out;
 }
 
 void ControlBlock::SetDraining(bool draining) {

@@ -8,12 +8,15 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "common/mutex.h"
 #include "common/shm.h"
 #include "common/unique_fd.h"
 #include "stash/kernels/lease_control.h"
+#include "stash/kernels/lease_live_table.h"
 #include "stash/status.h"
+#include "stash/v1/stash.pb.h"
 
 namespace stash::daemon {
 
@@ -54,6 +57,16 @@ struct ControlView {
   std::array<ControlTierView, kernels::kLeaseTiers> tiers{};
 };
 
+// A mapped session's live stashes by tag, from its block's live-stash table
+// (stash/kernels/lease_live_table.h): rows by (layer, microbatch, name), sorted by them, as
+// daemon-copy sessions' LiveTags::Rows. Their stashes, bytes and pages together never exceed
+// what the ControlView they were read against says the session holds; the live stashes in no
+// row are `untagged` (a rank that keeps no table, a full table, an entry being rewritten).
+struct LiveView {
+  std::vector<stash::v1::LiveStashes> rows;
+  uint64_t untagged = 0;
+};
+
 // Thread-safe: Read may run on any thread while the rank writes.
 class ControlBlock {
  public:
@@ -73,6 +86,9 @@ class ControlBlock {
   ControlView Read(const std::array<uint64_t, kernels::kLeaseTiers>& pages_leased,
                    uint64_t quota_pages, uint64_t page_bytes) const;
 
+  // The live-stash table, clamped to what `view` (a Read of this block) says is held.
+  LiveView ReadLive(const ControlView& view) const;
+
   // The daemon's own line, read by the rank at each BeginStep.
   // Sets or clears kDaemonDraining.
   void SetDraining(bool draining);
@@ -86,11 +102,15 @@ class ControlBlock {
 
  private:
   ControlBlock(std::unique_ptr<SharedMemory> memory, kernels::SessionControl* block)
-      : memory_(std::move(memory)), block_(block) {}
+      : memory_(std::move(memory)),
+        block_(block),
+        live_(reinterpret_cast<const kernels::LiveTable*>(memory_->data() +
+                                                          kernels::kLiveTableOffset)) {}
 
   // Never change after construction.
   const std::unique_ptr<SharedMemory> memory_;  // the sealed memfd and the daemon's mapping
   kernels::SessionControl* const block_;        // in memory_; read with ControlLoad only
+  const kernels::LiveTable* const live_;        // in memory_, after the block; the same
 
   mutable Mutex mu_;
   mutable std::array<uint64_t, 9> totals_ ABSL_GUARDED_BY(mu_){};  // the totals last shown

@@ -206,6 +206,9 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     lease.first_share_divisor = 16;
     core->leases_ = std::make_unique<Leases>(
         pool_tiers, core->pools_.empty() ? nullptr : core->pools_[0]->host(), lease);
+    DaemonCore* raw = core.get();
+    core->leases_->SetActivityListener(
+        [raw](const MappedActivity& activity) { raw->FoldMapped(activity); });
   }
   // Stats list each tier once: every pool's own, then the spill tiers (shared on host).
   for (const auto& pool : core->pools_) core->tiers_.push_back(pool->device());
@@ -354,6 +357,9 @@ DescriptorReply DaemonCore::HandleDescriptors(const v1::DescriptorRequest& reque
   who.pid = peer.pid;
   who.socket = peer.socket;
   who.max_descriptors = peer.max_descriptors;
+  who.rank = session->info().rank;
+  who.hello_pid = session->info().pid;
+  who.label = session->info().label;
   switch (request.kind_case()) {
     case v1::DescriptorRequest::kDepositMemory: {
       if (session->info().mapped) {
@@ -441,10 +447,15 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
 void DaemonCore::MappedRow(Session& s, v1::SessionStats* row) {
   std::vector<v1::LeaseStats> leases;
   ControlView c;
-  // The counters of a mapped session are its control block's: written by the rank, clamped.
-  if (leases_->Describe(s.info().id, &leases, &c)) {
+  LiveView live;
+  // The counters of a mapped session are its control block's: written by the rank, clamped;
+  // its live stashes by tag are the block's live-stash table (the daemon-copy rows are empty).
+  if (leases_->Describe(s.info().id, &leases, &c, &live)) {
     for (v1::LeaseStats& lease : leases) *row->add_leases() = std::move(lease);
   }
+  row->clear_live();
+  for (v1::LiveStashes& l : live.rows) *row->add_live() = std::move(l);
+  row->set_live_untagged(live.untagged);
   row->set_stashes(c.stashes);
   row->set_reloads(c.reloads);
   row->set_releases(c.releases);
@@ -470,7 +481,40 @@ void DaemonCore::MappedRow(Session& s, v1::SessionStats* row) {
   row->set_step_begun(c.steps > 0);
 }
 
+namespace {
+// A counter raised by what a rank wrote: it stops at the top rather than wrap.
+void AddSaturating(std::atomic<uint64_t>& counter, uint64_t delta) {
+  uint64_t was = counter.load(std::memory_order_relaxed);
+  while (!counter.compare_exchange_weak(was, was + std::min(delta, UINT64_MAX - was),
+                                        std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
+void DaemonCore::FoldMapped(const MappedActivity& a) {
+  AddSaturating(counters_.stashes, a.stashes);
+  AddSaturating(counters_.reloads, a.reloads);
+  AddSaturating(counters_.releases, a.releases);
+  AddSaturating(counters_.bytes_stashed, a.bytes_stashed);
+  AddSaturating(counters_.bytes_reloaded, a.bytes_reloaded);
+  AddSaturating(counters_.spills, a.spills);
+  AddSaturating(counters_.overflows, a.overflows);
+  AddSaturating(counters_.rejected, a.rejected);
+  if ((a.overflows | a.spills | a.rejected) == 0) return;
+  SessionInfo info;
+  info.id = a.session_id;
+  info.rank = a.rank;
+  info.pid = a.pid;
+  info.pool = a.pool;
+  info.label = a.label;
+  info.allow_host_spill = a.allow_host_spill;
+  info.mapped = true;
+  EventLog::Get().Mapped(info, a.step, a.overflows, a.spills, a.rejected);
+}
+
 v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
+  // Mapped sessions' control blocks first, so the node's totals include their latest steps.
+  if (leases_ != nullptr) leases_->Sample();
   v1::GetStatsResponse out;
   v1::DaemonStats* d = out.mutable_daemon();
   d->set_version(kVersion);

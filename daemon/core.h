@@ -115,6 +115,10 @@ class DaemonCore {
   stash::v1::Backend backend() const { return backend_; }
   // The daemon-wide counters and histograms (metrics.cc reads them).
   const DaemonCounters& counters() const { return counters_; }
+  // Adds what a mapped session's control block grew by to the daemon's totals, and says its
+  // overflows, spills and rejects in the event log (Leases' activity listener; runs under the
+  // broker's lock: takes no lock of the core).
+  void FoldMapped(const MappedActivity& activity);
   size_t pools() const { return pools_.size(); }
 
  private:

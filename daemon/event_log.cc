@@ -73,4 +73,39 @@ void EventLog::Reject(const SessionInfo& session, const stash::v1::SessionReques
                       request.request_id(), status.ToString(), HeldBack(held, "rejects"));
 }
 
+void EventLog::Mapped(const SessionInfo& session, uint64_t step, uint64_t overflows,
+                      uint64_t spills, uint64_t rejected) {
+  const std::string who = Describe(session, nullptr) + " (mapped)";
+  const std::string by = " by step " + std::to_string(step);
+  uint64_t held = 0;
+  if (overflows > 0 && overflows_.Allow(RateLimiter::Clock::now(), &held)) {
+    LogFields fields;
+    AddFields(fields, session, nullptr);
+    fields.Add("mode", "mapped").Add("step", static_cast<int64_t>(step));
+    fields.Add("overflows", static_cast<int64_t>(overflows));
+    Log("events")->warn(
+        "overflow: {}: {} stashes found no room in the chunks leased to the session{}; the rank "
+        "keeps those buffers{}",
+        who, overflows, by, HeldBack(held, "overflows"));
+  }
+  if (spills > 0 && spills_.Allow(RateLimiter::Clock::now(), &held)) {
+    LogFields fields;
+    AddFields(fields, session, nullptr);
+    fields.Add("mode", "mapped").Add("step", static_cast<int64_t>(step));
+    fields.Add("spills", static_cast<int64_t>(spills));
+    Log("events")->info(
+        "spill: {}: {} stashes went outside the own device's chunks (peer or "
+        "host){}{}",
+        who, spills, by, HeldBack(held, "spills"));
+  }
+  if (rejected > 0 && rejects_.Allow(RateLimiter::Clock::now(), &held)) {
+    LogFields fields;
+    AddFields(fields, session, nullptr);
+    fields.Add("mode", "mapped").Add("step", static_cast<int64_t>(step));
+    fields.Add("rejected", static_cast<int64_t>(rejected));
+    Log("events")->warn("reject: {}: {} operations answered with an error by the rank's copier{}{}",
+                        who, rejected, by, HeldBack(held, "rejects"));
+  }
+}
+
 }  // namespace stash::daemon

@@ -29,6 +29,12 @@ class EventLog {
   // A request answered with an error (admission or later).
   void Reject(const SessionInfo& session, const stash::v1::SessionRequest& request,
               const Status& status);
+  // What a mapped session's control block showed grown since its previous sample (the daemon
+  // samples each block once a second, at each stats read and when the session ends): one line
+  // per kind that grew, through the same rate limits as the daemon-copy lines. The rank's
+  // copier made these stashes itself, so the lines carry counts by step, not each stash's tags.
+  void Mapped(const SessionInfo& session, uint64_t step, uint64_t overflows, uint64_t spills,
+              uint64_t rejected);
 
   // The one instance the daemon logs through.
   static EventLog& Get();

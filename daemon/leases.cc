@@ -105,6 +105,12 @@ uint64_t Leases::PagesOf(uint64_t id) const {
   return tiers_[id >> 32]->ChunkPages(id & 0xffffffffu);
 }
 
+ControlView Leases::ReadControl(const Holder& h,
+                                const std::array<uint64_t, k::kLeaseTiers>& held) const {
+  // Demand may pass the pool: up to the quota in every tier.
+  return h.control->Read(held, quota_pages_ * k::kLeaseTiers, config_.page_bytes);
+}
+
 uint64_t Leases::HeldPages(const Holder& h, uint32_t lease_tier) const {
   uint64_t pages = 0;
   for (uint64_t id : h.held[lease_tier]) pages += PagesOf(id);
@@ -151,6 +157,9 @@ Leases::Holder* Leases::FindOrCreate(const LeaseHolder& who, Status* status) {
   holder->pool = who.pool;
   holder->allow_host_spill = who.allow_host_spill;
   holder->uid = who.uid;
+  holder->rank = who.rank;
+  holder->hello_pid = who.hello_pid;
+  holder->label = who.label;
   holder->pidfd = std::move(pidfd);
   holder->control = std::move(control).value();
   Holder* raw = holder.get();
@@ -250,8 +259,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) grow(t, target[t]);
   } else {
     h->automatic = true;
-    const ControlView view =
-        h->control->Read(held, quota_pages_ * k::kLeaseTiers, config_.page_bytes);
+    const ControlView view = ReadControl(*h, held);
     // Demand: the step before's, or the current step's so far when that is more (a rank that
     // outgrows its lease mid-step asks at once). A step with no stash tried (a rerun with the
     // stash off) says nothing about demand: the lease stays as it is.
@@ -532,6 +540,7 @@ void Leases::SessionEnded(const std::string& session_id) {
   auto it = holders_.find(session_id);
   if (it == holders_.end()) return;
   Holder& h = *it->second;
+  SampleHolder(h);  // the rank's last step, as its stream ends
   h.ended = true;
   bool any = false;
   for (const auto& list : h.held) {
@@ -546,6 +555,7 @@ void Leases::SessionEnded(const std::string& session_id) {
 void Leases::Drop(const std::string& session_id) {
   auto it = holders_.find(session_id);
   if (it == holders_.end()) return;
+  SampleHolder(*it->second);  // its very last numbers (a killed rank's last step)
   closing_.push_back(std::move(it->second->pidfd));  // closed by the reaper, never under its poll
   holders_.erase(it);
   Wake();
@@ -572,8 +582,10 @@ void Leases::Reap() {
       MutexLock lock(&mu_);
       renewing = !renew_.empty();
     }
+    // Once a second while anything is to renew or any control block to sample.
+    const bool timed = renewing || fds.size() > 1;
     int rc = 0;
-    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), renewing ? 1000 : -1));
+    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), timed ? 1000 : -1));
     if (rc < 0) {
       Log("pool")->error("leases: the reaper's poll failed: {}", std::strerror(errno));
       return;
@@ -584,6 +596,7 @@ void Leases::Reap() {
     }
     MutexLock lock(&mu_);
     if (renewing) RetryRenewals();
+    for (auto& [id, h] : holders_) SampleHolder(*h);
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto it = holders_.find(ids[i - 1]);
@@ -621,14 +634,15 @@ Leases::TierCounts Leases::Counts(const Tier* tier) {
 }
 
 bool Leases::Describe(const std::string& session_id, std::vector<v1::LeaseStats>* leases,
-                      ControlView* control) {
+                      ControlView* control, LiveView* live) {
   MutexLock lock(&mu_);
   auto it = holders_.find(session_id);
   if (it == holders_.end()) return false;
   const Holder& h = *it->second;
   std::array<uint64_t, k::kLeaseTiers> held{};
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(h, t);
-  *control = h.control->Read(held, quota_pages_ * k::kLeaseTiers, config_.page_bytes);
+  *control = ReadControl(h, held);
+  if (live != nullptr) *live = h.control->ReadLive(*control);
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
     if (h.held[t].empty() && h.aim[t] == 0) continue;
     v1::LeaseStats row;
@@ -642,6 +656,49 @@ bool Leases::Describe(const std::string& session_id, std::vector<v1::LeaseStats>
     leases->push_back(std::move(row));
   }
   return true;
+}
+
+void Leases::SetActivityListener(std::function<void(const MappedActivity&)> listener) {
+  MutexLock lock(&mu_);
+  listener_ = std::move(listener);
+}
+
+void Leases::Sample() {
+  MutexLock lock(&mu_);
+  for (auto& [id, h] : holders_) SampleHolder(*h);
+}
+
+void Leases::SampleHolder(Holder& h) {
+  if (listener_ == nullptr) return;  // nobody to tell (tests that drive the broker alone)
+  std::array<uint64_t, k::kLeaseTiers> held{};
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(h, t);
+  // Read keeps every total monotone from one read to the next, whoever reads: the differences
+  // below are never negative, and `reported` moves forward only.
+  const ControlView now = ReadControl(h, held);
+  if (!now.valid) return;  // the rank wrote over the header: nothing to take from it
+  const ControlView& was = h.reported;
+  MappedActivity a;
+  a.steps = now.steps - std::min(now.steps, was.steps);
+  a.stashes = now.stashes - std::min(now.stashes, was.stashes);
+  a.reloads = now.reloads - std::min(now.reloads, was.reloads);
+  a.releases = now.releases - std::min(now.releases, was.releases);
+  a.bytes_stashed = now.bytes_stashed - std::min(now.bytes_stashed, was.bytes_stashed);
+  a.bytes_reloaded = now.bytes_reloaded - std::min(now.bytes_reloaded, was.bytes_reloaded);
+  a.spills = now.spills - std::min(now.spills, was.spills);
+  a.overflows = now.overflows - std::min(now.overflows, was.overflows);
+  a.rejected = now.rejected - std::min(now.rejected, was.rejected);
+  const bool grew = (a.steps | a.stashes | a.reloads | a.releases | a.bytes_stashed |
+                     a.bytes_reloaded | a.spills | a.overflows | a.rejected) != 0;
+  h.reported = now;
+  if (!grew) return;
+  a.session_id = h.session_id;
+  a.rank = h.rank;
+  a.pid = h.hello_pid;
+  a.pool = h.pool;
+  a.label = h.label;
+  a.allow_host_spill = h.allow_host_spill;
+  a.step = now.step;
+  listener_(a);
 }
 
 size_t Leases::holders() {

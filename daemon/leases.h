@@ -32,6 +32,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -70,6 +71,32 @@ struct LeaseHolder {
   int socket = -1;  // that connection, to confirm it still lives once the pidfd is open
   // The most descriptors the answer may carry (the user's share of descriptors in flight).
   uint64_t max_descriptors = UINT64_MAX;
+  // What the rank said in its Hello, for the event lines of MappedActivity.
+  int64_t rank = -1;
+  int64_t hello_pid = 0;
+  std::string label;
+};
+
+// What a mapped session's control block added to its totals since the previous sample of the
+// same holder (ControlBlock::Read keeps the totals monotone, so nothing here is negative and no
+// number is counted twice), with who the session is, for the node's totals and event log.
+struct MappedActivity {
+  std::string session_id;
+  int64_t rank = -1;
+  int64_t pid = 0;  // as the Hello said
+  int pool = 0;
+  std::string label;
+  bool allow_host_spill = false;
+  uint64_t step = 0;   // the rank's step at this sample
+  uint64_t steps = 0;  // BeginSteps since the previous sample
+  uint64_t stashes = 0;
+  uint64_t reloads = 0;
+  uint64_t releases = 0;
+  uint64_t bytes_stashed = 0;
+  uint64_t bytes_reloaded = 0;
+  uint64_t spills = 0;
+  uint64_t overflows = 0;
+  uint64_t rejected = 0;
 };
 
 // Thread-safe.
@@ -83,6 +110,15 @@ class Leases {
   ~Leases();  // stops the reaper
 
   const LeaseConfig& config() const { return config_; }
+
+  // Receives every sample of every holder's control block that found its totals grown, called
+  // under the broker's lock (it must not call into Leases): the reaper samples each holder once
+  // a second, Sample() on demand, and each holder gets a last sample when its session ends and
+  // when it is dropped (a SIGKILLed rank's last step included). Set before the first Lease;
+  // without a listener no block is sampled.
+  void SetActivityListener(std::function<void(const MappedActivity&)> listener);
+  // Samples every holder's control block now (before stats are read).
+  void Sample();
 
   // Sets a session's lease (stash/v1/descriptor.proto LeaseChunks): one part per chunk newly
   // granted, the control block's first at the session's first granted lease, then `last`.
@@ -98,8 +134,9 @@ class Leases {
     uint64_t orphaned = 0;
   };
   TierCounts Counts(const Tier* tier);
+  // `live` (optional): its live stashes by tag, from the block's live-stash table.
   bool Describe(const std::string& session_id, std::vector<stash::v1::LeaseStats>* leases,
-                ControlView* control);
+                ControlView* control, LiveView* live = nullptr);
   // Holders tracked (sessions with a lease, live or orphaned), for tests.
   size_t holders();
   // Chunks waiting to be renewed before they go back to their ring, for tests.
@@ -134,6 +171,10 @@ class Leases {
     // Asked (through the control block) to give back what it holds above its aim, per tier,
     // until it holds no more than the aim.
     std::array<bool, kernels::kLeaseTiers> return_asked{};
+    int64_t rank = -1;  // from the Hello, for MappedActivity
+    int64_t hello_pid = 0;
+    std::string label;
+    ControlView reported;  // the totals the listener was last given
   };
 
   // `wanting` could not grow `lease_tier` to its aim: every automatic session of the same
@@ -143,6 +184,9 @@ class Leases {
   void AskForReturns(const Holder& wanting, uint32_t lease_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Holder* FindOrCreate(const LeaseHolder& who, Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t HeldPages(const Holder& h, uint32_t lease_tier) const;
+  // `h`'s control block, clamped to `held` (its pages per tier) and the quota.
+  ControlView ReadControl(const Holder& h,
+                          const std::array<uint64_t, kernels::kLeaseTiers>& held) const;
   uint64_t PagesOf(uint64_t id) const;
   // Grants chunks of `lease_tier` until the holder holds >= `target` pages, at most `budget`
   // pages more, within the user's fair share of the tier, while `parts` (a part per chunk,
@@ -160,6 +204,8 @@ class Leases {
   bool Renew(uint64_t tier, uint64_t chunk, bool retry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetryRenewals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads `h`'s control block and gives the listener what grew since the last sample.
+  void SampleHolder(Holder& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reap();
   void Wake();
 
@@ -182,6 +228,7 @@ class Leases {
   // Lines about leases that stopped at their user's share.
   RateLimiter share_log_{1, std::chrono::seconds(10)};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(const MappedActivity&)> listener_;  // set before the first Lease
   std::thread reaper_;
 };
 

@@ -411,24 +411,32 @@ std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionS
                       l.pages_target() == 0 ? "fixed" : Num(l.pages_target())});
       }
       out += lease.Render(width);
-      continue;
     }
-    if (s.live().empty()) {
+    // Mapped ranks list their stashes' tags in their control block; those that are in no row
+    // of it are counted (live_untagged).
+    if (s.live().empty() && s.live_untagged() == 0) {
       out += "holds no stashes\n";
       continue;
     }
-    out += "live stashes by layer, microbatch and name\n";
-    Table table({{"LAYER", A::kRight},
-                 {"MICROBATCH", A::kRight},
-                 {"NAME", A::kLeft, 12},
-                 {"STASHES", A::kRight},
-                 {"HELD BYTES", A::kRight},
-                 {"HELD PAGES", A::kRight}});
-    for (const v1::LiveStashes& l : s.live()) {
-      table.AddRow({Num(l.layer()), Num(l.microbatch()), OrDash(l.name()), Num(l.stashes()),
-                    FormatBytes(l.bytes()), Num(l.pages())});
+    if (!s.live().empty()) {
+      out += "live stashes by layer, microbatch and name\n";
+      Table table({{"LAYER", A::kRight},
+                   {"MICROBATCH", A::kRight},
+                   {"NAME", A::kLeft, 12},
+                   {"STASHES", A::kRight},
+                   {"HELD BYTES", A::kRight},
+                   {"HELD PAGES", A::kRight}});
+      for (const v1::LiveStashes& l : s.live()) {
+        table.AddRow({Num(l.layer()), Num(l.microbatch()), OrDash(l.name()), Num(l.stashes()),
+                      FormatBytes(l.bytes()), Num(l.pages())});
+      }
+      out += table.Render(width);
     }
-    out += table.Render(width);
+    if (s.live_untagged() > 0) {
+      out += Num(s.live_untagged()) +
+             " live stashes not in the rank's list of tags (it holds at most 448, or one was "
+             "changing as the daemon read it)\n";
+    }
   }
   return out;
 }

@@ -295,6 +295,39 @@ TEST(StashctlFormat, SessionsDetailShowsLiveStashesByLayerMicrobatchAndName) {
   EXPECT_EQ(RenderSessions(stats.sessions()).find("LAYER"), std::string::npos);
 }
 
+// Issue 21: a mapped session's live stashes by tag under its lease, and those the rank's list
+// did not hold said as a count, never as "holds no stashes".
+TEST(StashctlFormat, SessionsDetailShowsAMappedSessionsLiveStashesAndTheUntagged) {
+  v1::GetStatsResponse stats = SampleStats();
+  v1::SessionStats* s = stats.mutable_sessions(0);
+  s->set_mode(v1::MODE_MAPPED);
+  v1::LeaseStats* lease = s->add_leases();
+  lease->set_tier(v1::TIER_DEVICE);
+  lease->set_chunks(2);
+  lease->set_pages_leased(8);
+  v1::LiveStashes* live = s->add_live();
+  live->set_layer(3);
+  live->set_microbatch(0);
+  live->set_name("fc1");
+  live->set_stashes(1);
+  live->set_bytes(1ULL << 20);
+  live->set_pages(4);
+  s->set_live_untagged(2);
+  const std::string text = RenderSessions(stats.sessions(), 0, /*detail=*/true);
+  EXPECT_NE(text.find("mapped mode, lease by tier\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("live stashes by layer, microbatch and name\nLAYER  MICROBATCH  NAME  "),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("    3           0  fc1         1       1 MiB           4\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("2 live stashes not in the rank's list of tags"), std::string::npos) << text;
+  s->clear_live();
+  const std::string untagged = RenderSessions(stats.sessions(), 0, /*detail=*/true);
+  EXPECT_EQ(untagged.find("holds no stashes"), std::string::npos) << untagged;
+  EXPECT_NE(untagged.find("2 live stashes not in the rank's list of tags"), std::string::npos);
+}
+
 TEST(StashctlFormat, JsonShowsRankAndPidAsNumbers) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;

@@ -704,5 +704,167 @@ TEST_F(LeasesTest, AChunkThatCannotBeRenewedNowIsRenewedLater) {
   EXPECT_TRUE(pools_[0]->RingIsPermutation());
 }
 
+// What the node's totals take from mapped sessions (issue 21): each control block's growth once,
+// never a number twice, never a step back, and a killed rank's last writes after its death.
+class ActivitySums {
+ public:
+  void Add(const MappedActivity& a) {
+    MutexLock lock(&mu_);
+    stashes_ += a.stashes;
+    overflows_ += a.overflows;
+    spills_ += a.spills;
+    bytes_ += a.bytes_stashed;
+    reloads_ += a.reloads;
+    steps_ += a.steps;
+  }
+  std::array<uint64_t, 6> Get() {
+    MutexLock lock(&mu_);
+    return {stashes_, overflows_, spills_, bytes_, reloads_, steps_};
+  }
+
+ private:
+  Mutex mu_;
+  uint64_t stashes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t overflows_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t spills_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reloads_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_F(LeasesTest, ActivityCountsEachBlocksGrowthOnceAndAKilledRanksLastStep) {
+  Build();
+  ActivitySums sums;
+  leases_->SetActivityListener([&](const MappedActivity& a) { sums.Add(a); });
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  LeaseHolder who = Holder("a", child);
+  who.rank = 3;
+  who.label = "job";
+  const Granted g = Want(who, {{v1::TIER_DEVICE, 8}});
+  ASSERT_TRUE(g.control.valid());
+  auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
+  k::ControlStore(block->steps, 1);
+  k::ControlStore(block->stashes, 3);
+  k::ControlStore(block->overflows, 1);
+  k::ControlStore(block->bytes_stashed, 300);
+  leases_->Sample();
+  using Sums = std::array<uint64_t, 6>;
+  EXPECT_EQ(sums.Get(), (Sums{3, 1, 0, 300, 0, 1}));
+  leases_->Sample();  // nothing grew: nothing is added again
+  EXPECT_EQ(sums.Get(), (Sums{3, 1, 0, 300, 0, 1}));
+  // A rank that lowers a total takes nothing back from the node's counters.
+  k::ControlStore(block->stashes, 1);
+  leases_->Sample();
+  EXPECT_EQ(sums.Get(), (Sums{3, 1, 0, 300, 0, 1}));
+  // The rank's last step, then SIGKILL: the reaper reads the block once more before it drops
+  // the holder, so the last step counts though nothing asked for stats meanwhile.
+  k::ControlStore(block->steps, 2);
+  k::ControlStore(block->stashes, 5);
+  k::ControlStore(block->overflows, 4);
+  k::ControlStore(block->spills, 2);
+  k::ControlStore(block->reloads, 3);
+  k::ControlStore(block->bytes_stashed, 500);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (leases_->holders() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(leases_->holders(), 0u);
+  EXPECT_EQ(sums.Get(), (Sums{5, 4, 2, 500, 3, 2}));
+  k::ControlStore(block->stashes, 9);  // written after the holder was dropped: read by nobody
+  leases_->Sample();
+  EXPECT_EQ(sums.Get(), (Sums{5, 4, 2, 500, 3, 2}));
+  munmap(block, k::kControlBlockBytes);
+}
+
+// The reaper samples blocks by itself, once a second, with no stats read to trigger it.
+TEST_F(LeasesTest, TheReaperSamplesControlBlocksEverySecond) {
+  Build();
+  ActivitySums sums;
+  leases_->SetActivityListener([&](const MappedActivity& a) { sums.Add(a); });
+  const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 4}});
+  ASSERT_TRUE(g.control.valid());
+  auto* block = reinterpret_cast<k::SessionControl*>(Map(g.control.get(), k::kControlBlockBytes));
+  // Past the sample the new holder's wake-up brought: the next comes from the timer.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  k::ControlStore(block->overflows, 7);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (sums.Get()[1] == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(sums.Get()[1], 7u);
+  munmap(block, k::kControlBlockBytes);
+}
+
+// The live-stash table is untrusted: rows never add up to more than the block says is held,
+// names are cut and escaped, entries mid-rewrite are skipped, and nothing is indexed with a
+// value from it.
+TEST_F(LeasesTest, TheLiveTableIsReadClampedAndEscaped) {
+  Build();
+  const Granted g = Want(Holder("a"), {{v1::TIER_DEVICE, 8}});
+  ASSERT_TRUE(g.control.valid());
+  auto* memory = Map(g.control.get(), k::kControlBlockBytes);
+  auto* block = reinterpret_cast<k::SessionControl*>(memory);
+  auto* table = reinterpret_cast<k::LiveTable*>(memory + k::kLiveTableOffset);
+  std::vector<v1::LeaseStats> rows;
+  ControlView view;
+  LiveView live;
+  // Three stashes live, 6 pages, 20000 bytes; a rank without a table: all untagged.
+  block->tiers[0].pages_used = 6;
+  block->tiers[0].stashes_live = 3;
+  block->tiers[0].bytes_live = 20000;
+  ASSERT_TRUE(leases_->Describe("a", &rows, &view, &live));
+  EXPECT_TRUE(live.rows.empty());
+  EXPECT_EQ(live.untagged, 3u);
+  // Entries: a good one, one mid-rewrite (odd seq), one with a huge claim and a bad name, and
+  // more than the block holds.
+  table->magic = k::kLiveTableMagic;
+  auto put = [&](uint32_t i, uint64_t seq, uint64_t ticket, uint64_t tags, uint64_t bytes,
+                 uint64_t pages, const std::string& name, uint64_t name_bytes) {
+    k::LiveEntry& e = table->entries[i];
+    e.seq = seq;
+    e.ticket = ticket;
+    e.tags = tags;
+    e.bytes = bytes;
+    e.pages = pages;
+    std::memset(e.name, 0, sizeof(e.name));
+    std::memcpy(e.name, name.data(), std::min<size_t>(name.size(), sizeof(e.name)));
+    e.name_bytes = name_bytes;
+  };
+  put(0, 2, 11, 1 | (uint64_t{4} << 32), 4096, 1, "fc1", 3);
+  put(1, 3, 12, 2, 4096, 1, "busy", 4);
+  put(2, 4, 13, 3, ~0ull, ~0ull, std::string("a\x01\xff\\") + std::string(90, 'x'), ~0ull);
+  for (uint32_t i = 3; i < k::kLiveEntries; ++i) put(i, 2, 100 + i, 9, 1, 1, "more", 4);
+  rows.clear();
+  ASSERT_TRUE(leases_->Describe("a", &rows, &view, &live));
+  uint64_t stashes = 0, pages = 0, bytes = 0;
+  bool fc1 = false;
+  for (const v1::LiveStashes& r : live.rows) {
+    stashes += r.stashes();
+    pages += r.pages();
+    bytes += r.bytes();
+    EXPECT_NE(r.name(), "busy");
+    EXPECT_LE(r.name().size(), 4 * k::kLiveNameBytes);
+    for (char ch : r.name()) EXPECT_GE(static_cast<unsigned char>(ch), 0x20) << r.name();
+    if (r.name() == "fc1") {
+      fc1 = true;
+      EXPECT_EQ(r.layer(), 1u);
+      EXPECT_EQ(r.microbatch(), 4u);
+      EXPECT_EQ(r.bytes(), 4096u);
+    }
+  }
+  EXPECT_TRUE(fc1);
+  EXPECT_EQ(stashes + live.untagged, 3u);
+  EXPECT_EQ(stashes, 3u);
+  EXPECT_LE(pages, 6u);
+  EXPECT_LE(bytes, 20000u);
+  munmap(memory, k::kControlBlockBytes);
+}
+
 }  // namespace
 }  // namespace stash::daemon

@@ -4,7 +4,9 @@ deploy/grafana/stashd-dashboard.json (Grafana).
 promtool checks and unit-tests the alerts on synthetic series (stashd-alerts.test.yaml), checks
 every dashboard expression as a recording rule, and the series and labels both name are compared
 with what the built daemon exports: a stashd with --metrics-listen is scraped while stash-demo
-ranks hold pages, so the per-session families are on the page too.
+ranks hold pages, so the per-session families are on the page too. And the overflow alert is
+evaluated by promtool on the stashd_overflows_total values scraped around a job that overflows,
+in both client modes.
 
 Run: ctest -R deploy.monitoring, or
      STASHD_BIN_DIR=build/release /usr/bin/python3 -m pytest -q tests/deploy/test_monitoring.py
@@ -139,31 +141,42 @@ def _bin_dir():
     return Path(d)
 
 
-def _exported_page(tmp_path):
-    bin_dir = _bin_dir()
-    stashd, demo = bin_dir / "daemon" / "stashd", bin_dir / "examples" / "stash-demo"
-    for binary in (stashd, demo):
-        assert binary.is_file(), f"{binary} is not built"
+def _start_stashd(tmp_path, flags):
+    """A host-backend stashd with --metrics-listen on a free port: (process, socket, metrics URL)."""
+    stashd = _bin_dir() / "daemon" / "stashd"
+    assert stashd.is_file(), f"{stashd} is not built"
     sock, log = tmp_path / "stashd.sock", tmp_path / "stashd.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [str(stashd), f"--socket={sock}", "--backend=host", "--devices=2",
-             "--pool-bytes=16MiB", "--page-bytes=4KiB", "--host-tier-bytes=16MiB",
-             "--metrics-listen=127.0.0.1:0"], stdout=out, stderr=subprocess.STDOUT)
+            [str(stashd), f"--socket={sock}", "--backend=host", "--page-bytes=4KiB",
+             "--metrics-listen=127.0.0.1:0", *flags], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 15
+    while True:
+        found = re.findall(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", log.read_text())
+        if found:
+            return proc, sock, found[0]
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            pytest.fail("no metrics port in the log:\n" + log.read_text())
+        time.sleep(0.05)
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def _exported_page(tmp_path):
+    demo = _bin_dir() / "examples" / "stash-demo"
+    assert demo.is_file(), f"{demo} is not built"
+    proc, sock, url = _start_stashd(
+        tmp_path, ["--devices=2", "--pool-bytes=16MiB", "--host-tier-bytes=16MiB"])
     try:
-        deadline = time.monotonic() + 15
-        port = None
-        while port is None:
-            found = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", log.read_text())
-            port = found[0] if found else None
-            if port is None:
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, "no metrics port in the log:\n" + log.read_text()
-                time.sleep(0.05)
         page = tmp_path / "metrics.txt"
         getter = ("import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
                   "sys.argv[1], timeout=5).read().decode())")
-        command = f"{sys.executable} -c '{getter}' http://127.0.0.1:{port}/metrics > {page}"
+        command = f"{sys.executable} -c '{getter}' {url} > {page}"
         run = subprocess.run(
             [str(demo), f"--socket={sock}", "--ranks=2", "--devices=2", "--layers=2",
              "--experts=4", "--hidden=64", "--tokens=128", "--steps=1",
@@ -171,9 +184,7 @@ def _exported_page(tmp_path):
         assert run.returncode == 0, run.stdout + run.stderr
         return page.read_text()
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=10)
+        _stop(proc)
 
 
 def _names_and_labels(page):
@@ -219,3 +230,80 @@ def test_dashboard_and_alerts_read_only_series_the_daemon_exports(tmp_path):
         for label in sorted(used - labels):
             problems.append(f"{where}: label {label!r} is on no exported series")
     assert not problems, "\n".join(problems) + "\n\nexported: " + ", ".join(sorted(names))
+
+
+# ---- The overflow alert on what a real job makes the daemon export ----------------------------
+
+
+def _scraped_counter(url, name):
+    page = urllib.request.urlopen(url, timeout=5).read().decode()
+    found = re.findall(rf"^{name} (\S+)$", page, re.MULTILINE)
+    assert len(found) == 1, f"{name} is not on the page once:\n{page}"
+    return float(found[0])
+
+
+def _humanize(value):
+    """Prometheus's `humanize` for the small counts here (Go's %.4g below 1000)."""
+    assert value < 1000
+    return "%.4g" % value
+
+
+@pytest.mark.parametrize("mode", ["daemon-copy", "mapped"])
+def test_the_overflow_alert_fires_on_the_series_a_job_that_overflows_leaves(tmp_path, mode):
+    """Issue 21: a stash-demo job whose pool (mapped: whose lease) is too small overflows; the
+    daemon's stashd_overflows_total is scraped before and after it, and promtool evaluates the
+    shipped StashdOverflows alert on exactly those values. In mapped mode the rank pages into
+    its lease itself: the count reaches the node series only from its control block."""
+    demo = _bin_dir() / "examples" / "stash-demo"
+    assert demo.is_file(), f"{demo} is not built"
+    proc, sock, url = _start_stashd(
+        tmp_path, ["--devices=1", "--pool-bytes=512KiB", "--host-tier-bytes=0",
+                   "--max-lease-bytes=256KiB"])
+    try:
+        before = _scraped_counter(url, "stashd_overflows_total")
+        run = subprocess.run(
+            [str(demo), f"--socket={sock}", f"--mode={mode}", "--ranks=2", "--devices=1",
+             "--layers=2", "--experts=4", "--hidden=64", "--tokens=512", "--steps=2"],
+            capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+        reported = re.findall(r"^total over .* overflows=(\d+)", run.stdout, re.MULTILINE)
+        assert reported and int(reported[0]) > 0, "the job did not overflow:\n" + run.stdout
+        # The daemon learns a session ended a moment after its rank exits.
+        deadline = time.monotonic() + 10
+        after = _scraped_counter(url, "stashd_overflows_total")
+        while after - before < int(reported[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            after = _scraped_counter(url, "stashd_overflows_total")
+        assert after - before == int(reported[0]), (before, after, run.stdout)
+        assert _scraped_counter(url, "stashd_overflows_total") == after, "a counter moved by itself"
+    finally:
+        _stop(proc)
+
+    rule = next(r for r in alert_rules()["spec"]["groups"][0]["rules"]
+                if r["alert"] == "StashdOverflows")
+
+    def render(template):
+        return (template.replace("{{ $labels.node }}", "n1")
+                .replace("{{ $value | humanize }}", _humanize(after - before)))
+
+    # Scraped once a minute: the value before the job, the job in minute 3, then the value after.
+    values = " ".join(["%g" % before] * 3 + ["%g" % after] * 17)
+    tests = {
+        "rule_files": ["stashd-alerts.rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": 'stashd_overflows_total{node="n1"}', "values": values}],
+            "alert_rule_test": [
+                {"eval_time": "2m", "alertname": "StashdOverflows", "exp_alerts": []},
+                {"eval_time": "12m", "alertname": "StashdOverflows", "exp_alerts": [{
+                    "exp_labels": {"severity": rule["labels"]["severity"], "node": "n1"},
+                    "exp_annotations": {k: render(v) for k, v in rule["annotations"].items()},
+                }]},
+            ],
+        }],
+    }
+    (tmp_path / "stashd-alerts.rules.yaml").write_text(yaml.safe_dump(alert_rules()["spec"]))
+    (tmp_path / "scraped.test.yaml").write_text(yaml.safe_dump(tests))
+    test = run_promtool("test", "rules", "scraped.test.yaml", cwd=tmp_path)
+    assert test.returncode == 0, test.stdout + test.stderr

@@ -24,6 +24,7 @@
 namespace stash {
 namespace {
 
+namespace v1 = stash::v1;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::DaemonProcess;
@@ -84,6 +85,16 @@ class Mapped : public ::testing::Test {
     auto c = Client::Open(o);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(c).value() : nullptr;
+  }
+  // What `stashctl --socket=<the daemon's> ARGS...` printed (it must succeed).
+  std::string Stashctl(const std::vector<std::string>& args) {
+    testing::Process p;
+    std::vector<std::string> argv = {testing::BinDir() + "/client/stashctl/stashctl",
+                                     "--socket=" + socket_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    EXPECT_TRUE(p.Start(argv, daemon_->dir() + "/stashctl"));
+    EXPECT_EQ(p.Wait(seconds(10 * TimeScale())), 0) << p.Stderr();
+    return p.Stdout();
   }
   void TearDown() override {
     for (auto* d : {daemon_.get(), restarted_.get()}) {
@@ -440,6 +451,142 @@ TEST_F(Mapped, AnAutoLeaseShrinksWhenPagesSitUnusedAndKeepsLiveStashes) {
   auto dst = Buffer(kPage);
   ASSERT_TRUE(client->Wait(*client->Reload({kept->ticket, dst.get(), 0, false, {}, {}})).ok());
   EXPECT_EQ(std::memcmp(dst->data(), src->data(), kPage), 0);
+}
+
+// Issue 21: the node's totals (stashctl stats, stashd_*_total) and the event log count a mapped
+// session's stashes, reloads, bytes, spills and overflows from its control block, each once,
+// and keep them after the session ends.
+TEST_F(Mapped, NodeTotalsAndTheEventLogCountMappedStashesSpillsAndOverflows) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=8MiB", "--max-lease-bytes=64MiB"});
+  auto client = Connect(1 << 20, 1 << 20);  // 16 pages on the device, 16 on the host
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Wait(*client->BeginStep(4)).ok());
+  auto src = Buffer(12 * kPage, 21);
+  auto a = client->Wait(*client->Stash(Args(*src, kPage, 12)));
+  auto b = client->Wait(*client->Stash(Args(*src, kPage, 12)));
+  auto c = client->Wait(*client->Stash(Args(*src, kPage, 12)));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_EQ(a->tier, Tier::kDevice);
+  ASSERT_EQ(b->tier, Tier::kHost);
+  ASSERT_EQ(c->tier, Tier::kOverflow);
+  auto out = Buffer(12 * kPage);
+  ASSERT_TRUE(client->Wait(*client->Reload({a->ticket, out.get(), 0, false, {}, {}})).ok());
+  auto expect_totals = [&](const char* when) {
+    const v1::DaemonStats d = DaemonStats(socket_).daemon();
+    EXPECT_EQ(d.stashes(), 2u) << when;
+    EXPECT_EQ(d.reloads(), 1u) << when;
+    EXPECT_EQ(d.bytes_stashed(), 24 * kPage) << when;
+    EXPECT_EQ(d.bytes_reloaded(), 12 * kPage) << when;
+    EXPECT_EQ(d.spills(), 1u) << when;
+    EXPECT_EQ(d.overflows(), 1u) << when;
+  };
+  expect_totals("during the step");
+  expect_totals("read again: nothing counted twice");
+  const std::string stats = Stashctl({"stats"});
+  EXPECT_NE(stats.find("stashes 2  reloads 1  releases 0  stashed 1.5 MiB  reloaded 768 KiB"),
+            std::string::npos)
+      << stats;
+  EXPECT_NE(stats.find("spills 1  overflows 1"), std::string::npos) << stats;
+  client.reset();  // the session ends; the node's counters keep what it did
+  expect_totals("after the session ended");
+  // The event lines say so, naming the session's rank and step as daemon-copy lines do.
+  const auto limit = std::chrono::steady_clock::now() + seconds(5 * TimeScale());
+  while (daemon_->process().Stderr().find("(mapped): 1 stashes found no room") ==
+             std::string::npos &&
+         std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  const std::string log = daemon_->process().Stderr();
+  EXPECT_NE(log.find("(mapped): 1 stashes found no room in the chunks leased to the session by "
+                     "step 4"),
+            std::string::npos)
+      << log;
+}
+
+// A rank SIGKILLed right after its last stashes: nothing asked for stats while it lived, yet
+// the node's totals count its last step (the daemon reads its control block once more when the
+// session ends and when its process is gone).
+TEST_F(Mapped, NodeTotalsCountAKilledRanksLastStep) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=0", "--max-lease-bytes=1MiB"});
+  testing::Process rank;
+  // Two stashes of 10 pages into an automatic lease of 16: one placed, one overflows.
+  ASSERT_TRUE(rank.Start({testing::BinDir() + "/tests/integration/stash-test-client", socket_,
+                          "hold-mapped", std::to_string(10 * kPage)},
+                         daemon_->dir() + "/rank"));
+  const auto limit = std::chrono::steady_clock::now() + seconds(10 * TimeScale());
+  while (rank.Stdout().find("held") == std::string::npos && rank.running() &&
+         std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_NE(rank.Stdout().find("held placed overflow"), std::string::npos)
+      << rank.Stdout() << rank.Stderr();
+  ASSERT_EQ(rank.StopWith(SIGKILL, seconds(10)), 128 + SIGKILL);
+  v1::DaemonStats d;
+  while (std::chrono::steady_clock::now() < limit) {
+    const v1::GetStatsResponse stats = DaemonStats(socket_);
+    d = stats.daemon();
+    if (stats.sessions_size() == 0 && PagesUsed(stats) == 0) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(d.sessions_live(), 0u);
+  EXPECT_EQ(d.stashes(), 1u);
+  EXPECT_EQ(d.overflows(), 1u);
+  EXPECT_EQ(d.bytes_stashed(), 10 * kPage);
+}
+
+// Issue 21: `stashctl sessions --detail` / --json show a mapped session's live stashes by
+// (layer, microbatch, name), from the list of tags its rank keeps in the control block, as for
+// daemon-copy sessions; the JSON never has "live": [] beside live stashes.
+TEST_F(Mapped, SessionsShowLiveStashesByLayerMicrobatchAndName) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=0", "--max-lease-bytes=64MiB"});
+  auto client = Connect(4 << 20, 0);
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(4 * kPage, 22);
+  auto tagged = [&](uint32_t layer, uint32_t microbatch, const std::string& name, uint64_t rows) {
+    StashArgs a = Args(*src, kPage, rows);
+    a.layer = layer;
+    a.microbatch = microbatch;
+    a.name = name;
+    auto done = client->Wait(*client->Stash(a));
+    EXPECT_TRUE(done.ok() && done->tier == Tier::kDevice);
+    return done.ok() ? done->ticket : 0;
+  };
+  const uint64_t fc1_a = tagged(1, 0, "fc1", 2);
+  tagged(1, 0, "fc1", 3);
+  const uint64_t experts = tagged(2, 1, "experts", 4);
+  ASSERT_TRUE(client->Wait(*client->Release(fc1_a)).ok());
+  tagged(1, 0, "fc1", 1);
+  v1::GetStatsResponse stats = DaemonStats(socket_);
+  ASSERT_EQ(stats.sessions_size(), 1);
+  v1::SessionStats s = stats.sessions(0);
+  EXPECT_EQ(s.stashes_live(), 3u);
+  EXPECT_EQ(s.live_untagged(), 0u);
+  ASSERT_EQ(s.live_size(), 2) << s.DebugString();
+  EXPECT_EQ(s.live(0).layer(), 1u);
+  EXPECT_EQ(s.live(0).microbatch(), 0u);
+  EXPECT_EQ(s.live(0).name(), "fc1");
+  EXPECT_EQ(s.live(0).stashes(), 2u);
+  EXPECT_EQ(s.live(0).bytes(), 4 * kPage);
+  EXPECT_EQ(s.live(0).pages(), 4u);
+  EXPECT_EQ(s.live(1).layer(), 2u);
+  EXPECT_EQ(s.live(1).microbatch(), 1u);
+  EXPECT_EQ(s.live(1).name(), "experts");
+  EXPECT_EQ(s.live(1).stashes(), 1u);
+  EXPECT_EQ(s.live(1).bytes(), 4 * kPage);
+
+  const std::string detail = Stashctl({"sessions", "--detail"});
+  EXPECT_NE(detail.find("live stashes by layer, microbatch and name"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("experts"), std::string::npos) << detail;
+  const std::string json = Stashctl({"sessions", "--json"});
+  EXPECT_NE(json.find("\"name\": \"fc1\""), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"live\": []"), std::string::npos) << json;
+
+  // Reloaded and released, the rows go.
+  auto out = Buffer(4 * kPage);
+  ASSERT_TRUE(client->Wait(*client->Reload({experts, out.get(), 0, false, {}, {}})).ok());
+  s = DaemonStats(socket_).sessions(0);
+  ASSERT_EQ(s.live_size(), 1);
+  EXPECT_EQ(s.live(0).name(), "fc1");
 }
 
 }  // namespace

@@ -89,17 +89,40 @@ int Churn(stash::Client& client, const stash::HostBuffer& buffer) {
 
 }  // namespace
 
+// Two stashes of the whole buffer, held (the second overflows when the lease holds one), then
+// waits to be killed: "held TIER TIER" once both are done.
+int HoldTwice(stash::Client& client, const stash::HostBuffer& buffer) {
+  std::string tiers;
+  for (int i = 0; i < 2; ++i) {
+    stash::StashArgs args;
+    args.source = &buffer;
+    args.row_bytes = 1;
+    args.max_rows = buffer.size();
+    args.count.value = buffer.size();
+    auto ticket = client.Stash(args);
+    if (!ticket.ok()) return Fail(ticket.status());
+    auto done = client.Wait(*ticket);
+    if (!done.ok()) return Fail(done.status());
+    tiers += done->tier == stash::Tier::kOverflow ? " overflow" : " placed";
+  }
+  std::printf("held%s\n", tiers.c_str());
+  std::fflush(stdout);
+  while (true) pause();
+}
+
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr,
-                 "usage: stash-test-client SOCKET hold|midstash|churn|once|once-mapped BYTES\n");
+    std::fprintf(
+        stderr,
+        "usage: stash-test-client SOCKET hold|hold-mapped|midstash|churn|once|once-mapped BYTES\n");
     return 2;
   }
   const std::string mode = argv[2];
   const uint64_t bytes = std::strtoull(argv[3], nullptr, 10);
   stash::Options options;
   options.socket = argv[1];
-  if (mode == "churn" || mode == "once-mapped") options.mode = stash::Mode::kMapped;
+  if (mode == "churn" || mode == "once-mapped" || mode == "hold-mapped")
+    options.mode = stash::Mode::kMapped;
   auto client = stash::Client::Open(options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
@@ -111,6 +134,7 @@ int main(int argc, char** argv) {
   std::memset((*buffer)->data(), 0x5a, bytes);
   if (mode == "churn") return Churn(**client, **buffer);
   if (mode == "once" || mode == "once-mapped") return Once(**client, **buffer);
+  if (mode == "hold-mapped") return HoldTwice(**client, **buffer);
   stash::StashArgs args;
   args.source = buffer->get();
   args.row_bytes = 1;

@@ -300,6 +300,33 @@ def test_mapped_mode_with_a_fixed_lease_spills_to_its_host_chunks(start_daemon):
         assert c.stats().pages_live == 0
 
 
+def test_a_mapped_sessions_tags_reach_stashctl_sessions_json(start_daemon):
+    """Issue 21: the layer, microbatch and name a Python rank gives its mapped stashes are what
+    `stashctl sessions --json` lists under `live` (never `"live": []` beside live stashes)."""
+    import json
+    import subprocess
+
+    from conftest import bin_dir
+
+    d = start_daemon("--pool-bytes=1MiB", "--host-tier-bytes=0", "--page-bytes=64KiB",
+                     "--max-lease-bytes=1MiB")
+    with d.connect(mode="mapped", lease={"device": 512 << 10}) as c, \
+            stashd.Buffer(ROW * 64) as src:
+        fill(src, 64, seed=3)
+        c.stash(src, row_bytes=ROW, max_rows=64, count=64, layer=5, microbatch=2, name="router")
+        c.stash(src, row_bytes=ROW, max_rows=64, count=32, layer=5, microbatch=2, name="router")
+        run = subprocess.run([os.path.join(bin_dir(), "client", "stashctl", "stashctl"),
+                              f"--socket={d.socket}", "sessions", "--json"],
+                             capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0, run.stderr
+        (session,) = json.loads(run.stdout)["sessions"]
+        assert session["mode"] == "MODE_MAPPED"
+        assert session["stashes_live"] == "2"
+        assert session["live"] == [{"layer": 5, "microbatch": 2, "name": "router", "stashes": "2",
+                                    "bytes": str(96 * ROW), "pages": "2"}], session
+        assert session["live_untagged"] == "0"
+
+
 def test_mapped_mode_arguments_are_checked_before_connecting():
     with pytest.raises(ValueError, match="mode must be"):
         stashd.connect(mode="copy")

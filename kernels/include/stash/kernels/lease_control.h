@@ -95,8 +95,9 @@ inline constexpr uint64_t kStepSpilled = 2;
 // then end the session; cleared again by stashctl undrain.
 inline constexpr uint64_t kDaemonDraining = 1;
 
-// The size of the memfd that holds a SessionControl.
-inline constexpr uint64_t kControlBlockBytes = 4096;
+// The size of the memfd that holds a SessionControl, then the live-stash table
+// (lease_live_table.h).
+inline constexpr uint64_t kControlBlockBytes = 64 << 10;
 static_assert(sizeof(SessionControl) <= kControlBlockBytes, "the control block fits its page");
 
 #if !defined(__CUDA_ARCH__)

@@ -1,0 +1,47 @@
+// The rank's side of its control block's live-stash table (stash/kernels/lease_live_table.h):
+// an entry per live stash with its tags, written when the stash takes data and cleared when it
+// is reloaded or released, so the daemon can show a mapped rank's stashes by (layer,
+// microbatch, name).
+//
+// The writer keeps its own copy of every entry: stashes made before the daemon's block is
+// mapped are written into it when it arrives, and a block mapped again (the daemon resends it
+// until the rank says it attached) gets every live entry again.
+//
+// Thread-compatible: owned by the copier thread, with the lease table that maps the block.
+#ifndef STASH_CLIENT_LIVE_TABLE_H_
+#define STASH_CLIENT_LIVE_TABLE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "stash/kernels/lease_live_table.h"
+
+namespace stash {
+
+class LiveTableWriter {
+ public:
+  LiveTableWriter();
+
+  // `block` is the control block's mapping of `bytes` (the table starts kLiveTableOffset in);
+  // every live entry is written there. A block too small for a table leaves the writer
+  // without one (the daemon then counts every stash as untagged).
+  void Attach(uint8_t* block, uint64_t bytes);
+  // Records a stash that took data; returns its entry, or -1 when every entry is taken (the
+  // daemon counts the stash as untagged).
+  int32_t Add(uint64_t ticket, uint32_t layer, uint32_t microbatch, const std::string& name,
+              uint64_t bytes, uint64_t pages);
+  // Clears an entry Add returned (-1: nothing). Each entry is its stash's until then.
+  void Remove(int32_t entry);
+
+ private:
+  void Publish(uint32_t entry);
+
+  kernels::LiveTable* table_ = nullptr;  // in the mapped block; null before one is attached
+  std::vector<kernels::LiveEntry> own_;  // every entry as the table should hold it
+  std::vector<int32_t> free_;            // entries free, the next one last
+};
+
+}  // namespace stash
+
+#endif  // STASH_CLIENT_LIVE_TABLE_H_
