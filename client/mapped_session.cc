@@ -17,6 +17,10 @@ uint32_t LeaseTierOf(int tier) {
   }
 }
 
+// Reconnect attempts while no daemon answers: the wait doubles from the first up to the most.
+constexpr std::chrono::milliseconds kFirstReconnectBackoff(100);
+constexpr std::chrono::milliseconds kMaxReconnectBackoff(2000);
+
 uint64_t PagesOf(uint64_t bytes, uint64_t page_bytes) {
   return (bytes + page_bytes - 1) / page_bytes;
 }
@@ -45,7 +49,6 @@ StatusOr<std::unique_ptr<MappedSession>> MappedSession::Open(const Options& opti
   std::shared_ptr<SessionStream> stream;
   std::unique_ptr<LeaseTable> table;
   STASH_RETURN_IF_ERROR(session->Connect(&stream, &table));
-  session->welcome_ = stream->welcome;
   session->socket_ = stream->socket;
   {
     MutexLock lock(&session->mu_);
@@ -135,28 +138,14 @@ Status MappedSession::Lease(LeaseTable& table, DescriptorChannel& channel,
 
 void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live) {
   std::shared_ptr<SessionStream> current = stream();
-  if (current->broken_now()) {
+  if (current->broken_now() || ended_drained_) {
     if (stashes_live) return;  // the chunks held carry the step; reconnect once none is live
-    std::shared_ptr<SessionStream> fresh;
-    std::unique_ptr<LeaseTable> fresh_table;
-    Status st = Connect(&fresh, &fresh_table);
-    if (!st.ok()) {
-      if (!unavailable_logged_.exchange(true)) {
-        Log("client")->warn(
-            "mapped session: cannot reconnect to stashd yet ({}); the step goes "
-            "on with the chunks held",
-            st.ToString());
-      }
-      return;
-    }
-    unavailable_logged_ = false;
-    table = std::move(fresh_table);  // the old chunks are unmapped: their daemon is gone
-    {
-      MutexLock lock(&mu_);
-      stream_ = std::move(fresh);
-    }
-    // The old stream's object goes away here, on the copier thread (its call is over).
-    current.reset();
+    Reconnect(table, current);
+    return;
+  }
+  if (!stashes_live &&
+      (kernels::ControlLoad(table->control().daemon_flags) & kernels::kDaemonDraining) != 0) {
+    EndDrained(table, current);
     return;
   }
   if (!options_.lease.automatic) return;
@@ -167,6 +156,57 @@ void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live
         "the chunks held",
         st.ToString());
   }
+}
+
+void MappedSession::Reconnect(std::unique_ptr<LeaseTable>& table,
+                              const std::shared_ptr<SessionStream>& old) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_attempt_) return;  // no daemon answered a moment ago: do not hammer
+  std::shared_ptr<SessionStream> fresh;
+  std::unique_ptr<LeaseTable> fresh_table;
+  Status st = Connect(&fresh, &fresh_table);
+  if (!st.ok()) {
+    backoff_ = backoff_.count() == 0 ? kFirstReconnectBackoff
+                                     : std::min(2 * backoff_, kMaxReconnectBackoff);
+    next_attempt_ = now + backoff_;
+    if (!ended_drained_ && !unavailable_logged_.exchange(true)) {
+      Log("client")->warn(
+          "mapped session: cannot reconnect to stashd yet ({}); the step goes "
+          "on with the chunks held",
+          st.ToString());
+    }
+    return;
+  }
+  backoff_ = std::chrono::milliseconds(0);
+  next_attempt_ = {};
+  unavailable_logged_ = false;
+  ended_drained_ = false;
+  // The old chunks are unmapped here. A daemon that still lives (the stream ended, the daemon
+  // did not) takes them back through the new session at once instead of at this process's
+  // exit; a restarted daemon does not know them and answers NOT_FOUND, which is fine.
+  std::vector<uint64_t> old_ids = table->ChunkIds();
+  table = std::move(fresh_table);
+  if (!old_ids.empty()) (void)fresh->descriptors->Return(old_ids, old->welcome.session_id());
+  {
+    MutexLock lock(&mu_);
+    stream_ = std::move(fresh);
+  }
+}
+
+void MappedSession::EndDrained(std::unique_ptr<LeaseTable>& table,
+                               const std::shared_ptr<SessionStream>& old) {
+  // A table with no chunk whose own control block says "draining": stashes are answered by
+  // the copier (the caller keeps its buffer) until a reconnect replaces it.
+  const std::array<uint64_t, kernels::kLeaseTiers> none{};
+  auto empty = LeaseTable::Create(table->page_bytes(), old->welcome.chunk_bytes(), none);
+  if (!empty.ok()) return;  // keep the session and its chunks
+  std::vector<uint64_t> ids = table->ChunkIds();
+  table = std::move(empty).value();
+  kernels::ControlStore(table->control().daemon_flags, kernels::kDaemonDraining);
+  if (!ids.empty()) (void)old->descriptors->Return(ids);
+  ended_drained_ = true;
+  // The session ends: `stashctl sessions` no longer lists it. The next BeginStep tries a new one.
+  old->Close();
 }
 
 MappedSession::~MappedSession() {
@@ -262,6 +302,20 @@ StatusOr<uint64_t> MappedSession::Unregister(const HostBuffer& buffer) {
   return copier_->Submit(CopyOp{});
 }
 
-StatusOr<SessionStats> MappedSession::Stats() { return stream()->Stats(); }
+StatusOr<SessionStats> MappedSession::Stats() {
+  std::shared_ptr<SessionStream> s = stream();
+  if (ended_drained_) {
+    return UnavailableError("no session is open with stashd on " + socket_ +
+                            ": it drained, and the session ended once every stash was back; "
+                            "the next BeginStep opens one once it takes sessions again");
+  }
+  if (s->broken_now()) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    return UnavailableError(s->broken_status.message() +
+                            "; the next BeginStep with no stash live opens a new session once a "
+                            "daemon answers");
+  }
+  return s->Stats();
+}
 
 }  // namespace stash

@@ -10,6 +10,7 @@
 #include <absl/base/thread_annotations.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,8 +53,8 @@ class MappedSession {
   // The daemon's view (it reads the control block), as Client::Stats.
   StatusOr<SessionStats> Stats();
 
-  // The Welcome of the session Open made (a reconnect keeps showing it).
-  const v1::Welcome& welcome() const { return welcome_; }
+  // The Welcome of the live session (a reconnect replaces it).
+  v1::Welcome welcome() const { return stream()->welcome; }
   const std::string& socket() const { return socket_; }
 
  private:
@@ -70,13 +71,23 @@ class MappedSession {
   void OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live);
   // A new session with the daemon and its first lease: the stream and the table.
   Status Connect(std::shared_ptr<SessionStream>* stream, std::unique_ptr<LeaseTable>* table);
+  // OnStep with the session broken or ended after a drain: a new session once a daemon takes
+  // one (attempts back off while none does); the old table's chunks go back through it.
+  void Reconnect(std::unique_ptr<LeaseTable>& table, const std::shared_ptr<SessionStream>& old);
+  // OnStep while the daemon drains and no stash is live: gives the chunks back and ends the
+  // session; the table left has no chunk and says "draining", so stashes stay with the caller.
+  void EndDrained(std::unique_ptr<LeaseTable>& table, const std::shared_ptr<SessionStream>& old);
 
   const Options options_;
-  v1::Welcome welcome_;  // never changes after Open
-  std::string socket_;   // never changes after Open
+  std::string socket_;  // never changes after Open
   mutable Mutex mu_;
   std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> unavailable_logged_{false};
+  // Copier thread only: the session ended after a drain (no daemon session until a reconnect),
+  // and when the next reconnect may be tried, and the wait after that one.
+  std::atomic<bool> ended_drained_{false};
+  std::chrono::steady_clock::time_point next_attempt_{};
+  std::chrono::milliseconds backoff_{0};
   std::unique_ptr<Copier> copier_;  // set in Open
 };
 
