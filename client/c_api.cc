@@ -297,4 +297,15 @@ int stash_get_stats(stash_client_t* client, stash_stats_t* out) {
   return 0;
 }
 
+int stash_get_session(stash_client_t* client, stash_session_info_t* out) {
+  STASH_C_REQUIRE(client != nullptr && out != nullptr, "stash_get_session: NULL argument");
+  std::memset(out, 0, sizeof(*out));
+  const std::string id = client->client->session_id();
+  std::strncpy(out->session_id, id.c_str(), sizeof(out->session_id) - 1);
+  out->page_bytes = client->client->page_bytes();
+  out->pool_pages = client->client->pool_pages();
+  out->host_tier_pages = client->client->host_tier_pages();
+  return 0;
+}
+
 }  // extern "C"

@@ -164,6 +164,15 @@ typedef struct stash_stats {
 } stash_stats_t;
 STASH_EXPORT int stash_get_stats(stash_client_t* client, stash_stats_t* out);
 
+/* The live session: its id (NUL-terminated) and the pool geometry of its Welcome. After a
+ * reconnect (a daemon that died, restarted or drained; both modes) the new session's; while a
+ * drained client holds none, the last one's. Answered here, no round trip. */
+typedef struct stash_session_info {
+  char session_id[64];
+  uint64_t page_bytes, pool_pages, host_tier_pages;
+} stash_session_info_t;
+STASH_EXPORT int stash_get_session(stash_client_t* client, stash_session_info_t* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -89,6 +89,17 @@ class Stats:
         return self.pool_pages_used + self.host_pages_used
 
 
+@dataclasses.dataclass(frozen=True)
+class SessionInfo:
+    """The live session (after a reconnect the new one; while a drained client holds none,
+    the last one) and its pool's geometry."""
+
+    session_id: str
+    page_bytes: int
+    pool_pages: int
+    host_tier_pages: int
+
+
 def version() -> str:
     """The loaded libstash_client.so's version, e.g. "0.1.0"."""
     return _lib.lib().stash_version().decode()
@@ -336,8 +347,23 @@ class Client:
                                                ctypes.byref(spilled)))
         return StepFlags(bool(overflow.value), bool(spilled.value), unavailable)
 
+    def session(self) -> SessionInfo:
+        """The live session's id and geometry (no round trip). It changes when the client
+        reconnects at a begin_step after the daemon died, restarted or drained."""
+        out = _lib.SessionInfoStruct()
+        self._check(self._lib.stash_get_session(self._h(), ctypes.byref(out)))
+        return SessionInfo(out.session_id.decode(), int(out.page_bytes), int(out.pool_pages),
+                           int(out.host_tier_pages))
+
+    @property
+    def session_id(self) -> str:
+        """The live session's id (see session())."""
+        return self.session().session_id
+
     def stats(self) -> Stats:
-        """This session's counters and its pool's usage (one round trip to the daemon)."""
+        """This session's counters and its pool's usage (one round trip to the daemon). After
+        a reconnect: the new session's. Raises Unavailable while the session is gone (the
+        daemon died: the next begin_step reconnects) or none is open (drained)."""
         out = _lib.StatsStruct()
         self._check(self._lib.stash_get_stats(self._h(), ctypes.byref(out)))
         return Stats(**{name: int(getattr(out, name)) for name in _lib.STATS_FIELDS})
