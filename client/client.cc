@@ -179,7 +179,7 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
   s->set_microbatch(args.microbatch);
   s->set_name(args.name);
   std::shared_ptr<SessionStream> stream = copy_->Current();
-  if (stream == nullptr || stream->draining_now()) {
+  if (stream == nullptr || stream->keeps_stashes()) {
     // The daemon drains: nothing is sent, the caller keeps its buffer (OVERFLOW), and the step
     // is not flagged (nothing was lost).
     copy_->EndIfDrained();

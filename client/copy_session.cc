@@ -11,7 +11,7 @@ namespace stash {
 namespace {
 
 constexpr std::chrono::milliseconds kFirstBackoff(100);
-constexpr std::chrono::milliseconds kMaxBackoff(2000);
+constexpr std::chrono::milliseconds kMaxBackoff(1000);
 
 }  // namespace
 

@@ -2,7 +2,7 @@
 // operations go to, and what a daemon that died, restarted or drained leaves behind.
 //
 // - A stream that broke (the daemon died, restarted or stopped) is replaced at the next
-//   BeginStep once a daemon answers (reconnect attempts back off from 100 ms to 2 s while none
+//   BeginStep once a daemon answers (reconnect attempts back off from 100 ms to 1 s while none
 //   does). The stashes the broken session held are lost: their reloads and releases fail at once
 //   with UNAVAILABLE naming the ticket and the session. Operations sent to the old stream stay
 //   waitable (its streams are kept until nothing of theirs is pending).

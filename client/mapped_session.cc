@@ -19,7 +19,7 @@ uint32_t LeaseTierOf(int tier) {
 
 // Reconnect attempts while no daemon answers: the wait doubles from the first up to the most.
 constexpr std::chrono::milliseconds kFirstReconnectBackoff(100);
-constexpr std::chrono::milliseconds kMaxReconnectBackoff(2000);
+constexpr std::chrono::milliseconds kMaxReconnectBackoff(1000);
 
 uint64_t PagesOf(uint64_t bytes, uint64_t page_bytes) {
   return (bytes + page_bytes - 1) / page_bytes;

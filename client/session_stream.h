@@ -69,6 +69,13 @@ struct SessionStream final
     std::lock_guard<std::mutex> lock(mu);
     return draining;
   }
+  // Whether a stash is answered by the library (kept by the caller, no flag): the daemon drains,
+  // and the stream lives or broke with nothing of ours lost. A stream that broke holding stashes
+  // lost them: stashes fail UNAVAILABLE there, so the step is flagged.
+  bool keeps_stashes() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return draining && (!broken || live.empty());
+  }
   // Draining, and nothing is left to wait for: no stash live, no operation pending. Such a
   // session may end: the rank lost nothing.
   bool drained_now() const {

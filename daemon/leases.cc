@@ -639,6 +639,12 @@ uint64_t Leases::StashesLive(const std::string& session_id) {
   return live;
 }
 
+uint64_t Leases::DaemonFlags(const std::string& session_id) {
+  MutexLock lock(&mu_);
+  auto it = holders_.find(session_id);
+  return it == holders_.end() ? 0 : it->second->control->daemon_flags();
+}
+
 size_t Leases::holders() {
   MutexLock lock(&mu_);
   return holders_.size();

@@ -97,6 +97,8 @@ class Leases {
   void SetDraining(bool draining);
   // The stashes a session's control block says are live (clamped; 0 for an unknown session).
   uint64_t StashesLive(const std::string& session_id);
+  // The daemon_flags of a session's control block (0 for an unknown session), for tests.
+  uint64_t DaemonFlags(const std::string& session_id);
 
   // Stats of one tier (by pointer) and of one session; false when the session leased nothing.
   struct TierCounts {

@@ -219,7 +219,7 @@ TEST_P(Recovery, AStepWithoutADaemonReconnectsOnceOneIsBack) {
     EXPECT_EQ(step.status().code(), StatusCode::kUnavailable) << step.status().ToString();
   }
   Restart();
-  // Attempts back off while no daemon answered (at most 2 s between two).
+  // Attempts back off while no daemon answered (at most 1 s between two).
   ASSERT_TRUE(Eventually([&] {
     auto s = client->BeginStep(2);
     return s.ok() && client->Wait(*s).ok() && client->session_id() != first;

@@ -14,7 +14,7 @@
 // taken and the caller keeps using its own buffer. When the daemon goes away, every pending and
 // later call fails fast with UNAVAILABLE and a message naming the socket; the caller's buffers
 // are never touched by the library. The next BeginStep reconnects once a daemon answers (both
-// modes; attempts back off up to 2 s while none does). In daemon-copy mode the stashes the gone
+// modes; attempts back off up to 1 s while none does). In daemon-copy mode the stashes the gone
 // session held are lost: their Reload / Release fail at once with UNAVAILABLE naming the ticket
 // and that the daemon went away after the stash (mapped mode loses nothing: the rank holds its
 // chunks). While the daemon drains (stashctl drain), stashes are answered by the library
