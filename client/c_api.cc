@@ -272,6 +272,12 @@ int stash_step_flags(stash_client_t* client, int* overflow, int* spilled) {
   return 0;
 }
 
+int stash_step_lost(stash_client_t* client, int* lost) {
+  STASH_C_REQUIRE(client != nullptr && lost != nullptr, "stash_step_lost: NULL argument");
+  *lost = client->client->CurrentStepFlags().lost ? 1 : 0;
+  return 0;
+}
+
 int stash_get_stats(stash_client_t* client, stash_stats_t* out) {
   STASH_C_REQUIRE(client != nullptr && out != nullptr, "stash_get_stats: NULL argument");
   auto s = client->client->Stats();

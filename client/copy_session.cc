@@ -215,7 +215,9 @@ StepFlags CopySession::Flags() const {
   std::shared_ptr<SessionStream> s = Current();
   if (s == nullptr) return StepFlags{};
   std::lock_guard<std::mutex> lock(s->mu);
-  return s->flags;
+  StepFlags flags = s->flags;
+  flags.lost = s->broken && !s->live.empty();
+  return flags;
 }
 
 StatusOr<SessionStats> CopySession::Stats() {

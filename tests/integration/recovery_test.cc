@@ -169,6 +169,7 @@ TEST_P(Recovery, KilledDaemonIsReplacedAtTheNextStep) {
     EXPECT_EQ(std::memcmp(dst->data(), src->data(), src->size()), 0);
   } else {
     // The first reload may have raced the end of the stream; by now the client saw it.
+    EXPECT_TRUE(client->CurrentStepFlags().lost) << "the step lost a stash: it says so";
     ASSERT_FALSE(reload.ok());
     EXPECT_EQ(reload.status().code(), StatusCode::kUnavailable) << reload.status().ToString();
     StatusOr<Completion> lost =
@@ -181,8 +182,12 @@ TEST_P(Recovery, KilledDaemonIsReplacedAtTheNextStep) {
         << lost.status().ToString();
   }
 
+  if (mapped()) {
+    EXPECT_FALSE(client->CurrentStepFlags().lost) << "mapped loses nothing";
+  }
   auto step = client->Wait(*client->BeginStep(2));
   ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_FALSE(client->CurrentStepFlags().lost);
   EXPECT_NE(client->session_id(), first);
   EXPECT_EQ(client->page_bytes(), kPage);
   EXPECT_EQ(client->pool_pages(), (8u << 20) / kPage);

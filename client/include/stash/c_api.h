@@ -152,6 +152,10 @@ STASH_EXPORT int stash_wait(stash_client_t* client, uint64_t op, int64_t timeout
 /* Like stash_wait without blocking: returns -1 while op is in flight. */
 STASH_EXPORT int stash_poll(stash_client_t* client, uint64_t op, stash_completion_t* out);
 STASH_EXPORT int stash_step_flags(stash_client_t* client, int* overflow, int* spilled);
+/* *lost = 1 when the session broke holding stashes of the current step or before (daemon-copy:
+ * the daemon died, restarted or stopped; their reloads fail UNAVAILABLE: rerun the step; the
+ * next stash_begin_step reconnects). Always 0 in mapped mode. */
+STASH_EXPORT int stash_step_lost(stash_client_t* client, int* lost);
 
 typedef struct stash_stats {
   uint64_t page_bytes;

@@ -162,6 +162,10 @@ struct Completion {
 struct StepFlags {
   bool overflow = false;  // a stash of this step overflowed (its source stayed with the caller)
   bool spilled = false;   // a stash of this step went to the host tier
+  // Daemon-copy: the session broke (the daemon died, restarted or stopped) while it held stashes
+  // of this step or before: their reloads fail UNAVAILABLE, so rerun the step (the next
+  // BeginStep reconnects). Mapped mode never loses a stash this way (the rank holds its chunks).
+  bool lost = false;
 };
 
 // A snapshot of the daemon's view of this session and its pool.

@@ -157,6 +157,7 @@ _PROTOTYPES = {
     "stash_poll": (_INT, [c_client_p, _U64, ctypes.POINTER(CompletionStruct)]),
     "stash_step_flags": (_INT, [c_client_p, ctypes.POINTER(_INT), ctypes.POINTER(_INT)]),
     "stash_get_stats": (_INT, [c_client_p, ctypes.POINTER(StatsStruct)]),
+    "stash_step_lost": (_INT, [c_client_p, ctypes.POINTER(_INT)]),
     "stash_get_session": (_INT, [c_client_p, ctypes.POINTER(SessionInfoStruct)]),
 }
 

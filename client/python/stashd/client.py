@@ -57,6 +57,7 @@ class Completion:
 class StepFlags:
     overflow: bool  # a stash of this step overflowed (its source stayed with the caller)
     spilled: bool   # a stash of this step went to the host tier
+    # the session broke holding this step's stashes (daemon-copy: lost, rerun the step), or
     # stashd.torch could not reach the daemon in this step and kept tensors in-process
     unavailable: bool = False
 
@@ -338,14 +339,17 @@ class Client:
     # --- State ------------------------------------------------------------------------------
 
     def step_flags(self) -> StepFlags:
-        """The current step's flags, as far as answers have arrived. `unavailable` comes from
-        stashd.torch (a stash found no daemon and kept its tensor)."""
+        """The current step's flags, as far as answers have arrived. `unavailable`: the
+        session broke holding stashes of this step (daemon-copy: their reloads fail; rerun the
+        step), or stashd.torch found no daemon for a stash and kept its tensor."""
         unavailable = any(getattr(ext, "step_unavailable", False)
                           for ext in self._extensions.values())
-        overflow, spilled = ctypes.c_int(), ctypes.c_int()
+        overflow, spilled, lost = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         self._check(self._lib.stash_step_flags(self._h(), ctypes.byref(overflow),
                                                ctypes.byref(spilled)))
-        return StepFlags(bool(overflow.value), bool(spilled.value), unavailable)
+        self._check(self._lib.stash_step_lost(self._h(), ctypes.byref(lost)))
+        return StepFlags(bool(overflow.value), bool(spilled.value),
+                         unavailable or bool(lost.value))
 
     def session(self) -> SessionInfo:
         """The live session's id and geometry (no round trip). It changes when the client
