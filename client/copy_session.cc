@@ -1,6 +1,7 @@
 #include "client/copy_session.h"
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
 
 #include "common/macros.h"
@@ -23,7 +24,7 @@ StatusOr<std::unique_ptr<CopySession>> CopySession::Open(const Options& options)
   STASH_ASSIGN_OR_RETURN(std::unique_ptr<SessionStream> stream,
                          SessionStream::Open(options, v1::MODE_DAEMON_COPY, cuda));
   std::unique_ptr<CopySession> session(new CopySession(options, cuda, stream->socket));
-  std::lock_guard<std::mutex> lock(session->mu_);
+  MutexLock lock(&session->mu_);
   session->welcome_ = stream->welcome;
   session->stream_ = std::move(stream);
   return session;
@@ -33,7 +34,7 @@ CopySession::~CopySession() {
   std::shared_ptr<SessionStream> current;
   std::vector<std::shared_ptr<SessionStream>> retired;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     current = std::move(stream_);
     retired.swap(retired_);
   }
@@ -42,19 +43,19 @@ CopySession::~CopySession() {
 }
 
 std::shared_ptr<SessionStream> CopySession::Current() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stream_;
 }
 
 v1::Welcome CopySession::welcome() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return welcome_;
 }
 
 StatusOr<std::shared_ptr<SessionStream>> CopySession::ForTicket(uint64_t ticket) {
   std::shared_ptr<SessionStream> s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto lost = lost_.find(ticket);
     if (lost != lost_.end()) {
       Status st = UnavailableError(lost->second);
@@ -79,7 +80,7 @@ StatusOr<std::shared_ptr<SessionStream>> CopySession::ForTicket(uint64_t ticket)
 void CopySession::EndIfDrained() {
   std::shared_ptr<SessionStream> ended;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stream_ == nullptr || !stream_->drained_now()) return;
     ended = std::move(stream_);
   }
@@ -106,7 +107,7 @@ StatusOr<std::shared_ptr<SessionStream>> CopySession::ForStep() {
   if (drained) {
     // The daemon stopped after its drain with nothing of ours left: nothing was lost, so the
     // steps run here until a daemon takes a session again.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stream_ == s) stream_ = nullptr;
     if (s->holds_any()) retired_.push_back(s);
     return std::shared_ptr<SessionStream>();
@@ -117,7 +118,7 @@ StatusOr<std::shared_ptr<SessionStream>> CopySession::ForStep() {
 StatusOr<std::shared_ptr<SessionStream>> CopySession::Reconnect(
     const std::shared_ptr<SessionStream>& old) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stream_ != old) {
       // Another thread replaced it meanwhile.
       if (stream_ != nullptr) return stream_;
@@ -131,7 +132,7 @@ StatusOr<std::shared_ptr<SessionStream>> CopySession::Reconnect(
   }
   auto opened = SessionStream::Open(options_, v1::MODE_DAEMON_COPY, cuda_);
   std::vector<std::shared_ptr<SessionStream>> drop;  // closed after the lock is released
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   connecting_ = false;
   if (!opened.ok()) {
     backoff_ = backoff_.count() == 0 ? kFirstBackoff : std::min(2 * backoff_, kMaxBackoff);
@@ -168,7 +169,7 @@ StatusOr<std::shared_ptr<SessionStream>> CopySession::Reconnect(
 }
 
 std::shared_ptr<SessionStream> CopySession::Holding(uint64_t op) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stream_ != nullptr && stream_->holds(op)) return stream_;
   for (const auto& s : retired_) {
     if (s->holds(op)) return s;
@@ -177,7 +178,7 @@ std::shared_ptr<SessionStream> CopySession::Holding(uint64_t op) const {
 }
 
 uint64_t CopySession::Local(Completion completion) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t id = RandomNonZeroU64();
   while (local_.count(id) != 0) id = RandomNonZeroU64();
   if (completion.kind == Completion::Kind::kStash) completion.ticket = id;
@@ -187,7 +188,7 @@ uint64_t CopySession::Local(Completion completion) {
 
 StatusOr<Completion> CopySession::Wait(uint64_t op, int64_t timeout_ms) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = local_.find(op);
     if (it != local_.end()) {
       Completion c = it->second;

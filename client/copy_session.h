@@ -16,9 +16,10 @@
 #ifndef STASH_CLIENT_COPY_SESSION_H_
 #define STASH_CLIENT_COPY_SESSION_H_
 
+#include <absl/base/thread_annotations.h>
+
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -26,6 +27,7 @@
 
 #include "client/cuda_memory.h"
 #include "client/session_stream.h"
+#include "common/mutex.h"
 #include "stash/client.h"
 
 namespace stash {
@@ -80,19 +82,20 @@ class CopySession {
   const std::shared_ptr<CudaSide> cuda_;  // cuda backend only
   const std::string socket_;
 
-  mutable std::mutex mu_;
-  std::shared_ptr<SessionStream> stream_;                // guarded by mu_; null while drained
-  std::vector<std::shared_ptr<SessionStream>> retired_;  // guarded by mu_: broken, ops pending
-  // Tickets of stashes held by a session that broke, and why they are lost. Guarded by mu_.
-  std::unordered_map<uint64_t, std::string> lost_;
-  std::unordered_map<uint64_t, Completion> local_;  // guarded by mu_
-  v1::Welcome welcome_;                             // guarded by mu_: the last session's
+  mutable Mutex mu_;
+  std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(mu_);  // null while drained
+  // Broken streams whose operations are not all handed out yet.
+  std::vector<std::shared_ptr<SessionStream>> retired_ ABSL_GUARDED_BY(mu_);
+  // Tickets of stashes held by a session that broke, and why they are lost.
+  std::unordered_map<uint64_t, std::string> lost_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, Completion> local_ ABSL_GUARDED_BY(mu_);
+  v1::Welcome welcome_ ABSL_GUARDED_BY(mu_);  // the last session's
   // Reconnect attempts while no daemon answers: not before `next_attempt_`; the wait doubles
-  // from kFirstBackoff up to kMaxBackoff, and starts over once one succeeds. Guarded by mu_.
-  std::chrono::steady_clock::time_point next_attempt_{};
-  std::chrono::milliseconds backoff_{0};
-  Status last_failure_;      // guarded by mu_: why the last attempt failed
-  bool connecting_ = false;  // guarded by mu_: one attempt at a time
+  // from 100 ms up to 1 s, and starts over once one succeeds.
+  std::chrono::steady_clock::time_point next_attempt_ ABSL_GUARDED_BY(mu_){};
+  std::chrono::milliseconds backoff_ ABSL_GUARDED_BY(mu_){0};
+  Status last_failure_ ABSL_GUARDED_BY(mu_);      // why the last attempt failed
+  bool connecting_ ABSL_GUARDED_BY(mu_) = false;  // one attempt at a time
 };
 
 }  // namespace stash

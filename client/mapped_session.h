@@ -41,7 +41,9 @@ class MappedSession {
   StatusOr<uint64_t> Release(uint64_t ticket);
   // Local: the flags reset at once; in stream order the control block's step rolls over and
   // (automatic lease) the lease is resized; with the daemon gone and no stash live, the session
-  // reconnects and leases afresh.
+  // reconnects and leases afresh (and returns the old chunks when the same daemon still lives);
+  // while the daemon drains (kDaemonDraining) and no stash is live, the session gives its chunks
+  // back and ends, and stashes stay with the caller until a later step reconnects.
   StatusOr<uint64_t> BeginStep(uint64_t step);
   // Nothing to tell the daemon (it never maps the rank's buffers): answered OK in order.
   StatusOr<uint64_t> Unregister(const HostBuffer& buffer);

@@ -450,7 +450,7 @@ DescriptorReply Leases::ReturnOrphans(const LeaseHolder& who, const v1::ReturnCh
     for (auto& list : old->held) list.erase(std::remove(list.begin(), list.end(), id), list.end());
     PutBack(id >> 32, id & 0xffffffffu, old->uid);
   }
-  const uint64_t returned = static_cast<uint64_t>(request.chunk_ids_size());
+  const auto returned = static_cast<uint64_t>(request.chunk_ids_size());
   const bool holds_none = std::all_of(old->held.begin(), old->held.end(),
                                       [](const std::vector<uint64_t>& l) { return l.empty(); });
   if (holds_none) Drop(ended);  // as at its process's exit

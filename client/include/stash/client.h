@@ -253,7 +253,9 @@ class STASH_EXPORT Client {
   // The flags of the current step, as far as answers have arrived.
   StepFlags CurrentStepFlags() const;
 
-  // Asks the daemon for this session's counters and its pool usage (a unary RPC).
+  // Asks the daemon for the live session's counters and its pool usage (a unary RPC): after a
+  // reconnect, the new session's. UNAVAILABLE while the session is gone (the daemon died: the
+  // next BeginStep reconnects) or none is open (drained), with the reason.
   StatusOr<SessionStats> Stats();
 
   // The session id the daemon gave, and the pool geometry from its Welcome: of the live session,
