@@ -272,6 +272,12 @@ int stash_step_flags(stash_client_t* client, int* overflow, int* spilled) {
   return 0;
 }
 
+int stash_step_lost(stash_client_t* client, int* lost) {
+  STASH_C_REQUIRE(client != nullptr && lost != nullptr, "stash_step_lost: NULL argument");
+  *lost = client->client->CurrentStepFlags().lost ? 1 : 0;
+  return 0;
+}
+
 int stash_get_stats(stash_client_t* client, stash_stats_t* out) {
   STASH_C_REQUIRE(client != nullptr && out != nullptr, "stash_get_stats: NULL argument");
   auto s = client->client->Stats();
@@ -294,6 +300,17 @@ int stash_get_stats(stash_client_t* client, stash_stats_t* out) {
   out->rejected = s->rejected;
   out->stashes_live = s->stashes_live;
   out->pages_live = s->pages_live;
+  return 0;
+}
+
+int stash_get_session(stash_client_t* client, stash_session_info_t* out) {
+  STASH_C_REQUIRE(client != nullptr && out != nullptr, "stash_get_session: NULL argument");
+  std::memset(out, 0, sizeof(*out));
+  const std::string id = client->client->session_id();
+  std::strncpy(out->session_id, id.c_str(), sizeof(out->session_id) - 1);
+  out->page_bytes = client->client->page_bytes();
+  out->pool_pages = client->client->pool_pages();
+  out->host_tier_pages = client->client->host_tier_pages();
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <vector>
 
+#include "client/copy_session.h"
 #include "client/cuda_memory.h"
 #include "client/host_buffer_rep.h"
 #include "client/mapped_session.h"
@@ -81,12 +82,7 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
     STASH_ASSIGN_OR_RETURN(client->mapped_, MappedSession::Open(options));
     return client;
   }
-  std::unique_ptr<CudaSide> cuda;
-  if (options.backend == Backend::kCuda) {
-    STASH_ASSIGN_OR_RETURN(cuda, CudaSide::Open(options.device));
-  }
-  STASH_ASSIGN_OR_RETURN(client->copy_,
-                         SessionStream::Open(options, v1::MODE_DAEMON_COPY, std::move(cuda)));
+  STASH_ASSIGN_OR_RETURN(client->copy_, CopySession::Open(options));
   return client;
 }
 
@@ -101,7 +97,7 @@ struct Region {
 namespace {
 
 // Resolves `host` + offset or `device` + offset (exactly one of them set), `bytes` long.
-StatusOr<Region> ResolveRegion(SessionStream& impl, const HostBuffer* host, const void* device,
+StatusOr<Region> ResolveRegion(CudaSide* cuda, const HostBuffer* host, const void* device,
                                uint64_t offset, uint64_t bytes, const std::string& what,
                                const std::string& device_what) {
   if ((host == nullptr) == (device == nullptr)) {
@@ -116,14 +112,14 @@ StatusOr<Region> ResolveRegion(SessionStream& impl, const HostBuffer* host, cons
     region.offset = offset;
     return region;
   }
-  if (impl.cuda == nullptr) {
+  if (cuda == nullptr) {
     return InvalidArgumentError(device_what +
                                 " is a device pointer, which needs the cuda backend: open the "
                                 "client with Options.backend = Backend::kCuda");
   }
   STASH_ASSIGN_OR_RETURN(
       DeviceLocation where,
-      impl.cuda->Locate(static_cast<const uint8_t*>(device) + offset, bytes, device_what.c_str()));
+      cuda->Locate(static_cast<const uint8_t*>(device) + offset, bytes, device_what.c_str()));
   region.memory = SessionStream::MemoryDesc{where.memory_id, v1::MEMORY_KIND_CUDA_IPC,
                                             std::move(where.handle), where.bytes, nullptr};
   region.memory_id = where.memory_id;
@@ -148,9 +144,10 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
     return InvalidArgumentError("stash max_rows * row_bytes overflows 64 bits");
   }
   if (mapped_) return mapped_->Stash(args);
-  STASH_ASSIGN_OR_RETURN(Region source, ResolveRegion(*copy_, args.source, args.device_source,
-                                                      args.offset, args.max_rows * args.row_bytes,
-                                                      "stash source", "stash device_source"));
+  STASH_ASSIGN_OR_RETURN(
+      Region source,
+      ResolveRegion(copy_->cuda(), args.source, args.device_source, args.offset,
+                    args.max_rows * args.row_bytes, "stash source", "stash device_source"));
   std::vector<SessionStream::MemoryDesc> memories{source.memory};
   std::vector<uint64_t> stale = source.stale;
   if (Status st = CheckEventPoint(args.ready, "ready event"); !st.ok()) return st;
@@ -168,7 +165,7 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
       return InvalidArgumentError("the row count must be an 8-byte aligned int64");
     }
     STASH_ASSIGN_OR_RETURN(
-        Region count, ResolveRegion(*copy_, args.count.buffer, args.count.device_count,
+        Region count, ResolveRegion(copy_->cuda(), args.count.buffer, args.count.device_count,
                                     args.count.offset, 8, "count buffer", "count device_count"));
     SetRef(count, s->mutable_count()->mutable_reference());
     memories.push_back(count.memory);
@@ -181,9 +178,20 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
   s->set_layer(args.layer);
   s->set_microbatch(args.microbatch);
   s->set_name(args.name);
+  std::shared_ptr<SessionStream> stream = copy_->Current();
+  if (stream == nullptr || stream->keeps_stashes()) {
+    // The daemon drains: nothing is sent, the caller keeps its buffer (OVERFLOW), and the step
+    // is not flagged (nothing was lost).
+    copy_->EndIfDrained();
+    SignalEvent(args.done);
+    Completion kept;
+    kept.kind = Completion::Kind::kStash;
+    kept.tier = Tier::kOverflow;
+    return copy_->Local(kept);
+  }
   // The ticket must not change inside Submit: a collision with a pending id is astronomically
   // unlikely, and Submit keeps the id when it is free.
-  return copy_->Submit(std::move(r), Completion::Kind::kStash, memories, stale, std::move(done));
+  return stream->Submit(std::move(r), Completion::Kind::kStash, memories, stale, std::move(done));
 }
 
 StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
@@ -192,7 +200,7 @@ StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
   // The daemon checks that the destination holds the stash's max_rows * row_bytes.
   STASH_ASSIGN_OR_RETURN(
       Region destination,
-      ResolveRegion(*copy_, args.destination, args.device_destination, args.offset, 0,
+      ResolveRegion(copy_->cuda(), args.destination, args.device_destination, args.offset, 0,
                     "reload destination", "reload device_destination"));
   if (Status st = CheckEventPoint(args.ready, "ready event"); !st.ok()) return st;
   if (Status st = CheckEventPoint(args.done, "done event"); !st.ok()) return st;
@@ -203,72 +211,95 @@ StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
   SetRef(destination, rl->mutable_destination());
   rl->set_zero_tail(args.zero_tail);
   SessionStream::DoneEvent done = SessionStream::SetEvents(args.ready, args.done, rl, memories);
-  return copy_->Submit(std::move(r), Completion::Kind::kReload, memories, destination.stale,
-                       std::move(done));
+  STASH_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, copy_->ForTicket(args.ticket));
+  return stream->Submit(std::move(r), Completion::Kind::kReload, memories, destination.stale,
+                        std::move(done));
 }
 
 StatusOr<uint64_t> Client::Release(uint64_t ticket) {
   if (mapped_) return mapped_->Release(ticket);
+  STASH_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, copy_->ForTicket(ticket));
   v1::SessionRequest r;
   r.mutable_release()->set_ticket(ticket);
-  return copy_->Submit(std::move(r), Completion::Kind::kRelease, {}, {}, {});
+  return stream->Submit(std::move(r), Completion::Kind::kRelease, {}, {}, {});
 }
 
 StatusOr<uint64_t> Client::BeginStep(uint64_t step) {
   if (mapped_) return mapped_->BeginStep(step);
+  // A session that broke or drained is replaced here, once a daemon takes one.
+  STASH_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, copy_->ForStep());
+  if (stream == nullptr) {
+    // Drained, and no daemon takes a session yet: the step runs here, stashes kept in-process.
+    Completion begun;
+    begun.kind = Completion::Kind::kBeginStep;
+    return copy_->Local(begun);
+  }
   {
-    std::lock_guard<std::mutex> lock(copy_->mu);
-    ++copy_->epoch;
-    copy_->flags = StepFlags{};
+    std::lock_guard<std::mutex> lock(stream->mu);
+    ++stream->epoch;
+    stream->flags = StepFlags{};
   }
   v1::SessionRequest r;
   r.mutable_begin_step()->set_step(step);
-  return copy_->Submit(std::move(r), Completion::Kind::kBeginStep, {}, {}, {});
+  return stream->Submit(std::move(r), Completion::Kind::kBeginStep, {}, {}, {});
 }
 
 StatusOr<uint64_t> Client::Unregister(const HostBuffer& buffer) {
   if (mapped_) return mapped_->Unregister(buffer);
+  std::shared_ptr<SessionStream> stream = copy_->Current();
+  Completion unregistered;
+  unregistered.kind = Completion::Kind::kUnregister;
+  // No session, or a broken one: no daemon maps the buffer any more.
+  if (stream == nullptr || stream->broken_now()) return copy_->Local(unregistered);
   {
-    std::lock_guard<std::mutex> lock(copy_->mu);
-    if (copy_->registered.erase(buffer.id()) == 0) {
+    std::lock_guard<std::mutex> lock(stream->mu);
+    if (stream->registered.erase(buffer.id()) == 0) {
       return NotFoundError("this buffer was never used with this session");
     }
   }
   v1::SessionRequest r;
   r.mutable_unregister_memory()->set_memory_id(buffer.id());
-  return copy_->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {});
+  return stream->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {});
 }
 
 StatusOr<uint64_t> Client::UnregisterDevice(const void* pointer) {
   if (mapped_) return FailedPreconditionError("device memory exists only on the cuda backend");
-  if (copy_->cuda == nullptr) {
+  if (copy_->cuda() == nullptr) {
     return FailedPreconditionError("device memory exists only on the cuda backend");
   }
-  const uint64_t id = copy_->cuda->Forget(pointer);
+  const uint64_t id = copy_->cuda()->Forget(pointer);
+  std::shared_ptr<SessionStream> stream = copy_->Current();
+  if (stream == nullptr || stream->broken_now()) {
+    Completion unregistered;
+    unregistered.kind = Completion::Kind::kUnregister;
+    return copy_->Local(unregistered);
+  }
   {
-    std::lock_guard<std::mutex> lock(copy_->mu);
-    if (id == 0 || copy_->registered.erase(id) == 0) {
+    std::lock_guard<std::mutex> lock(stream->mu);
+    if (id == 0 || stream->registered.erase(id) == 0) {
       return NotFoundError("no allocation holding this pointer was used with this session");
     }
   }
   v1::SessionRequest r;
   r.mutable_unregister_memory()->set_memory_id(id);
-  return copy_->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {});
+  return stream->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {});
 }
 
 Status Client::ReleaseDeviceMappings(int64_t timeout_ms) {
   if (mapped_) return Status::Ok();
-  if (copy_->cuda == nullptr) return Status::Ok();
+  if (copy_->cuda() == nullptr) return Status::Ok();
+  std::shared_ptr<SessionStream> stream = copy_->Current();
   std::vector<uint64_t> ops;
-  for (uint64_t id : copy_->cuda->ForgetAll()) {
+  for (uint64_t id : copy_->cuda()->ForgetAll()) {
+    if (stream == nullptr || stream->broken_now()) continue;  // no daemon maps it any more
     {
-      std::lock_guard<std::mutex> lock(copy_->mu);
-      if (copy_->registered.erase(id) == 0) continue;
+      std::lock_guard<std::mutex> lock(stream->mu);
+      if (stream->registered.erase(id) == 0) continue;
     }
     v1::SessionRequest r;
     r.mutable_unregister_memory()->set_memory_id(id);
     STASH_ASSIGN_OR_RETURN(uint64_t op,
-                           copy_->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {}));
+                           stream->Submit(std::move(r), Completion::Kind::kUnregister, {}, {}, {}));
     ops.push_back(op);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -308,14 +339,14 @@ StatusOr<uint64_t> DeviceCounter(CudaSide* cuda, const EventPoint& point, HostBu
 }  // namespace
 
 Status Client::EnqueueSignal(const EventPoint& point, void* stream) {
-  CudaSide* cuda = copy_ != nullptr ? copy_->cuda.get() : nullptr;
+  CudaSide* cuda = copy_ != nullptr ? copy_->cuda() : nullptr;
   HostBuffer::Rep* buffer = point.buffer != nullptr ? &point.buffer->rep() : nullptr;
   STASH_ASSIGN_OR_RETURN(uint64_t address, DeviceCounter(cuda, point, buffer, "EnqueueSignal"));
   return cuda->WriteValue(stream, address, point.value);
 }
 
 Status Client::EnqueueWait(const EventPoint& point, void* stream) {
-  CudaSide* cuda = copy_ != nullptr ? copy_->cuda.get() : nullptr;
+  CudaSide* cuda = copy_ != nullptr ? copy_->cuda() : nullptr;
   HostBuffer::Rep* buffer = point.buffer != nullptr ? &point.buffer->rep() : nullptr;
   STASH_ASSIGN_OR_RETURN(uint64_t address, DeviceCounter(cuda, point, buffer, "EnqueueWait"));
   return cuda->WaitValue(stream, address, point.value);
@@ -323,40 +354,17 @@ Status Client::EnqueueWait(const EventPoint& point, void* stream) {
 
 StatusOr<Completion> Client::Wait(uint64_t op, int64_t timeout_ms) {
   if (mapped_) return mapped_->Wait(op, timeout_ms);
-  std::unique_lock<std::mutex> lock(copy_->mu);
-  auto it = copy_->pending.find(op);
-  if (it == copy_->pending.end()) {
-    return NotFoundError("operation " + std::to_string(op) +
-                         " is not pending: unknown here, or its answer was already handed out");
-  }
-  auto ready = [&] { return copy_->pending[op].answered || copy_->broken; };
-  if (timeout_ms < 0) {
-    copy_->cv.wait(lock, ready);
-  } else if (!copy_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
-    return DeadlineExceededError("operation " + std::to_string(op) + " not answered within " +
-                                 std::to_string(timeout_ms) + " ms");
-  }
-  SessionStream::Pending p = std::move(copy_->pending[op]);
-  copy_->pending.erase(op);
-  if (!p.answered) return copy_->broken_status;
-  if (!p.status.ok()) return p.status;
-  return p.completion;
+  return copy_->Wait(op, timeout_ms);
 }
 
 std::optional<StatusOr<Completion>> Client::Poll(uint64_t op) {
   if (mapped_) return mapped_->Poll(op);
-  {
-    std::lock_guard<std::mutex> lock(copy_->mu);
-    auto it = copy_->pending.find(op);
-    if (it != copy_->pending.end() && !it->second.answered && !copy_->broken) return std::nullopt;
-  }
-  return Wait(op, 0);
+  return copy_->Poll(op);
 }
 
 StepFlags Client::CurrentStepFlags() const {
   if (mapped_) return mapped_->CurrentStepFlags();
-  std::lock_guard<std::mutex> lock(copy_->mu);
-  return copy_->flags;
+  return copy_->Flags();
 }
 
 StatusOr<SessionStats> Client::Stats() {
@@ -364,19 +372,19 @@ StatusOr<SessionStats> Client::Stats() {
   return copy_->Stats();
 }
 
-const std::string& Client::session_id() const {
-  return mapped_ ? mapped_->welcome().session_id() : copy_->welcome.session_id();
+std::string Client::session_id() const {
+  return mapped_ ? mapped_->welcome().session_id() : copy_->welcome().session_id();
 }
 uint64_t Client::page_bytes() const {
-  return mapped_ ? mapped_->welcome().page_bytes() : copy_->welcome.page_bytes();
+  return mapped_ ? mapped_->welcome().page_bytes() : copy_->welcome().page_bytes();
 }
 uint64_t Client::pool_pages() const {
-  return mapped_ ? mapped_->welcome().pool_pages() : copy_->welcome.pool_pages();
+  return mapped_ ? mapped_->welcome().pool_pages() : copy_->welcome().pool_pages();
 }
 uint64_t Client::host_tier_pages() const {
-  return mapped_ ? mapped_->welcome().host_tier_pages() : copy_->welcome.host_tier_pages();
+  return mapped_ ? mapped_->welcome().host_tier_pages() : copy_->welcome().host_tier_pages();
 }
-const std::string& Client::socket() const { return mapped_ ? mapped_->socket() : copy_->socket; }
-Backend Client::backend() const { return mapped_ ? Backend::kHost : copy_->backend; }
+const std::string& Client::socket() const { return mapped_ ? mapped_->socket() : copy_->socket(); }
+Backend Client::backend() const { return mapped_ ? Backend::kHost : copy_->backend(); }
 
 }  // namespace stash

@@ -305,8 +305,16 @@ bool Copier::AwaitReady(const CounterRef& ready, Result& result) {
 }
 
 void Copier::DoStash(const CopyOp& op, Result& result) {
-  if (!AwaitReady(op.ready, result)) return;
   kernels::SessionControl& c = table_->control();
+  if ((ControlLoad(c.daemon_flags) & kernels::kDaemonDraining) != 0) {
+    // The daemon drains (or this rank's session ended after a drain): nothing is taken, the
+    // caller keeps its buffer, and the step is not flagged: nothing was lost.
+    result.completion.ticket = op.id;
+    result.completion.tier = Tier::kOverflow;
+    result.completion.latency_us = MicrosSince(op.submitted);
+    return;
+  }
+  if (!AwaitReady(op.ready, result)) return;
   int64_t count = op.count_value;
   if (op.count.memory != nullptr) {
     // Read when the copy runs (after `ready`): the sync-free case.

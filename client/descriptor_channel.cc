@@ -211,12 +211,14 @@ StatusOr<LeaseAnswer> DescriptorChannel::Lease(bool automatic,
   }
 }
 
-StatusOr<uint64_t> DescriptorChannel::Return(const std::vector<uint64_t>& chunk_ids) {
+StatusOr<uint64_t> DescriptorChannel::Return(const std::vector<uint64_t>& chunk_ids,
+                                             const std::string& ended_session) {
   v1::DescriptorRequest request;
   request.set_session_id(session_id_);
   request.set_session_secret(secret_);
   for (uint64_t id : chunk_ids) request.mutable_return_chunks()->add_chunk_ids(id);
   if (chunk_ids.empty()) request.mutable_return_chunks();
+  if (!ended_session.empty()) request.mutable_return_chunks()->set_ended_session_id(ended_session);
   std::lock_guard<std::mutex> lock(mu_);
   STASH_RETURN_IF_ERROR(SendLocked(request.SerializeAsString(), {}));
   std::string bytes;

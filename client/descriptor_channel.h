@@ -53,8 +53,10 @@ class DescriptorChannel {
   // did arrive are in the answer regardless); the daemon's refusal is answer.status.
   StatusOr<LeaseAnswer> Lease(bool automatic, const std::vector<std::pair<int, uint64_t>>& want);
 
-  // Mapped sessions: ReturnChunks; the chunks returned, or the daemon's refusal.
-  StatusOr<uint64_t> Return(const std::vector<uint64_t>& chunk_ids);
+  // Mapped sessions: ReturnChunks; the chunks returned, or the daemon's refusal. With
+  // `ended_session` set: chunks that earlier session of this process left (ReturnChunks).
+  StatusOr<uint64_t> Return(const std::vector<uint64_t>& chunk_ids,
+                            const std::string& ended_session = "");
 
  private:
   Status ConnectLocked();

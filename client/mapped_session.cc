@@ -17,6 +17,10 @@ uint32_t LeaseTierOf(int tier) {
   }
 }
 
+// Reconnect attempts while no daemon answers: the wait doubles from the first up to the most.
+constexpr std::chrono::milliseconds kFirstReconnectBackoff(100);
+constexpr std::chrono::milliseconds kMaxReconnectBackoff(1000);
+
 uint64_t PagesOf(uint64_t bytes, uint64_t page_bytes) {
   return (bytes + page_bytes - 1) / page_bytes;
 }
@@ -45,7 +49,6 @@ StatusOr<std::unique_ptr<MappedSession>> MappedSession::Open(const Options& opti
   std::shared_ptr<SessionStream> stream;
   std::unique_ptr<LeaseTable> table;
   STASH_RETURN_IF_ERROR(session->Connect(&stream, &table));
-  session->welcome_ = stream->welcome;
   session->socket_ = stream->socket;
   {
     MutexLock lock(&session->mu_);
@@ -156,22 +159,28 @@ void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live
     }
     kernels::ControlStore(control.return_done, asked);
   }
-  if (stream()->broken_now()) {
+  std::shared_ptr<SessionStream> current = stream();
+  if (current->broken_now() || ended_drained_) {
     // The chunks held carry the step; a new session once none is live. (What was taken out
-    // above belongs to the session that is gone: the daemon took it back already.)
+    // above goes back through the new session with the rest of the old table.)
     if (stashes_live) return;
     work.give_back.clear();
     work.reconnect = true;
+  } else if (!stashes_live &&
+             (kernels::ControlLoad(control.daemon_flags) & kernels::kDaemonDraining) != 0) {
+    EndDrained(table, current, std::move(work.give_back));
+    return;
   } else {
     work.lease = options_.lease.automatic;
   }
-  const bool lease = work.lease;
-  if (!lease && !work.reconnect && work.give_back.empty()) return;
+  const bool wait = work.lease || work.reconnect;
+  if (!wait && work.give_back.empty()) return;
   const uint64_t round = Ask(std::move(work));
-  if (!lease || slow_.load(std::memory_order_relaxed)) return;
-  // A daemon that answers in time sizes the lease before the step's first stash, as if in
-  // stream order; one that does not costs this step kStepLeaseWait once, and later steps
-  // nothing until it answers again (the answer then lands between two operations).
+  if (!wait || slow_.load(std::memory_order_relaxed)) return;
+  // A daemon that answers in time sizes the lease (or opens the new session) before the step's
+  // first stash, as if in stream order; one that does not costs this step kStepLeaseWait once,
+  // and later steps nothing until it answers again (the answer then lands between two
+  // operations).
   MutexLock lock(&work_mu_);
   const auto deadline = std::chrono::steady_clock::now() + kStepLeaseWait;
   while (leased_round_ < round && !stop_) {
@@ -184,24 +193,56 @@ void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live
   }
 }
 
+void MappedSession::EndDrained(std::unique_ptr<LeaseTable>& table,
+                               const std::shared_ptr<SessionStream>& old,
+                               std::vector<uint64_t> give_back) {
+  // A table with no chunk whose own control block says "draining": stashes are answered by
+  // the copier (the caller keeps its buffer) until a reconnect replaces it.
+  const std::array<uint64_t, kernels::kLeaseTiers> none{};
+  auto empty = LeaseTable::Create(table->page_bytes(), old->welcome.chunk_bytes(), none);
+  if (!empty.ok()) return;  // keep the session and its chunks
+  std::vector<uint64_t> ids = table->ChunkIds();
+  ids.insert(ids.end(), give_back.begin(), give_back.end());
+  table = std::move(empty).value();  // unmapped before the daemon hears they are back
+  kernels::ControlStore(table->control().daemon_flags, kernels::kDaemonDraining);
+  ended_drained_ = true;
+  // The lease thread gives them back and ends the session: `stashctl sessions` no longer lists
+  // it. A later BeginStep tries a new one.
+  LeaseWork work;
+  work.give_back = std::move(ids);
+  work.end_session = true;
+  Ask(std::move(work));
+}
+
 void MappedSession::OnOutgrown() {
   // One request until its answer is in: the copier calls this at every stash that finds the
   // lease short.
-  if (!options_.lease.automatic || growing_.exchange(true)) return;
-  Ask(LeaseWork{/*lease=*/true, false, {}});
+  if (!options_.lease.automatic || ended_drained_ || growing_.exchange(true)) return;
+  LeaseWork work;
+  work.lease = true;
+  Ask(std::move(work));
 }
 
 uint64_t MappedSession::Ask(LeaseWork work) {
   uint64_t round = 0;
   {
     MutexLock lock(&work_mu_);
-    if (work.lease) round = ++asked_round_;
+    if (work.lease || work.reconnect) round = ++asked_round_;
     work_.lease = work_.lease || work.lease;
     work_.reconnect = work_.reconnect || work.reconnect;
+    work_.end_session = work_.end_session || work.end_session;
     work_.give_back.insert(work_.give_back.end(), work.give_back.begin(), work.give_back.end());
+    if (!work.orphans.empty()) {
+      work_.orphans = std::move(work.orphans);
+      work_.orphans_of = std::move(work.orphans_of);
+    }
   }
   work_cv_.Signal();
   return round;
+}
+
+bool MappedSession::LeaseWork::empty() const {
+  return !lease && !reconnect && !end_session && give_back.empty() && orphans.empty();
 }
 
 void MappedSession::LeaseLoop() {
@@ -210,9 +251,7 @@ void MappedSession::LeaseLoop() {
     uint64_t round = 0;
     {
       MutexLock lock(&work_mu_);
-      while (!stop_ && !work_.lease && !work_.reconnect && work_.give_back.empty()) {
-        work_cv_.Wait(&work_mu_);
-      }
+      while (!stop_ && work_.empty()) work_cv_.Wait(&work_mu_);
       if (stop_) return;  // the destructor returns what is left
       work = std::move(work_);
       work_ = LeaseWork{};
@@ -228,16 +267,24 @@ void MappedSession::LeaseLoop() {
                             returned.status().ToString());
       }
     }
+    if (!work.orphans.empty() && !current->broken_now()) {
+      // A daemon that still lives (the old stream ended, the daemon did not) takes an ended
+      // session's chunks back through the new one at once instead of at this process's exit;
+      // a restarted daemon does not know them and answers NOT_FOUND, which is fine.
+      (void)current->descriptors->Return(work.orphans, work.orphans_of);
+    }
+    if (work.end_session) current->Close();
     if (work.reconnect) {
       ReconnectAsync(current);
-    } else if (work.lease && !current->broken_now()) {
+    } else if (work.lease && !current->broken_now() && !ended_drained_) {
       LeaseAsync(current);
     }
-    if (work.lease) {
+    if (work.lease || work.reconnect) {
       {
         MutexLock lock(&work_mu_);
         leased_round_ = round;
       }
+      growing_ = false;
       slow_ = false;
       lease_cv_.SignalAll();
     }
@@ -246,7 +293,6 @@ void MappedSession::LeaseLoop() {
 
 void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
   StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
-  if (!answer.ok()) growing_ = false;  // nothing will be applied: the next shortage asks again
   if (!answer.ok() || !answer->status.ok()) {
     const Status st = answer.ok() ? answer->status : answer.status();
     if (!unavailable_logged_.exchange(true)) {
@@ -260,43 +306,62 @@ void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
   // Applied by the copier between two operations, to the table of the session it came from.
   auto came = std::make_shared<LeaseAnswer>(std::move(answer).value());
   copier_->Post([this, came, current](std::unique_ptr<LeaseTable>& table, bool) {
-    if (stream() != current) return true;  // a new session since: these chunks were its old one's
+    if (stream() != current || ended_drained_) return true;  // these chunks were the old one's
     Status first = Status::Ok();
     std::vector<uint64_t> give_back = Apply(*table, *came, &first);
     if (!first.ok()) Log("client")->warn("mapped session: lease: {}", first.ToString());
-    if (!give_back.empty()) Ask(LeaseWork{false, false, std::move(give_back)});
-    growing_ = false;
+    if (!give_back.empty()) {
+      LeaseWork work;
+      work.give_back = std::move(give_back);
+      Ask(std::move(work));
+    }
     return true;
   });
 }
 
 void MappedSession::ReconnectAsync(const std::shared_ptr<SessionStream>& current) {
+  const auto now = std::chrono::steady_clock::now();
+  auto not_now = [this] {
+    MutexLock lock(&work_mu_);
+    reconnecting_ = false;
+  };
+  if (now < next_attempt_) return not_now();  // no daemon answered a moment ago: do not hammer
   auto fresh = std::make_shared<std::shared_ptr<SessionStream>>();
   auto fresh_table = std::make_shared<std::unique_ptr<LeaseTable>>();
   Status st = Connect(fresh.get(), fresh_table.get());
   if (!st.ok()) {
-    if (!unavailable_logged_.exchange(true)) {
+    backoff_ = backoff_.count() == 0 ? kFirstReconnectBackoff
+                                     : std::min(2 * backoff_, kMaxReconnectBackoff);
+    next_attempt_ = now + backoff_;
+    if (!ended_drained_ && !unavailable_logged_.exchange(true)) {
       Log("client")->warn(
           "mapped session: cannot reconnect to stashd yet ({}); the step goes on with the "
           "chunks held",
           st.ToString());
     }
-    MutexLock lock(&work_mu_);
-    reconnecting_ = false;
-    return;
+    return not_now();
   }
+  backoff_ = std::chrono::milliseconds(0);
+  next_attempt_ = {};
   unavailable_logged_ = false;
   // The new session replaces the old at the first boundary with no stash live: the old chunks
-  // are unmapped then (their daemon is gone).
+  // are unmapped then, and go back through the new session (see LeaseLoop).
   copier_->Post([this, fresh, fresh_table, current](std::unique_ptr<LeaseTable>& table, bool live) {
     if (live) return false;
+    LeaseWork work;
+    work.orphans = table->ChunkIds();
+    work.orphans_of = current->welcome.session_id();
     table = std::move(*fresh_table);
     {
       MutexLock lock(&mu_);
       stream_ = std::move(*fresh);
     }
-    MutexLock lock(&work_mu_);
-    reconnecting_ = false;
+    ended_drained_ = false;
+    {
+      MutexLock lock(&work_mu_);
+      reconnecting_ = false;
+    }
+    if (!work.orphans.empty()) Ask(std::move(work));
     return true;
   });
 }
@@ -315,12 +380,18 @@ MappedSession::~MappedSession() {
   copier_.reset();
   std::shared_ptr<SessionStream> s = stream();
   std::vector<uint64_t> ids = table != nullptr ? table->ChunkIds() : std::vector<uint64_t>{};
+  LeaseWork left;
   {
     MutexLock lock(&work_mu_);
     ids.insert(ids.end(), work_.give_back.begin(), work_.give_back.end());
+    left.orphans = std::move(work_.orphans);
+    left.orphans_of = std::move(work_.orphans_of);
   }
   table.reset();  // unmapped before the daemon hears they are back
   if (!ids.empty() && !s->broken_now()) (void)s->descriptors->Return(ids);
+  if (!left.orphans.empty() && !s->broken_now()) {
+    (void)s->descriptors->Return(left.orphans, left.orphans_of);
+  }
   s->Close();
 }
 
@@ -409,6 +480,20 @@ StatusOr<uint64_t> MappedSession::Unregister(const HostBuffer& buffer) {
   return copier_->Submit(CopyOp{});
 }
 
-StatusOr<SessionStats> MappedSession::Stats() { return stream()->Stats(); }
+StatusOr<SessionStats> MappedSession::Stats() {
+  std::shared_ptr<SessionStream> s = stream();
+  if (ended_drained_) {
+    return UnavailableError("no session is open with stashd on " + socket_ +
+                            ": it drained, and the session ended once every stash was back; "
+                            "the next BeginStep opens one once it takes sessions again");
+  }
+  if (s->broken_now()) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    return UnavailableError(s->broken_status.message() +
+                            "; the next BeginStep with no stash live opens a new session once a "
+                            "daemon answers");
+  }
+  return s->Stats();
+}
 
 }  // namespace stash

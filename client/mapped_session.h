@@ -43,7 +43,9 @@ class MappedSession {
   StatusOr<uint64_t> Release(uint64_t ticket);
   // Local: the flags reset at once; in stream order the control block's step rolls over and
   // (automatic lease) the lease is resized; with the daemon gone and no stash live, the session
-  // reconnects and leases afresh.
+  // reconnects and leases afresh (and returns the old chunks when the same daemon still lives);
+  // while the daemon drains (kDaemonDraining) and no stash is live, the session gives its chunks
+  // back and ends, and stashes stay with the caller until a later step reconnects.
   StatusOr<uint64_t> BeginStep(uint64_t step);
   // Nothing to tell the daemon (it never maps the rank's buffers): answered OK in order.
   StatusOr<uint64_t> Unregister(const HostBuffer& buffer);
@@ -55,8 +57,8 @@ class MappedSession {
   // The daemon's view (it reads the control block), as Client::Stats.
   StatusOr<SessionStats> Stats();
 
-  // The Welcome of the session Open made (a reconnect keeps showing it).
-  const v1::Welcome& welcome() const { return welcome_; }
+  // The Welcome of the live session (a reconnect replaces it).
+  v1::Welcome welcome() const { return stream()->welcome; }
   const std::string& socket() const { return socket_; }
 
  private:
@@ -70,8 +72,13 @@ class MappedSession {
   // comes back between two operations (Copier::Post).
   struct LeaseWork {
     bool lease = false;               // an automatic lease for the step just begun
-    bool reconnect = false;           // the stream broke and no stash is live
+    bool reconnect = false;           // the stream broke (or ended drained), no stash is live
+    bool end_session = false;         // drained: end the session after giving back
     std::vector<uint64_t> give_back;  // chunk ids no stash uses any more
+    // Chunks of an ended session of this process (`orphans_of`), returned through the new one.
+    std::vector<uint64_t> orphans;
+    std::string orphans_of;
+    bool empty() const;
   };
   // LeaseChunks (automatic, or Options.lease when `fixed`) into `table` (not the copier's yet):
   // maps what comes, returns what the daemon wants back and holds no stash. The first error.
@@ -88,36 +95,47 @@ class MappedSession {
   // The copier's hook when the lease is short mid-step (copier thread): one automatic lease,
   // sized by the daemon from the step so far.
   void OnOutgrown();
+  // OnStep while the daemon drains and no stash is live (copier thread): swaps in a table with
+  // no chunk that says "draining" (stashes stay with the caller), and hands the chunks and the
+  // session's end to the lease thread.
+  void EndDrained(std::unique_ptr<LeaseTable>& table, const std::shared_ptr<SessionStream>& old,
+                  std::vector<uint64_t> give_back);
   // Adds `work` to what the lease thread does next (any thread); returns the lease round it
-  // joins (0 when it asks no lease).
+  // joins (0 when it asks neither a lease nor a reconnect).
   uint64_t Ask(LeaseWork work);
   void LeaseLoop();
   // One automatic lease, then its answer posted to the copier (lease thread).
   void LeaseAsync(const std::shared_ptr<SessionStream>& current);
-  // A new session, posted to the copier to replace the old once no stash is live.
+  // A new session (attempts back off while no daemon takes one), posted to the copier to
+  // replace the old once no stash is live; the old table's chunks go back through it.
   void ReconnectAsync(const std::shared_ptr<SessionStream>& current);
 
   const Options options_;
-  v1::Welcome welcome_;  // never changes after Open
-  std::string socket_;   // never changes after Open
+  std::string socket_;  // never changes after Open
   mutable Mutex mu_;
   std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> unavailable_logged_{false};
-  std::atomic<bool> growing_{false};  // a mid-step lease is asked and not applied yet
-  std::unique_ptr<Copier> copier_;    // set in Open
+  std::atomic<bool> growing_{false};  // a mid-step lease is asked and not answered yet
+  // The session ended after a drain (no daemon session until a reconnect).
+  std::atomic<bool> ended_drained_{false};
+  std::unique_ptr<Copier> copier_;  // set in Open
 
-  // How long a BeginStep waits for its automatic lease before the step goes on without it.
+  // How long a BeginStep waits for its automatic lease (or a new session) before the step goes
+  // on without it.
   static constexpr std::chrono::milliseconds kStepLeaseWait{50};
 
   Mutex work_mu_;
   CondVar work_cv_;
   CondVar lease_cv_;                                     // leased_round_ moved
-  uint64_t asked_round_ ABSL_GUARDED_BY(work_mu_) = 0;   // leases asked so far
+  uint64_t asked_round_ ABSL_GUARDED_BY(work_mu_) = 0;   // leases and reconnects asked so far
   uint64_t leased_round_ ABSL_GUARDED_BY(work_mu_) = 0;  // the last round answered (or failed)
   std::atomic<bool> slow_{false};  // a BeginStep's lease did not come in time: stop waiting
   LeaseWork work_ ABSL_GUARDED_BY(work_mu_);
   bool reconnecting_ ABSL_GUARDED_BY(work_mu_) = false;  // a new session is on its way
   bool stop_ ABSL_GUARDED_BY(work_mu_) = false;
+  // Lease thread only: when the next reconnect may be tried, and the wait after that one.
+  std::chrono::steady_clock::time_point next_attempt_{};
+  std::chrono::milliseconds backoff_{0};
   std::thread lease_thread_;  // started in Open, after copier_
 };
 

@@ -7,6 +7,7 @@
 #include "client/tier_stats.h"
 #include "common/socket_path.h"
 #include "common/socket_probe.h"
+#include "common/text.h"
 #include "common/version.h"
 
 namespace stash {
@@ -90,7 +91,7 @@ SessionStream::MemoryDesc SessionStream::HostMemory(const HostBuffer& buffer) {
 }
 
 StatusOr<std::unique_ptr<SessionStream>> SessionStream::Open(const Options& options, v1::Mode mode,
-                                                             std::unique_ptr<CudaSide> cuda) {
+                                                             std::shared_ptr<CudaSide> cuda) {
   auto stream = std::make_unique<SessionStream>();
   SessionStream* raw = stream.get();
   raw->backend = options.backend;
@@ -165,6 +166,48 @@ StatusOr<std::unique_ptr<SessionStream>> SessionStream::Open(const Options& opti
                                                          raw->welcome.descriptor_secret());
   lock.unlock();
   return stream;
+}
+
+StatusOr<Completion> SessionStream::Wait(uint64_t op, int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu);
+  auto it = pending.find(op);
+  if (it == pending.end()) {
+    return NotFoundError("operation " + std::to_string(op) +
+                         " is not pending: unknown here, or its answer was already handed out");
+  }
+  auto ready = [&] {
+    auto found = pending.find(op);
+    return found == pending.end() || found->second.answered || broken;
+  };
+  if (timeout_ms < 0) {
+    cv.wait(lock, ready);
+  } else if (!cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
+    return DeadlineExceededError("operation " + std::to_string(op) + " not answered within " +
+                                 std::to_string(timeout_ms) + " ms");
+  }
+  it = pending.find(op);
+  if (it == pending.end()) {
+    return NotFoundError("operation " + std::to_string(op) +
+                         " is not pending: its answer was handed to another waiter");
+  }
+  Pending p = std::move(it->second);
+  pending.erase(it);
+  if (!p.answered) {
+    if (p.kind == Completion::Kind::kReload) {
+      return UnavailableError(LostStash(p.ticket, broken_status.message()));
+    }
+    return broken_status;
+  }
+  if (!p.status.ok()) return p.status;
+  return p.completion;
+}
+
+std::string SessionStream::LostStash(uint64_t ticket, const std::string& why) const {
+  return "the rows of ticket " + Hex(ticket) + " are lost: they were stashed in session " +
+         welcome.session_id() + " of stashd on " + socket +
+         ", which went away (the daemon died, restarted or stopped) after the stash (" + why +
+         "); nothing was written to the destination. Rerun the step with the stash off "
+         "(stashd.torch.overflow_guard does); the next BeginStep reconnects";
 }
 
 SessionStream::~SessionStream() { Close(); }

@@ -51,7 +51,7 @@ struct SessionStream final
   // else null) names the device. UNAVAILABLE / PERMISSION_DENIED / the daemon's refusal as
   // Client::Open documents them.
   static StatusOr<std::unique_ptr<SessionStream>> Open(const Options& options, v1::Mode mode,
-                                                       std::unique_ptr<CudaSide> cuda);
+                                                       std::shared_ptr<CudaSide> cuda);
   // Ends the session (Close()).
   ~SessionStream() override;
   // Ends the stream: a half-close that waits (bounded) until the daemon finished the session's
@@ -64,6 +64,52 @@ struct SessionStream final
     std::lock_guard<std::mutex> lock(mu);
     return broken;
   }
+  // Whether the daemon said it drains (a DaemonState message; stashctl drain, undrain).
+  bool draining_now() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return draining;
+  }
+  // Whether a stash is answered by the library (kept by the caller, no flag): the daemon drains,
+  // and the stream lives or broke with nothing of ours lost. A stream that broke holding stashes
+  // lost them: stashes fail UNAVAILABLE there, so the step is flagged.
+  bool keeps_stashes() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return draining && (!broken || live.empty());
+  }
+  // Draining, and nothing is left to wait for: no stash live, no operation pending. Such a
+  // session may end: the rank lost nothing.
+  bool drained_now() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return draining && !broken && live.empty() && pending.empty();
+  }
+  // Whether `op` is an operation of this stream not yet handed out.
+  bool holds(uint64_t op) const {
+    std::lock_guard<std::mutex> lock(mu);
+    return pending.count(op) != 0;
+  }
+  // Whether any operation of this stream is not yet handed out.
+  bool holds_any() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return !pending.empty();
+  }
+  // Whether Wait(op) would return at once: `op` is answered, unknown, or the stream broke.
+  bool answered_now(uint64_t op) const {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = pending.find(op);
+    return it == pending.end() || it->second.answered || broken;
+  }
+  // Whether `ticket` is a stash this session holds (answered, not yet reloaded or released).
+  bool holds_stash(uint64_t ticket) const {
+    std::lock_guard<std::mutex> lock(mu);
+    return live.count(ticket) != 0;
+  }
+  // As Client::Wait, for an operation of this stream. A reload the broken session never
+  // answered fails UNAVAILABLE with LostStash's words.
+  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms);
+  // The error text of a reload or release of `ticket`, a stash of this session, once the
+  // session is gone: names the ticket, the session, that the daemon went away after the stash,
+  // and `why` (the stream's own status).
+  std::string LostStash(uint64_t ticket, const std::string& why) const;
 
   // An operation's done event, which the library also raises itself: once the operation is
   // answered, or when the session breaks. So a stream waiting on it goes on even when the daemon
@@ -97,6 +143,7 @@ struct SessionStream final
   struct Pending {
     Completion::Kind kind = Completion::Kind::kStash;
     uint64_t epoch = 0;                // the step it was sent in
+    uint64_t ticket = 0;               // reload, release: the stash it names
     uint64_t memory_id = 0;            // register ops
     std::vector<uint64_t> memory_ids;  // the memory the op names (registered just before it)
     bool internal = false;             // nobody waits: register / unregister bookkeeping
@@ -189,7 +236,8 @@ struct SessionStream final
 
   // Never change after Open().
   Backend backend = Backend::kHost;
-  std::unique_ptr<CudaSide> cuda;  // cuda backend only
+  // Cuda backend only; shared by the sessions of one Client (a reconnect keeps it).
+  std::shared_ptr<CudaSide> cuda;
   std::string socket;
   std::unique_ptr<DescriptorChannel> descriptors;  // set once welcomed
   std::shared_ptr<grpc::Channel> channel;
@@ -211,10 +259,14 @@ struct SessionStream final
   // it fails with that reason, not the daemon's later "not registered". Guarded by mu.
   std::unordered_map<uint64_t, Status> register_refused;
   std::map<DoneKey, DoneQueue> done_queues;  // guarded by mu
-  uint64_t epoch = 0;                        // guarded by mu
-  StepFlags flags;                           // guarded by mu
-  bool welcomed = false;                     // guarded by mu
-  bool hold_removed = false;                 // guarded by mu
+  // Tickets of the stashes this session holds (answered in a tier, not yet reloaded or
+  // released): what is lost when the session breaks. Guarded by mu.
+  std::unordered_set<uint64_t> live;
+  bool draining = false;      // guarded by mu: the daemon's last DaemonState said it drains
+  uint64_t epoch = 0;         // guarded by mu
+  StepFlags flags;            // guarded by mu
+  bool welcomed = false;      // guarded by mu
+  bool hold_removed = false;  // guarded by mu
 
   // Queues requests in order (lock held, so batches of different threads stay apart). Returns
   // whether the caller must Kick the writer after unlocking; false with `accepted` false when
@@ -298,6 +350,8 @@ struct SessionStream final
       p.kind = kind;
       p.epoch = epoch;
       for (const MemoryDesc& m : memories) p.memory_ids.push_back(m.id);
+      if (request.has_reload()) p.ticket = request.reload().ticket();
+      if (request.has_release()) p.ticket = request.release().ticket();
       TrackDoneLocked(id, std::move(done_event), p);
       pending.emplace(id, p);
       batch.push_back(std::move(request));
@@ -351,6 +405,11 @@ struct SessionStream final
 
   void Dispatch(const v1::SessionResponse& r) {
     std::lock_guard<std::mutex> lock(mu);
+    if (r.request_id() == 0) {
+      // Told by the daemon, not an answer: its drain state.
+      if (r.has_daemon_state()) draining = r.daemon_state().draining();
+      return;
+    }
     auto it = pending.find(r.request_id());
     if (it == pending.end()) return;  // an answer nobody tracks (cannot happen with our ids)
     Pending& p = it->second;
@@ -385,8 +444,10 @@ struct SessionStream final
           if (c.tier == Tier::kOverflow) flags.overflow = true;
           if (c.tier == Tier::kHost) flags.spilled = true;
         }
+        if (p.status.ok() && c.tier != Tier::kOverflow) live.insert(r.request_id());
         break;
       case v1::SessionResponse::kReload:
+        if (p.status.ok()) live.erase(p.ticket);
         c.ticket = r.reload().ticket();
         c.tier = FromProtoTier(r.reload().tier());
         c.rows = r.reload().rows();
@@ -394,8 +455,19 @@ struct SessionStream final
         c.latency_us = r.reload().latency_us();
         break;
       case v1::SessionResponse::kRelease:
+        if (p.status.ok()) live.erase(p.ticket);
         c.ticket = r.release().ticket();
         c.pages = r.release().pages();
+        break;
+      case v1::SessionResponse::kDaemonState:
+        // A stash the daemon refused because it drains: kept by the caller, as the library
+        // answers stashes itself while draining; not an overflow (nothing was lost).
+        draining = r.daemon_state().draining();
+        if (p.kind == Completion::Kind::kStash && draining) {
+          p.status = Status::Ok();
+          c.ticket = r.request_id();
+          c.tier = Tier::kOverflow;
+        }
         break;
       case v1::SessionResponse::kBeginStep:
         c.step_overflow = r.begin_step().overflow();

@@ -135,6 +135,8 @@ void ControlBlock::SetDraining(bool draining) {
   k::ControlStore(block_->daemon_flags, draining ? k::kDaemonDraining : 0);
 }
 
+uint64_t ControlBlock::daemon_flags() const { return k::ControlLoad(block_->daemon_flags); }
+
 uint64_t ControlBlock::RequestReturn(const std::array<uint64_t, k::kLeaseTiers>& target_pages) {
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
     k::ControlStore(block_->return_target_pages[t], target_pages[t]);

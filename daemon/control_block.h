@@ -92,6 +92,8 @@ class ControlBlock {
   // The daemon's own line, read by the rank at each BeginStep.
   // Sets or clears kDaemonDraining.
   void SetDraining(bool draining);
+  // The daemon's own line as it stands (kDaemonDraining).
+  uint64_t daemon_flags() const;
   // Asks the rank to give back chunks no stash uses until it holds at most `target_pages` per
   // tier; returns the request's number (ControlView::return_done reaches it once acted on).
   uint64_t RequestReturn(const std::array<uint64_t, kernels::kLeaseTiers>& target_pages);

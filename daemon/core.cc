@@ -310,6 +310,9 @@ void DaemonCore::HandleRequest(const std::shared_ptr<Session>& session,
     r.set_request_id(request.request_id());
     r.set_code(static_cast<int>(status.code()));
     r.set_message(status.message());
+    // A stash refused by the drain says so: the client keeps it without flagging the step (the
+    // DaemonState message may not have reached it yet).
+    if (draining() && request.has_stash()) r.mutable_daemon_state()->set_draining(true);
     session->Send(std::move(r));
     return;
   }

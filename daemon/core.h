@@ -110,6 +110,8 @@ class DaemonCore {
   bool draining() const { return draining_.load(std::memory_order_relaxed); }
   // What is left: sessions connected, and stashes held plus requests in flight over all of them.
   uint64_t SessionsLive();
+  // Daemon-copy sessions' stashes from their counters, mapped sessions' from their control
+  // blocks.
   uint64_t StashesLive();
 
   stash::v1::Backend backend() const { return backend_; }
@@ -125,6 +127,9 @@ class DaemonCore {
   DaemonCore(const DaemonConfig& config, stash::v1::Backend backend, std::string socket_path);
 
   stash::v1::SessionStats SessionRow(Session& s);
+  // Tells every session the drain state: a DaemonState message on each stream, the flag in
+  // each mapped control block.
+  void TellSessions(bool draining);
   // A mapped session's lease and counters (from its control block, clamped).
   void MappedRow(Session& s, stash::v1::SessionStats* row);
 

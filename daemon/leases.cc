@@ -160,8 +160,10 @@ Leases::Holder* Leases::FindOrCreate(const LeaseHolder& who, Status* status) {
   holder->rank = who.rank;
   holder->hello_pid = who.hello_pid;
   holder->label = who.label;
+  holder->pid = who.pid;
   holder->pidfd = std::move(pidfd);
   holder->control = std::move(control).value();
+  if (draining_) holder->control->SetDraining(true);
   Holder* raw = holder.get();
   holders_[who.session_id] = std::move(holder);
   Wake();  // a new pidfd to watch
@@ -467,6 +469,9 @@ DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& r
   MutexLock lock(&mu_);
   auto it = holders_.find(who.session_id);
   Holder* h = it != holders_.end() ? it->second.get() : nullptr;
+  // Chunks an ended session of the same process (pid and uid) left orphaned: a reconnected
+  // rank gives them back now instead of at its exit.
+  if (!request.ended_session_id().empty()) return ReturnOrphans(who, request);
   // Every id first: an id is trusted only once it names a chunk this session holds.
   for (uint64_t id : request.chunk_ids()) {
     const uint64_t tier = id >> 32;
@@ -486,6 +491,42 @@ DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& r
   }
   DescriptorReply reply;
   reply.last.set_chunks_returned(static_cast<uint64_t>(request.chunk_ids_size()));
+  return reply;
+}
+
+DescriptorReply Leases::ReturnOrphans(const LeaseHolder& who, const v1::ReturnChunks& request) {
+  const std::string& ended = request.ended_session_id();
+  auto it = holders_.find(ended);
+  Holder* old = it != holders_.end() ? it->second.get() : nullptr;
+  if (old == nullptr || !old->ended || old->pid != who.pid || old->uid != who.uid) {
+    return NotFoundError("session " + ended.substr(0, 64) +
+                         " is not an ended session of this process holding chunks: return "
+                         "only chunks of this process's own earlier session (nothing was "
+                         "returned)");
+  }
+  for (uint64_t id : request.chunk_ids()) {
+    const uint64_t tier = id >> 32;
+    const uint64_t chunk = id & 0xffffffffu;
+    const bool orphan = tier < chunks_.size() && chunk < chunks_[tier].size() &&
+                        chunks_[tier][chunk].state == State::kOrphaned &&
+                        chunks_[tier][chunk].holder == ended;
+    if (!orphan) {
+      return NotFoundError("chunk " + std::to_string(id) + " is not orphaned by session " + ended +
+                           " (nothing was returned)");
+    }
+  }
+  for (uint64_t id : request.chunk_ids()) {
+    for (auto& list : old->held) list.erase(std::remove(list.begin(), list.end(), id), list.end());
+    PutBack(id >> 32, id & 0xffffffffu, old->uid);
+  }
+  const auto returned = static_cast<uint64_t>(request.chunk_ids_size());
+  const bool holds_none = std::all_of(old->held.begin(), old->held.end(),
+                                      [](const std::vector<uint64_t>& l) { return l.empty(); });
+  if (holds_none) Drop(ended);  // as at its process's exit
+  Log("pool")->info("session {}: {} chunks its process's ended session {} left were returned",
+                    who.session_id, returned, ended);
+  DescriptorReply reply;
+  reply.last.set_chunks_returned(returned);
   return reply;
 }
 
@@ -699,6 +740,27 @@ void Leases::SampleHolder(Holder& h) {
   a.allow_host_spill = h.allow_host_spill;
   a.step = now.step;
   listener_(a);
+}
+
+void Leases::SetDraining(bool draining) {
+  MutexLock lock(&mu_);
+  draining_ = draining;
+  for (auto& [id, h] : holders_) h->control->SetDraining(draining);
+}
+
+uint64_t Leases::StashesLive(const std::string& session_id) {
+  std::vector<v1::LeaseStats> rows;
+  ControlView view;
+  if (!Describe(session_id, &rows, &view)) return 0;
+  uint64_t live = 0;
+  for (const ControlTierView& t : view.tiers) live += t.stashes_live;
+  return live;
+}
+
+uint64_t Leases::DaemonFlags(const std::string& session_id) {
+  MutexLock lock(&mu_);
+  auto it = holders_.find(session_id);
+  return it == holders_.end() ? 0 : it->second->control->daemon_flags();
 }
 
 size_t Leases::holders() {

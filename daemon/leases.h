@@ -125,8 +125,16 @@ class Leases {
   DescriptorReply Lease(const LeaseHolder& who, const stash::v1::LeaseChunks& request);
   // Takes back chunks the session holds; NOT_FOUND (nothing returned) for any other id.
   DescriptorReply Return(const LeaseHolder& who, const stash::v1::ReturnChunks& request);
-  // The session's stream ended: its chunks stay orphaned until its process exits.
+  // The session's stream ended: its chunks stay orphaned until its process exits, or until a
+  // later session of the same process (pid and uid) returns them.
   void SessionEnded(const std::string& session_id);
+  // Sets or clears kDaemonDraining in every holder's control block, and in those created from
+  // now on (stashctl drain, undrain).
+  void SetDraining(bool draining);
+  // The stashes a session's control block says are live (clamped; 0 for an unknown session).
+  uint64_t StashesLive(const std::string& session_id);
+  // The daemon_flags of a session's control block (0 for an unknown session), for tests.
+  uint64_t DaemonFlags(const std::string& session_id);
 
   // Stats of one tier (by pointer) and of one session; false when the session leased nothing.
   struct TierCounts {
@@ -159,6 +167,7 @@ class Leases {
     int pool = 0;
     bool allow_host_spill = false;
     uint32_t uid = 0;
+    int64_t pid = 0;  // the leasing process (its later sessions may return orphaned chunks)
     UniqueFd pidfd;
     std::unique_ptr<ControlBlock> control;
     bool ended = false;      // the stream ended: chunks are orphaned
@@ -183,6 +192,9 @@ class Leases {
   // next step (once, until it holds no more than its aim).
   void AskForReturns(const Holder& wanting, uint32_t lease_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Holder* FindOrCreate(const LeaseHolder& who, Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Return with ended_session_id set: chunks an ended session of who's process left orphaned.
+  DescriptorReply ReturnOrphans(const LeaseHolder& who, const stash::v1::ReturnChunks& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t HeldPages(const Holder& h, uint32_t lease_tier) const;
   // `h`'s control block, clamped to `held` (its pages per tier) and the quota.
   ControlView ReadControl(const Holder& h,
@@ -229,6 +241,7 @@ class Leases {
   RateLimiter share_log_{1, std::chrono::seconds(10)};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void(const MappedActivity&)> listener_;  // set before the first Lease
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;           // control blocks are created draining
   std::thread reaper_;
 };
 

@@ -101,6 +101,12 @@ class Rank {
 
     // Every stash was reloaded: the session must hold nothing now.
     StatusOr<SessionStats> stats = client_->Stats();
+    if (!stats.ok() && stats.status().code() == StatusCode::kUnavailable) {
+      // stashd drained (SIGTERM, stashctl drain) or stopped after the last reload: this rank's
+      // session ended once its last stash was back (every reload above succeeded), so there is
+      // no session left to ask, and it held nothing.
+      return Status::Ok();
+    }
     if (!stats.ok()) return Prefixed(-1, stats.status());
     if (stats->stashes_live != 0 || stats->pages_live != 0) {
       return Prefixed(

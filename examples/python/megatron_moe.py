@@ -185,9 +185,13 @@ def main(argv=None) -> int:
             ref_optimizer.zero_grad(set_to_none=True)
             reference(batch).pow(2).mean().backward()
             ref_optimizer.step()
-    stats = client.stats()
-    print(f"{args.steps} steps, {args.layers} layers: {stats.stashes} stashes, "
-          f"{stats.reloads} reloads, {stats.overflows} overflows, {reran} reruns")
+    try:
+        # The live session's counters: after a daemon restart mid-run, the new session's.
+        stats = client.stats()
+        print(f"{args.steps} steps, {args.layers} layers: {stats.stashes} stashes, "
+              f"{stats.reloads} reloads, {stats.overflows} overflows, {reran} reruns")
+    except stashd.StashError as e:  # no session right now: the daemon is gone or drained
+        print(f"{args.steps} steps, {args.layers} layers: no stats ({e}), {reran} reruns")
     if reference is not None:
         for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
             if not torch.equal(a, b):

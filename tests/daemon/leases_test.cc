@@ -327,6 +327,68 @@ TEST_F(LeasesTest, OrphanedChunksComeBackWhenTheProcessExits) {
   EXPECT_TRUE(host_->RingIsPermutation());
 }
 
+// A rank that reconnected to the same daemon (its stream ended, its process lives) returns the
+// chunks its ended session left through its new session at once; only its own process's
+// (pid and uid) and only that session's orphans; nothing of another session.
+TEST_F(LeasesTest, ALaterSessionOfTheSameProcessReturnsItsEndedSessionsOrphans) {
+  Build();
+  const Granted a = Want(Holder("a"), {{v1::TIER_DEVICE, 8}, {v1::TIER_HOST, 4}});
+  ASSERT_TRUE(a.status.ok());
+  std::vector<uint64_t> ids;
+  for (const auto& c : a.chunks) ids.push_back(c.chunk_id());
+  ASSERT_EQ(ids.size(), 3u);
+  leases_->SessionEnded("a");
+  ASSERT_EQ(leases_->Counts(pools_[0].get()).orphaned, 2u);
+  const Granted b = Want(Holder("b"), {{v1::TIER_DEVICE, 4}});
+  ASSERT_TRUE(b.status.ok());
+
+  auto orphans = [&](const LeaseHolder& who, const std::string& ended,
+                     const std::vector<uint64_t>& chunk_ids) {
+    v1::ReturnChunks request;
+    for (uint64_t id : chunk_ids) request.add_chunk_ids(id);
+    request.set_ended_session_id(ended);
+    return leases_->Return(who, request);
+  };
+  // Another process (pid) or user may not; a session that did not end may not be named; a
+  // chunk of another session is not an orphan of "a". Nothing is returned by any of them.
+  EXPECT_EQ(orphans(Holder("b", getpid() + 1), "a", ids).status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(orphans(Holder("b", getpid(), 2000), "a", ids).status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(orphans(Holder("a"), "b", {b.chunks[0].chunk_id()}).status.code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(orphans(Holder("b"), "a", {ids[0], b.chunks[0].chunk_id()}).status.code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 2u);
+  // Plain Return still takes only the session's own chunks.
+  EXPECT_EQ(Return(Holder("b"), {ids[0]}).code(), StatusCode::kNotFound);
+
+  const DescriptorReply back = orphans(Holder("b"), "a", ids);
+  ASSERT_TRUE(back.status.ok()) << back.status.ToString();
+  EXPECT_EQ(back.last.chunks_returned(), 3u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 0u);
+  EXPECT_EQ(leases_->Counts(host_.get()).orphaned, 0u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).leased, 1u);  // b's own chunk stays
+  EXPECT_EQ(pools_[0]->chunks_free(), 7u);
+  EXPECT_EQ(host_->chunks_free(), 8u);
+  EXPECT_EQ(leases_->holders(), 1u);  // "a" is forgotten, as at its process's exit
+  EXPECT_TRUE(pools_[0]->RingIsPermutation());
+  // Not twice.
+  EXPECT_EQ(orphans(Holder("b"), "a", ids).status.code(), StatusCode::kNotFound);
+}
+
+// Drain sets kDaemonDraining in every holder's control block, and in blocks created while it
+// lasts; undrain clears it.
+TEST_F(LeasesTest, DrainingIsInEveryControlBlock) {
+  Build();
+  ASSERT_TRUE(Want(Holder("a"), {{v1::TIER_DEVICE, 4}}).status.ok());
+  leases_->SetDraining(true);
+  ASSERT_TRUE(Want(Holder("b"), {{v1::TIER_DEVICE, 4}}).status.ok());
+  for (const char* id : {"a", "b"}) {
+    EXPECT_EQ(leases_->DaemonFlags(id) & kernels::kDaemonDraining, kernels::kDaemonDraining) << id;
+  }
+  leases_->SetDraining(false);
+  for (const char* id : {"a", "b"}) EXPECT_EQ(leases_->DaemonFlags(id), 0u) << id;
+}
+
 TEST_F(LeasesTest, AutoGrowsToTheStepsDemandAndShrinksOnlyAfterThreeSteps) {
   Build();
   const LeaseHolder h = Holder("a");

@@ -393,7 +393,14 @@ TEST(Lifecycle, SigtermWithAnOpenSessionStillStopsWithinFiveSeconds) {
   EXPECT_EQ(code, 0) << daemon.process().Stderr();
   EXPECT_FALSE(Exists(daemon.socket()));
   v1::SessionResponse more;
-  EXPECT_FALSE(stream->Read(&more));  // the daemon ended the stream
+  // The drain told the session first (DaemonState, request_id 0); then the daemon ended it.
+  int told = 0;
+  while (stream->Read(&more)) {
+    ASSERT_TRUE(more.has_daemon_state() && more.request_id() == 0) << more.DebugString();
+    EXPECT_TRUE(more.daemon_state().draining());
+    ++told;
+  }
+  EXPECT_EQ(told, 1);
   EXPECT_FALSE(stream->Finish().ok());
 }
 

@@ -144,11 +144,12 @@ Lease AskLease(int c, const std::string& session_id, const std::string& secret,
 }
 
 int AskReturn(int c, const std::string& session_id, const std::string& secret,
-              const std::vector<uint64_t>& ids) {
+              const std::vector<uint64_t>& ids, const std::string& ended_session = "") {
   v1::DescriptorRequest request;
   request.set_session_id(session_id);
   request.set_session_secret(secret);
   for (uint64_t id : ids) request.mutable_return_chunks()->add_chunk_ids(id);
+  if (!ended_session.empty()) request.mutable_return_chunks()->set_ended_session_id(ended_session);
   if (!SendPacket(c, request.SerializeAsString(), {}).ok()) return -1;
   if (!WaitReadable(c, 10000 * TimeScale()).ok()) return -1;
   auto packet = ReceivePacket(c);
@@ -159,7 +160,9 @@ int AskReturn(int c, const std::string& session_id, const std::string& secret,
 
 // A forked process that holds chunks: it waits for the session's id and secret, leases
 // `pages` device pages, maps and writes every chunk, and reports how many it got; then it
-// obeys one-byte commands: 'r' returns its chunks (reports the code), 'q' exits. Syscalls and
+// obeys one-byte commands: 'r' returns its chunks (reports the code), 'o' then a new session's
+// id and secret returns them through that session as its first session's orphans (reports the
+// code), 'q' exits. Syscalls and
 // protobuf only: safe in a child of a gRPC process.
 class Holder {
  public:
@@ -189,6 +192,12 @@ class Holder {
   // Hands over the welcome; returns the chunks the holder leased (-1 on failure).
   int Start(const v1::Welcome& welcome) {
     const std::string msg = welcome.session_id() + welcome.descriptor_secret();
+    if (write(to_.get(), msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) return -1;
+    return Report();
+  }
+  // 'o': returns the chunks through the session of `welcome`, as orphans of the first session.
+  int ReturnOrphansVia(const v1::Welcome& welcome) {
+    const std::string msg = "o" + welcome.session_id() + welcome.descriptor_secret();
     if (write(to_.get(), msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) return -1;
     return Report();
   }
@@ -239,6 +248,17 @@ class Holder {
       char cmd = 0;
       if (read(in, &cmd, 1) != 1 || cmd == 'q') return 0;
       if (cmd == 'r') report(AskReturn(c.get(), id, secret, lease.ids));
+      if (cmd == 'o') {
+        char next[64];
+        size_t n = 0;
+        while (n < sizeof(next)) {
+          const ssize_t r = read(in, next + n, sizeof(next) - n);
+          if (r <= 0) return 1;
+          n += static_cast<size_t>(r);
+        }
+        report(
+            AskReturn(c.get(), std::string(next, 32), std::string(next + 32, 32), lease.ids, id));
+      }
     }
   }
 
@@ -351,6 +371,28 @@ TEST(MappedLeases, ChunksStayOrphanedAfterTheStreamClosesUntilTheProcessExits) {
   t = Gpu0(daemon.socket());
   EXPECT_EQ(t.chunks_orphaned(), 0u);
   EXPECT_EQ(t.pages_used(), 0u);
+}
+
+// A rank whose stream ended while the daemon and the rank live (it reconnected): its new
+// session returns the chunks the first one left orphaned, at once, not at the rank's exit.
+TEST(MappedLeases, ALaterSessionOfTheSameProcessReturnsTheEndedSessionsOrphans) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  Holder holder(daemon.socket() + ".fd", 8);
+  auto first = std::make_unique<RawSession>(daemon.socket(), holder.pid(), v1::MODE_MAPPED);
+  ASSERT_EQ(holder.Start(first->welcome()), 2);
+  first.reset();  // the stream ends; the holder lives on
+  const auto limit = std::chrono::seconds(10 * TimeScale());
+  ASSERT_LT(Await(limit, [&] { return Gpu0(daemon.socket()).chunks_orphaned() == 2; }), limit);
+  RawSession second(daemon.socket(), holder.pid(), v1::MODE_MAPPED);
+  ASSERT_FALSE(second.welcome().session_id().empty());
+  EXPECT_EQ(holder.ReturnOrphansVia(second.welcome()), 0);
+  const v1::TierStats t = Gpu0(daemon.socket());  // the holder still lives
+  EXPECT_EQ(t.chunks_orphaned(), 0u);
+  EXPECT_EQ(t.chunks_free(), 32u);
+  EXPECT_EQ(t.pages_used(), 0u);
+  holder.Command('q');
+  holder.Reap();
 }
 
 TEST(MappedLeases, ChunksOfASigkilledHolderAreFreeWithinASecond) {

@@ -152,6 +152,10 @@ STASH_EXPORT int stash_wait(stash_client_t* client, uint64_t op, int64_t timeout
 /* Like stash_wait without blocking: returns -1 while op is in flight. */
 STASH_EXPORT int stash_poll(stash_client_t* client, uint64_t op, stash_completion_t* out);
 STASH_EXPORT int stash_step_flags(stash_client_t* client, int* overflow, int* spilled);
+/* *lost = 1 when the session broke holding stashes of the current step or before (daemon-copy:
+ * the daemon died, restarted or stopped; their reloads fail UNAVAILABLE: rerun the step; the
+ * next stash_begin_step reconnects). Always 0 in mapped mode. */
+STASH_EXPORT int stash_step_lost(stash_client_t* client, int* lost);
 
 typedef struct stash_stats {
   uint64_t page_bytes;
@@ -163,6 +167,15 @@ typedef struct stash_stats {
   uint64_t stashes_live, pages_live;
 } stash_stats_t;
 STASH_EXPORT int stash_get_stats(stash_client_t* client, stash_stats_t* out);
+
+/* The live session: its id (NUL-terminated) and the pool geometry of its Welcome. After a
+ * reconnect (a daemon that died, restarted or drained; both modes) the new session's; while a
+ * drained client holds none, the last one's. Answered here, no round trip. */
+typedef struct stash_session_info {
+  char session_id[64];
+  uint64_t page_bytes, pool_pages, host_tier_pages;
+} stash_session_info_t;
+STASH_EXPORT int stash_get_session(stash_client_t* client, stash_session_info_t* out);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,14 @@
 // A client keeps its activation until the daemon confirms the copy: on OVERFLOW nothing was
 // taken and the caller keeps using its own buffer. When the daemon goes away, every pending and
 // later call fails fast with UNAVAILABLE and a message naming the socket; the caller's buffers
-// are never touched by the library.
+// are never touched by the library. The next BeginStep reconnects once a daemon answers (both
+// modes; attempts back off up to 1 s while none does). In daemon-copy mode the stashes the gone
+// session held are lost: their Reload / Release fail at once with UNAVAILABLE naming the ticket
+// and that the daemon went away after the stash (mapped mode loses nothing: the rank holds its
+// chunks). While the daemon drains (stashctl drain), stashes are answered by the library
+// itself as OVERFLOW (nothing taken) without setting the step's overflow flag, reloads of
+// earlier stashes go on, and the session ends once its last stash is back; a later BeginStep
+// opens a new one once a daemon takes sessions again (undrain, or a restart).
 //
 // On the cuda backend the copies are ordered on the GPU without the trainer's thread waiting:
 // EnqueueSignal(ready, stream) after the kernels that wrote the activation, and
@@ -36,8 +43,8 @@
 
 namespace stash {
 
-struct SessionStream;  // client/session_stream.h: the gRPC session (daemon-copy data path)
-class MappedSession;   // client/mapped_session.h: mapped mode's data path
+class CopySession;    // client/copy_session.h: daemon-copy mode's sessions (data path)
+class MappedSession;  // client/mapped_session.h: mapped mode's data path
 
 // Memory the daemon can read and write: a memfd this library created, sealed so its size never
 // changes, which each session hands to the daemon as a file descriptor on first use (no name
@@ -155,6 +162,10 @@ struct Completion {
 struct StepFlags {
   bool overflow = false;  // a stash of this step overflowed (its source stayed with the caller)
   bool spilled = false;   // a stash of this step went to the host tier
+  // Daemon-copy: the session broke (the daemon died, restarted or stopped) while it held stashes
+  // of this step or before: their reloads fail UNAVAILABLE, so rerun the step (the next
+  // BeginStep reconnects). Mapped mode never loses a stash this way (the rank holds its chunks).
+  bool lost = false;
 };
 
 // A snapshot of the daemon's view of this session and its pool.
@@ -242,13 +253,16 @@ class STASH_EXPORT Client {
   // The flags of the current step, as far as answers have arrived.
   StepFlags CurrentStepFlags() const;
 
-  // Asks the daemon for this session's counters and its pool usage (a unary RPC).
+  // Asks the daemon for the live session's counters and its pool usage (a unary RPC): after a
+  // reconnect, the new session's. UNAVAILABLE while the session is gone (the daemon died: the
+  // next BeginStep reconnects) or none is open (drained), with the reason.
   StatusOr<SessionStats> Stats();
 
-  // The session id the daemon gave, and the pool geometry from its Welcome. In mapped mode,
-  // after a reconnect to a restarted daemon these still describe the first session (they are
-  // references that never change under a caller); Stats() describes the current one.
-  const std::string& session_id() const;
+  // The session id the daemon gave, and the pool geometry from its Welcome: of the live session,
+  // in both modes, so they change when the client reconnects (a daemon that died, restarted or
+  // drained; returned by value for that reason). While a drained client holds no session they
+  // describe the last one.
+  std::string session_id() const;
   uint64_t page_bytes() const;
   uint64_t pool_pages() const;
   uint64_t host_tier_pages() const;
@@ -259,7 +273,7 @@ class STASH_EXPORT Client {
   Client() = default;
   // Exactly one is set: the mode this client was opened in. Each public method dispatches at
   // its top; nothing else looks at the mode.
-  std::unique_ptr<SessionStream> copy_;    // Mode::kDaemonCopy
+  std::unique_ptr<CopySession> copy_;      // Mode::kDaemonCopy
   std::unique_ptr<MappedSession> mapped_;  // Mode::kMapped
 };
 

@@ -16,7 +16,8 @@ The library is found next to this package, through $STASHD_CLIENT_LIB, or in the
 
 from stashd._lib import LibraryNotFound
 from stashd.buffer import Buffer
-from stashd.client import Client, Completion, Stats, StepFlags, Tier, connect, version
+from stashd.client import (Client, Completion, SessionInfo, Stats, StepFlags, Tier, connect,
+                           version)
 from stashd.disabled import DisabledClient, DisabledWarning
 from stashd.errors import CODE_NAMES, DeadlineExceeded, StashError, Unavailable
 
@@ -32,6 +33,7 @@ __all__ = [
     "DisabledClient",
     "DisabledWarning",
     "LibraryNotFound",
+    "SessionInfo",
     "Stats",
     "StashError",
     "StepFlags",

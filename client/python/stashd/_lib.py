@@ -114,6 +114,13 @@ class StatsStruct(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
 
 
+class SessionInfoStruct(ctypes.Structure):
+    """stash_session_info_t."""
+
+    _fields_ = [("session_id", ctypes.c_char * 64), ("page_bytes", ctypes.c_uint64),
+                ("pool_pages", ctypes.c_uint64), ("host_tier_pages", ctypes.c_uint64)]
+
+
 # --- Prototypes -----------------------------------------------------------------------------
 
 _U64 = ctypes.c_uint64
@@ -150,6 +157,8 @@ _PROTOTYPES = {
     "stash_poll": (_INT, [c_client_p, _U64, ctypes.POINTER(CompletionStruct)]),
     "stash_step_flags": (_INT, [c_client_p, ctypes.POINTER(_INT), ctypes.POINTER(_INT)]),
     "stash_get_stats": (_INT, [c_client_p, ctypes.POINTER(StatsStruct)]),
+    "stash_step_lost": (_INT, [c_client_p, ctypes.POINTER(_INT)]),
+    "stash_get_session": (_INT, [c_client_p, ctypes.POINTER(SessionInfoStruct)]),
 }
 
 

@@ -57,6 +57,7 @@ class Completion:
 class StepFlags:
     overflow: bool  # a stash of this step overflowed (its source stayed with the caller)
     spilled: bool   # a stash of this step went to the host tier
+    # the session broke holding this step's stashes (daemon-copy: lost, rerun the step), or
     # stashd.torch could not reach the daemon in this step and kept tensors in-process
     unavailable: bool = False
 
@@ -87,6 +88,17 @@ class Stats:
     def pages_used(self) -> int:
         """Pages in use in the pool and the host tier together."""
         return self.pool_pages_used + self.host_pages_used
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionInfo:
+    """The live session (after a reconnect the new one; while a drained client holds none,
+    the last one) and its pool's geometry."""
+
+    session_id: str
+    page_bytes: int
+    pool_pages: int
+    host_tier_pages: int
 
 
 def version() -> str:
@@ -327,17 +339,35 @@ class Client:
     # --- State ------------------------------------------------------------------------------
 
     def step_flags(self) -> StepFlags:
-        """The current step's flags, as far as answers have arrived. `unavailable` comes from
-        stashd.torch (a stash found no daemon and kept its tensor)."""
+        """The current step's flags, as far as answers have arrived. `unavailable`: the
+        session broke holding stashes of this step (daemon-copy: their reloads fail; rerun the
+        step), or stashd.torch found no daemon for a stash and kept its tensor."""
         unavailable = any(getattr(ext, "step_unavailable", False)
                           for ext in self._extensions.values())
-        overflow, spilled = ctypes.c_int(), ctypes.c_int()
+        overflow, spilled, lost = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         self._check(self._lib.stash_step_flags(self._h(), ctypes.byref(overflow),
                                                ctypes.byref(spilled)))
-        return StepFlags(bool(overflow.value), bool(spilled.value), unavailable)
+        self._check(self._lib.stash_step_lost(self._h(), ctypes.byref(lost)))
+        return StepFlags(bool(overflow.value), bool(spilled.value),
+                         unavailable or bool(lost.value))
+
+    def session(self) -> SessionInfo:
+        """The live session's id and geometry (no round trip). It changes when the client
+        reconnects at a begin_step after the daemon died, restarted or drained."""
+        out = _lib.SessionInfoStruct()
+        self._check(self._lib.stash_get_session(self._h(), ctypes.byref(out)))
+        return SessionInfo(out.session_id.decode(), int(out.page_bytes), int(out.pool_pages),
+                           int(out.host_tier_pages))
+
+    @property
+    def session_id(self) -> str:
+        """The live session's id (see session())."""
+        return self.session().session_id
 
     def stats(self) -> Stats:
-        """This session's counters and its pool's usage (one round trip to the daemon)."""
+        """This session's counters and its pool's usage (one round trip to the daemon). After
+        a reconnect: the new session's. Raises Unavailable while the session is gone (the
+        daemon died: the next begin_step reconnects) or none is open (drained)."""
         out = _lib.StatsStruct()
         self._check(self._lib.stash_get_stats(self._h(), ctypes.byref(out)))
         return Stats(**{name: int(getattr(out, name)) for name in _lib.STATS_FIELDS})

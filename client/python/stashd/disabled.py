@@ -17,7 +17,7 @@ import warnings
 from typing import Dict, Optional, Union
 
 from stashd import _lib
-from stashd.client import Client, Completion, Stats, StepFlags, Tier
+from stashd.client import Client, Completion, SessionInfo, Stats, StepFlags, Tier
 from stashd.errors import NOT_FOUND, error_for
 
 ENV = "STASHD_DISABLED"
@@ -159,3 +159,10 @@ class DisabledClient(Client):
 
     def stats(self) -> Stats:
         return Stats(**{name: 0 for name in _lib.STATS_FIELDS})
+
+    def session(self) -> SessionInfo:
+        return SessionInfo("", 0, 0, 0)  # no daemon, no session
+
+    @property
+    def session_id(self) -> str:
+        return ""

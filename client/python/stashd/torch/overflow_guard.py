@@ -9,7 +9,9 @@ A rerun of the same step would overflow again the same way (same data, same pool
 guard reruns with what changes the outcome: the stash off for that one step (nothing is sent,
 nothing can overflow; memory as without stashd). A daemon that died mid-step is handled the same
 way: backward of the stashes it held raises, and the rerun with the stash off recomputes the
-step without it. (In mapped mode, once it exists, a rerun may instead take a larger lease.)
+step without it; the next step's begin_step reconnects to the restarted daemon, so every later
+step runs once. A drained daemon (stashctl drain) costs no rerun: the rank keeps its tensors
+without a flag. (In mapped mode, once it exists, a rerun may instead take a larger lease.)
 
     guard = stash_torch.overflow_guard(client, group=torch.distributed.group.WORLD,
                                        on_rerun=lambda: optimizer.zero_grad(set_to_none=True))

@@ -86,7 +86,8 @@ class _TorchState:
         # False while overflow_guard reruns a step with the stash off.
         self.enabled = True
         # The daemon could not be reached: the first error (None while it could). Once set,
-        # stashes are not tried again (the session is gone); `step_unavailable` is the step flag.
+        # stashes are not tried again until the next step (whose begin_step reconnects once a
+        # daemon answers); `step_unavailable` is the step flag.
         self.lost: Optional[StashError] = None
         self.step_unavailable = False
         # Counters of what made a context stash nothing (see counters()).
@@ -117,8 +118,14 @@ class _TorchState:
     # --- Steps, flags, warnings -------------------------------------------------------------
 
     def begin_step(self, step: int) -> None:
-        """Client.begin_step calls this: the step flag and the accounting start over."""
+        """Client.begin_step calls this: the step flag and the accounting start over, and a
+        lost daemon is tried again (the library reconnects at begin_step once one answers; a
+        begin_step that finds none raises Unavailable, and overflow_guard flags the step)."""
         self.step_unavailable = False
+        if self.lost is not None:
+            self.lost = None
+            with self._lock:
+                self._warned.discard("unavailable")  # each outage warns once
         with self._lock:
             self.accounting = {}
         self.prefetcher.begin_step()
@@ -153,11 +160,12 @@ class _TorchState:
         if self.lost is None:
             self.lost = error
         self.warn_once("unavailable", "stashd.torch: the stash daemon cannot be reached "
-                       f"({error}); activations stay in this process from now on (the step "
-                       "flag `unavailable` is set: client.step_flags().unavailable). Stashes "
-                       "taken before it went cannot be reloaded: that backward raises. Restart "
-                       "stashd and reconnect, or rerun the step with the stash off "
-                       "(stash_torch.overflow_guard).")
+                       f"({error}); activations stay in this process for the rest of the step "
+                       "(the step flag `unavailable` is set: client.step_flags().unavailable), "
+                       "and the next begin_step reconnects once a daemon answers. Stashes "
+                       "taken before it went cannot be reloaded in daemon-copy mode: that "
+                       "backward raises; rerun the step with the stash off "
+                       "(stash_torch.overflow_guard does).")
 
     # --- Staging ----------------------------------------------------------------------------
 
