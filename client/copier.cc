@@ -234,7 +234,9 @@ void Copier::Run() {
       continue;
     }
     for (CopyOp& op : batch) {
-      if (has_posted_.load(std::memory_order_acquire)) ApplyChanges();
+      // Deferred changes (a new session waiting for no stash to be live) are tried again at
+      // every boundary, not only when something new is posted.
+      if (!changes_.empty() || has_posted_.load(std::memory_order_acquire)) ApplyChanges();
       Result result;
       Execute(op, result);
       // The library raises the done event itself, also after an error: a stream waiting on it
@@ -355,7 +357,7 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
     ControlStore(c.demand_high_water, std::max(ControlLoad(c.demand_high_water), want));
     ControlStore(c.largest_stash_pages, std::max(ControlLoad(c.largest_stash_pages), pages));
     SetFlag(op.epoch, /*overflow=*/true, /*spilled=*/false);
-    if (outgrown_hook_) outgrown_hook_();
+    Outgrown(want);
     done.latency_us = MicrosSince(op.submitted);
     return;
   }
@@ -397,9 +399,8 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   // Short of room: a spill, or the own device's chunks less than an eighth free (the margin
   // auto sizing keeps). The lease grows off this thread, landing between later operations.
   const uint64_t leased = table_->pages_leased(kernels::kLeaseDevice);
-  if (outgrown_hook_ &&
-      (spilled || kernels::RingFree(*table_->ring(kernels::kLeaseDevice)) * 8 < leased)) {
-    outgrown_hook_();
+  if (spilled || kernels::RingFree(*table_->ring(kernels::kLeaseDevice)) * 8 < leased) {
+    Outgrown(demand);
   }
   done.tier = TierOf(plan.tier);
   done.bytes = plan.bytes;
@@ -408,6 +409,14 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
       table_->live().Add(op.id, op.layer, op.microbatch, op.name, plan.bytes, plan.pages);
   stashes_.emplace(op.id, std::move(record));
   done.latency_us = MicrosSince(op.submitted);
+}
+
+void Copier::Outgrown(uint64_t demand) {
+  // Once, then again only when the step's demand grew by an eighth more: a lease that cannot
+  // grow (the pool leased out, the quota reached) is not asked at every stash.
+  if (!outgrown_hook_ || demand <= outgrown_at_ + outgrown_at_ / 8) return;
+  outgrown_at_ = demand;
+  outgrown_hook_();
 }
 
 void Copier::ReturnStashPages(const StashRecord& record) {
@@ -500,12 +509,13 @@ void Copier::DoBeginStep(const CopyOp& op, Result& result) {
   ControlStore(c.demand_high_water, ControlLoad(c.demand_pages));
   ControlStore(c.last_step_stashes, ControlLoad(c.step_stashes));
   ControlStore(c.step_stashes, 0);
+  outgrown_at_ = 0;
   ControlStore(c.last_step_largest_stash_pages, ControlLoad(c.largest_stash_pages));
   ControlStore(c.largest_stash_pages, 0);
   ControlStore(c.step_flags, 0);
   if (step_hook_) step_hook_(op.step, table_, !stashes_.empty());
   // What the hook had come back (a lease answered in time) applies before the step's stashes.
-  if (has_posted_.load(std::memory_order_acquire)) ApplyChanges();
+  if (!changes_.empty() || has_posted_.load(std::memory_order_acquire)) ApplyChanges();
 }
 
 }  // namespace stash

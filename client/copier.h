@@ -134,6 +134,9 @@ class Copier {
   // Returns `record`'s pages to its ring and updates the control block's live counts.
   void ReturnStashPages(const StashRecord& record);
   void SetFlag(uint64_t epoch, bool overflow, bool spilled);
+  // The lease is short with the step's demand at `demand` pages: tells outgrown_hook_, once
+  // per eighth of growth in demand within a step.
+  void Outgrown(uint64_t demand);
   // Runs the posted table changes (worker thread); those that say "not yet" stay queued.
   void ApplyChanges();
 
@@ -152,6 +155,7 @@ class Copier {
   // Pages of the current step's overflowed stashes: they count as demand until the step ends
   // (the rank holds them itself meanwhile).
   uint64_t step_overflow_pages_ = 0;
+  uint64_t outgrown_at_ = 0;          // the step's demand when outgrown_hook_ last ran (0: not yet)
   std::vector<TableChange> changes_;  // taken from posted_, not applied yet
 
   mutable Mutex mu_;

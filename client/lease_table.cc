@@ -100,6 +100,14 @@ Status LeaseTable::SetControlBlock(UniqueFd fd, uint64_t bytes) {
   if (p == MAP_FAILED) return ErrnoStatus("mapping the control block");
   madvise(p, bytes, MADV_DONTFORK);
   auto* block = static_cast<kernels::SessionControl*>(p);
+  const uint64_t version = ControlLoad(block->version);
+  if (ControlLoad(block->magic) != kernels::kControlMagic || version != kernels::kControlVersion) {
+    munmap(p, bytes);
+    return FailedPreconditionError(
+        "stashd's control block is layout version " + std::to_string(version) +
+        ", this client library speaks version " + std::to_string(kernels::kControlVersion) +
+        ": use a client library and a stashd of the same release");
+  }
   // The daemon reads this block while we carry our counters over, and it owns magic, version
   // and its own line (daemon_flags, return_request, ...): the rank's fields only, each a
   // store of its own, never a plain copy over the live block.

@@ -60,8 +60,6 @@ ControlView ControlBlock::Read(const std::array<uint64_t, k::kLeaseTiers>& pages
   v.step_stashes = k::ControlLoad(block_->step_stashes);
   v.demand_high_water = std::min(k::ControlLoad(block_->demand_high_water), quota_pages);
   v.largest_stash_pages = std::min(k::ControlLoad(block_->largest_stash_pages), quota_pages);
-  v.attached = k::ControlLoad(block_->attached) == k::kControlMagic;
-  v.return_done = k::ControlLoad(block_->return_done);
   const uint64_t flags = k::ControlLoad(block_->step_flags);
   v.step_overflow = (flags & k::kStepOverflow) != 0;
   v.step_spilled = (flags & k::kStepSpilled) != 0;
@@ -149,7 +147,5 @@ uint64_t ControlBlock::RequestReturn(const std::array<uint64_t, k::kLeaseTiers>&
 }
 
 bool ControlBlock::attached() const { return k::ControlLoad(block_->attached) == k::kControlMagic; }
-
-uint64_t ControlBlock::return_requested() const { return k::ControlLoad(block_->return_request); }
 
 }  // namespace stash::daemon

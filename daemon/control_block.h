@@ -52,8 +52,6 @@ struct ControlView {
   uint64_t step_stashes = 0;
   uint64_t demand_high_water = 0;    // <= the quota in pages
   uint64_t largest_stash_pages = 0;  // <= the quota in pages
-  bool attached = false;             // the rank mapped the block
-  uint64_t return_done = 0;          // the last return request the rank acted on
   std::array<ControlTierView, kernels::kLeaseTiers> tiers{};
 };
 
@@ -95,12 +93,10 @@ class ControlBlock {
   // The daemon's own line as it stands (kDaemonDraining).
   uint64_t daemon_flags() const;
   // Asks the rank to give back chunks no stash uses until it holds at most `target_pages` per
-  // tier; returns the request's number (ControlView::return_done reaches it once acted on).
+  // tier; returns the request's number (the rank's return_done reaches it once acted on).
   uint64_t RequestReturn(const std::array<uint64_t, kernels::kLeaseTiers>& target_pages);
   // Whether the rank said it mapped the block (until then the daemon sends it again).
   bool attached() const;
-  // The number of the last RequestReturn (0: none).
-  uint64_t return_requested() const;
 
  private:
   ControlBlock(std::unique_ptr<SharedMemory> memory, kernels::SessionControl* block)

@@ -209,13 +209,17 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     Status grown = Grow(*h, t, want, budget, max_chunks, &reply.parts);
     if (!grown.ok()) Log("pool")->warn("session {}: lease: {}", h->session_id, grown.message());
     held[t] = HeldPages(*h, t);
-    // A new session (no step sized it yet) short of what it aimed at, within the quota: the
-    // tier is leased out. Sessions holding chunks their demand does not need are asked to give
-    // them back at their next step. (Not for every lease that falls short: in a pool whose
-    // ranks' aims add up past it, giving back at once only leaves chunks free until the next
-    // BeginStep, where the three steps' hysteresis keeps them used.)
-    if (!h->sampled && held[t] < want && held[t] + chunk_pages_ <= quota_pages_) {
-      AskForReturns(*h, t);
+    // A new automatic session (its first lease, or the first one a step sized) short of what
+    // it aimed at, within the quota and the descriptors one answer may carry: the tier is
+    // leased out. Sessions holding chunks their demand does not need are asked to give them
+    // back at their next step: only its own user's when the user holds its whole share (no
+    // other user's chunks could go to it). Not for every lease that falls short: in a pool
+    // whose ranks' aims add up past it, giving back at once only leaves chunks free until the
+    // next BeginStep, where the three steps' hysteresis keeps them used.
+    if (request.automatic() && h->samples <= 1 && t != kPeer && held[t] < want &&
+        held[t] + chunk_pages_ <= quota_pages_ && reply.parts.size() < max_chunks) {
+      const size_t source = t == kDevice ? static_cast<size_t>(h->pool) : tiers_.size() - 1;
+      AskForReturns(*h, t, /*same_user_only=*/shares_[source]->Headroom(h->uid) == 0);
     }
   };
   std::array<uint64_t, k::kLeaseTiers> target = held;
@@ -223,6 +227,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   // Automatic: steps above the aim are counted once per step, not per request (a rank asks
   // mid-step too, when it outgrows its lease).
   bool new_step = false;
+  bool sample = false;  // automatic: the request carries a step's demand
   if (!request.automatic()) {
     h->automatic = false;
     h->aim = {};
@@ -265,10 +270,10 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     // Demand: the step before's, or the current step's so far when that is more (a rank that
     // outgrows its lease mid-step asks at once). A step with no stash tried (a rerun with the
     // stash off) says nothing about demand: the lease stays as it is.
-    const bool sample = view.last_step_stashes > 0 || view.step_stashes > 0;
+    sample = view.last_step_stashes > 0 || view.step_stashes > 0;
     new_step = view.steps != h->steps_seen;
     h->steps_seen = view.steps;
-    if (!h->sampled && held == std::array<uint64_t, k::kLeaseTiers>{}) {
+    if (h->samples == 0 && held == std::array<uint64_t, k::kLeaseTiers>{}) {
       // No step behind: half the own pool's free chunks (at least one, at most the quota), so
       // ranks that start together each get room and a lone rank most of its pool. Steps then
       // size it to demand; a rank holding more than it needs gives back when asked.
@@ -283,7 +288,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
       grow(kDevice, want);
       for (uint32_t t = 0; t < k::kLeaseTiers; ++t) h->aim[t] = held[t];
     } else if (sample) {
-      h->sampled = true;
+      h->samples = std::min<uint32_t>(h->samples + 1, 2);
       const uint64_t demand =
           std::max(view.last_step_stashes > 0 ? view.last_step_demand_high_water : 0,
                    view.demand_high_water);
@@ -310,7 +315,8 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   if (request.automatic()) {
     for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
       if (h->aim[t] < held[t]) {
-        if (new_step) h->below[t] = std::min<uint64_t>(h->below[t] + 1, 1000);
+        // A step with no stash (a rerun with the stash off) does not count toward shrinking.
+        if (new_step && sample) h->below[t] = std::min<uint64_t>(h->below[t] + 1, 1000);
         // Above its aim for three steps, or asked to give back (another session waits for the
         // tier): down to the aim now.
         const bool asked = h->return_asked[t];
@@ -342,11 +348,12 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   return reply;
 }
 
-void Leases::AskForReturns(const Holder& wanting, uint32_t lease_tier) {
+void Leases::AskForReturns(const Holder& wanting, uint32_t lease_tier, bool same_user_only) {
   if (lease_tier == kPeer) return;  // peers lend only spare chunks: nothing to ask back
   for (auto& [id, other] : holders_) {
     Holder& g = *other;
-    if (&g == &wanting || g.ended || !g.automatic || !g.sampled) continue;
+    if (&g == &wanting || g.ended || !g.automatic || g.samples == 0) continue;
+    if (same_user_only && g.uid != wanting.uid) continue;
     if (lease_tier == kDevice && g.pool != wanting.pool) continue;
     // Its next automatic lease goes down to its new aim at once, not after three steps.
     const bool asked_before = g.return_asked[lease_tier];

@@ -175,7 +175,7 @@ class Leases {
     std::array<std::vector<uint64_t>, kernels::kLeaseTiers> held;  // chunk ids per lease tier
     std::array<uint64_t, kernels::kLeaseTiers> below{};  // auto requests the aim sat below
     std::array<uint64_t, kernels::kLeaseTiers> aim{};    // auto: the pages aimed at
-    bool sampled = false;     // auto: sized from a step's demand at least once
+    uint32_t samples = 0;     // auto: leases sized from a step's demand (at most 2 counted)
     uint64_t steps_seen = 0;  // auto: the control block's `steps` at the last request
     // Asked (through the control block) to give back what it holds above its aim, per tier,
     // until it holds no more than the aim.
@@ -190,7 +190,9 @@ class Leases {
   // source goes down to its aim at its next lease (not after three steps), and one holding
   // more than its aim now is asked, through its control block, to give the rest back at its
   // next step (once, until it holds no more than its aim).
-  void AskForReturns(const Holder& wanting, uint32_t lease_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With `same_user_only`, only sessions of `wanting`'s user are asked.
+  void AskForReturns(const Holder& wanting, uint32_t lease_tier, bool same_user_only)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Holder* FindOrCreate(const LeaseHolder& who, Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Return with ended_session_id set: chunks an ended session of who's process left orphaned.
   DescriptorReply ReturnOrphans(const LeaseHolder& who, const stash::v1::ReturnChunks& request)

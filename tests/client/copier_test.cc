@@ -272,15 +272,27 @@ TEST_F(CopierTest, PostedTableChangesRunBetweenOperations) {
   });
   // 1 + 4 pages: fits only once the posted chunk is in.
   auto big = Memory(4 * kPage, 6);
-  EXPECT_EQ(WaitOk(Stash(big, kPage, 4, 4)).tier, Tier::kDevice);
+  const Completion placed = WaitOk(Stash(big, kPage, 4, 4));
+  EXPECT_EQ(placed.tier, Tier::kDevice);
   EXPECT_EQ(ran.load(), 1);
   const int tries_while_live = tried.load();
   EXPECT_GE(tries_while_live, 1);
-  copier_->Drain();
+  // Once no stash is live, the deferred change runs at the next boundary, though nothing new
+  // was posted meanwhile.
+  std::atomic<bool> done{false};
+  copier_->Post([&](std::unique_ptr<LeaseTable>&, bool stashes_live) {
+    if (stashes_live) return false;
+    done = true;
+    return true;
+  });
+  WaitOk(Release(live));
+  WaitOk(Release(placed.ticket));
+  EXPECT_FALSE(done.load()) << "a stash was live at every boundary so far";
+  WaitOk(BeginStep(1));  // the first boundary with none live
+  EXPECT_TRUE(done.load());
   std::unique_ptr<LeaseTable> table = copier_->Stop();
   ASSERT_NE(table, nullptr);
   EXPECT_EQ(table->chunks(kernels::kLeaseDevice), 2u);
-  (void)live;
 }
 
 // The copier tells its session when the lease runs short mid-step (a spill, an overflow, or
