@@ -18,35 +18,20 @@
 #include "stash/client.h"
 #include "stash/v1/stash.grpc.pb.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/host_buffers.h"
 
 namespace stash {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+using testing::Buffer;
 using testing::DaemonProcess;
 using testing::TimeScale;
 
 constexpr uint64_t kPage = 64 << 10;
 
-std::unique_ptr<HostBuffer> Buffer(uint64_t bytes, uint32_t seed = 0) {
-  auto b = HostBuffer::Allocate(bytes);
-  EXPECT_TRUE(b.ok()) << b.status().ToString();
-  if (seed != 0) {
-    std::mt19937 rng(seed);
-    for (uint64_t i = 0; i < (*b)->size(); ++i) (*b)->data()[i] = static_cast<uint8_t>(rng());
-  }
-  return std::move(b).value();
-}
-
-StashArgs Args(const HostBuffer& src, uint64_t rows) {
-  StashArgs a;
-  a.source = &src;
-  a.row_bytes = kPage;
-  a.max_rows = rows;
-  a.count.value = rows;
-  return a;
-}
+StashArgs Args(const HostBuffer& src, uint64_t rows) { return testing::Args(src, kPage, rows); }
 
 // A ticket as the library's messages write it.
 std::string Hex(uint64_t value) {
