@@ -174,15 +174,15 @@ void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live
     work.lease = options_.lease.automatic;
   }
   const bool wait = work.lease || work.reconnect;
+  const std::chrono::milliseconds wait_for = work.reconnect ? kStepReconnectWait : kStepLeaseWait;
   if (!wait && work.give_back.empty()) return;
   const uint64_t round = Ask(std::move(work));
   if (!wait || slow_.load(std::memory_order_relaxed)) return;
   // A daemon that answers in time sizes the lease (or opens the new session) before the step's
-  // first stash, as if in stream order; one that does not costs this step kStepLeaseWait once,
-  // and later steps nothing until it answers again (the answer then lands between two
-  // operations).
+  // first stash, as if in stream order; one that does not costs this step the wait once, and
+  // later steps nothing until it answers again (the answer then lands between two operations).
   MutexLock lock(&work_mu_);
-  const auto deadline = std::chrono::steady_clock::now() + kStepLeaseWait;
+  const auto deadline = std::chrono::steady_clock::now() + wait_for;
   while (leased_round_ < round && !stop_) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {

@@ -123,6 +123,8 @@ class MappedSession {
   // How long a BeginStep waits for its automatic lease (or a new session) before the step goes
   // on without it.
   static constexpr std::chrono::milliseconds kStepLeaseWait{50};
+  // The same for a new session after the daemon went away (a Hello and a first lease).
+  static constexpr std::chrono::milliseconds kStepReconnectWait{2000};
 
   Mutex work_mu_;
   CondVar work_cv_;
