@@ -6,15 +6,10 @@
 
 #include "common/macros.h"
 #include "common/random.h"
+#include "common/socket_path.h"
 #include "common/text.h"
 
 namespace stash {
-namespace {
-
-constexpr std::chrono::milliseconds kFirstBackoff(100);
-constexpr std::chrono::milliseconds kMaxBackoff(1000);
-
-}  // namespace
 
 StatusOr<std::unique_ptr<CopySession>> CopySession::Open(const Options& options) {
   std::shared_ptr<CudaSide> cuda;
@@ -117,14 +112,15 @@ StatusOr<std::shared_ptr<SessionStream>> CopySession::ForStep() {
 
 StatusOr<std::shared_ptr<SessionStream>> CopySession::Reconnect(
     const std::shared_ptr<SessionStream>& old) {
+  const PathIdentity at_path = PathIdentity::Of(ClientSocketPath(options_.socket));
+  const auto begun = ReconnectBackoff::Clock::now();
   {
     MutexLock lock(&mu_);
     if (stream_ != old) {
       // Another thread replaced it meanwhile.
       if (stream_ != nullptr) return stream_;
     }
-    const auto now = std::chrono::steady_clock::now();
-    if (connecting_ || now < next_attempt_) {
+    if (connecting_ || !backoff_.Due(begun, at_path)) {
       return last_failure_.ok() ? UnavailableError("reconnecting to stashd on " + socket_)
                                 : last_failure_;
     }
@@ -135,13 +131,11 @@ StatusOr<std::shared_ptr<SessionStream>> CopySession::Reconnect(
   MutexLock lock(&mu_);
   connecting_ = false;
   if (!opened.ok()) {
-    backoff_ = backoff_.count() == 0 ? kFirstBackoff : std::min(2 * backoff_, kMaxBackoff);
-    next_attempt_ = std::chrono::steady_clock::now() + backoff_;
+    backoff_.Failed(begun, at_path);
     last_failure_ = opened.status();
     return opened.status();
   }
-  backoff_ = std::chrono::milliseconds(0);
-  next_attempt_ = {};
+  backoff_.Succeeded();
   last_failure_ = Status::Ok();
   std::shared_ptr<SessionStream> fresh = std::move(opened).value();
   if (stream_ != nullptr) {

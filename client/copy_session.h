@@ -2,10 +2,11 @@
 // operations go to, and what a daemon that died, restarted or drained leaves behind.
 //
 // - A stream that broke (the daemon died, restarted or stopped) is replaced at the next
-//   BeginStep once a daemon answers (reconnect attempts back off from 100 ms to 1 s while none
-//   does). The stashes the broken session held are lost: their reloads and releases fail at once
-//   with UNAVAILABLE naming the ticket and the session. Operations sent to the old stream stay
-//   waitable (its streams are kept until nothing of theirs is pending).
+//   BeginStep once a daemon answers (attempts back off while none does, and a daemon that
+//   started since is tried at once: client/reconnect_backoff.h). The stashes the broken session
+//   held are lost: their reloads and releases fail at once with UNAVAILABLE naming the ticket and
+//   the session. Operations sent to the old stream stay waitable (its streams are kept until
+//   nothing of theirs is pending).
 // - A stream whose daemon drains (a DaemonState message) takes no stash: the library answers
 //   stashes itself (OVERFLOW: nothing taken, the caller keeps its buffer, and the step's
 //   overflow flag stays clear: nothing was lost). Reloads and releases go on; once no stash is
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "client/cuda_memory.h"
+#include "client/reconnect_backoff.h"
 #include "client/session_stream.h"
 #include "common/mutex.h"
 #include "stash/client.h"
@@ -89,13 +91,10 @@ class CopySession {
   // Tickets of stashes held by a session that broke, and why they are lost.
   std::unordered_map<uint64_t, std::string> lost_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, Completion> local_ ABSL_GUARDED_BY(mu_);
-  v1::Welcome welcome_ ABSL_GUARDED_BY(mu_);  // the last session's
-  // Reconnect attempts while no daemon answers: not before `next_attempt_`; the wait doubles
-  // from 100 ms up to 1 s, and starts over once one succeeds.
-  std::chrono::steady_clock::time_point next_attempt_ ABSL_GUARDED_BY(mu_){};
-  std::chrono::milliseconds backoff_ ABSL_GUARDED_BY(mu_){0};
-  Status last_failure_ ABSL_GUARDED_BY(mu_);      // why the last attempt failed
-  bool connecting_ ABSL_GUARDED_BY(mu_) = false;  // one attempt at a time
+  v1::Welcome welcome_ ABSL_GUARDED_BY(mu_);       // the last session's
+  ReconnectBackoff backoff_ ABSL_GUARDED_BY(mu_);  // when the next attempt may run
+  Status last_failure_ ABSL_GUARDED_BY(mu_);       // why the last attempt failed
+  bool connecting_ ABSL_GUARDED_BY(mu_) = false;   // one attempt at a time
 };
 
 }  // namespace stash

@@ -2,6 +2,7 @@
 
 #include "common/logging.h"
 #include "common/macros.h"
+#include "common/socket_path.h"
 
 namespace stash {
 namespace {
@@ -16,10 +17,6 @@ uint32_t LeaseTierOf(int tier) {
       return kernels::kLeaseDevice;
   }
 }
-
-// Reconnect attempts while no daemon answers: the wait doubles from the first up to the most.
-constexpr std::chrono::milliseconds kFirstReconnectBackoff(100);
-constexpr std::chrono::milliseconds kMaxReconnectBackoff(1000);
 
 uint64_t PagesOf(uint64_t bytes, uint64_t page_bytes) {
   return (bytes + page_bytes - 1) / page_bytes;
@@ -320,19 +317,18 @@ void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
 }
 
 void MappedSession::ReconnectAsync(const std::shared_ptr<SessionStream>& current) {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = ReconnectBackoff::Clock::now();
+  const PathIdentity at_path = PathIdentity::Of(ClientSocketPath(options_.socket));
   auto not_now = [this] {
     MutexLock lock(&work_mu_);
     reconnecting_ = false;
   };
-  if (now < next_attempt_) return not_now();  // no daemon answered a moment ago: do not hammer
+  if (!backoff_.Due(now, at_path)) return not_now();  // no daemon answered a moment ago
   auto fresh = std::make_shared<std::shared_ptr<SessionStream>>();
   auto fresh_table = std::make_shared<std::unique_ptr<LeaseTable>>();
   Status st = Connect(fresh.get(), fresh_table.get());
   if (!st.ok()) {
-    backoff_ = backoff_.count() == 0 ? kFirstReconnectBackoff
-                                     : std::min(2 * backoff_, kMaxReconnectBackoff);
-    next_attempt_ = now + backoff_;
+    backoff_.Failed(now, at_path);
     if (!ended_drained_ && !unavailable_logged_.exchange(true)) {
       Log("client")->warn(
           "mapped session: cannot reconnect to stashd yet ({}); the step goes on with the "
@@ -341,8 +337,7 @@ void MappedSession::ReconnectAsync(const std::shared_ptr<SessionStream>& current
     }
     return not_now();
   }
-  backoff_ = std::chrono::milliseconds(0);
-  next_attempt_ = {};
+  backoff_.Succeeded();
   unavailable_logged_ = false;
   // The new session replaces the old at the first boundary with no stash live: the old chunks
   // are unmapped then, and go back through the new session (see LeaseLoop).

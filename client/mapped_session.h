@@ -20,6 +20,7 @@
 
 #include "client/copier.h"
 #include "client/lease_table.h"
+#include "client/reconnect_backoff.h"
 #include "client/session_stream.h"
 #include "common/mutex.h"
 #include "stash/client.h"
@@ -135,9 +136,7 @@ class MappedSession {
   LeaseWork work_ ABSL_GUARDED_BY(work_mu_);
   bool reconnecting_ ABSL_GUARDED_BY(work_mu_) = false;  // a new session is on its way
   bool stop_ ABSL_GUARDED_BY(work_mu_) = false;
-  // Lease thread only: when the next reconnect may be tried, and the wait after that one.
-  std::chrono::steady_clock::time_point next_attempt_{};
-  std::chrono::milliseconds backoff_{0};
+  ReconnectBackoff backoff_;  // lease thread only: when the next reconnect may be tried
   std::thread lease_thread_;  // started in Open, after copier_
 };
 

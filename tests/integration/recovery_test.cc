@@ -224,6 +224,38 @@ TEST_P(Recovery, AStepWithoutADaemonReconnectsOnceOneIsBack) {
   EXPECT_EQ(stats->session_id, client->session_id());
 }
 
+// Attempts back off to 1 s while no daemon answers, but a daemon that started since the last
+// failure is tried at once: the first BeginStep after the restart runs in a new session (a
+// trainer whose steps are shorter than the backoff loses no step to it).
+TEST_P(Recovery, TheFirstStepAfterARestartReconnectsWhileAttemptsBackOff) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const std::string first = client->session_id();
+  daemon_->process().StopWith(SIGKILL, seconds(5));
+  ASSERT_TRUE(Eventually([&] { return !client->Stats().ok(); }));
+  // Failed attempts, each after the last one's wait: the wait grows to its most (1 s).
+  for (int step = 1; step <= 5; ++step) {
+    auto s = client->BeginStep(step);
+    if (s.ok()) (void)client->Wait(*s);
+    std::this_thread::sleep_for(milliseconds(100 << (step - 1)));
+  }
+  auto failed = client->BeginStep(6);  // the last failure: the next attempt waits 1 s
+  if (failed.ok()) (void)client->Wait(*failed);
+  EXPECT_NE(client->session_id(), "") << "the getters keep describing the last session";
+  Restart();
+  auto s = client->BeginStep(7);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(client->Wait(*s).ok());
+  if (mapped()) {
+    // The new session replaces the old at the boundary the lease thread's answer reaches.
+    ASSERT_TRUE(Eventually([&] { return client->session_id() != first; }));
+  }
+  EXPECT_NE(client->session_id(), first) << "the step right after the restart reconnected";
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->session_id, client->session_id());
+}
+
 // stashctl drain with a stash live: the drain counts it (mapped too); a new stash is kept by
 // the caller without the overflow flag; the reload goes on; the session ends once nothing is
 // left (the daemon lists none while the client lives); after undrain the next BeginStep opens
