@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/shm.h"
 #include "common/sys.h"
 
 namespace stash {
@@ -67,10 +68,13 @@ StatusOr<std::unique_ptr<LeaseTable>> LeaseTable::Create(
         1,
         (std::min<uint64_t>(tier_bytes[tier], uint64_t{1} << 46) + chunk_bytes - 1) / chunk_bytes);
     t.bytes = slots * chunk_bytes;
-    void* base =
-        mmap(nullptr, t.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // On a 2 MiB boundary where chunks are whole huge pages, so the daemon's huge pages map
+    // as such here too (docs/design.md, "Warm memory").
+    const uint64_t align = chunk_bytes % kHugePageBytes == 0 ? kHugePageBytes : 0;
+    void* base = mmap(nullptr, t.bytes + align, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) return ErrnoStatus("reserving a lease range (mmap PROT_NONE)");
-    t.base = static_cast<uint8_t*>(base);
+    t.base = TrimToAlignment(static_cast<uint8_t*>(base), t.bytes, align);
     // A forked child (a data loader) never inherits a rank's chunks.
     if (madvise(base, t.bytes, MADV_DONTFORK) != 0) return ErrnoStatus("madvise(MADV_DONTFORK)");
     t.slots.resize(slots);
@@ -155,7 +159,10 @@ Status LeaseTable::AddChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint6
   }
   const uint64_t slot = static_cast<uint64_t>(free_slot - t.slots.begin());
   uint8_t* at = t.base + slot * chunk_bytes_;
-  void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd.get(), 0);
+  // Populated: the daemon warmed the chunk's pages (and the lease thread allocated any it had
+  // not yet), so this only fills page tables, and the first stash into it takes no page fault.
+  void* p =
+      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd.get(), 0);
   if (p == MAP_FAILED) return ErrnoStatus("mapping leased chunk " + std::to_string(chunk_id));
   madvise(at, bytes, MADV_DONTFORK);
   const uint64_t pages = bytes / page_bytes_;

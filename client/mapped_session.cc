@@ -2,6 +2,7 @@
 
 #include "common/logging.h"
 #include "common/macros.h"
+#include "common/shm.h"
 #include "common/socket_path.h"
 
 namespace stash {
@@ -25,6 +26,14 @@ uint64_t PagesOf(uint64_t bytes, uint64_t page_bytes) {
 CounterRef CounterOf(const EventPoint& e) {
   if (e.buffer == nullptr) return {};
   return CounterRef{SessionStream::HostMemory(*e.buffer).memory, e.offset, e.value};
+}
+
+// Every page of each chunk leased, allocated here (the lease thread, or Open's), never on the
+// copier: the daemon warms its chunks, but one leased before the daemon got to it (just after
+// its start) would otherwise fault page by page in the first stashes. LeaseTable::AddChunk then
+// maps it populated.
+void AllocateChunkPages(const LeaseAnswer& answer) {
+  for (const LeaseAnswer::Chunk& c : answer.chunks) (void)AllocatePages(c.fd.get(), c.bytes);
 }
 
 Status HostOnly(const char* what) {
@@ -110,6 +119,7 @@ Status MappedSession::Lease(LeaseTable& table, DescriptorChannel& channel,
     }
   }
   STASH_ASSIGN_OR_RETURN(LeaseAnswer answer, channel.Lease(!fixed, want));
+  AllocateChunkPages(answer);
   Status first = Status::Ok();
   std::vector<uint64_t> give_back = Apply(table, answer, &first);
   if (!give_back.empty()) {
@@ -290,6 +300,7 @@ void MappedSession::LeaseLoop() {
 
 void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
   StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
+  if (answer.ok()) AllocateChunkPages(*answer);
   if (!answer.ok() || !answer->status.ok()) {
     const Status st = answer.ok() ? answer->status : answer.status();
     if (!unavailable_logged_.exchange(true)) {

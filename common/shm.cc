@@ -47,6 +47,22 @@ constexpr const char* kHowToAllocate =
 
 }  // namespace
 
+uint8_t* TrimToAlignment(uint8_t* mapping, uint64_t bytes, uint64_t align) {
+  if (align == 0) return mapping;
+  const auto at = reinterpret_cast<uintptr_t>(mapping);
+  auto* aligned = reinterpret_cast<uint8_t*>((at + align - 1) & ~(align - 1));
+  const auto head = static_cast<uint64_t>(aligned - mapping);
+  if (head > 0) munmap(mapping, head);
+  if (align - head > 0) munmap(aligned + bytes, align - head);
+  return aligned;
+}
+
+bool AllocatePages(int fd, uint64_t bytes) {
+  int rc = 0;
+  STASH_SYSCALL_RETRY(rc, fallocate(fd, 0, 0, static_cast<off_t>(bytes)));
+  return rc == 0;
+}
+
 Status CheckClientMemoryFd(int fd, uint64_t bytes) {
   if (bytes == 0) return InvalidArgumentError("the memory's declared size must be > 0 bytes");
   // F_GET_SEALS first: only shmem and hugetlbfs files answer it, and it never calls into a

@@ -26,6 +26,18 @@ constexpr unsigned kClientMemorySeals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GRO
 // kClientMemorySeals: its size never changes, so no mapping of it can ever fault.
 StatusOr<UniqueFd> CreateSealedMemfd(const std::string& label, uint64_t bytes);
 
+// A PMD-sized transparent huge page (x86-64, and arm64 with 4 KiB base pages).
+constexpr uint64_t kHugePageBytes = 2ULL << 20;
+
+// `mapping` is a reservation of `bytes + align` bytes just made (`align` a power of two, or 0):
+// unmaps what lies before its first `align` boundary and past `bytes` after it, and returns that
+// boundary (`mapping` itself when align is 0), so a huge page can map whole inside.
+uint8_t* TrimToAlignment(uint8_t* mapping, uint64_t bytes, uint64_t align);
+
+// Allocates every page of [0, bytes) of memfd `fd` now (fallocate), without changing its size
+// or any byte; false when memory is short (the pages then come as they are first touched).
+bool AllocatePages(int fd, uint64_t bytes);
+
 // Checks that `fd` may be mapped read-write for [0, bytes): a memfd opened read-write, carrying
 // kClientMemorySeals and no write seal, holding at least `bytes` (> 0) bytes. INVALID_ARGUMENT
 // that says what is wrong and how to allocate such memory otherwise.

@@ -1,11 +1,13 @@
 #include "daemon/chunk_memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 
 #include "common/bytes.h"
 #include "common/logging.h"
@@ -13,22 +15,69 @@
 #include "common/shm.h"
 #include "common/sys.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14 (include/uapi/asm-generic/mman-common.h)
+#endif
+
 namespace stash::daemon {
+namespace {
+
+// How much one Populate call covers: a large chunk is populated a slice at a time so that a
+// chunk short of memory says so early and the call never holds the mm's lock for long.
+constexpr uint64_t kPopulateSlice = 64ULL << 20;
+
+}  // namespace
+
+const char* PageKindName(PageKind kind) {
+  switch (kind) {
+    case PageKind::kTransparentHuge:
+      return "transparent huge pages";
+    case PageKind::kSmall:
+      break;
+  }
+  return "4 KiB pages";
+}
+
+bool ShmemHugePagesOffered(std::string* why) {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string line;
+  std::getline(in, line);
+  // The setting in force is the bracketed word: "always within_size [advise] never deny force".
+  const size_t open = line.find('[');
+  const size_t close = line.find(']', open);
+  const std::string setting = open != std::string::npos && close != std::string::npos
+                                  ? line.substr(open + 1, close - open - 1)
+                                  : std::string();
+  if (why != nullptr) {
+    *why = setting.empty() ? "no /sys/kernel/mm/transparent_hugepage/shmem_enabled"
+                           : "shmem_enabled=" + setting;
+  }
+  return setting == "always" || setting == "within_size" || setting == "advise" ||
+         setting == "force";
+}
 
 StatusOr<std::unique_ptr<ChunkMemory>> ChunkMemory::Create(const std::string& label, uint64_t bytes,
-                                                           uint64_t chunk_bytes, bool lock) {
+                                                           uint64_t chunk_bytes,
+                                                           const ChunkMemoryOptions& options) {
   if (bytes == 0 || chunk_bytes == 0) {
     return InvalidArgumentError("chunked memory " + label + " needs bytes and chunk bytes > 0");
   }
+  // Huge pages form only where a chunk starts on a huge-page boundary, in memory and in its file.
+  const bool huge = options.transparent_huge && chunk_bytes % kHugePageBytes == 0;
+  const uint64_t align = huge ? kHugePageBytes : 0;
   // One reservation: nothing else lands between the chunks, and base() never moves.
-  void* addr = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* addr =
+      mmap(nullptr, bytes + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (addr == MAP_FAILED) return ErrnoStatus("mmap reserve of " + std::to_string(bytes) + " bytes");
+  uint8_t* base = TrimToAlignment(static_cast<uint8_t*>(addr), bytes, align);
   std::unique_ptr<ChunkMemory> memory(
-      new ChunkMemory(label, static_cast<uint8_t*>(addr), bytes, chunk_bytes, lock));
+      new ChunkMemory(label, base, bytes, chunk_bytes, options,
+                      huge ? PageKind::kTransparentHuge : PageKind::kSmall));
   const uint64_t chunks = (bytes + chunk_bytes - 1) / chunk_bytes;
   memory->fds_.resize(chunks);
+  memory->warm_ = std::make_unique<std::atomic<bool>[]>(chunks);
   // Locking a large tier takes a while (the kernel zeroes every page): say how far it is.
-  const bool progress = lock && bytes >= (1ULL << 30);
+  const bool progress = options.lock && bytes >= (1ULL << 30);
   const auto start = std::chrono::steady_clock::now();
   uint64_t said = 0;  // tenths said so far
   for (uint64_t c = 0; c < chunks; ++c) {
@@ -47,12 +96,13 @@ StatusOr<std::unique_ptr<ChunkMemory>> ChunkMemory::Create(const std::string& la
 }
 
 ChunkMemory::ChunkMemory(std::string label, uint8_t* base, uint64_t bytes, uint64_t chunk_bytes,
-                         bool lock)
+                         const ChunkMemoryOptions& options, PageKind page_kind)
     : label_(std::move(label)),
       base_(base),
       bytes_(bytes),
       chunk_bytes_(chunk_bytes),
-      lock_(lock) {}
+      options_(options),
+      page_kind_(page_kind) {}
 
 ChunkMemory::~ChunkMemory() { munmap(base_, bytes_); }
 
@@ -69,20 +119,64 @@ StatusOr<UniqueFd> ChunkMemory::MapFresh(uint64_t chunk) {
   void* got =
       mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd.get(), 0);
   if (got == MAP_FAILED) return ErrnoStatus("mmap of " + name);
-  if (lock_ && mlock(want, size) != 0) {
+  // Before any page exists: the pages the kernel allocates from here on may be huge.
+  if (page_kind_ == PageKind::kTransparentHuge) (void)madvise(want, size, MADV_HUGEPAGE);
+  if (options_.lock && mlock(want, size) != 0) {
     const int err = errno;
     return ResourceExhaustedError(
         "cannot lock " + FormatBytes(size) + " of " + name + " in memory (" + std::strerror(err) +
         "): raise the locked-memory limit (LimitMEMLOCK=infinity in the systemd unit, ulimit -l, "
         "the IPC_LOCK capability in Kubernetes), free memory, or start without --lock-memory");
   }
+  SetWarm(chunk, options_.lock);  // mlock populated it
   return fd;
+}
+
+void ChunkMemory::SetWarm(uint64_t chunk, bool warm) {
+  if (warm_[chunk].exchange(warm) == warm) return;
+  if (warm) {
+    bytes_warm_.fetch_add(ChunkBytes(chunk), std::memory_order_relaxed);
+  } else {
+    bytes_warm_.fetch_sub(ChunkBytes(chunk), std::memory_order_relaxed);
+  }
 }
 
 Status ChunkMemory::Renew(uint64_t chunk) {
   STASH_ASSIGN_OR_RETURN(UniqueFd fd, MapFresh(chunk));
   fds_[chunk] = std::move(fd);
   return Status::Ok();
+}
+
+StatusOr<PopulateMethod> ChunkMemory::Populate(uint64_t chunk) {
+  uint8_t* const start = base_ + chunk * chunk_bytes_;
+  const uint64_t size = ChunkBytes(chunk);
+  for (uint64_t done = 0; done < size; done += kPopulateSlice) {
+    const uint64_t n = std::min(kPopulateSlice, size - done);
+    int rc = 0;
+    STASH_SYSCALL_RETRY(rc, madvise(start + done, n, MADV_POPULATE_WRITE));
+    if (rc == 0) continue;
+    if (errno == EINVAL && done == 0) {
+      // Before Linux 5.14: a read of each page allocates it in the memfd (shmem never maps
+      // its zero page), so a copy later takes only a minor write fault. It reads, never
+      // writes: a copy may run into this chunk meanwhile.
+      const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+      for (uint64_t off = 0; off < size; off += page) {
+        (void)*reinterpret_cast<volatile const uint8_t*>(start + off);
+      }
+      SetWarm(chunk, true);
+      return PopulateMethod::kReadFault;
+    }
+    return ResourceExhaustedError(ErrnoStatus("populating " + FormatBytes(size) + " of " + label_ +
+                                              "-chunk" + std::to_string(chunk) +
+                                              " (madvise MADV_POPULATE_WRITE)")
+                                      .message());
+  }
+  SetWarm(chunk, true);
+  return PopulateMethod::kPopulateWrite;
+}
+
+void ChunkMemory::Zero(uint64_t chunk) {
+  std::memset(base_ + chunk * chunk_bytes_, 0, ChunkBytes(chunk));
 }
 
 }  // namespace stash::daemon

@@ -1,10 +1,11 @@
-// The memory of a host-backend tier cut into chunks (docs/design.md, "Mapped mode"): each chunk
-// is a sealed memfd of its own, mapped by the daemon MAP_FIXED into one reserved address range,
-// so the tier's base address and its page ids never move while chunks are leased, handed back
-// and renewed.
+// The memory of a host-backend tier cut into chunks (docs/design.md, "Mapped mode" and "Warm
+// memory"): each chunk is a sealed memfd of its own, mapped by the daemon MAP_FIXED into one
+// reserved address range, so the tier's base address and its page ids never move while chunks
+// are leased, handed back and renewed.
 #ifndef STASH_DAEMON_CHUNK_MEMORY_H_
 #define STASH_DAEMON_CHUNK_MEMORY_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,18 +16,47 @@
 
 namespace stash::daemon {
 
-// Thread-compatible: Renew of one chunk must not run while anyone copies into it (the
-// caller guarantees it: a chunk is renewed only while it is out of the daemon-copy ring).
+// Which pages back a tier's chunks.
+enum class PageKind {
+  kSmall,            // the kernel's base pages (4 KiB on x86-64)
+  kTransparentHuge,  // shmem transparent huge pages (MADV_HUGEPAGE; 2 MiB where they form)
+};
+// "4 KiB pages" or "transparent huge pages", for the log, stats and metrics.
+const char* PageKindName(PageKind kind);
+
+struct ChunkMemoryOptions {
+  // --lock-memory: every chunk (and every renewed one) is populated and mlock'ed as it is
+  // mapped; RESOURCE_EXHAUSTED naming the locked-memory limit when the kernel refuses.
+  bool lock = false;
+  // Ask for shmem transparent huge pages (MADV_HUGEPAGE on every chunk); the reservation and
+  // every chunk then start on a 2 MiB boundary where the chunk size allows it.
+  bool transparent_huge = false;
+};
+
+// Whether this kernel lets memfds take transparent huge pages when asked (MADV_HUGEPAGE):
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled says always, within_size, advise or force.
+// `why` (optional) gets the file's setting, for the log.
+bool ShmemHugePagesOffered(std::string* why = nullptr);
+
+// How a chunk's pages were populated (Populate).
+enum class PopulateMethod {
+  kPopulateWrite,  // madvise(MADV_POPULATE_WRITE), Linux 5.14+: allocated and mapped writable
+  kReadFault,      // an older kernel: one read per page allocates it (a write later is minor)
+};
+
+// Thread-compatible, with two exceptions: Populate and Zero of one chunk may run on any
+// thread while others copy into other chunks (or, for Populate, the same one: it never changes
+// a byte). Renew of one chunk must not run while anyone copies into it (the caller guarantees
+// it: a chunk is renewed only while it is out of the daemon-copy ring).
 class ChunkMemory {
  public:
   // Reserves `bytes` (> 0, a whole number of pages) and maps chunks of `chunk_bytes` (> 0; the
   // last one may be shorter) into it, each a fresh zero-filled memfd sealed with
-  // F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL. `label` names the memfds (/proc). With `lock`,
-  // every chunk (and every renewed one) is populated and locked in memory (mlock), with progress
-  // in the log for a large tier; RESOURCE_EXHAUSTED naming the locked-memory limit when the
-  // kernel refuses.
+  // F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL. `label` names the memfds (/proc). With
+  // options.lock, progress in the log for a large tier.
   static StatusOr<std::unique_ptr<ChunkMemory>> Create(const std::string& label, uint64_t bytes,
-                                                       uint64_t chunk_bytes, bool lock = false);
+                                                       uint64_t chunk_bytes,
+                                                       const ChunkMemoryOptions& options = {});
   ChunkMemory(const ChunkMemory&) = delete;
   ChunkMemory& operator=(const ChunkMemory&) = delete;
   ~ChunkMemory();
@@ -35,6 +65,9 @@ class ChunkMemory {
   uint64_t bytes() const { return bytes_; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   uint64_t chunks() const { return fds_.size(); }
+  PageKind page_kind() const { return page_kind_; }
+  // Bytes of chunks populated since they last got fresh memory (Populate, or locked).
+  uint64_t bytes_warm() const { return bytes_warm_.load(std::memory_order_relaxed); }
   // The size of chunk `chunk` (< chunks()): chunk_bytes(), or less for the last one.
   uint64_t ChunkBytes(uint64_t chunk) const;
   // The memfd of chunk `chunk`, owned here; borrowed until the chunk is renewed.
@@ -42,19 +75,32 @@ class ChunkMemory {
 
   // Gives chunk `chunk` fresh zero-filled memory at the same address: a new memfd mapped
   // MAP_FIXED over the old one. Whoever still maps the old memfd keeps memory nobody else sees.
+  // The new memory is not populated yet (Populate).
   Status Renew(uint64_t chunk);
+  // Allocates every page of chunk `chunk` now, so the first copy into it runs at copy speed
+  // instead of a page fault per page; changes no byte. RESOURCE_EXHAUSTED when memory is short
+  // (the pages not populated fault in later, as without it).
+  StatusOr<PopulateMethod> Populate(uint64_t chunk);
+  // Writes zeros over chunk `chunk` in place (its pages stay allocated): for a chunk whose
+  // memfd never left the daemon, cheaper than Renew and Populate and leaves it warm.
+  void Zero(uint64_t chunk);
 
  private:
-  ChunkMemory(std::string label, uint8_t* base, uint64_t bytes, uint64_t chunk_bytes, bool lock);
+  ChunkMemory(std::string label, uint8_t* base, uint64_t bytes, uint64_t chunk_bytes,
+              const ChunkMemoryOptions& options, PageKind page_kind);
   StatusOr<UniqueFd> MapFresh(uint64_t chunk);
+  void SetWarm(uint64_t chunk, bool warm);
 
   // Never change after construction (fds_ entries change on Renew).
   const std::string label_;
   uint8_t* const base_;
   const uint64_t bytes_;
   const uint64_t chunk_bytes_;
-  const bool lock_;
+  const ChunkMemoryOptions options_;
+  const PageKind page_kind_;
   std::vector<UniqueFd> fds_;
+  std::unique_ptr<std::atomic<bool>[]> warm_;  // per chunk
+  std::atomic<uint64_t> bytes_warm_{0};
 };
 
 }  // namespace stash::daemon

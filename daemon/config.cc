@@ -37,6 +37,8 @@ ABSL_FLAG(std::string, chunk_bytes, "0", "mapped mode: chunk bytes");
 ABSL_FLAG(std::string, max_lease_bytes, "0", "mapped mode: lease quota per session");
 ABSL_FLAG(std::string, peer_tier, "false", "mapped mode: lend other pools' spare chunks");
 ABSL_FLAG(std::string, lock_memory, "false", "populate and lock the tiers at start");
+ABSL_FLAG(std::string, warm_memory, "true", "populate the tiers in the background");
+ABSL_FLAG(std::string, huge_pages, "auto", "transparent huge pages for the tiers");
 
 namespace stash::daemon {
 namespace {
@@ -256,6 +258,28 @@ const Knob kKnobs[] = {
      "checked against free memory at start but their pages are taken only as they are first "
      "written (the cuda backend's pinned host tier is locked either way)",
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->lock_memory); }},
+    {"warm_memory", "true|false",
+     "Host backend: populate every tier in the background from the start (progress in the log, "
+     "stashd_tier_bytes_warm), and every chunk that comes back from a mapped session before it "
+     "is used again, so first stashes run at copy speed instead of a page fault per page. The "
+     "socket is up at once; stashes that come before their pages are warm still work. false: "
+     "pages are taken as they are first written",
+     [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->warm_memory); }},
+    {"huge_pages", "auto|off",
+     "Host backend: auto = ask for shmem transparent huge pages (2 MiB) for every tier where "
+     "/sys/kernel/mm/transparent_hugepage/shmem_enabled offers them (always, within_size, advise "
+     "or force) and --chunk-bytes is a multiple of 2 MiB; off = 4 KiB pages. The start-up log "
+     "and stats say which each tier got",
+     [](std::string_view v, DaemonConfig* c) {
+       if (v == "auto") {
+         c->huge_pages = true;
+       } else if (v == "off") {
+         c->huge_pages = false;
+       } else {
+         return InvalidArgumentError("must be one of auto, off");
+       }
+       return Status::Ok();
+     }},
 };
 
 std::string EnvName(std::string_view name) {

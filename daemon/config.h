@@ -39,6 +39,11 @@ struct DaemonConfig {
   // Host backend: populate and lock (mlock) every tier at start, so the memory is the daemon's
   // for good; without it the kernel hands pages out as they are first touched.
   bool lock_memory = false;
+  // Host backend: populate the tiers in the background from the start, and renewed chunks
+  // before they are used again (daemon/warmer.h).
+  bool warm_memory = true;
+  // Host backend: shmem transparent huge pages where the kernel offers them (--huge-pages=auto).
+  bool huge_pages = true;
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.
   struct Entry {

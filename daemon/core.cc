@@ -170,21 +170,41 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
           "least one chunk or lower --chunk-bytes");
     }
     core->chunk_bytes_ = chunk_pages * page;
+    ChunkMemoryOptions memory;
+    memory.lock = config.lock_memory;
+    std::string offered;
+    memory.transparent_huge = config.huge_pages && ShmemHugePagesOffered(&offered);
     Tier* host = nullptr;
     if (config.host_tier_bytes > 0) {
       STASH_ASSIGN_OR_RETURN(
-          auto tier, Tier::Create("host", -1, page, config.host_tier_bytes / page, chunk_pages,
-                                  config.lock_memory));
+          auto tier,
+          Tier::Create("host", -1, page, config.host_tier_bytes / page, chunk_pages, memory));
       host = tier.get();
       core->host_backend_tiers_.push_back(std::move(tier));
     }
     core->workers_ = std::make_unique<CopyWorkers>(config.copy_threads);
     for (uint32_t d = 0; d < config.devices; ++d) {
-      STASH_ASSIGN_OR_RETURN(
-          auto tier, Tier::Create("gpu" + std::to_string(d), static_cast<int>(d), page,
-                                  config.pool_bytes / page, chunk_pages, config.lock_memory));
+      STASH_ASSIGN_OR_RETURN(auto tier,
+                             Tier::Create("gpu" + std::to_string(d), static_cast<int>(d), page,
+                                          config.pool_bytes / page, chunk_pages, memory));
       executors.push_back(std::make_unique<HostExecutor>(tier.get(), host, core->workers_.get()));
       core->host_backend_tiers_.push_back(std::move(tier));
+    }
+    const PageKind kind = core->host_backend_tiers_.front()->chunk_memory()->page_kind();
+    if (!config.huge_pages) {
+      Log("pool")->info("tiers use {} (--huge-pages=off)", PageKindName(kind));
+    } else if (!memory.transparent_huge) {
+      Log("pool")->info(
+          "tiers use {}: this kernel offers memfds no transparent huge pages ({}; echo advise > "
+          "/sys/kernel/mm/transparent_hugepage/shmem_enabled offers them)",
+          PageKindName(kind), offered);
+    } else if (kind != PageKind::kTransparentHuge) {
+      Log("pool")->info(
+          "tiers use {}: --chunk-bytes={} is not a multiple of 2 MiB, so no chunk could hold a "
+          "huge page ({} offers them)",
+          PageKindName(kind), core->chunk_bytes_, offered);
+    } else {
+      Log("pool")->info("tiers ask for {} ({})", PageKindName(kind), offered);
     }
   }
   // After the open-file limit was raised (CheckChunkDescriptors): a quarter of what it is now.
@@ -209,6 +229,18 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     DaemonCore* raw = core.get();
     core->leases_->SetActivityListener(
         [raw](const MappedActivity& activity) { raw->FoldMapped(activity); });
+    if (config.warm_memory) {
+      std::vector<Warmer::Region> regions;
+      for (const auto& tier : core->host_backend_tiers_) {
+        regions.push_back({tier->name(), tier->chunk_memory()});
+      }
+      // Device pools first: they take the first stashes.
+      std::stable_sort(regions.begin(), regions.end(), [](const auto& a, const auto& b) {
+        return a.name != "host" && b.name == "host";
+      });
+      core->warmer_ = std::make_unique<Warmer>(std::move(regions));
+      core->leases_->SetWarmer(core->warmer_.get());
+    }
   }
   // Stats list each tier once: every pool's own, then the spill tiers (shared on host).
   for (const auto& pool : core->pools_) core->tiers_.push_back(pool->device());
@@ -222,7 +254,12 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
   return core;
 }
 
-DaemonCore::~DaemonCore() { Stop(); }
+DaemonCore::~DaemonCore() {
+  Stop();
+  // The warmer calls into the leases (a renewed chunk back to its ring): it goes first.
+  if (leases_ != nullptr) leases_->SetWarmer(nullptr);
+  warmer_.reset();
+}
 
 void DaemonCore::Stop() {
   for (auto& pool : pools_) pool->Stop();
@@ -560,6 +597,10 @@ v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
       t->set_chunks_leased(counts.leased);
       t->set_chunks_orphaned(counts.orphaned);
       t->set_chunks_free(tier.chunks_free());
+    }
+    if (const ChunkMemory* memory = tier.chunk_memory(); memory != nullptr) {
+      t->set_bytes_warm(memory->bytes_warm());
+      t->set_page_kind(PageKindName(memory->page_kind()));
     }
   };
   for (const Tier* tier : tiers_) add_tier(*tier);

@@ -25,6 +25,7 @@
 #include "daemon/session.h"
 #include "daemon/stats.h"
 #include "daemon/tier.h"
+#include "daemon/warmer.h"
 #include "stash/status.h"
 #include "stash/v1/descriptor.pb.h"
 #include "stash/v1/stash.pb.h"
@@ -149,6 +150,7 @@ class DaemonCore {
   std::vector<std::string> pool_uuids_;  // cuda: the 16-byte UUID of each pool's GPU
   std::vector<Tier*> tiers_;             // every tier once, pools' own first; for stats
   std::unique_ptr<Leases> leases_;       // host backend: after the tiers it points into
+  std::unique_ptr<Warmer> warmer_;       // host backend with --warm-memory: after the leases
 
   DaemonCounters counters_;
   std::atomic<bool> draining_{false};

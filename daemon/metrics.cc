@@ -298,6 +298,10 @@ std::vector<MetricFamily> CollectMetrics(DaemonCore& core) {
       {"stashd_tier_chunks_orphaned",
        "Chunks of the tier whose session ended while its process lives",
        [](const v1::TierStats& t) { return static_cast<double>(t.chunks_orphaned()); }},
+      {"stashd_tier_bytes_warm",
+       "Bytes of the tier whose pages are populated (--warm-memory; below stashd_tier_bytes while "
+       "the daemon warms it after start, or a chunk back from a mapped session)",
+       [](const v1::TierStats& t) { return static_cast<double>(t.bytes_warm()); }},
   };
   for (const TierSpec& spec : tier_specs) {
     MetricFamily family = Family(spec.name, spec.help, MetricType::Gauge);
@@ -308,6 +312,18 @@ std::vector<MetricFamily> CollectMetrics(DaemonCore& core) {
     }
     out.push_back(std::move(family));
   }
+  MetricFamily info =
+      Family("stashd_tier_info", "1 per tier, labelled with the pages it asked for (--huge-pages)",
+             MetricType::Gauge);
+  for (const v1::TierStats& t : stats.tiers()) {
+    if (t.page_kind().empty()) continue;
+    Add(info,
+        {{"device", t.pool() >= 0 ? std::to_string(t.pool()) : "all"},
+         {"tier", t.name()},
+         {"page_kind", t.page_kind()}},
+        1);
+  }
+  if (!info.metric.empty()) out.push_back(std::move(info));
 
   SessionFamilies(stats, &out);
 

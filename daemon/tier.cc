@@ -8,11 +8,12 @@
 namespace stash::daemon {
 
 StatusOr<std::unique_ptr<Tier>> Tier::Create(std::string name, int pool, uint64_t page_bytes,
-                                             uint64_t pages, uint64_t chunk_pages, bool lock) {
+                                             uint64_t pages, uint64_t chunk_pages,
+                                             const ChunkMemoryOptions& options) {
   if (pages == 0) return InvalidArgumentError("tier " + name + " has no pages");
   if (chunk_pages == 0 || chunk_pages > pages) chunk_pages = pages;
   auto memory =
-      ChunkMemory::Create("stashd-" + name, pages * page_bytes, chunk_pages * page_bytes, lock);
+      ChunkMemory::Create("stashd-" + name, pages * page_bytes, chunk_pages * page_bytes, options);
   if (!memory.ok()) {
     return ResourceExhaustedError("cannot allocate tier " + name + " (" +
                                   std::to_string(pages * page_bytes) +

@@ -37,11 +37,11 @@ class Tier {
  public:
   // A host-backend tier. `pool` is the device pool index, or -1 for the host tier. `pages` > 0.
   // Its memory is cut into chunks of `chunk_pages` pages (0 = one chunk; the last may be
-  // shorter), each its own memfd (ChunkMemory), which mapped sessions lease whole. With `lock`
-  // the memory is populated and locked (--lock-memory).
+  // shorter), each its own memfd (ChunkMemory), which mapped sessions lease whole; `memory`
+  // says whether it is locked (--lock-memory) and which pages it asks for.
   static StatusOr<std::unique_ptr<Tier>> Create(std::string name, int pool, uint64_t page_bytes,
                                                 uint64_t pages, uint64_t chunk_pages = 0,
-                                                bool lock = false);
+                                                const ChunkMemoryOptions& memory = {});
   // The accounting of a tier whose memory and ring live elsewhere (base() is null, ring() must
   // not be used).
   static std::unique_ptr<Tier> CreateAccounting(std::string name, int pool, uint64_t page_bytes,

@@ -54,6 +54,8 @@ const Knob kKnobs[] = {
     {"max_lease_bytes", "--max-lease-bytes", "STASHD_MAX_LEASE_BYTES", "0", "64MiB", "128MiB"},
     {"peer_tier", "--peer-tier", "STASHD_PEER_TIER", "false", "true", "1"},
     {"lock_memory", "--lock-memory", "STASHD_LOCK_MEMORY", "false", "true", "1"},
+    {"warm_memory", "--warm-memory", "STASHD_WARM_MEMORY", "true", "false", "0"},
+    {"huge_pages", "--huge-pages", "STASHD_HUGE_PAGES", "auto", "off", "off"},
 };
 
 const char* const kSizeKnobs[] = {"pool_bytes", "page_bytes", "host_tier_bytes"};

@@ -1,0 +1,173 @@
+// Warm memory (issue 24, docs/design.md "Warm memory"): stashd populates its tiers in the
+// background from the start, every chunk back from a mapped session is populated before it is
+// leased or stashed into again, and the tiers ask for transparent huge pages where the kernel
+// offers them to memfds.
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stash/client.h"
+#include "tests/integration/daemon_stats.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/host_buffers.h"
+
+namespace stash::testing {
+namespace {
+
+namespace v1 = stash::v1;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+std::vector<std::string> Flags(std::vector<std::string> extra) {
+  std::vector<std::string> flags = {"--page-bytes=64KiB", "--backend=host", "--log-level=info"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
+}
+
+#define ASSERT_READY(daemon) \
+  ASSERT_TRUE((daemon).Ready()) << "stashd did not start: " << (daemon).process().Stderr()
+
+// A field of /proc/<pid>/status or smaps_rollup, in kB; -1 when absent.
+long ProcKiB(pid_t pid, const std::string& file, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
+  }
+  return -1;
+}
+
+uint64_t TierBytes(const v1::TierStats& t) { return t.pages_total() * t.page_bytes(); }
+
+// Whether every tier's bytes are warm, polling for up to 20 s (scaled).
+bool EveryTierWarmsWithin(const DaemonProcess& d) {
+  const auto deadline = std::chrono::steady_clock::now() + seconds(20 * TimeScale());
+  while (std::chrono::steady_clock::now() < deadline) {
+    const v1::GetStatsResponse r = DaemonStats(d.socket());
+    bool warm = r.tiers_size() > 0;
+    for (const auto& t : r.tiers()) warm = warm && t.bytes_warm() == TierBytes(t);
+    if (warm) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return false;
+}
+
+// The daemon's socket is up before its tiers are warm; once they are, the kernel holds their
+// pages (RssShmem), and the log said so.
+TEST(WarmMemory, EveryTierIsPopulatedInTheBackgroundFromTheStart) {
+  DaemonProcess d(Flags({"--pool-bytes=48MiB", "--devices=2", "--host-tier-bytes=32MiB"}));
+  ASSERT_READY(d);
+  ASSERT_TRUE(EveryTierWarmsWithin(d)) << d.process().Stderr();
+  const v1::GetStatsResponse r = DaemonStats(d.socket());
+  ASSERT_EQ(r.tiers_size(), 3);
+  for (const auto& t : r.tiers()) EXPECT_FALSE(t.page_kind().empty()) << t.name();
+  EXPECT_GE(ProcKiB(d.process().pid(), "status", "RssShmem"), long{(48 * 2 + 32) * 1024});
+  EXPECT_NE(d.process().Stderr().find("every pool is warm"), std::string::npos)
+      << d.process().Stderr();
+}
+
+// --warm-memory=false: pages come as they are first written, as before.
+TEST(WarmMemory, OffLeavesEveryPageToItsFirstWrite) {
+  DaemonProcess d(Flags({"--pool-bytes=48MiB", "--host-tier-bytes=32MiB", "--warm-memory=false"}));
+  ASSERT_READY(d);
+  std::this_thread::sleep_for(milliseconds(300));
+  const v1::GetStatsResponse r = DaemonStats(d.socket());
+  for (const auto& t : r.tiers()) EXPECT_EQ(t.bytes_warm(), 0u) << t.name();
+  EXPECT_LT(ProcKiB(d.process().pid(), "status", "RssShmem"), long{16 * 1024});
+}
+
+// A mapped session's chunks come back with fresh memory (nobody may read what it left) and are
+// populated before they rejoin the free ring: whenever stats show them free again, they are
+// warm (the daemon returns a chunk to its ring only after populating it).
+TEST(WarmMemory, ChunksBackFromAMappedSessionAreWarmBeforeTheyAreFreeAgain) {
+  DaemonProcess d(Flags({"--pool-bytes=32MiB", "--host-tier-bytes=0", "--chunk-bytes=4MiB"}));
+  ASSERT_READY(d);
+  ASSERT_TRUE(EveryTierWarmsWithin(d));
+  {
+    Options o;
+    o.socket = d.socket();
+    o.mode = Mode::kMapped;
+    o.lease.automatic = false;
+    o.lease.device_bytes = 16 * kMiB;
+    auto client = Client::Open(o);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    auto src = Buffer(4 * 65536, 3);
+    auto stashed = (*client)->Wait(*(*client)->Stash(Args(*src, 65536, 4)));
+    ASSERT_TRUE(stashed.ok()) << stashed.status().ToString();
+    const v1::TierStats leased = DaemonStats(d.socket()).tiers(0);
+    EXPECT_EQ(leased.chunks_leased(), 4u);
+  }  // closed: the chunks come back, renewed
+  const auto deadline = std::chrono::steady_clock::now() + seconds(10 * TimeScale());
+  v1::TierStats t;
+  do {
+    t = DaemonStats(d.socket()).tiers(0);
+    // Read in this order by the daemon: chunks free, then bytes warm.
+    if (t.chunks_free() == t.chunks_total()) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(t.chunks_free(), t.chunks_total());
+  EXPECT_EQ(t.bytes_warm(), TierBytes(t));
+}
+
+// Where the kernel offers memfds transparent huge pages, the tiers ask for them (stats and the
+// log say so) and get them (ShmemPmdMapped); --huge-pages=off keeps 4 KiB pages.
+TEST(WarmMemory, TiersTakeTransparentHugePagesWhereTheKernelOffersThem) {
+  const std::string knob = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+  std::string before;
+  {
+    std::ifstream in(knob);
+    std::getline(in, before);
+  }
+  if (geteuid() != 0 || before.empty()) GTEST_SKIP() << "needs root to offer shmem huge pages";
+  const size_t open = before.find('['), close = before.find(']');
+  ASSERT_NE(open, std::string::npos);
+  const std::string setting = before.substr(open + 1, close - open - 1);
+  auto set = [&](const std::string& value) {
+    std::ofstream out(knob);
+    out << value;
+    out.flush();
+    return out.good();
+  };
+  if (!set("advise")) GTEST_SKIP() << "this kernel refuses to change " << knob;
+  struct Restore {
+    std::function<bool(const std::string&)> set;
+    std::string value;
+    ~Restore() { set(value); }
+  } restore{set, setting};
+
+  DaemonProcess huge(
+      Flags({"--pool-bytes=32MiB", "--host-tier-bytes=16MiB", "--chunk-bytes=4MiB"}));
+  ASSERT_READY(huge);
+  ASSERT_TRUE(EveryTierWarmsWithin(huge));
+  const v1::GetStatsResponse huge_stats = DaemonStats(huge.socket());
+  for (const auto& t : huge_stats.tiers()) {
+    EXPECT_EQ(t.page_kind(), "transparent huge pages") << t.name();
+  }
+  EXPECT_NE(huge.process().Stderr().find("ask for transparent huge pages"), std::string::npos);
+  // The kernel may leave a few out (fragmented memory); most of 48 MiB is huge.
+  EXPECT_GE(ProcKiB(huge.process().pid(), "smaps_rollup", "ShmemPmdMapped"), long{24 * 1024})
+      << huge.process().Stderr();
+
+  DaemonProcess small(Flags(
+      {"--pool-bytes=32MiB", "--host-tier-bytes=16MiB", "--chunk-bytes=4MiB", "--huge-pages=off"}));
+  ASSERT_READY(small);
+  ASSERT_TRUE(EveryTierWarmsWithin(small));
+  const v1::GetStatsResponse small_stats = DaemonStats(small.socket());
+  for (const auto& t : small_stats.tiers()) {
+    EXPECT_EQ(t.page_kind(), "4 KiB pages") << t.name();
+  }
+  EXPECT_EQ(ProcKiB(small.process().pid(), "smaps_rollup", "ShmemPmdMapped"), 0);
+}
+
+}  // namespace
+}  // namespace stash::testing
