@@ -165,11 +165,26 @@ Status PhaseCopy(Env& env, std::vector<Row>& rows) {
                             Verdict::kNoTarget});
           }
           if (bytes == 256 * kMiB) {
+            // Against the same run's steady state (issue 24): the daemon warmed its tiers
+            // after start (the worker waited warm_wait_s for it), so the first stash into a
+            // new pool, or a fresh lease, should not pay a page fault per page.
+            const double steady = f["stash_median_gbps"];
+            const double first = f["cold_stash_gbps"] / steady;
             rows.push_back({"1",
-                            std::string("  first stash into a cold ") +
-                                (mapped ? "lease" : "pool") + ", " + tag,
-                            Fixed(f["cold_stash_gbps"], 2) + " GB/s", baseline,
-                            Ratio(f["cold_stash_gbps"] / base), "", Verdict::kNoTarget});
+                            std::string("  first stash into a new ") +
+                                (mapped ? "lease" : "pool") + ", " + tag + " (tiers warmed in " +
+                                Fixed(f["warm_wait_s"], 2) + " s after start)",
+                            Fixed(f["cold_stash_gbps"], 2) + " GB/s = " +
+                                Ratio(f["cold_stash_gbps"] / base) + " of memcpy",
+                            "steady stash " + Fixed(steady, 2) + " GB/s", Ratio(first), ">= 0.80x",
+                            AtLeast(first, 0.8)});
+            if (mapped) {
+              const double renewed = f["renewed_stash_gbps"] / steady;
+              rows.push_back({"1", "  first stash after a return and re-lease (renewed chunks), " + tag,
+                              Fixed(f["renewed_stash_gbps"], 2) + " GB/s",
+                              "steady stash " + Fixed(steady, 2) + " GB/s", Ratio(renewed),
+                              ">= 0.80x", AtLeast(renewed, 0.8)});
+            }
           }
           return Status::Ok();
         });
