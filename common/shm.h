@@ -24,7 +24,10 @@ constexpr unsigned kClientMemorySeals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GRO
 
 // A memfd named `label` (for /proc) of `bytes` bytes (> 0), zero-filled, sealed with
 // kClientMemorySeals: its size never changes, so no mapping of it can ever fault.
-StatusOr<UniqueFd> CreateSealedMemfd(const std::string& label, uint64_t bytes);
+// With `hugetlb`, its pages come from the kernel's huge page pool (MFD_HUGETLB, the default
+// huge page size; `bytes` a multiple of it).
+StatusOr<UniqueFd> CreateSealedMemfd(const std::string& label, uint64_t bytes,
+                                     bool hugetlb = false);
 
 // A PMD-sized transparent huge page (x86-64, and arm64 with 4 KiB base pages).
 constexpr uint64_t kHugePageBytes = 2ULL << 20;

@@ -32,6 +32,8 @@ const char* PageKindName(PageKind kind) {
   switch (kind) {
     case PageKind::kTransparentHuge:
       return "transparent huge pages";
+    case PageKind::kHugetlb:
+      return "hugetlb 2 MiB pages";
     case PageKind::kSmall:
       break;
   }
@@ -63,16 +65,21 @@ StatusOr<std::unique_ptr<ChunkMemory>> ChunkMemory::Create(const std::string& la
     return InvalidArgumentError("chunked memory " + label + " needs bytes and chunk bytes > 0");
   }
   // Huge pages form only where a chunk starts on a huge-page boundary, in memory and in its file.
+  if (options.hugetlb && (chunk_bytes % kHugePageBytes != 0 || bytes % kHugePageBytes != 0)) {
+    return InvalidArgumentError("hugetlb memory " + label + " needs sizes in whole 2 MiB pages");
+  }
   const bool huge = options.transparent_huge && chunk_bytes % kHugePageBytes == 0;
-  const uint64_t align = huge ? kHugePageBytes : 0;
+  const uint64_t align = huge || options.hugetlb ? kHugePageBytes : 0;
+  const PageKind kind = options.hugetlb ? PageKind::kHugetlb
+                        : huge          ? PageKind::kTransparentHuge
+                                        : PageKind::kSmall;
   // One reservation: nothing else lands between the chunks, and base() never moves.
   void* addr =
       mmap(nullptr, bytes + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (addr == MAP_FAILED) return ErrnoStatus("mmap reserve of " + std::to_string(bytes) + " bytes");
   uint8_t* base = TrimToAlignment(static_cast<uint8_t*>(addr), bytes, align);
   std::unique_ptr<ChunkMemory> memory(
-      new ChunkMemory(label, base, bytes, chunk_bytes, options,
-                      huge ? PageKind::kTransparentHuge : PageKind::kSmall));
+      new ChunkMemory(label, base, bytes, chunk_bytes, options, kind));
   const uint64_t chunks = (bytes + chunk_bytes - 1) / chunk_bytes;
   memory->fds_.resize(chunks);
   memory->warm_ = std::make_unique<std::atomic<bool>[]>(chunks);
@@ -114,11 +121,22 @@ uint64_t ChunkMemory::ChunkBytes(uint64_t chunk) const {
 StatusOr<UniqueFd> ChunkMemory::MapFresh(uint64_t chunk) {
   const uint64_t size = ChunkBytes(chunk);
   const std::string name = label_ + "-chunk" + std::to_string(chunk);
-  STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd(name, size));
+  const bool hugetlb = page_kind_ == PageKind::kHugetlb;
+  STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd(name, size, hugetlb));
   void* want = base_ + chunk * chunk_bytes_;
-  void* got =
-      mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd.get(), 0);
-  if (got == MAP_FAILED) return ErrnoStatus("mmap of " + name);
+  // hugetlb: no MAP_NORESERVE, so the huge pages are reserved now (ENOMEM here when the pool
+  // is short) and a later first touch cannot fault with SIGBUS.
+  void* got = mmap(want, size, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_FIXED | (hugetlb ? 0 : MAP_NORESERVE), fd.get(), 0);
+  if (got == MAP_FAILED) {
+    if (hugetlb && errno == ENOMEM) {
+      return ResourceExhaustedError(
+          "cannot reserve " + FormatBytes(size) + " of huge pages for " + name +
+          " (the kernel's huge page pool is short: HugePages_Free in /proc/meminfo): reserve "
+          "more (sysctl vm.nr_hugepages) or start with --huge-pages=auto");
+    }
+    return ErrnoStatus("mmap of " + name);
+  }
   // Before any page exists: the pages the kernel allocates from here on may be huge.
   if (page_kind_ == PageKind::kTransparentHuge) (void)madvise(want, size, MADV_HUGEPAGE);
   if (options_.lock && mlock(want, size) != 0) {

@@ -20,8 +20,10 @@ namespace stash::daemon {
 enum class PageKind {
   kSmall,            // the kernel's base pages (4 KiB on x86-64)
   kTransparentHuge,  // shmem transparent huge pages (MADV_HUGEPAGE; 2 MiB where they form)
+  kHugetlb,          // 2 MiB pages of the kernel's huge page pool (MFD_HUGETLB), reserved at map
 };
-// "4 KiB pages" or "transparent huge pages", for the log, stats and metrics.
+// "4 KiB pages", "transparent huge pages" or "hugetlb 2 MiB pages", for the log, stats and
+// metrics.
 const char* PageKindName(PageKind kind);
 
 struct ChunkMemoryOptions {
@@ -31,6 +33,10 @@ struct ChunkMemoryOptions {
   // Ask for shmem transparent huge pages (MADV_HUGEPAGE on every chunk); the reservation and
   // every chunk then start on a 2 MiB boundary where the chunk size allows it.
   bool transparent_huge = false;
+  // Every chunk a hugetlb memfd (--huge-pages=hugetlb): chunk and tier sizes whole 2 MiB pages
+  // (CheckMemoryFits refuses others), the pages reserved when each chunk is mapped, so a pool
+  // short of huge pages fails there, not on a later fault. Wins over transparent_huge.
+  bool hugetlb = false;
 };
 
 // Whether this kernel lets memfds take transparent huge pages when asked (MADV_HUGEPAGE):

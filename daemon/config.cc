@@ -265,18 +265,22 @@ const Knob kKnobs[] = {
      "socket is up at once; stashes that come before their pages are warm still work. false: "
      "pages are taken as they are first written",
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->warm_memory); }},
-    {"huge_pages", "auto|off",
+    {"huge_pages", "auto|off|hugetlb",
      "Host backend: auto = ask for shmem transparent huge pages (2 MiB) for every tier where "
      "/sys/kernel/mm/transparent_hugepage/shmem_enabled offers them (always, within_size, advise "
-     "or force) and --chunk-bytes is a multiple of 2 MiB; off = 4 KiB pages. The start-up log "
-     "and stats say which each tier got",
+     "or force) and --chunk-bytes is a multiple of 2 MiB; off = 4 KiB pages; hugetlb = huge pages "
+     "reserved by the kernel (vm.nr_hugepages, 2 MiB), refused at start with the numbers when too "
+     "few are free, and needing --chunk-bytes, --pool-bytes and --host-tier-bytes in whole huge "
+     "pages. The start-up log and stats say which each tier got",
      [](std::string_view v, DaemonConfig* c) {
        if (v == "auto") {
-         c->huge_pages = true;
+         c->huge_pages = HugePages::kAuto;
        } else if (v == "off") {
-         c->huge_pages = false;
+         c->huge_pages = HugePages::kOff;
+       } else if (v == "hugetlb") {
+         c->huge_pages = HugePages::kHugetlb;
        } else {
-         return InvalidArgumentError("must be one of auto, off");
+         return InvalidArgumentError("must be one of auto, off, hugetlb");
        }
        return Status::Ok();
      }},

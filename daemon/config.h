@@ -13,6 +13,10 @@ namespace stash::daemon {
 
 enum class BackendChoice { kAuto, kHost, kCuda };
 
+// --huge-pages: auto = shmem transparent huge pages where the kernel offers them; off = base
+// pages; hugetlb = pages reserved in the kernel's huge page pool (vm.nr_hugepages).
+enum class HugePages { kAuto, kOff, kHugetlb };
+
 const char* BackendChoiceName(BackendChoice choice);
 
 // The effective configuration of one daemon. Every field has its knob in config.cc's table.
@@ -42,8 +46,8 @@ struct DaemonConfig {
   // Host backend: populate the tiers in the background from the start, and renewed chunks
   // before they are used again (daemon/warmer.h).
   bool warm_memory = true;
-  // Host backend: shmem transparent huge pages where the kernel offers them (--huge-pages=auto).
-  bool huge_pages = true;
+  // Host backend: which pages the tiers ask for (--huge-pages).
+  HugePages huge_pages = HugePages::kAuto;
 
   // One row per knob, for GetConfig and the start-up log: name, value, source, help.
   struct Entry {

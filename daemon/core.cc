@@ -173,7 +173,9 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     ChunkMemoryOptions memory;
     memory.lock = config.lock_memory;
     std::string offered;
-    memory.transparent_huge = config.huge_pages && ShmemHugePagesOffered(&offered);
+    memory.hugetlb = config.huge_pages == HugePages::kHugetlb;
+    memory.transparent_huge =
+        config.huge_pages == HugePages::kAuto && ShmemHugePagesOffered(&offered);
     Tier* host = nullptr;
     if (config.host_tier_bytes > 0) {
       STASH_ASSIGN_OR_RETURN(
@@ -191,8 +193,10 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
       core->host_backend_tiers_.push_back(std::move(tier));
     }
     const PageKind kind = core->host_backend_tiers_.front()->chunk_memory()->page_kind();
-    if (!config.huge_pages) {
+    if (config.huge_pages == HugePages::kOff) {
       Log("pool")->info("tiers use {} (--huge-pages=off)", PageKindName(kind));
+    } else if (memory.hugetlb) {
+      Log("pool")->info("tiers use {} (--huge-pages=hugetlb), reserved at start", PageKindName(kind));
     } else if (!memory.transparent_huge) {
       Log("pool")->info(
           "tiers use {}: this kernel offers memfds no transparent huge pages ({}; echo advise > "

@@ -1,15 +1,19 @@
 #include "daemon/memory_fit.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "common/bytes.h"
+#include "common/macros.h"
+#include "common/shm.h"
 
 namespace stash::daemon {
 
 FreeMemory ReadFreeMemory(stash::v1::Backend backend) {
   FreeMemory free;
+  uint64_t rsvd = 0;
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   uint64_t kib = 0;
@@ -17,10 +21,71 @@ FreeMemory ReadFreeMemory(stash::v1::Backend backend) {
   while (meminfo >> key >> kib) {
     std::getline(meminfo, unit);
     if (key == "MemAvailable:") free.host_bytes = kib * 1024;
+    // Counts, not kB, except the size.
+    if (key == "HugePages_Total:") free.huge_pages_total = kib;
+    if (key == "HugePages_Free:") free.huge_pages_free += kib;
+    if (key == "HugePages_Rsvd:") rsvd = kib;
+    if (key == "Hugepagesize:") free.huge_page_bytes = kib * 1024;
   }
+  free.huge_pages_free = free.huge_pages_free > rsvd ? free.huge_pages_free - rsvd : 0;
   if (backend == stash::v1::BACKEND_CUDA) free.gpu_free_bytes = CudaFreeBytes();
   return free;
 }
+
+namespace {
+
+Status CheckHugePagesFit(const DaemonConfig& config, const FreeMemory& free) {
+  const uint64_t huge = free.huge_page_bytes;
+  if (huge == 0) {
+    return InvalidArgumentError(
+        "--huge-pages=hugetlb: this kernel has no huge page pool (no Hugepagesize in "
+        "/proc/meminfo): start with --huge-pages=auto or off");
+  }
+  if (huge != kHugePageBytes) {
+    return InvalidArgumentError("--huge-pages=hugetlb takes 2 MiB huge pages, and this node's "
+                                "default size is " +
+                                FormatBytes(huge) +
+                                " (Hugepagesize in /proc/meminfo): boot with "
+                                "default_hugepagesz=2M, or start with --huge-pages=auto");
+  }
+  const uint64_t page = config.page_bytes;
+  const uint64_t pool = config.pool_bytes / page * page;
+  const uint64_t host_tier = config.host_tier_bytes / page * page;
+  const uint64_t chunk = config.chunk_bytes;
+  auto whole = [&](uint64_t bytes, const char* knob) -> Status {
+    if (bytes % huge == 0) return Status::Ok();
+    return InvalidArgumentError(std::string("--huge-pages=hugetlb maps whole 2 MiB pages, and ") +
+                                knob + "=" + FormatBytes(bytes) +
+                                " is not a multiple of 2 MiB: round it to one");
+  };
+  STASH_RETURN_IF_ERROR(whole(pool, "--pool-bytes"));
+  STASH_RETURN_IF_ERROR(whole(host_tier, "--host-tier-bytes"));
+  if (chunk == 0 || chunk % huge != 0) {
+    return InvalidArgumentError(
+        "--huge-pages=hugetlb needs --chunk-bytes set to a multiple of 2 MiB (every chunk is "
+        "its own huge-page memfd; now " +
+        (chunk == 0 ? std::string("0, the default") : FormatBytes(chunk)) +
+        "): set e.g. --chunk-bytes=" + FormatBytes(std::max<uint64_t>(huge, pool / 32 / huge * huge)));
+  }
+  const uint64_t bytes = pool * config.devices + host_tier;
+  const uint64_t needed = bytes / huge;
+  if (needed > free.huge_pages_free) {
+    return ResourceExhaustedError(
+        "--huge-pages=hugetlb: the tiers need " + std::to_string(needed) +
+        " huge pages of 2 MiB (" + FormatBytes(bytes) + ": --pool-bytes=" + FormatBytes(pool) +
+        " x --devices=" + std::to_string(config.devices) + " + --host-tier-bytes=" +
+        FormatBytes(host_tier) + ") but the node has " + std::to_string(free.huge_pages_free) +
+        " free of " + std::to_string(free.huge_pages_total) +
+        " reserved (HugePages_Free less HugePages_Rsvd in /proc/meminfo): reserve more "
+        "(sysctl vm.nr_hugepages=" +
+        std::to_string(free.huge_pages_total + needed - free.huge_pages_free) +
+        ", or hugepages= on the kernel command line), lower the tiers, or start with "
+        "--huge-pages=auto");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status CheckMemoryFits(const DaemonConfig& config, stash::v1::Backend backend,
                        const FreeMemory& free) {
@@ -30,6 +95,7 @@ Status CheckMemoryFits(const DaemonConfig& config, stash::v1::Backend backend,
   const bool cuda = backend == stash::v1::BACKEND_CUDA;
   const uint64_t host_pools = cuda ? 0 : pool * config.devices;
   const uint64_t host_needed = host_pools + host_tier;
+  if (!cuda && config.huge_pages == HugePages::kHugetlb) return CheckHugePagesFit(config, free);
   if (free.host_bytes > 0 && host_needed > free.host_bytes) {
     std::ostringstream why;
     why << "the tiers need " << FormatBytes(host_needed) << " of host memory (";

@@ -15,6 +15,11 @@ namespace stash::daemon {
 // What the machine has free now. 0 in a field = unknown (that check is skipped).
 struct FreeMemory {
   uint64_t host_bytes = 0;               // MemAvailable of /proc/meminfo
+  // The kernel's huge page pool (/proc/meminfo): HugePages_Total, HugePages_Free less
+  // HugePages_Rsvd (reserved by mappings, not faulted in yet), Hugepagesize in bytes.
+  uint64_t huge_pages_total = 0;
+  uint64_t huge_pages_free = 0;
+  uint64_t huge_page_bytes = 0;
   std::vector<uint64_t> gpu_free_bytes;  // cuda: cudaMemGetInfo's free bytes, per visible GPU
 };
 
@@ -22,8 +27,9 @@ struct FreeMemory {
 FreeMemory ReadFreeMemory(stash::v1::Backend backend);
 
 // OK when the tiers `config` asks for fit `free`: host backend, pools x devices + host tier in
-// host memory; cuda, the host tier in host memory and one pool in each GPU's free memory.
-// RESOURCE_EXHAUSTED with the numbers and the knobs to lower otherwise.
+// host memory (with --huge-pages=hugetlb: in free huge pages, every size a whole number of
+// them); cuda, the host tier in host memory and one pool in each GPU's free memory.
+// RESOURCE_EXHAUSTED (INVALID_ARGUMENT for sizes) with the numbers and the knobs otherwise.
 Status CheckMemoryFits(const DaemonConfig& config, stash::v1::Backend backend,
                        const FreeMemory& free);
 

@@ -50,5 +50,59 @@ TEST(MemoryFit, UnknownFreeMemorySkipsTheCheck) {
   EXPECT_TRUE(CheckMemoryFits(Config(64 * kGiB, 64, 64 * kGiB), v1::BACKEND_HOST, {}).ok());
 }
 
+// --huge-pages=hugetlb: the tiers count against the kernel's free huge pages, not MemAvailable,
+// and every size is a whole number of 2 MiB pages.
+FreeMemory HugePool(uint64_t total, uint64_t free_pages) {
+  FreeMemory free;
+  free.host_bytes = 1 * kGiB;  // less than the tiers: hugetlb tiers do not count here
+  free.huge_pages_total = total;
+  free.huge_pages_free = free_pages;
+  free.huge_page_bytes = 2 << 20;
+  return free;
+}
+
+DaemonConfig Hugetlb(uint64_t pool, uint32_t devices, uint64_t host_tier, uint64_t chunk) {
+  DaemonConfig config = Config(pool, devices, host_tier);
+  config.huge_pages = HugePages::kHugetlb;
+  config.chunk_bytes = chunk;
+  return config;
+}
+
+TEST(MemoryFit, HugetlbTiersThatFitTheFreeHugePagesPass) {
+  // 2 x 2 GiB + 1 GiB = 2560 huge pages.
+  EXPECT_TRUE(CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST,
+                              HugePool(4096, 2560))
+                  .ok());
+}
+
+TEST(MemoryFit, HugetlbTiersBeyondTheFreeHugePagesAreRefusedWithTheNumbers) {
+  const Status s = CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST,
+                                   HugePool(3000, 2000));
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("need 2560 huge pages of 2 MiB (5 GiB"));
+  EXPECT_THAT(s.message(), HasSubstr("has 2000 free of 3000 reserved"));
+  EXPECT_THAT(s.message(), HasSubstr("sysctl vm.nr_hugepages=3560"));
+}
+
+TEST(MemoryFit, HugetlbSizesMustBeWholeHugePages) {
+  const FreeMemory pool = HugePool(8192, 8192);
+  Status s = CheckMemoryFits(Hugetlb(kGiB + (256 << 10), 1, 0, 64 << 20), v1::BACKEND_HOST, pool);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--pool-bytes="));
+  s = CheckMemoryFits(Hugetlb(kGiB, 1, 0, 0), v1::BACKEND_HOST, pool);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("needs --chunk-bytes set to a multiple of 2 MiB"));
+  s = CheckMemoryFits(Hugetlb(kGiB, 1, 0, 3 << 20), v1::BACKEND_HOST, pool);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  FreeMemory gigantic = pool;
+  gigantic.huge_page_bytes = kGiB;
+  s = CheckMemoryFits(Hugetlb(kGiB, 1, 0, 64 << 20), v1::BACKEND_HOST, gigantic);
+  EXPECT_THAT(s.message(), HasSubstr("default_hugepagesz=2M"));
+  FreeMemory none = pool;
+  none.huge_page_bytes = 0;
+  s = CheckMemoryFits(Hugetlb(kGiB, 1, 0, 64 << 20), v1::BACKEND_HOST, none);
+  EXPECT_THAT(s.message(), HasSubstr("no huge page pool"));
+}
+
 }  // namespace
 }  // namespace stash::daemon

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -167,6 +168,69 @@ TEST(WarmMemory, TiersTakeTransparentHugePagesWhereTheKernelOffersThem) {
     EXPECT_EQ(t.page_kind(), "4 KiB pages") << t.name();
   }
   EXPECT_EQ(ProcKiB(small.process().pid(), "smaps_rollup", "ShmemPmdMapped"), 0);
+}
+
+// --huge-pages=hugetlb: the tiers take pages of the kernel's huge page pool, reserved at start
+// (a pool short of them is refused with the numbers), and both modes stash and reload on them.
+TEST(WarmMemory, HugetlbTiersAreReservedAtStartAndServeBothModes) {
+  const std::string knob = "/proc/sys/vm/nr_hugepages";
+  long before = -1;
+  {
+    std::ifstream in(knob);
+    in >> before;
+  }
+  if (geteuid() != 0 || before < 0) GTEST_SKIP() << "needs root to reserve huge pages";
+  auto set = [&](long pages) {
+    std::ofstream out(knob);
+    out << pages;
+    out.flush();
+    return out.good();
+  };
+  struct Restore {
+    std::function<bool(long)> set;
+    long value;
+    ~Restore() { set(value); }
+  } restore{set, before};
+  // 8 MiB of pool + 4 MiB of host tier = 6 pages, and 4 to spare.
+  ASSERT_TRUE(set(before + 10));
+  const std::vector<std::string> sizes = {"--pool-bytes=8MiB", "--host-tier-bytes=4MiB",
+                                          "--chunk-bytes=2MiB", "--huge-pages=hugetlb"};
+  DaemonProcess d(Flags(sizes));
+  ASSERT_READY(d);
+  ASSERT_TRUE(EveryTierWarmsWithin(d));
+  const v1::GetStatsResponse r = DaemonStats(d.socket());
+  for (const auto& t : r.tiers()) EXPECT_EQ(t.page_kind(), "hugetlb 2 MiB pages") << t.name();
+  EXPECT_GE(ProcKiB(d.process().pid(), "smaps_rollup", "Shared_Hugetlb") +
+                ProcKiB(d.process().pid(), "smaps_rollup", "Private_Hugetlb"),
+            long{12 * 1024});
+  for (Mode mode : {Mode::kDaemonCopy, Mode::kMapped}) {
+    Options o;
+    o.socket = d.socket();
+    o.mode = mode;
+    if (mode == Mode::kMapped) {
+      o.lease.automatic = false;
+      o.lease.device_bytes = 4 * kMiB;
+    }
+    auto client = Client::Open(o);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    auto src = Buffer(16 * 65536, 7);
+    auto dst = Buffer(16 * 65536);
+    auto stashed = (*client)->Wait(*(*client)->Stash(Args(*src, 65536, 16)));
+    ASSERT_TRUE(stashed.ok()) << stashed.status().ToString();
+    EXPECT_EQ(stashed->tier, Tier::kDevice);
+    ReloadArgs back;
+    back.ticket = stashed->ticket;
+    back.destination = dst.get();
+    ASSERT_TRUE((*client)->Wait(*(*client)->Reload(back)).ok());
+    EXPECT_EQ(std::memcmp(src->data(), dst->data(), src->size()), 0);
+  }
+  // A second daemon finds 4 huge pages free where it needs 6: refused, naming the numbers.
+  std::vector<std::string> again = Flags(sizes);
+  DaemonProcess refused(again);
+  EXPECT_FALSE(refused.Ready());
+  EXPECT_NE(refused.process().Stderr().find("need 6 huge pages of 2 MiB"), std::string::npos)
+      << refused.process().Stderr();
+  EXPECT_NE(refused.process().Stderr().find("sysctl vm.nr_hugepages="), std::string::npos);
 }
 
 }  // namespace
