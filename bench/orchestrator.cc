@@ -17,6 +17,7 @@
 
 #include "bench/gbench_json.h"
 #include "bench/harness.h"
+#include "bench/phase_pages.h"
 #include "bench/phase_sharing.h"
 #include "bench/process.h"
 #include "bench/report.h"
@@ -717,7 +718,7 @@ int RunOrchestrator(const BenchOptions& options) {
   const std::vector<std::pair<std::string, std::function<Status(Env&, std::vector<Row>&)>>> phases =
       {{"copy", PhaseCopy},       {"latency", PhaseLatency}, {"saturate", PhaseSaturate},
        {"ring", PhaseRing},       {"memory", PhaseMemory},   {"idle", PhaseIdle},
-       {"clients", PhaseClients}, {"sharing", PhaseSharing}};
+       {"clients", PhaseClients}, {"sharing", PhaseSharing}, {"pages", PhasePages}};
   std::vector<Row> rows;
   bool failed = false;
   const auto t0 = Clock::now();

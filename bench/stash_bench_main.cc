@@ -20,7 +20,7 @@ namespace {
 
 constexpr char kUsage[] =
     "Usage: stash-bench [--quick] "
-    "[--phases=copy,latency,saturate,ring,memory,idle,clients,sharing]\n"
+    "[--phases=copy,latency,saturate,ring,memory,idle,clients,sharing,pages]\n"
     "                   [--modes=daemon-copy,mapped] [--stashd=PATH] [--paging-bench=PATH]\n"
     "                   [--markdown-out=FILE] [--keep-dir=DIR]\n"
     "\n"
