@@ -52,8 +52,9 @@ StatusOr<Fields> Measure(Env& env, bool mapped, const std::string& pages) {
                                            "--reps=7", "--memcpy-threads=2"};
   if (mapped) {
     daemon_flags.push_back("--max-lease-bytes=" + std::to_string(lease));
-    worker_flags.insert(worker_flags.end(), {"--mode=mapped", "--lease-bytes=" + std::to_string(lease),
-                                             "--copy-threads=2"});
+    worker_flags.insert(
+        worker_flags.end(),
+        {"--mode=mapped", "--lease-bytes=" + std::to_string(lease), "--copy-threads=2"});
   } else {
     daemon_flags.push_back("--copy-threads=2");
   }
@@ -66,8 +67,8 @@ StatusOr<Fields> Measure(Env& env, bool mapped, const std::string& pages) {
 
 Status PhasePages(Env& env, std::vector<Row>& rows) {
   const std::string shmem = ShmemEnabled();
-  const bool thp = shmem == "always" || shmem == "within_size" || shmem == "advise" ||
-                   shmem == "force";
+  const bool thp =
+      shmem == "always" || shmem == "within_size" || shmem == "advise" || shmem == "force";
   const uint64_t needed = (2 * kBytes + 3 * kChunk) / (2 * kMiB);
   const bool hugetlb = FreeHugePages() >= needed;
   Status first;
@@ -98,18 +99,18 @@ Status PhasePages(Env& env, std::vector<Row>& rows) {
         continue;
       }
       Fields& f = *huge;
-      rows.push_back({"1", "  steady stash / reload " + tag + ", " + name + " / 4 KiB pages",
-                      Fixed(f["stash_median_gbps"], 2) + " / " + Fixed(f["reload_median_gbps"], 2) +
-                          " GB/s",
-                      baseline,
-                      Ratio(f["stash_median_gbps"] / base["stash_median_gbps"]) + " / " +
-                          Ratio(f["reload_median_gbps"] / base["reload_median_gbps"]),
-                      "", Verdict::kNoTarget});
+      rows.push_back(
+          {"1", "  steady stash / reload " + tag + ", " + name + " / 4 KiB pages",
+           Fixed(f["stash_median_gbps"], 2) + " / " + Fixed(f["reload_median_gbps"], 2) + " GB/s",
+           baseline,
+           Ratio(f["stash_median_gbps"] / base["stash_median_gbps"]) + " / " +
+               Ratio(f["reload_median_gbps"] / base["reload_median_gbps"]),
+           "", Verdict::kNoTarget});
     }
     if (!thp) {
       rows.push_back({"1", "  transparent huge pages, " + tag,
-                      "not offered here (shmem_enabled=" + (shmem.empty() ? "?" : shmem) + ")",
-                      "", "", "", Verdict::kNoTarget});
+                      "not offered here (shmem_enabled=" + (shmem.empty() ? "?" : shmem) + ")", "",
+                      "", "", Verdict::kNoTarget});
     }
     if (!hugetlb) {
       rows.push_back({"1", "  hugetlb pages, " + tag,

@@ -114,8 +114,8 @@ Status CheckClientMemoryFd(int fd, uint64_t bytes) {
 }
 
 StatusOr<UniqueFd> CreateSealedMemfd(const std::string& label, uint64_t bytes, bool hugetlb) {
-  STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(label, bytes,
-                                                  MFD_ALLOW_SEALING | (hugetlb ? MFD_HUGETLB : 0)));
+  STASH_ASSIGN_OR_RETURN(
+      UniqueFd fd, CreateMemfd(label, bytes, MFD_ALLOW_SEALING | (hugetlb ? MFD_HUGETLB : 0)));
   if (fcntl(fd.get(), F_ADD_SEALS, static_cast<int>(kClientMemorySeals)) != 0) {
     return ErrnoStatus("fcntl(F_ADD_SEALS) on " + label);
   }

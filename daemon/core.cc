@@ -196,7 +196,8 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     if (config.huge_pages == HugePages::kOff) {
       Log("pool")->info("tiers use {} (--huge-pages=off)", PageKindName(kind));
     } else if (memory.hugetlb) {
-      Log("pool")->info("tiers use {} (--huge-pages=hugetlb), reserved at start", PageKindName(kind));
+      Log("pool")->info("tiers use {} (--huge-pages=hugetlb), reserved at start",
+                        PageKindName(kind));
     } else if (!memory.transparent_huge) {
       Log("pool")->info(
           "tiers use {}: this kernel offers memfds no transparent huge pages ({}; echo advise > "

@@ -42,11 +42,12 @@ Status CheckHugePagesFit(const DaemonConfig& config, const FreeMemory& free) {
         "/proc/meminfo): start with --huge-pages=auto or off");
   }
   if (huge != kHugePageBytes) {
-    return InvalidArgumentError("--huge-pages=hugetlb takes 2 MiB huge pages, and this node's "
-                                "default size is " +
-                                FormatBytes(huge) +
-                                " (Hugepagesize in /proc/meminfo): boot with "
-                                "default_hugepagesz=2M, or start with --huge-pages=auto");
+    return InvalidArgumentError(
+        "--huge-pages=hugetlb takes 2 MiB huge pages, and this node's "
+        "default size is " +
+        FormatBytes(huge) +
+        " (Hugepagesize in /proc/meminfo): boot with "
+        "default_hugepagesz=2M, or start with --huge-pages=auto");
   }
   const uint64_t page = config.page_bytes;
   const uint64_t pool = config.pool_bytes / page * page;
@@ -65,7 +66,8 @@ Status CheckHugePagesFit(const DaemonConfig& config, const FreeMemory& free) {
         "--huge-pages=hugetlb needs --chunk-bytes set to a multiple of 2 MiB (every chunk is "
         "its own huge-page memfd; now " +
         (chunk == 0 ? std::string("0, the default") : FormatBytes(chunk)) +
-        "): set e.g. --chunk-bytes=" + FormatBytes(std::max<uint64_t>(huge, pool / 32 / huge * huge)));
+        "): set e.g. --chunk-bytes=" +
+        FormatBytes(std::max<uint64_t>(huge, pool / 32 / huge * huge)));
   }
   const uint64_t bytes = pool * config.devices + host_tier;
   const uint64_t needed = bytes / huge;
@@ -73,9 +75,9 @@ Status CheckHugePagesFit(const DaemonConfig& config, const FreeMemory& free) {
     return ResourceExhaustedError(
         "--huge-pages=hugetlb: the tiers need " + std::to_string(needed) +
         " huge pages of 2 MiB (" + FormatBytes(bytes) + ": --pool-bytes=" + FormatBytes(pool) +
-        " x --devices=" + std::to_string(config.devices) + " + --host-tier-bytes=" +
-        FormatBytes(host_tier) + ") but the node has " + std::to_string(free.huge_pages_free) +
-        " free of " + std::to_string(free.huge_pages_total) +
+        " x --devices=" + std::to_string(config.devices) +
+        " + --host-tier-bytes=" + FormatBytes(host_tier) + ") but the node has " +
+        std::to_string(free.huge_pages_free) + " free of " + std::to_string(free.huge_pages_total) +
         " reserved (HugePages_Free less HugePages_Rsvd in /proc/meminfo): reserve more "
         "(sysctl vm.nr_hugepages=" +
         std::to_string(free.huge_pages_total + needed - free.huge_pages_free) +

@@ -14,7 +14,7 @@ namespace stash::daemon {
 
 // What the machine has free now. 0 in a field = unknown (that check is skipped).
 struct FreeMemory {
-  uint64_t host_bytes = 0;               // MemAvailable of /proc/meminfo
+  uint64_t host_bytes = 0;  // MemAvailable of /proc/meminfo
   // The kernel's huge page pool (/proc/meminfo): HugePages_Total, HugePages_Free less
   // HugePages_Rsvd (reserved by mappings, not faulted in yet), Hugepagesize in bytes.
   uint64_t huge_pages_total = 0;

@@ -70,14 +70,14 @@ DaemonConfig Hugetlb(uint64_t pool, uint32_t devices, uint64_t host_tier, uint64
 
 TEST(MemoryFit, HugetlbTiersThatFitTheFreeHugePagesPass) {
   // 2 x 2 GiB + 1 GiB = 2560 huge pages.
-  EXPECT_TRUE(CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST,
-                              HugePool(4096, 2560))
-                  .ok());
+  EXPECT_TRUE(
+      CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST, HugePool(4096, 2560))
+          .ok());
 }
 
 TEST(MemoryFit, HugetlbTiersBeyondTheFreeHugePagesAreRefusedWithTheNumbers) {
-  const Status s = CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST,
-                                   HugePool(3000, 2000));
+  const Status s =
+      CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST, HugePool(3000, 2000));
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(s.message(), HasSubstr("need 2560 huge pages of 2 MiB (5 GiB"));
   EXPECT_THAT(s.message(), HasSubstr("has 2000 free of 3000 reserved"));

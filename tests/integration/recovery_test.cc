@@ -112,10 +112,12 @@ class Recovery : public ::testing::TestWithParam<Mode> {
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(c).value() : nullptr;
   }
-  // stashd again on the same socket (the harness's Ready() watches its own path).
-  void Restart() {
+  // stashd again on the same socket (the harness's Ready() watches its own path), with `extra`
+  // flags after the first daemon's (the last of a flag given twice counts).
+  void Restart(const std::vector<std::string>& extra = {}) {
     std::vector<std::string> again = flags_;
     again.push_back("--socket=" + socket_);
+    again.insert(again.end(), extra.begin(), extra.end());
     restarted_ = std::make_unique<DaemonProcess>(again);
     ASSERT_TRUE(Eventually(
         [&] { return testing::SocketAccepts(socket_) || !restarted_->process().running(); }));
@@ -143,7 +145,7 @@ TEST_P(Recovery, KilledDaemonIsReplacedAtTheNextStep) {
   ASSERT_EQ(stashed->tier, Tier::kDevice);
 
   daemon_->process().StopWith(SIGKILL, seconds(5));
-  Restart();
+  Restart({"--pool-bytes=16MiB"});  // a new geometry: the getters must follow it
 
   auto dst = Buffer(4 * kPage);
   // Daemon-copy: the reload fails, at once or once the client saw the stream end.
@@ -175,7 +177,7 @@ TEST_P(Recovery, KilledDaemonIsReplacedAtTheNextStep) {
   EXPECT_FALSE(client->CurrentStepFlags().lost);
   EXPECT_NE(client->session_id(), first);
   EXPECT_EQ(client->page_bytes(), kPage);
-  EXPECT_EQ(client->pool_pages(), (8u << 20) / kPage);
+  EXPECT_EQ(client->pool_pages(), (16u << 20) / kPage) << "the new daemon's pool";
   auto again = client->Wait(*client->Stash(Args(*src, 4)));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->tier, Tier::kDevice);

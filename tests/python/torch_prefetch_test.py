@@ -117,6 +117,54 @@ def test_depth_two_keeps_reloads_two_groups_ahead_not_more(torch_client):
             assert acc[Key(below - 2, 0)].prefetched == 0, (i, acc[Key(below - 2, 0)])
 
 
+def test_depth_two_stays_two_groups_ahead_in_an_interleaved_schedule(torch_client):
+    # Issue 21's case: an interleaved (virtual pipeline) schedule, whose backward alternates
+    # microbatches chunk by chunk, used to start ever more reloads ahead (2, 3, ... groups),
+    # since groups whose reload had started no longer counted toward the depth. Four model
+    # chunks of two layers, two microbatches, backward in the schedule's order: at every point
+    # at most `depth` groups are reloading without having been read by backward yet.
+    chunks, per_chunk = 4, 2
+    schedule = [(c * per_chunk + i, m) for c in reversed(range(chunks)) for m in (0, 1)
+                for i in reversed(range(per_chunk))]
+    stash_torch.set_prefetch(torch_client, depth=2, schedule=schedule)
+    torch_client.begin_step(0)
+    g = torch.Generator().manual_seed(12)
+    seen = []
+    inputs, outputs = [], []  # per microbatch, per chunk
+    for m in (0, 1):
+        h = torch.randn(M, H, generator=g, dtype=torch.float64, requires_grad=True)
+        ins, outs = [], []
+        for c in range(chunks):
+            h = h.detach().requires_grad_()  # a pipeline stage's input
+            ins.append(h)
+            for i in range(per_chunk):
+                w = torch.randn(M, H, generator=g, dtype=torch.float64)
+                with stash_torch.stash_saved_tensors(torch_client, M, M, layer=c * per_chunk + i,
+                                                     microbatch=m):
+                    a = stash_torch.mark(h * w)
+                    b = stash_torch.mark(h + w)
+                    h = torch.tanh(a * b)
+                h = Probe.apply(h, torch_client, seen)
+            outs.append(h)
+        inputs.append(ins)
+        outputs.append(outs)
+    for c in reversed(range(chunks)):
+        for m in (0, 1):
+            if c == chunks - 1:
+                outputs[m][c].sum().backward()
+            else:
+                outputs[m][c].backward(inputs[m][c + 1].grad)
+    assert len(seen) == chunks * per_chunk * 2
+    most = 0
+    for i, acc in enumerate(seen):
+        ahead = sorted(k for k, s in acc.items() if s.prefetched > 0 and s.reloaded == 0)
+        assert len(ahead) <= 2, (i, ahead)
+        most = max(most, len(ahead))
+    assert most == 2, "the prefetcher ran that far ahead at some point"
+    acc = stash_torch.accounting(torch_client)
+    assert all(s.live == 0 and s.reloaded == 2 for s in acc.values())
+
+
 def test_schedule_order_prefetches_across_microbatches(torch_client):
     # 1F1B-like: microbatch 1's backward runs right after microbatch 0's.
     stash_torch.set_prefetch(torch_client, depth=1, schedule=[
