@@ -160,3 +160,46 @@ def test_a_drain_mid_step_then_a_restart_runs_every_step_once(start_daemon, mode
     assert run.sessions[EVENT_STEP + 1] is None, run.sessions  # drained: no session
     assert None not in run.sessions[EVENT_STEP + 2:], run.sessions
     assert run.sessions[-1] != run.sessions[0]
+
+
+def test_session_and_step_flags_describe_a_restarted_daemon(tmp_path, mode):
+    # The C API's stash_get_session and stash_step_lost through client.session() and
+    # step_flags(): the step whose stashes a killed daemon held says so (daemon-copy only:
+    # mapped keeps them in its chunks), and after the next begin_step the session's id and
+    # geometry are the new daemon's (here a pool four times the size).
+    os.makedirs(tmp_path / "d")
+    d = Daemon(str(tmp_path / "d"), list(DEFAULT_FLAGS))
+    client = d.connect(**TORCH_MODES[mode])
+    new = []
+    try:
+        before = client.session()
+        assert before.session_id == client.session_id != ""
+        assert before.page_bytes == 64 << 10 and before.pool_pages == (64 << 20) // (64 << 10)
+        g = torch.Generator().manual_seed(9)
+        layers = [make_params(g, 16, 16, 4) for _ in range(2)]
+        x = torch.randn(32, 16, generator=g, dtype=torch.float64)
+        client.begin_step(0)
+        out = moe_model(x, layers, 2, client)  # its saved tensors are stashed
+        assert not client.step_flags().unavailable
+        d.process.send_signal(signal.SIGKILL)
+        assert d.stop() == -signal.SIGKILL
+        flags = [f for f in DEFAULT_FLAGS if not f.startswith("--pool-bytes")]
+        new.append(Daemon(os.path.dirname(d.socket), flags + ["--pool-bytes=256MiB"]))
+        if mode == "daemon-copy":
+            wait_until(lambda: client.step_flags().unavailable, 10, "the lost step's flag")
+        else:
+            out.sum().backward()  # the rank's chunks outlived the daemon
+            assert not client.step_flags().unavailable
+        del out
+        client.begin_step(1)
+        wait_until(lambda: client.session().session_id != before.session_id, 10,
+                   "a new session")
+        after = client.session()
+        assert after.session_id == client.session_id
+        assert after.pool_pages == (256 << 20) // (64 << 10), after
+        assert not client.step_flags().unavailable
+        assert client.stats().stashes == 0
+    finally:
+        client.close()
+        for n in new:
+            assert n.stop() == 0, n.log()
