@@ -373,6 +373,23 @@ std::string RenderStats(const v1::GetStatsResponse& stats, size_t width) {
   }
   out += "\n";
   out += tiers.Render(width);
+  // Host backend: pages and warmth, one line (stashd --huge-pages, --warm-memory).
+  std::string pages, warming;
+  for (const v1::TierStats& t : stats.tiers()) {
+    if (t.page_kind().empty()) continue;
+    if (pages.find(t.page_kind()) == std::string::npos) {
+      pages += (pages.empty() ? "" : ", ") + t.page_kind();
+    }
+    const uint64_t bytes = t.pages_total() * t.page_bytes();
+    if (t.bytes_warm() < bytes) {
+      warming += "  " + t.name() + " " + FormatBytes(t.bytes_warm()) + " of " + FormatBytes(bytes);
+    }
+  }
+  if (!pages.empty()) {
+    out += FitLines("memory: " + pages +
+                        (warming.empty() ? ", every tier warm" : "; warming:" + warming) + "\n",
+                    width);
+  }
   out += "\n";
   if (stats.sessions().empty() && stats.sessions_omitted() == 0) {
     out += "no sessions connected\n";

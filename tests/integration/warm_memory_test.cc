@@ -50,6 +50,16 @@ long ProcKiB(pid_t pid, const std::string& file, const std::string& field) {
 
 uint64_t TierBytes(const v1::TierStats& t) { return t.pages_total() * t.page_bytes(); }
 
+// What `stashctl stats` prints for `d`.
+std::string StatsText(DaemonProcess& d) {
+  std::string out, err;
+  EXPECT_EQ(RunCommand({BinDir() + "/client/stashctl/stashctl", "--socket=" + d.socket(), "stats"},
+                       &out, &err),
+            0)
+      << err;
+  return out;
+}
+
 // Whether every tier's bytes are warm, polling for up to 20 s (scaled).
 bool EveryTierWarmsWithin(const DaemonProcess& d) {
   const auto deadline = std::chrono::steady_clock::now() + seconds(20 * TimeScale());
@@ -75,6 +85,8 @@ TEST(WarmMemory, EveryTierIsPopulatedInTheBackgroundFromTheStart) {
   EXPECT_GE(ProcKiB(d.process().pid(), "status", "RssShmem"), long{(48 * 2 + 32) * 1024});
   EXPECT_NE(d.process().Stderr().find("every pool is warm"), std::string::npos)
       << d.process().Stderr();
+  EXPECT_NE(StatsText(d).find("memory: 4 KiB pages, every tier warm"), std::string::npos)
+      << StatsText(d);
 }
 
 // --warm-memory=false: pages come as they are first written, as before.
@@ -155,6 +167,8 @@ TEST(WarmMemory, TiersTakeTransparentHugePagesWhereTheKernelOffersThem) {
     EXPECT_EQ(t.page_kind(), "transparent huge pages") << t.name();
   }
   EXPECT_NE(huge.process().Stderr().find("ask for transparent huge pages"), std::string::npos);
+  EXPECT_NE(StatsText(huge).find("memory: transparent huge pages, every tier warm"),
+            std::string::npos);
   // The kernel may leave a few out (fragmented memory); most of 48 MiB is huge.
   EXPECT_GE(ProcKiB(huge.process().pid(), "smaps_rollup", "ShmemPmdMapped"), long{24 * 1024})
       << huge.process().Stderr();
