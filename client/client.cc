@@ -153,9 +153,8 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
   if (Status st = CheckEventPoint(args.ready, "ready event"); !st.ok()) return st;
   if (Status st = CheckEventPoint(args.done, "done event"); !st.ok()) return st;
   v1::SessionRequest r;
-  r.set_request_id(RandomNonZeroU64());
+  // The ticket is the stash's request id, one name to Wait on: Submit sets both.
   v1::Stash* s = r.mutable_stash();
-  s->set_ticket(r.request_id());  // the ticket is the stash's request id: one name to Wait on
   SetRef(source, s->mutable_source());
   s->set_row_bytes(args.row_bytes);
   s->set_max_rows(args.max_rows);
@@ -189,8 +188,6 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
     kept.tier = Tier::kOverflow;
     return copy_->Local(kept);
   }
-  // The ticket must not change inside Submit: a collision with a pending id is astronomically
-  // unlikely, and Submit keeps the id when it is free.
   return stream->Submit(std::move(r), Completion::Kind::kStash, memories, stale, std::move(done));
 }
 

@@ -1,5 +1,7 @@
 #include "client/session_stream.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -165,6 +167,10 @@ StatusOr<std::unique_ptr<SessionStream>> SessionStream::Open(const Options& opti
   raw->descriptors = std::make_unique<DescriptorChannel>(raw->socket, raw->welcome.session_id(),
                                                          raw->welcome.descriptor_secret());
   lock.unlock();
+  if (mode == v1::MODE_DAEMON_COPY) {
+    raw->has_writer = true;
+    raw->writer = std::thread([raw] { raw->WriterLoop(); });
+  }
   return stream;
 }
 
@@ -212,9 +218,106 @@ std::string SessionStream::LostStash(uint64_t ticket, const std::string& why) co
 
 SessionStream::~SessionStream() { Close(); }
 
+void SessionStream::WriterLoop() {
+  // SCHED_BATCH: a woken writer never preempts the thread that woke it, so on a busy core
+  // Stash() returns before the write runs, not after. Same nice value; best effort.
+  sched_param batch{};
+  (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
+  std::unique_lock<std::mutex> lock(mu);
+  while (true) {
+    if (outgoing.empty()) {
+      if (writer_stop) return;
+      writer_sleeping = true;
+      writer_cv.wait(lock, [&] { return !outgoing.empty() || writer_stop; });
+      writer_sleeping = false;
+      continue;
+    }
+    Outgoing job = std::move(outgoing.front());
+    outgoing.pop_front();
+    lock.unlock();
+    WriteOne(std::move(job));
+    lock.lock();
+  }
+}
+
+void SessionStream::WriteOne(Outgoing job) {
+  // The memfds first, in submission order, outside the lock (a round trip to the daemon each).
+  // A stream that broke takes nothing more: the operation stays unanswered, and Wait reports the
+  // stream's end, as for an operation it dropped from its write queue.
+  std::vector<std::pair<uint64_t, Status>> refused;
+  for (const MemoryDesc& m : job.deposits) {
+    if (broken_now()) return;
+    Status st = descriptors->DepositMemory(m.id, m.bytes, m.memory->fd());
+    if (!st.ok()) refused.emplace_back(m.id, std::move(st));
+  }
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (broken) return;
+    for (const auto& [memory_id, why] : refused) {
+      // Not registered after all: the next operation that names it hands it over again. The
+      // operations queued meanwhile counted on this registration: they fail as this one does,
+      // as each of them would have failed handing the same memfd over itself.
+      registered.erase(memory_id);
+      for (auto it = job.batch.begin(); it != job.batch.end(); ++it) {
+        if (it->has_register_memory() && it->register_memory().memory_id() == memory_id) {
+          pending.erase(it->request_id());
+          job.batch.erase(it);
+          break;
+        }
+      }
+      if (job.failed.ok()) job.failed = why;
+      for (Outgoing& later : outgoing) {
+        if (!later.failed.ok()) continue;
+        for (uint64_t named : later.memory_ids) {
+          if (named == memory_id) later.failed = why;
+        }
+      }
+    }
+    if (!job.failed.ok()) {
+      // Answered here with the reason; what else the batch carries (other registrations, stale
+      // unregisters) still goes out, since later operations count on it.
+      job.batch.pop_back();
+      auto it = pending.find(job.op);
+      if (it != pending.end()) {
+        Pending& p = it->second;
+        p.status = job.failed;
+        p.answered = true;
+        DoneAnsweredLocked(job.op, p);
+        cv.notify_all();
+      }
+    }
+    if (job.batch.empty()) return;
+    bool accepted = true;
+    start = QueueLocked(job.batch, &accepted);
+    if (!accepted) {
+      // The stream is gone.
+      auto it = pending.find(job.op);
+      if (it != pending.end() && !it->second.answered) {
+        it->second.status = UnavailableError("stashd on " + socket + " went away");
+        it->second.answered = true;
+      }
+      ReleaseDoneEventsLocked();
+      cv.notify_all();
+      return;
+    }
+  }
+  if (start) writes.Kick();
+}
+
+void SessionStream::StopWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    writer_stop = true;
+  }
+  writer_cv.notify_all();
+  if (writer.joinable()) writer.join();
+}
+
 void SessionStream::Close() {
   if (!started || closed) return;
   closed = true;
+  StopWriter();
   // A healthy session ends by a half-close: the daemon ends the stream only once every copy and
   // done write of the session finished, and only then does OnReadDone raise the pending done
   // counters. A cancel would raise them at once while the daemon's copies still run, and a done

@@ -3,6 +3,11 @@
 // modes open one: a mapped session's stream carries only the Hello and is the session's identity
 // and lifetime (client/mapped_session.h).
 //
+// In daemon-copy mode a thread of the stream's own (the writer) takes submitted operations in
+// order, hands the memfds they need to the daemon over the descriptor channel and writes them on
+// the stream: Submit() only queues, so Stash() and Reload() never wait on a descriptor round
+// trip or on gRPC's write path.
+//
 // Thread-safe: members marked "guarded by mu" are read and written under `mu`; the rest never
 // change after Open().
 #ifndef STASH_CLIENT_SESSION_STREAM_H_
@@ -17,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -54,8 +60,9 @@ struct SessionStream final
                                                        std::shared_ptr<CudaSide> cuda);
   // Ends the session (Close()).
   ~SessionStream() override;
-  // Ends the stream: a half-close that waits (bounded) until the daemon finished the session's
-  // work, then a cancel; returns once gRPC is done with this object. Idempotent.
+  // Ends the stream: the writer hands over what was submitted, then a half-close that waits
+  // (bounded) until the daemon finished the session's work, then a cancel; returns once gRPC is
+  // done with this object. Idempotent.
   void Close();
   // Asks the daemon for this session's counters and its pool usage (GetStats).
   StatusOr<SessionStats> Stats();
@@ -209,6 +216,21 @@ struct SessionStream final
 
   static MemoryDesc HostMemory(const HostBuffer& buffer);
 
+  // One submitted operation on its way to the wire, queued for the writer thread.
+  struct Outgoing {
+    uint64_t op = 0;  // the request id of the operation (the last request of `batch`)
+    // Unregisters of stale allocations, registers of the memory new to the session, then the
+    // operation itself: written in this order, with nothing of another operation between.
+    std::vector<v1::SessionRequest> batch;
+    // The host memory `batch` registers: its memfds go to the daemon before the batch is
+    // written. Keeps each memfd open even if the caller frees its buffer meanwhile.
+    std::vector<MemoryDesc> deposits;
+    std::vector<uint64_t> memory_ids;  // every memory the operation names
+    // Not OK once a memory the operation names could not be handed to the daemon: the operation
+    // is answered with this status instead of being sent.
+    Status failed;
+  };
+
   // Sets the ready and done events of `op` (a Stash or Reload; only those given: an empty
   // EventRef would be a bad request), adds their memory to `memories`, and returns the done
   // event as the library keeps it.
@@ -243,10 +265,13 @@ struct SessionStream final
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::StashService::Stub> stub;
   v1::Welcome welcome;
+  bool has_writer = false;  // daemon-copy: the writer thread runs from the end of Open()
 
   grpc::ClientContext context;
   v1::SessionResponse incoming;  // read side only
   WriteQueue<v1::SessionRequest> writes{[this](const v1::SessionRequest* r) { StartWrite(r); }};
+  // The writer (daemon-copy sessions only): started at the end of Open(), joined by Close().
+  std::thread writer;
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -267,6 +292,14 @@ struct SessionStream final
   StepFlags flags;            // guarded by mu
   bool welcomed = false;      // guarded by mu
   bool hold_removed = false;  // guarded by mu
+  IdSequence ids;             // guarded by mu: request ids, tickets
+  // Submitted operations the writer has not taken yet, in submission order. Each operation is
+  // here or in `writes`, never both: the writer moves it on as soon as its memfds are handed
+  // over, so this adds no bound and no buffering of its own. Guarded by mu.
+  std::deque<Outgoing> outgoing;
+  std::condition_variable writer_cv;  // the writer waits here for `outgoing` or `writer_stop`
+  bool writer_sleeping = false;       // guarded by mu: the writer waits on writer_cv
+  bool writer_stop = false;           // guarded by mu: Close() ran; Submit refuses
 
   // Queues requests in order (lock held, so batches of different threads stay apart). Returns
   // whether the caller must Kick the writer after unlocking; false with `accepted` false when
@@ -275,10 +308,17 @@ struct SessionStream final
     return writes.Enqueue(requests, accepted);
   }
 
+  // A request id (a stash's ticket) no pending operation of this stream has (lock held).
+  uint64_t NextIdLocked() {
+    uint64_t id = ids.Next();
+    while (pending.count(id) != 0) id = ids.Next();  // the Hello's, drawn elsewhere
+    return id;
+  }
+
   // Adds an internal (nobody waits) request to `out` (lock held).
   void AddInternalLocked(v1::SessionRequest r, Completion::Kind kind, uint64_t memory_id,
                          std::vector<v1::SessionRequest>& out) {
-    r.set_request_id(RandomNonZeroU64());
+    r.set_request_id(NextIdLocked());
     Pending p;
     p.kind = kind;
     p.memory_id = memory_id;
@@ -287,9 +327,10 @@ struct SessionStream final
     out.push_back(std::move(r));
   }
 
-  // Adds a RegisterMemory for `memory` unless it is registered (lock held).
-  void RegisterLocked(const MemoryDesc& memory, std::vector<v1::SessionRequest>& out) {
-    if (registered.count(memory.id) != 0) return;
+  // Adds a RegisterMemory for `memory` unless it is registered (lock held). Returns whether it
+  // added one.
+  bool RegisterLocked(const MemoryDesc& memory, std::vector<v1::SessionRequest>& out) {
+    if (registered.count(memory.id) != 0) return false;
     registered.insert(memory.id);
     v1::SessionRequest r;
     v1::RegisterMemory* reg = r.mutable_register_memory();
@@ -302,6 +343,7 @@ struct SessionStream final
       reg->set_device_uuid(cuda->uuid());
     }
     AddInternalLocked(std::move(r), Completion::Kind::kRegister, memory.id, out);
+    return true;
   }
 
   // Adds an UnregisterMemory for `memory_id` if it is registered (lock held).
@@ -312,39 +354,27 @@ struct SessionStream final
     AddInternalLocked(std::move(r), Completion::Kind::kUnregister, memory_id, out);
   }
 
-  // Hands the memfds of host memory new to the session to the daemon, which keeps each for the
-  // RegisterMemory that follows. A buffer two threads hand over at once is deposited twice:
-  // the daemon keeps the later one, the same memory.
-  Status DepositNew(const std::vector<MemoryDesc>& memories) {
-    for (const MemoryDesc& m : memories) {
-      if (m.memory == nullptr) continue;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (broken) return broken_status;
-        if (registered.count(m.id) != 0) continue;
-      }
-      STASH_RETURN_IF_ERROR(descriptors->DepositMemory(m.id, m.bytes, m.memory->fd()));
-    }
-    return Status::Ok();
-  }
-
-  // Sends `request` (after unregistering `stale` allocations and registering the memory it
-  // names that is new to the session) and tracks it as `kind`. Returns the request id.
+  // Queues `request` for the writer (after unregistering `stale` allocations and registering the
+  // memory it names that is new to the session) and tracks it as `kind`. Sets the request id (and
+  // a stash's ticket, the same) and returns it at once: what the writer finds later (a memfd the
+  // daemon would not take, a stream that broke meanwhile) is that operation's answer, through Wait.
   StatusOr<uint64_t> Submit(v1::SessionRequest request, Completion::Kind kind,
                             const std::vector<MemoryDesc>& memories,
                             const std::vector<uint64_t>& stale, DoneEvent done_event) {
-    STASH_RETURN_IF_ERROR(DepositNew(memories));
     uint64_t id = 0;
-    bool start = false;
+    bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (broken) return broken_status;
-      std::vector<v1::SessionRequest> batch;
-      for (uint64_t old : stale) UnregisterLocked(old, batch);
-      for (const MemoryDesc& m : memories) RegisterLocked(m, batch);
-      if (request.request_id() == 0) request.set_request_id(RandomNonZeroU64());
-      while (pending.count(request.request_id()) != 0) request.set_request_id(RandomNonZeroU64());
-      id = request.request_id();
+      if (writer_stop) return UnavailableError("stashd on " + socket + " went away");
+      STASH_CHECK(has_writer) << "Submit on a session stream without a writer (mapped mode)";
+      Outgoing job;
+      for (uint64_t old : stale) UnregisterLocked(old, job.batch);
+      for (const MemoryDesc& m : memories) {
+        if (RegisterLocked(m, job.batch) && m.memory != nullptr) job.deposits.push_back(m);
+      }
+      id = NextIdLocked();
+      request.set_request_id(id);
       if (request.has_stash()) request.mutable_stash()->set_ticket(id);  // ticket == request id
       Pending p;
       p.kind = kind;
@@ -353,19 +383,24 @@ struct SessionStream final
       if (request.has_reload()) p.ticket = request.reload().ticket();
       if (request.has_release()) p.ticket = request.release().ticket();
       TrackDoneLocked(id, std::move(done_event), p);
-      pending.emplace(id, p);
-      batch.push_back(std::move(request));
-      bool accepted = true;
-      start = QueueLocked(batch, &accepted);
-      if (!accepted) {
-        pending.erase(id);
-        ReleaseDoneEventsLocked();  // the stream is gone
-        return UnavailableError("stashd on " + socket + " went away");
-      }
+      job.op = id;
+      job.memory_ids = p.memory_ids;
+      pending.emplace(id, std::move(p));
+      job.batch.push_back(std::move(request));
+      outgoing.push_back(std::move(job));
+      wake = writer_sleeping;
+      writer_sleeping = false;
     }
-    if (start) writes.Kick();
+    if (wake) writer_cv.notify_one();
     return id;
   }
+
+  // The writer thread: runs WriteOne for each queued operation in order until StopWriter.
+  void WriterLoop();
+  // Hands `job`'s memfds to the daemon and writes its batch (writer thread).
+  void WriteOne(Outgoing job);
+  // Lets the writer hand over everything queued, then ends it (owner thread; Close).
+  void StopWriter();
 
   void OnWriteDone(bool ok) override { writes.OnWriteDone(ok); }
 

@@ -207,8 +207,10 @@ class STASH_EXPORT Client {
   ~Client();
 
   // Queues a stash and returns its ticket at once. Buffers named for the first time are
-  // registered with the daemon first (pipelined). INVALID_ARGUMENT for arguments that cannot be
-  // sent; UNAVAILABLE when the daemon is gone. Errors the daemon finds come from Wait.
+  // registered with the daemon first (pipelined; in daemon-copy mode the session's own thread
+  // hands them over and writes the request). INVALID_ARGUMENT for arguments that cannot be
+  // sent; UNAVAILABLE when the daemon is known to be gone. Errors found later come from Wait:
+  // the daemon's, and a buffer that could not be handed over (the descriptor channel's words).
   StatusOr<uint64_t> Stash(const StashArgs& args);
 
   // Queues a reload; returns the operation id to Wait on.
