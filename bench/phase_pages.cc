@@ -56,7 +56,7 @@ StatusOr<Fields> Measure(Env& env, bool mapped, const std::string& pages) {
         worker_flags.end(),
         {"--mode=mapped", "--lease-bytes=" + std::to_string(lease), "--copy-threads=2"});
   } else {
-    daemon_flags.push_back("--copy-threads=2");
+    daemon_flags.emplace_back("--copy-threads=2");
   }
   STASH_ASSIGN_OR_RETURN(auto daemon, Daemon::Start(env, daemon_flags));
   worker_flags[1] = "--socket=" + daemon->socket();

@@ -50,8 +50,8 @@ constexpr const char* kHowToAllocate =
 uint8_t* TrimToAlignment(uint8_t* mapping, uint64_t bytes, uint64_t align) {
   if (align == 0) return mapping;
   const auto at = reinterpret_cast<uintptr_t>(mapping);
-  auto* aligned = reinterpret_cast<uint8_t*>((at + align - 1) & ~(align - 1));
-  const auto head = static_cast<uint64_t>(aligned - mapping);
+  const uint64_t head = ((at + align - 1) & ~(align - 1)) - at;
+  uint8_t* aligned = mapping + head;
   if (head > 0) munmap(mapping, head);
   if (align - head > 0) munmap(aligned + bytes, align - head);
   return aligned;
