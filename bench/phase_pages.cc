@@ -6,22 +6,13 @@
 #include <utility>
 
 #include "common/macros.h"
+#include "common/shm.h"
 
 namespace stash::bench {
 namespace {
 
 constexpr uint64_t kBytes = 256 * kMiB;
 constexpr uint64_t kChunk = 16 * kMiB;  // whole 2 MiB pages
-
-// The setting in force of /sys/kernel/mm/transparent_hugepage/shmem_enabled ("" unknown).
-std::string ShmemEnabled() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
-  std::string line;
-  std::getline(in, line);
-  const size_t open = line.find('['), close = line.find(']');
-  if (open == std::string::npos || close == std::string::npos) return "";
-  return line.substr(open + 1, close - open - 1);
-}
 
 // HugePages_Free less HugePages_Rsvd, when the default huge page is 2 MiB; else 0.
 uint64_t FreeHugePages() {
@@ -66,9 +57,8 @@ StatusOr<Fields> Measure(Env& env, bool mapped, const std::string& pages) {
 }  // namespace
 
 Status PhasePages(Env& env, std::vector<Row>& rows) {
-  const std::string shmem = ShmemEnabled();
-  const bool thp =
-      shmem == "always" || shmem == "within_size" || shmem == "advise" || shmem == "force";
+  const std::string shmem = ShmemHugePageSetting();
+  const bool thp = ShmemHugePagesOffered(shmem);
   const uint64_t needed = (2 * kBytes + 3 * kChunk) / (2 * kMiB);
   const bool hugetlb = FreeHugePages() >= needed;
   Status first;

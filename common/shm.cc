@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 
+#include <fstream>
+
 #include "common/macros.h"
 #include "common/sys.h"
 
@@ -55,6 +57,21 @@ uint8_t* TrimToAlignment(uint8_t* mapping, uint64_t bytes, uint64_t align) {
   if (head > 0) munmap(mapping, head);
   if (align - head > 0) munmap(aligned + bytes, align - head);
   return aligned;
+}
+
+std::string ShmemHugePageSetting() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string line;
+  std::getline(in, line);
+  const size_t open = line.find('[');
+  const size_t close = line.find(']', open);
+  if (open == std::string::npos || close == std::string::npos) return "";
+  return line.substr(open + 1, close - open - 1);
+}
+
+bool ShmemHugePagesOffered(const std::string& setting) {
+  return setting == "always" || setting == "within_size" || setting == "advise" ||
+         setting == "force";
 }
 
 bool AllocatePages(int fd, uint64_t bytes) {

@@ -37,6 +37,13 @@ constexpr uint64_t kHugePageBytes = 2ULL << 20;
 // boundary (`mapping` itself when align is 0), so a huge page can map whole inside.
 uint8_t* TrimToAlignment(uint8_t* mapping, uint64_t bytes, uint64_t align);
 
+// The setting in force of /sys/kernel/mm/transparent_hugepage/shmem_enabled (the bracketed word
+// of "always within_size [advise] never deny force"): "" where the file is missing. always,
+// within_size, advise and force let memfds take transparent huge pages (advise: when asked by
+// MADV_HUGEPAGE).
+std::string ShmemHugePageSetting();
+bool ShmemHugePagesOffered(const std::string& setting);
+
 // Allocates every page of [0, bytes) of memfd `fd` now (fallocate), without changing its size
 // or any byte; false when memory is short (the pages then come as they are first touched).
 bool AllocatePages(int fd, uint64_t bytes);

@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 
 #include "common/bytes.h"
 #include "common/logging.h"
@@ -41,21 +40,12 @@ const char* PageKindName(PageKind kind) {
 }
 
 bool ShmemHugePagesOffered(std::string* why) {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
-  std::string line;
-  std::getline(in, line);
-  // The setting in force is the bracketed word: "always within_size [advise] never deny force".
-  const size_t open = line.find('[');
-  const size_t close = line.find(']', open);
-  const std::string setting = open != std::string::npos && close != std::string::npos
-                                  ? line.substr(open + 1, close - open - 1)
-                                  : std::string();
+  const std::string setting = ShmemHugePageSetting();
   if (why != nullptr) {
     *why = setting.empty() ? "no /sys/kernel/mm/transparent_hugepage/shmem_enabled"
                            : "shmem_enabled=" + setting;
   }
-  return setting == "always" || setting == "within_size" || setting == "advise" ||
-         setting == "force";
+  return stash::ShmemHugePagesOffered(setting);
 }
 
 StatusOr<std::unique_ptr<ChunkMemory>> ChunkMemory::Create(const std::string& label, uint64_t bytes,
