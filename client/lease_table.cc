@@ -76,7 +76,9 @@ StatusOr<std::unique_ptr<LeaseTable>> LeaseTable::Create(
     if (base == MAP_FAILED) return ErrnoStatus("reserving a lease range (mmap PROT_NONE)");
     t.base = TrimToAlignment(static_cast<uint8_t*>(base), t.bytes, align);
     // A forked child (a data loader) never inherits a rank's chunks.
-    if (madvise(base, t.bytes, MADV_DONTFORK) != 0) return ErrnoStatus("madvise(MADV_DONTFORK)");
+    if (madvise(t.base, t.bytes, MADV_DONTFORK) != 0) {
+      return ErrnoStatus("madvise(MADV_DONTFORK)");
+    }
     t.slots.resize(slots);
     t.ids.resize(slots * pages_per_chunk);
     t.ring.ids = t.ids.data();

@@ -247,7 +247,16 @@ void SessionStream::WriteOne(Outgoing job) {
   std::vector<std::pair<uint64_t, Status>> refused;
   for (const MemoryDesc& m : job.deposits) {
     if (broken_now()) return;
-    Status st = descriptors->DepositMemory(m.id, m.bytes, m.memory->fd());
+    bool gave_up = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      gave_up = std::chrono::steady_clock::now() > writer_give_up;
+    }
+    Status st = gave_up ? UnavailableError("stashd on " + socket +
+                                           " did not take this buffer's memory within " +
+                                           std::to_string(kCloseDrainTimeout.count()) +
+                                           " s of the client's Close(): the operation was not sent")
+                        : descriptors->DepositMemory(m.id, m.bytes, m.memory->fd());
     if (!st.ok()) refused.emplace_back(m.id, std::move(st));
   }
   bool start = false;
@@ -309,6 +318,7 @@ void SessionStream::StopWriter() {
   {
     std::lock_guard<std::mutex> lock(mu);
     writer_stop = true;
+    writer_give_up = std::chrono::steady_clock::now() + kCloseDrainTimeout;
   }
   writer_cv.notify_all();
   if (writer.joinable()) writer.join();

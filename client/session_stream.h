@@ -300,6 +300,11 @@ struct SessionStream final
   std::condition_variable writer_cv;  // the writer waits here for `outgoing` or `writer_stop`
   bool writer_sleeping = false;       // guarded by mu: the writer waits on writer_cv
   bool writer_stop = false;           // guarded by mu: Close() ran; Submit refuses
+  // Guarded by mu: after Close() ran, memory not handed over by then is not tried any more (its
+  // operations fail), so a daemon that stopped answering holds up Close() by kCloseDrainTimeout
+  // plus one descriptor round trip at most.
+  std::chrono::steady_clock::time_point writer_give_up =
+      std::chrono::steady_clock::time_point::max();
 
   // Queues requests in order (lock held, so batches of different threads stay apart). Returns
   // whether the caller must Kick the writer after unlocking; false with `accepted` false when

@@ -114,11 +114,14 @@ StatusOr<UniqueFd> ChunkMemory::MapFresh(uint64_t chunk) {
   const bool hugetlb = page_kind_ == PageKind::kHugetlb;
   STASH_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd(name, size, hugetlb));
   void* want = base_ + chunk * chunk_bytes_;
-  // hugetlb: no MAP_NORESERVE, so the huge pages are reserved now (ENOMEM here when the pool
-  // is short) and a later first touch cannot fault with SIGBUS.
-  void* got = mmap(want, size, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_FIXED | (hugetlb ? 0 : MAP_NORESERVE), fd.get(), 0);
-  if (got == MAP_FAILED) {
+  // hugetlb: no MAP_NORESERVE, so the huge pages are reserved now (ENOMEM when the pool is
+  // short) and a later first touch cannot fault with SIGBUS.
+  const int flags = MAP_SHARED | (hugetlb ? 0 : MAP_NORESERVE);
+  // First where nothing is at stake: what can fail (the reservation) fails here, leaving the
+  // chunk's old memory in place. A shared hugetlb reservation belongs to the file, so the
+  // mapping below takes no new one.
+  void* trial = mmap(nullptr, size, PROT_READ | PROT_WRITE, flags, fd.get(), 0);
+  if (trial == MAP_FAILED) {
     if (hugetlb && errno == ENOMEM) {
       return ResourceExhaustedError(
           "cannot reserve " + FormatBytes(size) + " of huge pages for " + name +
@@ -126,6 +129,16 @@ StatusOr<UniqueFd> ChunkMemory::MapFresh(uint64_t chunk) {
           "more (sysctl vm.nr_hugepages) or start with --huge-pages=auto");
     }
     return ErrnoStatus("mmap of " + name);
+  }
+  munmap(trial, size);
+  void* got = mmap(want, size, PROT_READ | PROT_WRITE, flags | MAP_FIXED, fd.get(), 0);
+  if (got == MAP_FAILED) {
+    const Status failed = ErrnoStatus("mmap of " + name + " in place");
+    // A kernel before 6.12 may have unmapped the old memory already: keep the range reserved,
+    // so no other mapping (another client's buffer) can land where stashes are copied.
+    (void)mmap(want, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+               0);
+    return failed;
   }
   // Before any page exists: the pages the kernel allocates from here on may be huge.
   if (page_kind_ == PageKind::kTransparentHuge) (void)madvise(want, size, MADV_HUGEPAGE);
@@ -163,10 +176,12 @@ StatusOr<PopulateMethod> ChunkMemory::Populate(uint64_t chunk) {
     int rc = 0;
     STASH_SYSCALL_RETRY(rc, madvise(start + done, n, MADV_POPULATE_WRITE));
     if (rc == 0) continue;
-    if (errno == EINVAL && done == 0) {
+    if (errno == EINVAL && done == 0 && page_kind_ != PageKind::kHugetlb) {
       // Before Linux 5.14: a read of each page allocates it in the memfd (shmem never maps
       // its zero page), so a copy later takes only a minor write fault. It reads, never
-      // writes: a copy may run into this chunk meanwhile.
+      // writes: a copy may run into this chunk meanwhile. Not on hugetlb, where a page a
+      // holder punched out of a leased chunk would fault with SIGBUS here; those pages are
+      // reserved at start anyway.
       const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
       for (uint64_t off = 0; off < size; off += page) {
         (void)*reinterpret_cast<volatile const uint8_t*>(start + off);
@@ -181,10 +196,6 @@ StatusOr<PopulateMethod> ChunkMemory::Populate(uint64_t chunk) {
   }
   SetWarm(chunk, true);
   return PopulateMethod::kPopulateWrite;
-}
-
-void ChunkMemory::Zero(uint64_t chunk) {
-  std::memset(base_ + chunk * chunk_bytes_, 0, ChunkBytes(chunk));
 }
 
 }  // namespace stash::daemon

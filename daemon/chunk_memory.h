@@ -50,10 +50,9 @@ enum class PopulateMethod {
   kReadFault,      // an older kernel: one read per page allocates it (a write later is minor)
 };
 
-// Thread-compatible, with two exceptions: Populate and Zero of one chunk may run on any
-// thread while others copy into other chunks (or, for Populate, the same one: it never changes
-// a byte). Renew of one chunk must not run while anyone copies into it (the caller guarantees
-// it: a chunk is renewed only while it is out of the daemon-copy ring).
+// Thread-compatible, with one exception: Populate may run on any thread while others copy into
+// any chunk (it never changes a byte). Renew of one chunk must not run while anyone copies into it
+// (the caller guarantees it: a chunk is renewed only while it is out of the daemon-copy ring).
 class ChunkMemory {
  public:
   // Reserves `bytes` (> 0, a whole number of pages) and maps chunks of `chunk_bytes` (> 0; the
@@ -81,15 +80,14 @@ class ChunkMemory {
 
   // Gives chunk `chunk` fresh zero-filled memory at the same address: a new memfd mapped
   // MAP_FIXED over the old one. Whoever still maps the old memfd keeps memory nobody else sees.
-  // The new memory is not populated yet (Populate).
+  // The new memory is not populated (whoever uses it next takes its pages). On an error the old
+  // memory stays in place, or (a kernel that unmapped it before failing) the range holds an
+  // inaccessible placeholder: never a hole another mapping could land in.
   Status Renew(uint64_t chunk);
   // Allocates every page of chunk `chunk` now, so the first copy into it runs at copy speed
   // instead of a page fault per page; changes no byte. RESOURCE_EXHAUSTED when memory is short
   // (the pages not populated fault in later, as without it).
   StatusOr<PopulateMethod> Populate(uint64_t chunk);
-  // Writes zeros over chunk `chunk` in place (its pages stay allocated): for a chunk whose
-  // memfd never left the daemon, cheaper than Renew and Populate and leaves it warm.
-  void Zero(uint64_t chunk);
 
  private:
   ChunkMemory(std::string label, uint8_t* base, uint64_t bytes, uint64_t chunk_bytes,

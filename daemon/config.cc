@@ -260,9 +260,9 @@ const Knob kKnobs[] = {
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->lock_memory); }},
     {"warm_memory", "true|false",
      "Host backend: populate every tier in the background from the start (progress in the log, "
-     "stashd_tier_bytes_warm), and every chunk that comes back from a mapped session before it "
-     "is used again, so first stashes run at copy speed instead of a page fault per page. The "
-     "socket is up at once; stashes that come before their pages are warm still work. false: "
+     "stashd_tier_bytes_warm), so first stashes run at copy speed instead of a page fault per "
+     "page. The socket is up at once; stashes that come before their pages are warm still work. "
+     "Chunks back from mapped sessions get fresh memory their next holder allocates. false: "
      "pages are taken as they are first written",
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->warm_memory); }},
     {"huge_pages", "auto|off|hugetlb",

@@ -244,7 +244,6 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
         return a.name != "host" && b.name == "host";
       });
       core->warmer_ = std::make_unique<Warmer>(std::move(regions));
-      core->leases_->SetWarmer(core->warmer_.get());
     }
   }
   // Stats list each tier once: every pool's own, then the spill tiers (shared on host).
@@ -261,9 +260,7 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
 
 DaemonCore::~DaemonCore() {
   Stop();
-  // The warmer calls into the leases (a renewed chunk back to its ring): it goes first.
-  if (leases_ != nullptr) leases_->SetWarmer(nullptr);
-  warmer_.reset();
+  warmer_.reset();  // before the tiers it populates
 }
 
 void DaemonCore::Stop() {

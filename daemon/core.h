@@ -150,7 +150,7 @@ class DaemonCore {
   std::vector<std::string> pool_uuids_;  // cuda: the 16-byte UUID of each pool's GPU
   std::vector<Tier*> tiers_;             // every tier once, pools' own first; for stats
   std::unique_ptr<Leases> leases_;       // host backend: after the tiers it points into
-  std::unique_ptr<Warmer> warmer_;       // host backend with --warm-memory: after the leases
+  std::unique_ptr<Warmer> warmer_;       // host backend with --warm-memory: after the tiers
 
   DaemonCounters counters_;
   std::atomic<bool> draining_{false};

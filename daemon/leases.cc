@@ -442,10 +442,15 @@ Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chun
                     std::vector<DescriptorPart>* parts) {
   Chunk& c = chunks_[tier][chunk];
   ChunkMemory* memory = tiers_[tier]->chunk_memory();
-  // Daemon-copy stashes of any user may have left bytes here. A pooled chunk's memfd never
-  // left the daemon (every chunk back from a holder got a new one), so zeros written in place
-  // clear it for the next holder and keep its pages warm.
-  if (written) memory->Zero(chunk);
+  if (written) {
+    // Daemon-copy stashes of any user may have left bytes here.
+    Status renewed = memory->Renew(chunk);
+    if (!renewed.ok()) {
+      MutexLock tier_lock(&tiers_[tier]->mu());
+      tiers_[tier]->ReturnChunk(chunk);
+      return renewed;
+    }
+  }
   UniqueFd fd = Dup(memory->fd(chunk));
   if (!fd.valid()) {
     MutexLock tier_lock(&tiers_[tier]->mu());
@@ -559,32 +564,10 @@ bool Leases::Renew(uint64_t tier, uint64_t chunk, bool retry) {
     Log("pool")->info("chunk {} of tier {} has fresh memory and is back in the pool", chunk,
                       tiers_[tier]->name());
   }
-  if (warmer_ != nullptr) {
-    // Populated first, off this path: the next stash into it, or the next holder's first,
-    // then runs at copy speed.
-    chunks_[tier][chunk].state = State::kWarming;
-    warmer_->Submit(tiers_[tier]->chunk_memory(), chunk,
-                    [this, tier, chunk] { Warmed(tier, chunk); });
-    return true;
-  }
   chunks_[tier][chunk].state = State::kPooled;
   MutexLock tier_lock(&tiers_[tier]->mu());
   tiers_[tier]->ReturnChunk(chunk);
   return true;
-}
-
-void Leases::Warmed(uint64_t tier, uint64_t chunk) {
-  MutexLock lock(&mu_);
-  Chunk& c = chunks_[tier][chunk];
-  if (c.state != State::kWarming) return;
-  c.state = State::kPooled;
-  MutexLock tier_lock(&tiers_[tier]->mu());
-  tiers_[tier]->ReturnChunk(chunk);
-}
-
-void Leases::SetWarmer(Warmer* warmer) {
-  MutexLock lock(&mu_);
-  warmer_ = warmer;
 }
 
 void Leases::RetryRenewals() {

@@ -45,7 +45,6 @@
 #include "daemon/fair_share.h"
 #include "daemon/rate_limiter.h"
 #include "daemon/tier.h"
-#include "daemon/warmer.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/v1/descriptor.pb.h"
 #include "stash/v1/stash.pb.h"
@@ -120,9 +119,6 @@ class Leases {
   void SetActivityListener(std::function<void(const MappedActivity&)> listener);
   // Samples every holder's control block now (before stats are read).
   void Sample();
-  // Chunks that get fresh memory are populated by `warmer` before they go back to their ring
-  // (null, the default: they go back at once, cold). Non-owning; set null before it is gone.
-  void SetWarmer(Warmer* warmer);
 
   // Sets a session's lease (stash/v1/descriptor.proto LeaseChunks): one part per chunk newly
   // granted, the control block's first at the session's first granted lease, then `last`.
@@ -160,8 +156,7 @@ class Leases {
   static uint64_t ChunkId(uint64_t tier, uint64_t chunk) { return (tier << 32) | chunk; }
 
  private:
-  // kWarming: fresh memory, being populated (Warmer) before it goes back to its ring.
-  enum class State { kPooled, kLeased, kOrphaned, kWarming };
+  enum class State { kPooled, kLeased, kOrphaned };
   static constexpr uint64_t kMaxHoldersPerUser = 256;
   struct Chunk {
     State state = State::kPooled;
@@ -221,8 +216,6 @@ class Leases {
   // Renews the chunk and returns it to its ring; false when it cannot get fresh memory yet (said
   // in the log on the first try, not on the reaper's retries).
   bool Renew(uint64_t tier, uint64_t chunk, bool retry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The warmer populated a renewed chunk: back to its ring (warmer's thread).
-  void Warmed(uint64_t tier, uint64_t chunk);
   void RetryRenewals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads `h`'s control block and gives the listener what grew since the last sample.
@@ -251,7 +244,6 @@ class Leases {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void(const MappedActivity&)> listener_;  // set before the first Lease
   bool draining_ ABSL_GUARDED_BY(mu_) = false;           // control blocks are created draining
-  Warmer* warmer_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread reaper_;
 };
 

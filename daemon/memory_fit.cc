@@ -70,14 +70,17 @@ Status CheckHugePagesFit(const DaemonConfig& config, const FreeMemory& free) {
         FormatBytes(std::max<uint64_t>(huge, pool / 32 / huge * huge)));
   }
   const uint64_t bytes = pool * config.devices + host_tier;
-  const uint64_t needed = bytes / huge;
+  // One chunk more: a chunk back from a mapped session gets a new memfd, reserved before the
+  // old one's pages are let go (and those live on while its holder still maps them).
+  const uint64_t needed = bytes / huge + chunk / huge;
   if (needed > free.huge_pages_free) {
     return ResourceExhaustedError(
         "--huge-pages=hugetlb: the tiers need " + std::to_string(needed) +
         " huge pages of 2 MiB (" + FormatBytes(bytes) + ": --pool-bytes=" + FormatBytes(pool) +
-        " x --devices=" + std::to_string(config.devices) +
-        " + --host-tier-bytes=" + FormatBytes(host_tier) + ") but the node has " +
-        std::to_string(free.huge_pages_free) + " free of " + std::to_string(free.huge_pages_total) +
+        " x --devices=" + std::to_string(config.devices) + " + --host-tier-bytes=" +
+        FormatBytes(host_tier) + ", and one --chunk-bytes=" + FormatBytes(chunk) +
+        " more to renew a chunk) but the node has " + std::to_string(free.huge_pages_free) +
+        " free of " + std::to_string(free.huge_pages_total) +
         " reserved (HugePages_Free less HugePages_Rsvd in /proc/meminfo): reserve more "
         "(sysctl vm.nr_hugepages=" +
         std::to_string(free.huge_pages_total + needed - free.huge_pages_free) +

@@ -300,7 +300,7 @@ std::vector<MetricFamily> CollectMetrics(DaemonCore& core) {
        [](const v1::TierStats& t) { return static_cast<double>(t.chunks_orphaned()); }},
       {"stashd_tier_bytes_warm",
        "Bytes of the tier whose pages are populated (--warm-memory; below stashd_tier_bytes while "
-       "the daemon warms it after start, or a chunk back from a mapped session)",
+       "the daemon warms it after start, and by each chunk back from a mapped session)",
        [](const v1::TierStats& t) { return static_cast<double>(t.bytes_warm()); }},
   };
   for (const TierSpec& spec : tier_specs) {

@@ -20,7 +20,7 @@ Warmer::Warmer(std::vector<Region> regions) : regions_(std::move(regions)) {
   {
     MutexLock lock(&mu_);
     for (const Region& r : regions_) {
-      for (uint64_t c = 0; c < r.memory->chunks(); ++c) start_.push_back(Job{r.memory, c, nullptr});
+      for (uint64_t c = 0; c < r.memory->chunks(); ++c) start_.push_back(Job{r.memory, c});
     }
     started_warm_ = start_.empty();
   }
@@ -36,14 +36,6 @@ Warmer::~Warmer() {
   thread_.join();
 }
 
-void Warmer::Submit(ChunkMemory* memory, uint64_t chunk, std::function<void()> done) {
-  {
-    MutexLock lock(&mu_);
-    renewed_.push_back(Job{memory, chunk, std::move(done)});
-  }
-  cv_.SignalAll();
-}
-
 bool Warmer::started_warm() const {
   MutexLock lock(&mu_);
   return started_warm_;
@@ -51,7 +43,7 @@ bool Warmer::started_warm() const {
 
 void Warmer::Drain() {
   MutexLock lock(&mu_);
-  while (!stop_ && (busy_ || !renewed_.empty() || !start_.empty())) cv_.Wait(&mu_);
+  while (!stop_ && (busy_ || !start_.empty())) cv_.Wait(&mu_);
 }
 
 void Warmer::Populate(const Job& job) {
@@ -81,27 +73,15 @@ void Warmer::Run() {
   uint64_t said = 0;
   for (;;) {
     Job job;
-    bool startup = false;
     {
       MutexLock lock(&mu_);
       busy_ = false;
       cv_.SignalAll();  // Drain
-      while (!stop_ && renewed_.empty() && start_.empty()) cv_.Wait(&mu_);
+      while (!stop_ && start_.empty()) cv_.Wait(&mu_);
       if (stop_) return;
-      if (!renewed_.empty()) {
-        job = std::move(renewed_.front());
-        renewed_.pop_front();
-      } else {
-        job = std::move(start_.front());
-        start_.pop_front();
-        startup = true;
-      }
+      job = start_.front();
+      start_.pop_front();
       busy_ = true;
-    }
-    if (!startup) {
-      Populate(job);
-      job.done();
-      continue;
     }
     if (job.memory->bytes_warm() < job.memory->bytes()) Populate(job);
     const Region* r = nullptr;

@@ -1,11 +1,13 @@
 // Warm memory (docs/design.md, "Warm memory"): the host backend's tiers are populated in the
-// background from the daemon's start, and every chunk that got fresh memory is populated before
-// it rejoins its free ring, so neither the first stash into a pool nor the first stash into a
-// fresh lease pays a page fault per page. The socket is up at once: a stash that arrives before
-// its pages are warm still works, it only runs at page-fault speed.
+// background from the daemon's start, so the first stash into a pool, or into a lease of its
+// chunks, does not pay a page fault per page. The socket is up at once: a stash that arrives
+// before its pages are warm still works, it only runs at page-fault speed.
 //
-// One thread. Chunks handed back (Submit) go before the start-up pass, since the pool lacks them
-// until they are done. Thread-safe.
+// Only the start-up pass: a chunk that gets fresh memory later (back from a mapped session) is
+// not populated by the daemon, since a holder that kept the old one mapped could make the daemon
+// pay for memory without end (its next holder allocates it, charged to itself).
+//
+// One thread. Thread-safe.
 #ifndef STASH_DAEMON_WARMER_H_
 #define STASH_DAEMON_WARMER_H_
 
@@ -13,7 +15,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,28 +38,21 @@ class Warmer {
   Warmer& operator=(const Warmer&) = delete;
   ~Warmer();  // stops; what is still queued is dropped (the daemon is going away)
 
-  // Populates chunk `chunk` of `memory` (it just got fresh memory, Renew), then calls `done` on
-  // the warmer's thread, with no lock of the warmer's held: also when populating failed (the
-  // chunk is then as cold as without a warmer, and one line in the log says why).
-  void Submit(ChunkMemory* memory, uint64_t chunk, std::function<void()> done);
-
   // Whether the start-up pass is over (every region populated once, or given up on).
   bool started_warm() const;
-  // Waits until nothing is queued, for tests.
+  // Waits until the start-up pass is over, for tests.
   void Drain();
 
  private:
   struct Job {
     ChunkMemory* memory = nullptr;
     uint64_t chunk = 0;
-    std::function<void()> done;  // null for the start-up pass
   };
   void Run();
   void Populate(const Job& job);
 
   mutable Mutex mu_;
   CondVar cv_;
-  std::deque<Job> renewed_ ABSL_GUARDED_BY(mu_);  // first
   std::deque<Job> start_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a job is running
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

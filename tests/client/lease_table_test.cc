@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "tests/client/chunk_fakes.h"
 
@@ -159,6 +160,40 @@ TEST(LeaseTable, TheControlBlockTakesOverTheCountersAndKeepsTheDaemonsLine) {
   EXPECT_EQ(kernels::ControlLoad(written->tiers[0].pages_leased), 4u);
   EXPECT_EQ(kernels::ControlLoad(written->tiers[0].ring_tail), 4u);
   munmap(written, kernels::kControlBlockBytes);
+}
+
+}  // namespace
+}  // namespace stash
+
+namespace stash {
+namespace {
+
+// Chunks of whole 2 MiB pages get 2 MiB-aligned lease ranges (so the daemon's huge pages map as
+// such), every page of the range stays out of forked children, and a chunk is mapped populated.
+TEST(LeaseTable, HugePageChunksGetAlignedRangesAndMapPopulated) {
+  constexpr uint64_t kBig = 2ULL << 20;
+  auto t = LeaseTable::Create(kPage, kBig, Caps(4 * kBig));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto& table = *t;
+  for (uint32_t tier = 0; tier < kernels::kLeaseTiers; ++tier) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(table->base(tier)) % kBig, 0u) << tier;
+  }
+  ASSERT_TRUE(table->AddChunk(kernels::kLeaseDevice, 7, FakeChunk(kBig), kBig).ok());
+  uint8_t* chunk = table->base(kernels::kLeaseDevice);
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident(kBig / page);
+  ASSERT_EQ(mincore(chunk, kBig, resident.data()), 0) << strerror(errno);
+  for (size_t i = 0; i < resident.size(); ++i) ASSERT_EQ(resident[i] & 1, 1) << "page " << i;
+  // The last page of the range is MADV_DONTFORK too: a child sees none of it.
+  chunk[kBig - 1] = 0x42;
+  const pid_t child = fork();
+  if (child == 0) {
+    unsigned char in = 0;
+    _exit(mincore(chunk + kBig - page, page, &in) == 0 ? 1 : 0);  // unmapped in the child
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child maps the chunk";
 }
 
 }  // namespace

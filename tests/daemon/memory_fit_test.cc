@@ -69,9 +69,12 @@ DaemonConfig Hugetlb(uint64_t pool, uint32_t devices, uint64_t host_tier, uint64
 }
 
 TEST(MemoryFit, HugetlbTiersThatFitTheFreeHugePagesPass) {
-  // 2 x 2 GiB + 1 GiB = 2560 huge pages.
+  // 2 x 2 GiB + 1 GiB = 2560 huge pages, and a 64 MiB chunk (32) to renew one.
   EXPECT_TRUE(
-      CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST, HugePool(4096, 2560))
+      CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST, HugePool(4096, 2592))
+          .ok());
+  EXPECT_FALSE(
+      CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST, HugePool(4096, 2591))
           .ok());
 }
 
@@ -79,9 +82,10 @@ TEST(MemoryFit, HugetlbTiersBeyondTheFreeHugePagesAreRefusedWithTheNumbers) {
   const Status s =
       CheckMemoryFits(Hugetlb(2 * kGiB, 2, kGiB, 64 << 20), v1::BACKEND_HOST, HugePool(3000, 2000));
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
-  EXPECT_THAT(s.message(), HasSubstr("need 2560 huge pages of 2 MiB (5 GiB"));
+  EXPECT_THAT(s.message(), HasSubstr("need 2592 huge pages of 2 MiB (5 GiB"));
+  EXPECT_THAT(s.message(), HasSubstr("one --chunk-bytes=64 MiB more to renew a chunk"));
   EXPECT_THAT(s.message(), HasSubstr("has 2000 free of 3000 reserved"));
-  EXPECT_THAT(s.message(), HasSubstr("sysctl vm.nr_hugepages=3560"));
+  EXPECT_THAT(s.message(), HasSubstr("sysctl vm.nr_hugepages=3592"));
 }
 
 TEST(MemoryFit, HugetlbSizesMustBeWholeHugePages) {

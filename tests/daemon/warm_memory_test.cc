@@ -1,6 +1,6 @@
 // Warm memory, the daemon's parts (daemon/chunk_memory.h, daemon/warmer.h; issue 24): chunks
-// populated without a byte changed, zeroed in place, counted warm; the warmer's start-up pass and
-// renewed chunks; leases give chunks back to their ring only once they are warm.
+// populated without a byte changed and counted warm; the warmer's start-up pass; huge pages;
+// a hugetlb renewal that cannot get pages keeps the old memory.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -9,13 +9,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "common/shm.h"
 #include "daemon/chunk_memory.h"
-#include "daemon/leases.h"
 #include "daemon/tier.h"
 #include "daemon/warmer.h"
 
@@ -56,18 +57,6 @@ TEST(ChunkMemory, PopulateMakesEveryPageResidentAndChangesNoByte) {
   EXPECT_EQ(chunk1[0], 0);
 }
 
-TEST(ChunkMemory, ZeroClearsInPlaceAndStaysWarm) {
-  auto m = ChunkMemory::Create("zero-test", 2 * kMiB, kMiB).value();
-  ASSERT_TRUE(m->Populate(0).ok());
-  const int fd_before = m->fd(0);
-  std::memset(m->base(), 0xab, 2 * kMiB);
-  m->Zero(0);
-  for (uint64_t i = 0; i < kMiB; i += 97) ASSERT_EQ(m->base()[i], 0) << i;
-  EXPECT_EQ(m->base()[kMiB], 0xab) << "the next chunk is untouched";
-  EXPECT_EQ(m->fd(0), fd_before);
-  EXPECT_EQ(m->bytes_warm(), kMiB);
-}
-
 TEST(ChunkMemory, HugePagesAskedForOnlyWhereAChunkCanHoldThem) {
   ChunkMemoryOptions huge;
   huge.transparent_huge = true;
@@ -81,7 +70,7 @@ TEST(ChunkMemory, HugePagesAskedForOnlyWhereAChunkCanHoldThem) {
   EXPECT_STREQ(PageKindName(PageKind::kTransparentHuge), "transparent huge pages");
 }
 
-TEST(Warmer, TheStartUpPassWarmsEveryRegionAndRenewedChunksCallBack) {
+TEST(Warmer, TheStartUpPassWarmsEveryRegionOnce) {
   auto a = ChunkMemory::Create("warmer-a", 4 * kMiB, kMiB).value();
   auto b = ChunkMemory::Create("warmer-b", 2 * kMiB, kMiB).value();
   Warmer warmer({{"a", a.get()}, {"b", b.get()}});
@@ -89,66 +78,63 @@ TEST(Warmer, TheStartUpPassWarmsEveryRegionAndRenewedChunksCallBack) {
   EXPECT_TRUE(warmer.started_warm());
   EXPECT_EQ(a->bytes_warm(), a->bytes());
   EXPECT_EQ(b->bytes_warm(), b->bytes());
+  // A chunk that gets fresh memory later stays cold: its next user takes its pages.
   ASSERT_TRUE(a->Renew(2).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(a->bytes_warm(), 3 * kMiB);
-  std::atomic<uint64_t> warm_when_called{0};
-  warmer.Submit(a.get(), 2, [&] { warm_when_called = a->bytes_warm(); });
-  warmer.Drain();
-  EXPECT_EQ(warm_when_called.load(), 4 * kMiB) << "done runs after the chunk is populated";
+  EXPECT_EQ(ResidentPages(a->base() + 2 * kMiB, kMiB), 0u);
 }
 
-// With a warmer, a chunk back from its holder rejoins the ring only once populated; a pooled
-// chunk a daemon-copy stash wrote is leased zeroed and stays warm (same memfd: it never left).
-TEST(Warmer, LeasesReturnRenewedChunksOnlyOnceWarm) {
-  constexpr uint64_t kPage = 64 << 10;
-  constexpr uint64_t kChunkPages = 4;
-  auto pool = Tier::Create("gpu0", 0, kPage, 16, kChunkPages).value();
-  LeaseConfig config;
-  config.page_bytes = kPage;
-  config.chunk_bytes = kChunkPages * kPage;
-  config.max_lease_bytes = 16 * kPage;
-  auto leases = std::make_unique<Leases>(std::vector<Tier*>{pool.get()}, nullptr, config);
-  auto warmer =
-      std::make_unique<Warmer>(std::vector<Warmer::Region>{{"gpu0", pool->chunk_memory()}});
-  warmer->Drain();
-  leases->SetWarmer(warmer.get());
-
-  // A daemon-copy stash writes page 0 (chunk 0), then leaves.
+// hugetlb: a renewal that cannot reserve huge pages fails with the reason and leaves the
+// chunk's old memory in place (no hole where another mapping could land); with a page to spare
+// it gets fresh zeroed memory.
+TEST(ChunkMemory, AHugetlbRenewalShortOfPagesKeepsTheOldMemory) {
+  const std::string knob = "/proc/sys/vm/nr_hugepages";
+  long before = -1;
   {
-    MutexLock lock(&pool->mu());
-    pool->PublishAlloc(1, kPage);
+    std::ifstream in(knob);
+    in >> before;
   }
-  std::memset(pool->base(), 0x5c, kPage);
-  {
-    MutexLock lock(&pool->mu());
-    pool->PublishFree(1, kPage);
-  }
-  LeaseHolder h;
-  h.session_id = "m";
-  h.uid = 1000;
-  h.pid = getpid();
-  v1::LeaseChunks want;
-  v1::TierPages* w = want.add_want();
-  w->set_tier(v1::TIER_DEVICE);
-  w->set_pages(16);
-  DescriptorReply reply = leases->Lease(h, want);
-  ASSERT_TRUE(reply.status.ok()) << reply.status.message();
-  EXPECT_EQ(pool->chunks_free(), 0u);
-  EXPECT_EQ(pool->base()[0], 0) << "a written pooled chunk is zeroed before it is leased";
-  EXPECT_EQ(pool->chunk_memory()->bytes_warm(), 16 * kPage) << "zeroed in place: still warm";
-
-  // The holder gives everything back: fresh memory, populated, then free.
-  v1::ReturnChunks back;
-  for (uint64_t c = 0; c < 4; ++c) back.add_chunk_ids(Leases::ChunkId(0, c));
-  ASSERT_TRUE(leases->Return(h, back).status.ok());
-  warmer->Drain();
-  EXPECT_EQ(pool->chunks_free(), 4u);
-  EXPECT_EQ(pool->chunk_memory()->bytes_warm(), 16 * kPage);
-  EXPECT_TRUE(pool->RingIsPermutation());
-
-  leases->SetWarmer(nullptr);
-  warmer.reset();
-  leases.reset();
+  if (geteuid() != 0 || before < 0) GTEST_SKIP() << "needs root to reserve huge pages";
+  auto set = [&](long pages) {
+    std::ofstream out(knob);
+    out << pages;
+    out.flush();
+    return out.good();
+  };
+  auto free_pages = [] {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    long value = 0, free = 0, rsvd = 0;
+    std::string rest;
+    while (in >> key >> value) {
+      std::getline(in, rest);
+      if (key == "HugePages_Free:") free = value;
+      if (key == "HugePages_Rsvd:") rsvd = value;
+    }
+    return free - rsvd;
+  };
+  ASSERT_TRUE(set(before + 2));
+  const long spare = free_pages();
+  ASSERT_GE(spare, 2);
+  ChunkMemoryOptions hugetlb;
+  hugetlb.hugetlb = true;
+  // Every free huge page but none: the renewal has nowhere to go.
+  auto m = ChunkMemory::Create("hugetlb-renew", static_cast<uint64_t>(spare) * kHugePageBytes,
+                               kHugePageBytes, hugetlb);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->page_kind(), PageKind::kHugetlb);
+  std::memset((*m)->base(), 0x6b, kHugePageBytes);
+  const Status short_of_pages = (*m)->Renew(0);
+  EXPECT_EQ(short_of_pages.code(), StatusCode::kResourceExhausted) << short_of_pages.ToString();
+  EXPECT_NE(short_of_pages.message().find("vm.nr_hugepages"), std::string::npos);
+  EXPECT_EQ((*m)->base()[0], 0x6b) << "the old memory is still mapped there";
+  EXPECT_EQ((*m)->base()[kHugePageBytes - 1], 0x6b);
+  ASSERT_TRUE(set(before + 3));
+  ASSERT_TRUE((*m)->Renew(0).ok());
+  EXPECT_EQ((*m)->base()[0], 0);
+  m->reset();
+  set(before);
 }
 
 }  // namespace

@@ -333,8 +333,7 @@ TEST(MappedLeases, WelcomeCarriesTheChunkGeometryAndModesAreKeptApart) {
   EXPECT_EQ(AskReturn(c.get(), id, secret, {ok.ids[0] + 100}),
             static_cast<int>(grpc::StatusCode::NOT_FOUND));
   EXPECT_EQ(AskReturn(c.get(), id, secret, ok.ids), 0);
-  // Renewed, then populated by the warmer before they are free again (docs/design.md, "Warm
-  // memory"): free within moments of the answer.
+  // Renewed: free again by the time the answer came.
   const auto limit = std::chrono::seconds(10 * TimeScale());
   EXPECT_LT(Await(limit, [&] { return Gpu0(daemon.socket()).chunks_free() == 32; }), limit);
 }
@@ -351,7 +350,7 @@ TEST(MappedLeases, ChunksComeBackAfterReturnChunks) {
   EXPECT_EQ(holder.Command('r'), 0);
   t = Gpu0(daemon.socket());
   EXPECT_EQ(t.chunks_leased(), 0u);
-  // Back in the ring once the warmer populated their fresh memory.
+  // Renewed and back in the ring.
   const auto limit = std::chrono::seconds(10 * TimeScale());
   EXPECT_LT(Await(limit, [&] { return Gpu0(daemon.socket()).chunks_free() == 32; }), limit);
   EXPECT_EQ(Gpu0(daemon.socket()).pages_used(), 0u);
@@ -393,7 +392,7 @@ TEST(MappedLeases, ALaterSessionOfTheSameProcessReturnsTheEndedSessionsOrphans) 
   ASSERT_FALSE(second.welcome().session_id().empty());
   EXPECT_EQ(holder.ReturnOrphansVia(second.welcome()), 0);
   EXPECT_EQ(Gpu0(daemon.socket()).chunks_orphaned(), 0u);  // the holder still lives
-  // Free once the warmer populated their fresh memory.
+  // Renewed and free again.
   EXPECT_LT(Await(limit, [&] { return Gpu0(daemon.socket()).chunks_free() == 32; }), limit);
   EXPECT_EQ(Gpu0(daemon.socket()).pages_used(), 0u);
   holder.Command('q');
