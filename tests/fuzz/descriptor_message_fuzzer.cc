@@ -20,12 +20,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "common/shm.h"
 #include "daemon/descriptor_message.h"
@@ -124,6 +126,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const v1::DescriptorRequest& request = *parsed;
   FUZZ_CHECK(request.session_id().size() == 32);
   FUZZ_CHECK(request.session_secret().size() == 32);
+  if (request.has_lease_chunks()) {
+    // Mapped mode's requests carry no descriptor and name each lease tier at most once.
+    FUZZ_CHECK(descriptors == 0);
+    const v1::LeaseChunks& l = request.lease_chunks();
+    FUZZ_CHECK(!(l.automatic() && l.want_size() != 0));
+    bool seen[5] = {false, false, false, false, false};
+    for (const v1::TierPages& w : l.want()) {
+      const int t = static_cast<int>(w.tier());
+      FUZZ_CHECK(t == v1::TIER_DEVICE || t == v1::TIER_PEER || t == v1::TIER_HOST);
+      FUZZ_CHECK(!seen[t]);
+      seen[t] = true;
+    }
+    return 0;
+  }
+  if (request.has_return_chunks()) {
+    FUZZ_CHECK(descriptors == 0);
+    const auto& ids = request.return_chunks().chunk_ids();
+    FUZZ_CHECK(ids.size() > 0 && static_cast<size_t>(ids.size()) <= daemon::kMaxReturnChunkIds);
+    std::vector<uint64_t> sorted(ids.begin(), ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    FUZZ_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+    return 0;
+  }
   FUZZ_CHECK(request.has_deposit_memory());
   FUZZ_CHECK(descriptors == 1);
   const v1::DepositMemory& d = request.deposit_memory();
