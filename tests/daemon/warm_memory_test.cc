@@ -19,6 +19,7 @@
 #include "daemon/chunk_memory.h"
 #include "daemon/tier.h"
 #include "daemon/warmer.h"
+#include "tests/huge_page_pool.h"
 
 namespace stash::daemon {
 namespace {
@@ -89,33 +90,10 @@ TEST(Warmer, TheStartUpPassWarmsEveryRegionOnce) {
 // chunk's old memory in place (no hole where another mapping could land); with a page to spare
 // it gets fresh zeroed memory.
 TEST(ChunkMemory, AHugetlbRenewalShortOfPagesKeepsTheOldMemory) {
-  const std::string knob = "/proc/sys/vm/nr_hugepages";
-  long before = -1;
-  {
-    std::ifstream in(knob);
-    in >> before;
-  }
-  if (geteuid() != 0 || before < 0) GTEST_SKIP() << "needs root to reserve huge pages";
-  auto set = [&](long pages) {
-    std::ofstream out(knob);
-    out << pages;
-    out.flush();
-    return out.good();
-  };
-  auto free_pages = [] {
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    long value = 0, free = 0, rsvd = 0;
-    std::string rest;
-    while (in >> key >> value) {
-      std::getline(in, rest);
-      if (key == "HugePages_Free:") free = value;
-      if (key == "HugePages_Rsvd:") rsvd = value;
-    }
-    return free - rsvd;
-  };
-  ASSERT_TRUE(set(before + 2));
-  const long spare = free_pages();
+  if (!testing::HugePagePool::Changeable()) GTEST_SKIP() << "needs root to reserve huge pages";
+  testing::HugePagePool pool;
+  ASSERT_TRUE(pool.Grow(2));
+  const long spare = testing::HugePagePool::Free();
   ASSERT_GE(spare, 2);
   ChunkMemoryOptions hugetlb;
   hugetlb.hugetlb = true;
@@ -130,11 +108,10 @@ TEST(ChunkMemory, AHugetlbRenewalShortOfPagesKeepsTheOldMemory) {
   EXPECT_NE(short_of_pages.message().find("vm.nr_hugepages"), std::string::npos);
   EXPECT_EQ((*m)->base()[0], 0x6b) << "the old memory is still mapped there";
   EXPECT_EQ((*m)->base()[kHugePageBytes - 1], 0x6b);
-  ASSERT_TRUE(set(before + 3));
+  ASSERT_TRUE(pool.Grow(3));
   ASSERT_TRUE((*m)->Renew(0).ok());
   EXPECT_EQ((*m)->base()[0], 0);
   m->reset();
-  set(before);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "stash/client.h"
+#include "tests/huge_page_pool.h"
 #include "tests/integration/daemon_stats.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/host_buffers.h"
@@ -194,26 +195,10 @@ TEST(WarmMemory, TiersTakeTransparentHugePagesWhereTheKernelOffersThem) {
 // --huge-pages=hugetlb: the tiers take pages of the kernel's huge page pool, reserved at start
 // (a pool short of them is refused with the numbers), and both modes stash and reload on them.
 TEST(WarmMemory, HugetlbTiersAreReservedAtStartAndServeBothModes) {
-  const std::string knob = "/proc/sys/vm/nr_hugepages";
-  long before = -1;
-  {
-    std::ifstream in(knob);
-    in >> before;
-  }
-  if (geteuid() != 0 || before < 0) GTEST_SKIP() << "needs root to reserve huge pages";
-  auto set = [&](long pages) {
-    std::ofstream out(knob);
-    out << pages;
-    out.flush();
-    return out.good();
-  };
-  struct Restore {
-    std::function<bool(long)> set;
-    long value;
-    ~Restore() { set(value); }
-  } restore{set, before};
+  if (!HugePagePool::Changeable()) GTEST_SKIP() << "needs root to reserve huge pages";
+  HugePagePool pool;
   // 8 MiB of pool + 4 MiB of host tier = 6 pages, one chunk (1) to renew one, 3 to spare.
-  ASSERT_TRUE(set(before + 10));
+  ASSERT_TRUE(pool.Grow(10));
   const std::vector<std::string> sizes = {"--pool-bytes=8MiB", "--host-tier-bytes=4MiB",
                                           "--chunk-bytes=2MiB", "--huge-pages=hugetlb"};
   DaemonProcess d(Flags(sizes));
