@@ -39,15 +39,6 @@ const char* PageKindName(PageKind kind) {
   return "4 KiB pages";
 }
 
-bool ShmemHugePagesOffered(std::string* why) {
-  const std::string setting = ShmemHugePageSetting();
-  if (why != nullptr) {
-    *why = setting.empty() ? "no /sys/kernel/mm/transparent_hugepage/shmem_enabled"
-                           : "shmem_enabled=" + setting;
-  }
-  return stash::ShmemHugePagesOffered(setting);
-}
-
 StatusOr<std::unique_ptr<ChunkMemory>> ChunkMemory::Create(const std::string& label, uint64_t bytes,
                                                            uint64_t chunk_bytes,
                                                            const ChunkMemoryOptions& options) {

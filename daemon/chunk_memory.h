@@ -39,11 +39,6 @@ struct ChunkMemoryOptions {
   bool hugetlb = false;
 };
 
-// Whether this kernel lets memfds take transparent huge pages when asked (MADV_HUGEPAGE):
-// /sys/kernel/mm/transparent_hugepage/shmem_enabled says always, within_size, advise or force.
-// `why` (optional) gets the file's setting, for the log.
-bool ShmemHugePagesOffered(std::string* why = nullptr);
-
 // How a chunk's pages were populated (Populate).
 enum class PopulateMethod {
   kPopulateWrite,  // madvise(MADV_POPULATE_WRITE), Linux 5.14+: allocated and mapped writable

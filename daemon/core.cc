@@ -172,10 +172,12 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     core->chunk_bytes_ = chunk_pages * page;
     ChunkMemoryOptions memory;
     memory.lock = config.lock_memory;
-    std::string offered;
+    const std::string shmem = ShmemHugePageSetting();
+    const std::string offered = shmem.empty()
+                                    ? "no /sys/kernel/mm/transparent_hugepage/shmem_enabled"
+                                    : "shmem_enabled=" + shmem;
     memory.hugetlb = config.huge_pages == HugePages::kHugetlb;
-    memory.transparent_huge =
-        config.huge_pages == HugePages::kAuto && ShmemHugePagesOffered(&offered);
+    memory.transparent_huge = config.huge_pages == HugePages::kAuto && ShmemHugePagesOffered(shmem);
     Tier* host = nullptr;
     if (config.host_tier_bytes > 0) {
       STASH_ASSIGN_OR_RETURN(

@@ -75,8 +75,7 @@ TEST(Warmer, TheStartUpPassWarmsEveryRegionOnce) {
   auto a = ChunkMemory::Create("warmer-a", 4 * kMiB, kMiB).value();
   auto b = ChunkMemory::Create("warmer-b", 2 * kMiB, kMiB).value();
   Warmer warmer({{"a", a.get()}, {"b", b.get()}});
-  warmer.Drain();
-  EXPECT_TRUE(warmer.started_warm());
+  warmer.Wait();
   EXPECT_EQ(a->bytes_warm(), a->bytes());
   EXPECT_EQ(b->bytes_warm(), b->bytes());
   // A chunk that gets fresh memory later stays cold: its next user takes its pages.
