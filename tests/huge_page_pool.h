@@ -1,7 +1,7 @@
-// The kernel's huge page pool (/proc/sys/vm/nr_hugepages) for tests that need reserved huge
-// pages: grown by a number of pages for the test's scope and put back after. Root only; tests
-// using it hold the ctest lock kernel_huge_pages (stash_add_test LOCKS) so no two change it at
-// once.
+// The kernel's huge page settings for tests that need them, changed for the test's scope and
+// put back after: the huge page pool (/proc/sys/vm/nr_hugepages) and whether memfds may take
+// transparent huge pages (shmem_enabled). Root only; tests using them hold the ctest lock
+// kernel_huge_pages (stash_add_test LOCKS) so no two change them at once.
 #ifndef STASH_TESTS_HUGE_PAGE_POOL_H_
 #define STASH_TESTS_HUGE_PAGE_POOL_H_
 
@@ -9,6 +9,8 @@
 
 #include <fstream>
 #include <string>
+
+#include "common/shm.h"
 
 namespace stash::testing {
 
@@ -51,6 +53,27 @@ class HugePagePool {
     return out.good();
   }
   const long before_;
+};
+
+// shmem_enabled set to another word for the scope ("advise": memfds take transparent huge
+// pages when asked).
+class ShmemHugePages {
+ public:
+  static bool Changeable() { return geteuid() == 0 && !ShmemHugePageSetting().empty(); }
+  ShmemHugePages() : before_(ShmemHugePageSetting()) {}
+  ShmemHugePages(const ShmemHugePages&) = delete;
+  ShmemHugePages& operator=(const ShmemHugePages&) = delete;
+  ~ShmemHugePages() { Set(before_); }
+  // Whether the kernel took `setting`.
+  bool Set(const std::string& setting) {
+    std::ofstream out("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+    out << setting;
+    out.flush();
+    return out.good() && ShmemHugePageSetting() == setting;
+  }
+
+ private:
+  const std::string before_;
 };
 
 }  // namespace stash::testing

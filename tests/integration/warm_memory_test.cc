@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -143,28 +142,9 @@ TEST(WarmMemory, ChunksBackFromAMappedSessionGetFreshMemoryItsNextHolderAllocate
 // Where the kernel offers memfds transparent huge pages, the tiers ask for them (stats and the
 // log say so) and get them (ShmemPmdMapped); --huge-pages=off keeps 4 KiB pages.
 TEST(WarmMemory, TiersTakeTransparentHugePagesWhereTheKernelOffersThem) {
-  const std::string knob = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
-  std::string before;
-  {
-    std::ifstream in(knob);
-    std::getline(in, before);
-  }
-  if (geteuid() != 0 || before.empty()) GTEST_SKIP() << "needs root to offer shmem huge pages";
-  const size_t open = before.find('['), close = before.find(']');
-  ASSERT_NE(open, std::string::npos);
-  const std::string setting = before.substr(open + 1, close - open - 1);
-  auto set = [&](const std::string& value) {
-    std::ofstream out(knob);
-    out << value;
-    out.flush();
-    return out.good();
-  };
-  if (!set("advise")) GTEST_SKIP() << "this kernel refuses to change " << knob;
-  struct Restore {
-    std::function<bool(const std::string&)> set;
-    std::string value;
-    ~Restore() { set(value); }
-  } restore{set, setting};
+  if (!ShmemHugePages::Changeable()) GTEST_SKIP() << "needs root to offer shmem huge pages";
+  ShmemHugePages shmem;
+  if (!shmem.Set("advise")) GTEST_SKIP() << "this kernel refuses to change shmem_enabled";
 
   DaemonProcess huge(
       Flags({"--pool-bytes=32MiB", "--host-tier-bytes=16MiB", "--chunk-bytes=4MiB"}));
