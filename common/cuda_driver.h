@@ -1,7 +1,9 @@
 // The CUDA driver API, loaded at run time (dlopen "libcuda.so.1"), for the parts of the CUDA
 // backend the runtime API does not cover: pointer attributes and allocation ranges, IPC handles
 // without a runtime context of our own, host registration, and the stream memory operations
-// (cuStreamBatchMemOp / cuStreamWaitValue64) that order work across processes.
+// (cuStreamBatchMemOp / cuStreamWaitValue64) that order work across processes; and for mapped
+// mode on GPUs, virtual memory management (VMM chunks exported as file descriptors), streams,
+// capture and graphs, and the client library's own kernels (cuModuleLoadData + cuLaunchKernel).
 //
 // Loading at run time keeps libcuda out of every binary's link: stashd and libstash_client.so
 // start on machines without a driver (the host backend, CI) and the client library never pins a
@@ -55,6 +57,45 @@ struct CudaDriver {
   decltype(&::cuMemHostGetDevicePointer) MemHostGetDevicePointer = nullptr;
   decltype(&::cuStreamWaitValue64) StreamWaitValue64 = nullptr;
   decltype(&::cuStreamBatchMemOp) StreamBatchMemOp = nullptr;
+
+  // Virtual memory management (mapped mode's chunks: docs/design.md, "Mapped mode on GPUs").
+  decltype(&::cuMemGetAllocationGranularity) MemGetAllocationGranularity = nullptr;
+  decltype(&::cuMemCreate) MemCreate = nullptr;
+  decltype(&::cuMemRelease) MemRelease = nullptr;
+  decltype(&::cuMemExportToShareableHandle) MemExportToShareableHandle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) MemImportFromShareableHandle = nullptr;
+  decltype(&::cuMemAddressReserve) MemAddressReserve = nullptr;
+  decltype(&::cuMemAddressFree) MemAddressFree = nullptr;
+  decltype(&::cuMemMap) MemMap = nullptr;
+  decltype(&::cuMemUnmap) MemUnmap = nullptr;
+  decltype(&::cuMemSetAccess) MemSetAccess = nullptr;
+  decltype(&::cuMemsetD8Async) MemsetD8Async = nullptr;
+  decltype(&::cuMemGetInfo) MemGetInfo = nullptr;
+  decltype(&::cuDeviceCanAccessPeer) DeviceCanAccessPeer = nullptr;
+  decltype(&::cuCtxSetCurrent) CtxSetCurrent = nullptr;
+
+  // Streams, events, capture and graphs: the rank's paging runs on the trainer's stream.
+  decltype(&::cuStreamCreate) StreamCreate = nullptr;
+  decltype(&::cuStreamDestroy) StreamDestroy = nullptr;
+  decltype(&::cuStreamSynchronize) StreamSynchronize = nullptr;
+  decltype(&::cuStreamIsCapturing) StreamIsCapturing = nullptr;
+  decltype(&::cuStreamBeginCapture) StreamBeginCapture = nullptr;
+  decltype(&::cuStreamEndCapture) StreamEndCapture = nullptr;
+  decltype(&::cuGraphInstantiate) GraphInstantiate = nullptr;
+  decltype(&::cuGraphLaunch) GraphLaunch = nullptr;
+  decltype(&::cuGraphExecDestroy) GraphExecDestroy = nullptr;
+  decltype(&::cuGraphDestroy) GraphDestroy = nullptr;
+  decltype(&::cuEventCreate) EventCreate = nullptr;
+  decltype(&::cuEventRecord) EventRecord = nullptr;
+  decltype(&::cuEventQuery) EventQuery = nullptr;
+  decltype(&::cuEventSynchronize) EventSynchronize = nullptr;
+  decltype(&::cuEventDestroy) EventDestroy = nullptr;
+
+  // Modules: the client library's paging kernels, from the fatbin it carries.
+  decltype(&::cuModuleLoadData) ModuleLoadData = nullptr;
+  decltype(&::cuModuleUnload) ModuleUnload = nullptr;
+  decltype(&::cuModuleGetFunction) ModuleGetFunction = nullptr;
+  decltype(&::cuLaunchKernel) LaunchKernel = nullptr;
 };
 
 // Returns the driver call's Status from the enclosing function when it failed. `driver` is a
