@@ -7,13 +7,11 @@
 #include "common/host_event.h"
 #include "common/random.h"
 #include "common/text.h"
+#include "stash/kernels/lease_bookkeeping.h"
 
 namespace stash {
 namespace {
 
-using kernels::ControlAdd;
-using kernels::ControlLoad;
-using kernels::ControlStore;
 using kernels::Placement;
 
 // How long the worker spins on an empty queue before it sleeps: long enough that a trainer
@@ -276,11 +274,7 @@ void Copier::Execute(const CopyOp& op, Result& result) {
 }
 
 void Copier::SetFlag(uint64_t epoch, bool overflow, bool spilled) {
-  kernels::SessionControl& c = table_->control();
-  ControlStore(c.step_flags, ControlLoad(c.step_flags) | (overflow ? kernels::kStepOverflow : 0) |
-                                 (spilled ? kernels::kStepSpilled : 0));
-  stream_flags_.overflow |= overflow;
-  stream_flags_.spilled |= spilled;
+  if (!overflow && !spilled) return;
   MutexLock lock(&mu_);
   if (epoch != epoch_) return;
   flags_.overflow |= overflow;
@@ -308,7 +302,7 @@ bool Copier::AwaitReady(const CounterRef& ready, Result& result) {
 
 void Copier::DoStash(const CopyOp& op, Result& result) {
   kernels::SessionControl& c = table_->control();
-  if ((ControlLoad(c.daemon_flags) & kernels::kDaemonDraining) != 0) {
+  if (kernels::Draining(c)) {
     // The daemon drains (or this rank's session ended after a drain): nothing is taken, the
     // caller keeps its buffer, and the step is not flagged: nothing was lost.
     result.completion.ticket = op.id;
@@ -336,7 +330,7 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
                                   ? "read from memory " + std::to_string(op.memory_id) +
                                         " offset " + std::to_string(op.count.offset)
                                   : "given";
-    ControlAdd(c.rejected, 1);
+    kernels::RecordRejected(c);
     result.status = InvalidArgumentError("the row count " + where + " is " +
                                          std::to_string(static_cast<int64_t>(plan.rows)) +
                                          ": counts must be >= 0; nothing was taken");
@@ -345,19 +339,12 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   done.rows = plan.rows;
   if (plan.placement == Placement::kOverflow) {
     done.tier = Tier::kOverflow;
-    ControlAdd(c.overflows, 1);
-    ControlAdd(c.step_stashes, 1);
     // The pages it would have needed count as demand for auto sizing, for the rest of the step
     // (the rank holds the activation itself until backward).
-    const uint64_t rows = std::min(plan.rows, op.max_rows);
-    const uint64_t pages = kernels::PagesFor(rows * op.row_bytes, page_bytes);
-    step_overflow_pages_ += pages;
-    const uint64_t want = ControlLoad(c.demand_pages) + pages;
-    ControlStore(c.demand_pages, want);
-    ControlStore(c.demand_high_water, std::max(ControlLoad(c.demand_high_water), want));
-    ControlStore(c.largest_stash_pages, std::max(ControlLoad(c.largest_stash_pages), pages));
+    const uint64_t demand = kernels::RecordOverflow(
+        c, state_, kernels::OverflowPages(plan, op.max_rows, op.row_bytes, page_bytes));
     SetFlag(op.epoch, /*overflow=*/true, /*spilled=*/false);
-    Outgrown(want);
+    Outgrown(demand);
     done.latency_us = MicrosSince(op.submitted);
     return;
   }
@@ -379,27 +366,13 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
                        });
   // Every part read the old head: publish the new one.
   ring.head = plan.head + plan.pages;
-  kernels::TierControl& t = c.tiers[plan.tier];
-  ControlStore(t.ring_head, ring.head);
-  const uint64_t used = ControlLoad(t.pages_used) + plan.pages;
-  ControlStore(t.pages_used, used);
-  ControlStore(t.high_water, std::max(ControlLoad(t.high_water), used));
-  ControlAdd(t.stashes_live, 1);
-  ControlAdd(t.bytes_live, plan.bytes);
-  ControlAdd(c.stashes, 1);
-  ControlAdd(c.step_stashes, 1);
-  ControlAdd(c.bytes_stashed, plan.bytes);
-  const uint64_t demand = ControlLoad(c.demand_pages) + plan.pages;
-  ControlStore(c.demand_pages, demand);
-  ControlStore(c.demand_high_water, std::max(ControlLoad(c.demand_high_water), demand));
-  ControlStore(c.largest_stash_pages, std::max(ControlLoad(c.largest_stash_pages), plan.pages));
+  const uint64_t demand =
+      kernels::RecordPlaced(c, state_, plan.tier, ring.head, plan.pages, plan.bytes);
   const bool spilled = plan.tier != kernels::kLeaseDevice;
-  if (spilled) ControlAdd(c.spills, 1);
   SetFlag(op.epoch, false, spilled);
-  // Short of room: a spill, or the own device's chunks less than an eighth free (the margin
-  // auto sizing keeps). The lease grows off this thread, landing between later operations.
-  const uint64_t leased = table_->pages_leased(kernels::kLeaseDevice);
-  if (spilled || kernels::RingFree(*table_->ring(kernels::kLeaseDevice)) * 8 < leased) {
+  // Short of room: the lease grows off this thread, landing between later operations.
+  if (kernels::LeaseShort(spilled, kernels::RingFree(*table_->ring(kernels::kLeaseDevice)),
+                          table_->pages_leased(kernels::kLeaseDevice))) {
     Outgrown(demand);
   }
   done.tier = TierOf(plan.tier);
@@ -412,24 +385,14 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
 }
 
 void Copier::Outgrown(uint64_t demand) {
-  // Once, then again only when the step's demand grew by an eighth more: a lease that cannot
-  // grow (the pool leased out, the quota reached) is not asked at every stash.
-  if (!outgrown_hook_ || demand <= outgrown_at_ + outgrown_at_ / 8) return;
-  outgrown_at_ = demand;
-  outgrown_hook_();
+  if (kernels::ReportOutgrown(state_, demand) && outgrown_hook_) outgrown_hook_();
 }
 
 void Copier::ReturnStashPages(const StashRecord& record) {
   kernels::PageRing& ring = *table_->ring(record.tier);
   kernels::ReturnPages(ring, ring.tail, record.page_record.data(), 0, record.pages);
   ring.tail += record.pages;
-  kernels::SessionControl& c = table_->control();
-  kernels::TierControl& t = c.tiers[record.tier];
-  ControlStore(t.ring_tail, ring.tail);
-  ControlStore(t.pages_used, ControlLoad(t.pages_used) - record.pages);
-  ControlStore(t.stashes_live, ControlLoad(t.stashes_live) - 1);
-  ControlStore(t.bytes_live, ControlLoad(t.bytes_live) - record.bytes);
-  ControlStore(c.demand_pages, ControlLoad(c.demand_pages) - record.pages);
+  kernels::RecordReturned(table_->control(), record.tier, ring.tail, record.pages, record.bytes);
   table_->live().Remove(record.live_entry);
 }
 
@@ -438,7 +401,7 @@ void Copier::DoReload(const CopyOp& op, Result& result) {
   kernels::SessionControl& c = table_->control();
   auto it = stashes_.find(op.ticket);
   if (it == stashes_.end()) {
-    ControlAdd(c.rejected, 1);
+    kernels::RecordRejected(c);
     result.status = NotLive(op.ticket);
     return;
   }
@@ -446,7 +409,7 @@ void Copier::DoReload(const CopyOp& op, Result& result) {
   const uint64_t size = op.memory->size();
   const uint64_t len = record.max_rows * record.row_bytes;
   if (op.offset > size || len > size - op.offset) {
-    ControlAdd(c.rejected, 1);
+    kernels::RecordRejected(c);
     result.status = InvalidArgumentError(
         "reload destination (max_rows * row_bytes of the stash) [" + std::to_string(op.offset) +
         ", " + std::to_string(op.offset) + " + " + std::to_string(len) +
@@ -463,8 +426,7 @@ void Copier::DoReload(const CopyOp& op, Result& result) {
       [&](uint64_t begin, uint64_t end) { kernels::PopPages(dst, span, begin, end); });
   if (op.zero_tail) kernels::ZeroBytes(dst, record.bytes, len);
   ReturnStashPages(record);
-  ControlAdd(c.reloads, 1);
-  ControlAdd(c.bytes_reloaded, record.bytes);
+  kernels::RecordReloaded(c, record.bytes);
   Completion& done = result.completion;
   done.ticket = op.ticket;
   done.tier = TierOf(record.tier);
@@ -478,41 +440,21 @@ void Copier::DoRelease(const CopyOp& op, Result& result) {
   kernels::SessionControl& c = table_->control();
   auto it = stashes_.find(op.ticket);
   if (it == stashes_.end()) {
-    ControlAdd(c.rejected, 1);
+    kernels::RecordRejected(c);
     result.status = NotLive(op.ticket);
     return;
   }
   ReturnStashPages(it->second);
-  ControlAdd(c.releases, 1);
+  kernels::RecordReleased(c);
   result.completion.ticket = op.ticket;
   result.completion.pages = it->second.pages;
   stashes_.erase(it);
 }
 
 void Copier::DoBeginStep(const CopyOp& op, Result& result) {
-  result.completion.step_overflow = stream_flags_.overflow;
-  result.completion.step_spilled = stream_flags_.spilled;
-  stream_flags_ = StepFlags{};
-  kernels::SessionControl& c = table_->control();
-  ControlStore(c.step, op.step);
-  ControlAdd(c.steps, 1);
-  for (kernels::TierControl& t : c.tiers) {
-    ControlStore(t.last_step_high_water, ControlLoad(t.high_water));
-    ControlStore(t.high_water, ControlLoad(t.pages_used));
-  }
-  ControlStore(c.last_step_demand_high_water, ControlLoad(c.demand_high_water));
-  // The step's overflowed stashes stop counting: the next step's demand starts from the pages
-  // its live stashes hold.
-  const uint64_t demand = ControlLoad(c.demand_pages);
-  ControlStore(c.demand_pages, demand - std::min(demand, step_overflow_pages_));
-  step_overflow_pages_ = 0;
-  ControlStore(c.demand_high_water, ControlLoad(c.demand_pages));
-  ControlStore(c.last_step_stashes, ControlLoad(c.step_stashes));
-  ControlStore(c.step_stashes, 0);
-  outgrown_at_ = 0;
-  ControlStore(c.last_step_largest_stash_pages, ControlLoad(c.largest_stash_pages));
-  ControlStore(c.largest_stash_pages, 0);
-  ControlStore(c.step_flags, 0);
+  const uint64_t ended = kernels::RecordBeginStep(table_->control(), state_, op.step);
+  result.completion.step_overflow = (ended & kernels::kStepOverflow) != 0;
+  result.completion.step_spilled = (ended & kernels::kStepSpilled) != 0;
   if (step_hook_) step_hook_(op.step, table_, !stashes_.empty());
   // What the hook had come back (a lease answered in time) applies before the step's stashes.
   if (!changes_.empty() || has_posted_.load(std::memory_order_acquire)) ApplyChanges();

@@ -1,7 +1,8 @@
 // The in-order "stream" of a mapped session on the host backend (docs/design.md, "Mapped
 // mode"): one worker thread runs the session's operations in submission order over the rank's
 // own rings (client/lease_table.h), with kernels/paging.h, splitting big copies over
-// CopyWorkers. What a GPU's stream will do with kernels (issue 16).
+// CopyWorkers. What a GPU's stream does with kernels; the control block's bookkeeping is one set
+// of functions for both (stash/kernels/lease_bookkeeping.h).
 //
 // Submit() is a queue push: no syscall while the worker is busy or spinning (it spins briefly
 // before it sleeps, and only a sleeping worker is woken). The worker answers every operation
@@ -31,6 +32,7 @@
 #include "common/mutex.h"
 #include "common/shm.h"
 #include "stash/client.h"
+#include "stash/kernels/lease_bookkeeping.h"
 
 namespace stash {
 
@@ -135,7 +137,7 @@ class Copier {
   void ReturnStashPages(const StashRecord& record);
   void SetFlag(uint64_t epoch, bool overflow, bool spilled);
   // The lease is short with the step's demand at `demand` pages: tells outgrown_hook_, once
-  // per eighth of growth in demand within a step.
+  // per eighth of growth in demand within a step (kernels::ReportOutgrown).
   void Outgrown(uint64_t demand);
   // Runs the posted table changes (worker thread); those that say "not yet" stay queued.
   void ApplyChanges();
@@ -151,11 +153,8 @@ class Copier {
   // Worker thread only.
   std::unique_ptr<LeaseTable> table_;
   std::unordered_map<uint64_t, StashRecord> stashes_;
-  StepFlags stream_flags_;  // the current step's flags in stream order (BeginStep answers them)
-  // Pages of the current step's overflowed stashes: they count as demand until the step ends
-  // (the rank holds them itself meanwhile).
-  uint64_t step_overflow_pages_ = 0;
-  uint64_t outgrown_at_ = 0;          // the step's demand when outgrown_hook_ last ran (0: not yet)
+  // The step's flags in stream order, its overflowed pages, when the lease was last found short.
+  kernels::CopierState state_{};
   std::vector<TableChange> changes_;  // taken from posted_, not applied yet
 
   mutable Mutex mu_;

@@ -66,11 +66,16 @@ bool Aligned(const void* pointer, uintptr_t alignment) {
 
 // The checks stash and reload share: page and row sizes, the buffer size, the tiers.
 LaunchResult CheckGeometryAndTiers(uint64_t max_rows, uint64_t row_bytes, uint64_t page_bytes,
-                                   const CudaTier& device, const CudaTier& host) {
+                                   const CudaTier& device, const CudaTier& peer,
+                                   const CudaTier& host) {
   if (device.d_ring == nullptr) return Fail(LaunchStatus::kNullPointer, "device.d_ring is null");
   if (device.d_base == nullptr) return Fail(LaunchStatus::kNullPointer, "device.d_base is null");
+  if ((peer.d_ring == nullptr) != (peer.d_base == nullptr)) {
+    return Fail(LaunchStatus::kBadTier,
+                "peer.d_ring and peer.d_base must both be set (a peer tier) or both be null");
+  }
   if ((host.d_ring == nullptr) != (host.d_base == nullptr)) {
-    return Fail(LaunchStatus::kBadHostTier,
+    return Fail(LaunchStatus::kBadTier,
                 "host.d_ring and host.d_base must both be set (a host tier) or both be null");
   }
   if (page_bytes < kVectorBytes || (page_bytes & (page_bytes - 1)) != 0) {
@@ -83,7 +88,7 @@ LaunchResult CheckGeometryAndTiers(uint64_t max_rows, uint64_t row_bytes, uint64
                 static_cast<unsigned long long>(max_rows),
                 static_cast<unsigned long long>(row_bytes));
   }
-  if (!Aligned(device.d_ring, 16) || !Aligned(host.d_ring, 16)) {
+  if (!Aligned(device.d_ring, 16) || !Aligned(peer.d_ring, 16) || !Aligned(host.d_ring, 16)) {
     return Fail(LaunchStatus::kMisaligned, "a PageRing is not 16-byte aligned");
   }
   return LaunchResult{};
@@ -102,11 +107,18 @@ unsigned ChunkBlocksFor(uint64_t max_bytes, uint64_t page_bytes) {
 }
 
 // The tier a plan placed its stash in; a tier with a null ring when it placed nothing.
-__device__ __forceinline__ CudaTier PlacedTier(const StashPlan& plan, const CudaTier& device,
-                                               const CudaTier& host) {
-  if (plan.placement == Placement::kDevice) return device;
-  if (plan.placement == Placement::kHost) return host;
-  return CudaTier{};
+template <typename Launch>
+__device__ __forceinline__ CudaTier PlacedTier(const StashPlan& plan, const Launch& args) {
+  switch (plan.placement) {
+    case Placement::kDevice:
+      return args.device;
+    case Placement::kPeer:
+      return args.peer;
+    case Placement::kHost:
+      return args.host;
+    default:
+      return CudaTier{};
+  }
 }
 
 __device__ __forceinline__ uint64_t GlobalThread() {
@@ -120,8 +132,11 @@ __device__ __forceinline__ uint64_t GridThreads() {
 // (a) One thread: decide where the stash goes.
 __global__ void StashPlanKernel(StashLaunch args) {
   const int64_t count = args.d_count != nullptr ? *args.d_count : args.count;
-  *args.d_plan = PlanStash(count, args.divisor, args.max_rows, args.row_bytes, args.page_bytes,
-                           *args.device.d_ring, args.host.d_ring);
+  const TierChoice tiers[3] = {{args.device.d_ring, Placement::kDevice},
+                               {args.peer.d_ring, Placement::kPeer},
+                               {args.host.d_ring, Placement::kHost}};
+  *args.d_plan = PlanStashInOrder(count, args.divisor, args.max_rows, args.row_bytes,
+                                  args.page_bytes, tiers, 3);
 }
 
 // (b) A block per chunk (grid-stride): the block's first thread reads the chunk's page id from
@@ -131,7 +146,7 @@ __global__ void StashPlanKernel(StashLaunch args) {
 __global__ void StashCopyKernel(StashLaunch args) {
   __shared__ uint64_t id;
   const StashPlan plan = *args.d_plan;
-  const CudaTier tier = PlacedTier(plan, args.device, args.host);
+  const CudaTier tier = PlacedTier(plan, args);
   if (tier.d_ring == nullptr) return;
   const PageRing ring = *tier.d_ring;  // the ids pointer and capacity; the head is plan.head
   const PagedSpan span{tier.d_base, args.page_bytes, args.d_page_record, plan.bytes};
@@ -157,7 +172,7 @@ __global__ void StashCopyKernel(StashLaunch args) {
 // (c) One thread, after the copy kernel: publish the new head.
 __global__ void StashPublishKernel(StashLaunch args) {
   const StashPlan plan = *args.d_plan;
-  const CudaTier tier = PlacedTier(plan, args.device, args.host);
+  const CudaTier tier = PlacedTier(plan, args);
   if (tier.d_ring == nullptr) return;
   tier.d_ring->head = plan.head + plan.pages;
 }
@@ -170,8 +185,25 @@ __global__ void StashPublishKernel(StashLaunch args) {
 __global__ void ReloadPopKernel(ReloadLaunch args) {
   __shared__ uint64_t id;
   const StashPlan plan = *args.d_plan;
-  const CudaTier tier = PlacedTier(plan, args.device, args.host);
-  if (tier.d_ring == nullptr) return;
+  const CudaTier tier = PlacedTier(plan, args);
+  if (tier.d_ring == nullptr) {
+    // Nothing placed. An overflowed stash whose source the rank kept: copy that instead.
+    if (plan.placement != Placement::kOverflow || args.d_kept_src == nullptr) return;
+    const uint64_t kept = KeptBytes(plan, args.max_rows, args.row_bytes);
+    if (args.d_kept_src != args.d_dst) {
+      for (uint64_t v = GlobalThread(); v < VectorsFor(kept); v += GridThreads()) {
+        KeptVector(args.d_dst, args.d_kept_src, kept, v);
+      }
+    }
+    if (args.zero_tail) {
+      const uint64_t max_bytes = args.max_rows * args.row_bytes;
+      for (uint64_t v = (kept >> 4) + GlobalThread(); v < VectorsFor(max_bytes);
+           v += GridThreads()) {
+        ZeroTailVector(args.d_dst, kept, max_bytes, v);
+      }
+    }
+    return;
+  }
   const PageRing ring = *tier.d_ring;  // a copy: pages go back through ring.ids only
   const PagedSpan span{tier.d_base, args.page_bytes, const_cast<uint64_t*>(args.d_page_record),
                        plan.bytes};
@@ -208,7 +240,7 @@ __global__ void ReloadPopKernel(ReloadLaunch args) {
 // (d) One thread, after the pop kernel: publish the new tail.
 __global__ void ReloadPublishKernel(ReloadLaunch args) {
   const StashPlan plan = *args.d_plan;
-  const CudaTier tier = PlacedTier(plan, args.device, args.host);
+  const CudaTier tier = PlacedTier(plan, args);
   if (tier.d_ring == nullptr) return;
   tier.d_ring->tail += plan.pages;
 }
@@ -225,8 +257,8 @@ const char* LaunchStatusName(LaunchStatus status) {
       return "kBadPageBytes";
     case LaunchStatus::kBadRowBytes:
       return "kBadRowBytes";
-    case LaunchStatus::kBadHostTier:
-      return "kBadHostTier";
+    case LaunchStatus::kBadTier:
+      return "kBadTier";
     case LaunchStatus::kMisaligned:
       return "kMisaligned";
     case LaunchStatus::kTooLarge:
@@ -243,8 +275,8 @@ LaunchResult CanImplementStash(const StashLaunch& args) {
     return Fail(LaunchStatus::kNullPointer, "d_page_record is null");
   }
   if (args.d_plan == nullptr) return Fail(LaunchStatus::kNullPointer, "d_plan is null");
-  LaunchResult result =
-      CheckGeometryAndTiers(args.max_rows, args.row_bytes, args.page_bytes, args.device, args.host);
+  LaunchResult result = CheckGeometryAndTiers(args.max_rows, args.row_bytes, args.page_bytes,
+                                              args.device, args.peer, args.host);
   if (!result.ok()) return result;
   if (!Aligned(args.d_plan, 16) || !Aligned(args.d_page_record, 8) || !Aligned(args.d_count, 8)) {
     return Fail(LaunchStatus::kMisaligned,
@@ -272,8 +304,11 @@ LaunchResult CanImplementReload(const ReloadLaunch& args) {
   if (args.zero_tail && args.d_dst == nullptr) {
     return Fail(LaunchStatus::kNullPointer, "zero_tail is set but d_dst is null");
   }
-  LaunchResult result =
-      CheckGeometryAndTiers(args.max_rows, args.row_bytes, args.page_bytes, args.device, args.host);
+  if (args.d_kept_src != nullptr && args.d_dst == nullptr) {
+    return Fail(LaunchStatus::kNullPointer, "d_kept_src is set but d_dst is null");
+  }
+  LaunchResult result = CheckGeometryAndTiers(args.max_rows, args.row_bytes, args.page_bytes,
+                                              args.device, args.peer, args.host);
   if (!result.ok()) return result;
   if (!Aligned(args.d_plan, 16) || !Aligned(args.d_page_record, 8)) {
     return Fail(LaunchStatus::kMisaligned,

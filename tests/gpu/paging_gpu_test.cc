@@ -654,9 +654,9 @@ TEST(PagingGpuLaunch, CanImplementRejectsBadArgumentsWithTheirStatus) {
       [](StashLaunch& s) { s.device.d_ring = nullptr; });
   add("null device base", LaunchStatus::kNullPointer,
       [](StashLaunch& s) { s.device.d_base = nullptr; });
-  add("host ring without base", LaunchStatus::kBadHostTier,
+  add("host ring without base", LaunchStatus::kBadTier,
       [&f](StashLaunch& s) { s.host.d_ring = &f.host_ring; });
-  add("host base without ring", LaunchStatus::kBadHostTier,
+  add("host base without ring", LaunchStatus::kBadTier,
       [&f](StashLaunch& s) { s.host.d_base = f.bytes; });
   for (uint64_t page_bytes : {0, 1, 8, 24, 48, 100}) {
     add("page_bytes", LaunchStatus::kBadPageBytes,

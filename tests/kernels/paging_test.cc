@@ -681,6 +681,37 @@ TEST(Paging, ZeroBytesWritesOnlyTheRange) {
   EXPECT_EQ(dst[90], kUntouchedDst);
 }
 
+// A reload of an overflowed stash whose source the rank kept copies min(rows, max_rows) rows of
+// that source, vector by vector, whatever the alignment; placed stashes and bad counts keep none.
+TEST(KeptSource, AnOverflowedStashesReloadCopiesTheKeptRowsVectorByVector) {
+  const uint64_t row_bytes = 7;  // ragged vectors
+  const uint64_t max_rows = 11;
+  StashPlan plan{};
+  plan.placement = Placement::kOverflow;
+  plan.rows = 5;
+  EXPECT_EQ(KeptBytes(plan, max_rows, row_bytes), 35u);
+  plan.rows = 40;  // a count past the buffer: no more rows than it holds
+  EXPECT_EQ(KeptBytes(plan, max_rows, row_bytes), 77u);
+  plan.placement = Placement::kDevice;
+  EXPECT_EQ(KeptBytes(plan, max_rows, row_bytes), 0u);
+  plan.placement = Placement::kInvalidCount;
+  EXPECT_EQ(KeptBytes(plan, max_rows, row_bytes), 0u);
+
+  std::vector<uint8_t> src(100);
+  std::iota(src.begin(), src.end(), 1);
+  for (uint64_t shift : {0, 1, 9}) {  // unaligned sources and destinations
+    std::vector<uint8_t> dst(100, kUntouchedDst);
+    const uint64_t bytes = 35;
+    for (uint64_t v = 0; v < VectorsFor(bytes) + 2; ++v) {  // extra vectors do nothing
+      KeptVector(dst.data() + shift, src.data() + shift, bytes, v);
+    }
+    for (uint64_t i = 0; i < dst.size(); ++i) {
+      const bool kept = i >= shift && i < shift + bytes;
+      EXPECT_EQ(dst[i], kept ? src[i] : kUntouchedDst) << "byte " << i << " shift " << shift;
+    }
+  }
+}
+
 // Every case of the matrix, also run by tests/gpu against the CUDA kernels.
 class PagingMatrix : public ::testing::TestWithParam<PagingCase> {};
 

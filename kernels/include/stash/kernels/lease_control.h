@@ -7,12 +7,16 @@
 // pages it leased) and never indexes anything with one, so garbage here changes only the
 // numbers shown for this session.
 //
-// Plain 64-bit fields, so a GPU copier (issue 16) can update them from device code; host code
-// reads and writes them with relaxed atomics (ControlLoad / ControlStore / ControlAdd).
+// Plain 64-bit fields, so the GPU copier's bookkeeping kernel updates them from device code
+// (lease_bookkeeping.h: one function per event, run by the host copier and by the kernel alike);
+// every access goes through ControlLoad / ControlStore / ControlAdd: relaxed atomics on the host,
+// volatile accesses (one writer: the session's stream) and atomicAdd on the device.
 #ifndef STASH_KERNELS_LEASE_CONTROL_H_
 #define STASH_KERNELS_LEASE_CONTROL_H_
 
 #include <cstdint>
+
+#include "stash/kernels/host_device.h"
 
 namespace stash::kernels {
 
@@ -100,17 +104,28 @@ inline constexpr uint64_t kDaemonDraining = 1;
 inline constexpr uint64_t kControlBlockBytes = 64 << 10;
 static_assert(sizeof(SessionControl) <= kControlBlockBytes, "the control block fits its page");
 
-#if !defined(__CUDA_ARCH__)
-inline uint64_t ControlLoad(const uint64_t& field) {
+STASH_HOST_DEVICE uint64_t ControlLoad(const uint64_t& field) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const volatile uint64_t*>(&field);
+#else
   return __atomic_load_n(&field, __ATOMIC_RELAXED);
-}
-inline void ControlStore(uint64_t& field, uint64_t value) {
-  __atomic_store_n(&field, value, __ATOMIC_RELAXED);
-}
-inline void ControlAdd(uint64_t& field, uint64_t delta) {
-  __atomic_fetch_add(&field, delta, __ATOMIC_RELAXED);
-}
 #endif
+}
+STASH_HOST_DEVICE void ControlStore(uint64_t& field, uint64_t value) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<volatile uint64_t*>(&field) = value;
+#else
+  __atomic_store_n(&field, value, __ATOMIC_RELAXED);
+#endif
+}
+STASH_HOST_DEVICE void ControlAdd(uint64_t& field, uint64_t delta) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(reinterpret_cast<unsigned long long*>(&field),  // NOLINT(google-runtime-int)
+            static_cast<unsigned long long>(delta));        // NOLINT(google-runtime-int)
+#else
+  __atomic_fetch_add(&field, delta, __ATOMIC_RELAXED);
+#endif
+}
 
 }  // namespace stash::kernels
 

@@ -19,14 +19,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "stash/kernels/host_device.h"
+
 #if defined(__x86_64__) && !defined(__CUDA_ARCH__)
 #include <emmintrin.h>
-#endif
-
-#if defined(__CUDACC__)
-#define STASH_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define STASH_HOST_DEVICE inline
 #endif
 
 namespace stash::kernels {
@@ -350,6 +346,24 @@ STASH_HOST_DEVICE void ZeroTailVector(uint8_t* dst, uint64_t bytes, uint64_t max
   const uint64_t zero_begin = begin > bytes ? begin : bytes;
   const uint64_t zero_end = begin + kVectorBytes < max_bytes ? begin + kVectorBytes : max_bytes;
   if (zero_begin < zero_end) ZeroBytes(dst, zero_begin, zero_end);
+}
+
+// A reload of a stash that overflowed, whose source the rank kept (mapped mode on a GPU): a
+// reload captured in a CUDA graph runs at every replay whatever that replay's plan said, so it
+// copies the kept source's valid prefix instead of pages: min(rows, max_rows) rows (a count past
+// the buffer names no more rows than it holds). 0 unless the plan is kOverflow.
+STASH_HOST_DEVICE uint64_t KeptBytes(const StashPlan& plan, uint64_t max_rows, uint64_t row_bytes) {
+  if (plan.placement != Placement::kOverflow) return 0;
+  return (plan.rows < max_rows ? plan.rows : max_rows) * row_bytes;
+}
+
+// Vector `v` of a kept-source copy: bytes [16 v, min(16 v + 16, bytes)) from `src` to `dst`.
+// Vectors at or past `bytes` do nothing.
+STASH_HOST_DEVICE void KeptVector(uint8_t* dst, const uint8_t* src, uint64_t bytes, uint64_t v) {
+  const uint64_t begin = v << 4;
+  if (begin >= bytes) return;
+  const uint64_t n = bytes - begin < kVectorBytes ? bytes - begin : kVectorBytes;
+  CopyBytes(dst + begin, src + begin, n);
 }
 
 // Returns a stash's pages to the ring at slots [tail, tail + pages), in page-slot order. The

@@ -4,8 +4,9 @@
 //
 // A stash is three kernels, in this order, on the caller's stream:
 //   1. plan (one thread): reads the count (a device int64, or a value given at launch), runs
-//      PlanStash against the device ring and the optional host ring, writes the StashPlan to
-//      `d_plan`. Nothing else changes.
+//      PlanStashInOrder over the tiers given, in the order own device, peer, host (a tier with a
+//      null ring is skipped; daemon-copy gives device and host, mapped mode all three), writes
+//      the StashPlan to `d_plan`. Nothing else changes.
 //   2. copy: a thread block per chunk (kChunkBytes, or the page when smaller) of each page slot;
 //      its first thread reads the page id at ring slot plan.head + slot of the chosen tier once
 //      (the first chunk of a page also writes the page record), and its threads copy the
@@ -17,7 +18,9 @@
 // A reload is two kernels: pop (a block per chunk reads its page id from the page record once and
 // copies it back with PopChunkVector; the first chunk of a page returns it at ring slot
 // tail + slot; then zeros over the tail when asked, ZeroTailVector) and publish
-// (tail += plan.pages).
+// (tail += plan.pages). The plan's placement picks the tier (kDevice, kPeer, kHost). A reload of
+// a stash that overflowed copies the source the rank kept instead (d_kept_src), so a replayed
+// graph reads the activation whether or not that replay's stash found room.
 //
 // Grids depend only on the static maximum max_rows * row_bytes, and counts, heads and tails are
 // read from device memory, so both sequences can be captured in a CUDA graph and replayed.
@@ -47,7 +50,7 @@ enum class LaunchStatus : uint32_t {
   kNullPointer = 1,   // a required pointer is null (the message names it)
   kBadPageBytes = 2,  // page_bytes is not a power of two >= 16
   kBadRowBytes = 3,   // row_bytes is 0
-  kBadHostTier = 4,   // exactly one of host.d_ring and host.d_base is set
+  kBadTier = 4,       // exactly one of d_ring and d_base is set in the peer or host tier
   kMisaligned = 5,    // a ring or plan not 16-byte aligned, or a page record not 8-byte aligned
   kTooLarge = 6,      // max_rows * row_bytes does not fit in 64 bits
   kCudaError = 7,     // a CUDA call failed; `cuda_error` and the message say which
@@ -82,7 +85,9 @@ struct StashLaunch {
   uint64_t row_bytes = 0;            // bytes per row; > 0
   uint64_t page_bytes = 0;           // bytes per page of both tiers; a power of two >= 16
   CudaTier device;                   // the session's own pool; required
-  CudaTier host;                     // the spill tier; both pointers null = no spill
+  CudaTier peer;                     // mapped mode: chunks another GPU lent (tried second); both
+                                     // pointers null = none
+  CudaTier host;                     // the host spill tier (tried last); both null = no spill
   uint64_t* d_page_record = nullptr;  // PagesFor(max_rows * row_bytes) entries; the copy writes
                                       // the first plan.pages of them
   StashPlan* d_plan = nullptr;        // the plan kernel writes it; copy, publish and the stash's
@@ -110,7 +115,13 @@ struct ReloadLaunch {
   uint64_t page_bytes = 0;                  // as at stash time
   bool zero_tail = false;                   // also write zeros to bytes
                                             // [plan.bytes, max_rows * row_bytes) of d_dst
-  CudaTier device;                          // the same tiers as at stash time
+  // The stash's source, which the rank keeps when the stash overflows (mapped mode). When the
+  // plan says kOverflow, its first min(rows, max_rows) rows are copied to d_dst (nothing when
+  // they are the same buffer) and zero_tail zeroes past them. nullptr: an overflowed stash's
+  // reload leaves d_dst as it is (daemon-copy, where an overflowed ticket is never reloaded).
+  const uint8_t* d_kept_src = nullptr;
+  CudaTier device;  // the same tiers as at stash time
+  CudaTier peer;
   CudaTier host;
 };
 
@@ -118,8 +129,9 @@ struct ReloadLaunch {
 LaunchResult CanImplementReload(const ReloadLaunch& args);
 
 // CanImplementReload, then enqueues pop (copy back, zero tail, return pages) and publish
-// (tail += plan.pages) on `stream`. A plan that placed nothing (kOverflow, kInvalidCount) makes
-// both kernels no-ops: the destination keeps its bytes, zero_tail included, and the tails stay.
+// (tail += plan.pages) on `stream`. A plan that placed nothing returns no pages and leaves the
+// tails: kInvalidCount leaves the destination as it is; kOverflow copies the kept source when
+// d_kept_src is set (and zeroes the tail when asked), else leaves it too.
 // Reload each placed stash exactly once.
 LaunchResult LaunchReload(const ReloadLaunch& args, cudaStream_t stream);
 

@@ -1,0 +1,309 @@
+// Mapped mode's kernels on the trainer's stream (docs/design.md, "Mapped mode on GPUs"): the
+// argument blocks the client library passes to cuLaunchKernel, the kernels' names in the fatbin
+// it carries, and the body of each one-thread kernel as a STASH_HOST_DEVICE function, so the
+// host tests (and the driver stand-in's host twins) run exactly what the GPU runs.
+//
+// Everything a rank's stream pages with lives in device-accessible memory and changes only by
+// work ordered on that stream: the rings of its three lease tiers (own device, peer, host), a
+// device copy of its control block with the copier's own state beside it, and per stash a plan
+// and a page record. A stash is three kernels (plan, copy, publish), a reload or release two
+// (pop, publish), a step boundary one, a lease change one: no host callback, no host sync and
+// nothing to the daemon per operation, and each sequence can be captured in a CUDA graph (grids
+// depend only on a stash's static max_rows * row_bytes; counts, heads and tails are read from
+// device memory when the kernels run).
+//
+// The device control block is published to the shared one (the memfd the daemon reads) by
+// kStepKernel, through the host mapping the rank registered for the device, and the daemon's
+// cache line comes back the same way; so the daemon sees a GPU rank's counters as of its last
+// step boundary.
+#ifndef STASH_KERNELS_MAPPED_PAGING_H_
+#define STASH_KERNELS_MAPPED_PAGING_H_
+
+#include <cstdint>
+
+#include "stash/kernels/host_device.h"
+#include "stash/kernels/lease_bookkeeping.h"
+#include "stash/kernels/lease_control.h"
+#include "stash/kernels/paging.h"
+
+namespace stash::kernels {
+
+// The kernels' names in the client library's fatbin (extern "C", so unmangled).
+inline constexpr const char* kStashPlanKernel = "stash_mapped_stash_plan";
+inline constexpr const char* kStashCopyKernel = "stash_mapped_stash_copy";
+inline constexpr const char* kStashPublishKernel = "stash_mapped_stash_publish";
+inline constexpr const char* kReloadPopKernel = "stash_mapped_reload_pop";
+inline constexpr const char* kReloadPublishKernel = "stash_mapped_reload_publish";
+inline constexpr const char* kStepKernel = "stash_mapped_step";
+inline constexpr const char* kAddPagesKernel = "stash_mapped_add_pages";
+inline constexpr const char* kRemoveChunkKernel = "stash_mapped_remove_chunk";
+
+// StashPlan.tier of a stash the session did not try because the daemon drains: placed nowhere
+// (kOverflow, so a reload copies the kept source), counted nowhere, no step flag.
+inline constexpr uint32_t kUntriedTier = 0xffffffffu;
+
+// One lease tier as the kernels see it. Non-owning; d_ring null = the session holds no chunk of
+// this tier (it is skipped).
+struct LeaseTierView {
+  PageRing* d_ring;
+  uint8_t* d_base;  // page 0 of the tier's reserved range
+};
+
+// The session's device state. Non-owning; all device-accessible.
+struct alignas(16) MappedSessionView {
+  SessionControl* d_control;  // the device copy of the control block
+  CopierState* d_state;
+  LeaseTierView tiers[kLeaseTiers];  // kLeaseDevice, kLeasePeer, kLeaseHost
+  uint64_t page_bytes;               // a power of two >= 16
+  uint32_t allow_host;               // 0: stashes never go to the host tier
+  uint32_t reserved;
+};
+
+struct alignas(16) MappedStashArgs {
+  MappedSessionView session;
+  const uint8_t* d_src;    // byte 0 of the marked buffer (max_rows * row_bytes bytes)
+  const int64_t* d_count;  // read when the plan kernel runs; null = `count`
+  int64_t count;
+  uint64_t max_rows;
+  uint64_t row_bytes;  // > 0
+  uint32_t divisor;    // 0 = 1
+  uint32_t reserved;
+  StashPlan* d_plan;        // this stash's plan (16-byte aligned)
+  uint64_t* d_page_record;  // PagesFor(max_rows * row_bytes) entries
+};
+
+struct alignas(16) MappedReloadArgs {
+  MappedSessionView session;
+  uint8_t* d_dst;             // null = a release: the pages go back, nothing is copied
+  const uint8_t* d_kept_src;  // the stash's source, for a reload of a stash that overflowed
+  const StashPlan* d_plan;
+  const uint64_t* d_page_record;
+  uint64_t max_rows;
+  uint64_t row_bytes;
+  uint32_t zero_tail;  // 1: zeros over [bytes, max_rows * row_bytes) of d_dst
+  uint32_t reserved;
+};
+
+// What kStepKernel leaves for the host, in host-visible memory: the flags of the step that
+// ended, and the step they belong to (written last, so a reader that sees the step sees them).
+struct alignas(16) StepReport {
+  uint64_t flags;  // kStepOverflow | kStepSpilled
+  uint64_t step;
+};
+
+struct alignas(16) MappedStepArgs {
+  MappedSessionView session;
+  uint64_t step;
+  SessionControl* d_shared;  // the shared control block, mapped for the device; null = none yet
+  StepReport* d_report;      // host-visible
+};
+
+// Appends page ids [first_id, first_id + pages) to a tier's ring (a chunk leased into slot
+// first_id / pages_per_chunk), or takes a whole chunk's pages out of it.
+struct alignas(16) MappedRingArgs {
+  MappedSessionView session;
+  uint32_t tier;
+  uint32_t reserved;
+  uint64_t first_id;
+  uint64_t pages;
+  uint64_t* d_result;  // kRemoveChunkKernel: 1 when the chunk was taken out, 0 when a stash
+                       // still holds one of its pages (host-visible)
+};
+
+// The plan of a stash: PlanStashInOrder over the tiers the session holds (the host tier only
+// when allowed), or untried while the daemon drains.
+STASH_HOST_DEVICE StashPlan PlanMappedStash(const MappedStashArgs& a) {
+  const MappedSessionView& s = a.session;
+  const TierChoice tiers[kLeaseTiers] = {
+      {s.tiers[kLeaseDevice].d_ring, Placement::kDevice},
+      {s.tiers[kLeasePeer].d_ring, Placement::kPeer},
+      {s.allow_host != 0 ? s.tiers[kLeaseHost].d_ring : nullptr, Placement::kHost}};
+  const int64_t count = a.d_count != nullptr ? *a.d_count : a.count;
+  StashPlan plan =
+      PlanStashInOrder(count, a.divisor, a.max_rows, a.row_bytes, s.page_bytes, tiers, kLeaseTiers);
+  if (Draining(*s.d_control) && plan.placement != Placement::kInvalidCount) {
+    plan.placement = Placement::kOverflow;
+    plan.tier = kUntriedTier;
+    plan.bytes = 0;
+    plan.pages = 0;
+  }
+  return plan;
+}
+
+// The tier a plan placed its stash in; d_ring null when it placed nothing.
+STASH_HOST_DEVICE LeaseTierView PlacedLeaseTier(const MappedSessionView& s, const StashPlan& p) {
+  const bool placed = p.placement == Placement::kDevice || p.placement == Placement::kPeer ||
+                      p.placement == Placement::kHost;
+  if (!placed || p.tier >= kLeaseTiers) return LeaseTierView{nullptr, nullptr};
+  return s.tiers[p.tier];
+}
+
+// After the copy: publishes the new head and keeps the books. A bad count is counted as
+// rejected and flags the step as an overflow (nothing was taken, and no host is there to answer
+// the operation with an error: a guarded trainer reruns the step with the stash off).
+STASH_HOST_DEVICE void PublishMappedStash(const MappedStashArgs& a) {
+  const MappedSessionView& s = a.session;
+  const StashPlan plan = *a.d_plan;
+  SessionControl& c = *s.d_control;
+  CopierState& state = *s.d_state;
+  if (plan.placement == Placement::kInvalidCount) {
+    RecordRejected(c);
+    RaiseStepFlags(c, state, kStepOverflow);
+    return;
+  }
+  if (plan.tier == kUntriedTier) return;
+  if (plan.placement == Placement::kOverflow) {
+    const uint64_t demand =
+        RecordOverflow(c, state, OverflowPages(plan, a.max_rows, a.row_bytes, s.page_bytes));
+    ReportOutgrown(state, demand);
+    return;
+  }
+  const LeaseTierView tier = PlacedLeaseTier(s, plan);
+  if (tier.d_ring == nullptr) return;
+  tier.d_ring->head = plan.head + plan.pages;
+  const uint64_t demand =
+      RecordPlaced(c, state, plan.tier, tier.d_ring->head, plan.pages, plan.bytes);
+  const PageRing* device = s.tiers[kLeaseDevice].d_ring;
+  const uint64_t device_free = device != nullptr ? RingFree(*device) : 0;
+  const uint64_t device_leased = ControlLoad(c.tiers[kLeaseDevice].pages_leased);
+  if (LeaseShort(plan.tier != kLeaseDevice, device_free, device_leased)) {
+    ReportOutgrown(state, demand);
+  }
+}
+
+// After the pop: publishes the new tail and keeps the books (a reload or a release of a placed
+// stash; nothing for one that overflowed or was not tried).
+STASH_HOST_DEVICE void PublishMappedReload(const MappedReloadArgs& a) {
+  const MappedSessionView& s = a.session;
+  const StashPlan plan = *a.d_plan;
+  const LeaseTierView tier = PlacedLeaseTier(s, plan);
+  if (tier.d_ring == nullptr) return;
+  tier.d_ring->tail += plan.pages;
+  SessionControl& c = *s.d_control;
+  RecordReturned(c, plan.tier, tier.d_ring->tail, plan.pages, plan.bytes);
+  if (a.d_dst != nullptr) {
+    RecordReloaded(c, plan.bytes);
+  } else {
+    RecordReleased(c);
+  }
+}
+
+// The fields of a control block the rank owns, copied from `from` to `to` (the daemon's cache
+// line, magic and version stay): how the device copy reaches the shared block.
+STASH_HOST_DEVICE void CopyRankFields(const SessionControl& from, SessionControl& to) {
+  const uint64_t* src = &from.step;
+  uint64_t* dst = &to.step;
+  const uint64_t n = (reinterpret_cast<const uint8_t*>(&from.daemon_flags) -
+                      reinterpret_cast<const uint8_t*>(&from.step)) /
+                     sizeof(uint64_t);
+  for (uint64_t i = 0; i < n; ++i) ControlStore(dst[i], ControlLoad(src[i]));
+  for (uint32_t t = 0; t < kLeaseTiers; ++t) {
+    const uint64_t* ts = &from.tiers[t].ring_head;
+    uint64_t* td = &to.tiers[t].ring_head;
+    for (uint64_t i = 0; i < sizeof(TierControl) / sizeof(uint64_t); ++i) {
+      ControlStore(td[i], ControlLoad(ts[i]));
+    }
+  }
+}
+
+// A step boundary on the stream: the step's books (RecordBeginStep), the ended step's flags to
+// the host, the device block to the shared one, and the daemon's line back.
+STASH_HOST_DEVICE void MappedStep(const MappedStepArgs& a) {
+  SessionControl& c = *a.session.d_control;
+  if (a.d_shared != nullptr) {
+    ControlStore(c.daemon_flags, ControlLoad(a.d_shared->daemon_flags));
+    ControlStore(c.return_request, ControlLoad(a.d_shared->return_request));
+    for (uint32_t t = 0; t < kLeaseTiers; ++t) {
+      ControlStore(c.return_target_pages[t], ControlLoad(a.d_shared->return_target_pages[t]));
+    }
+  }
+  const uint64_t ended = RecordBeginStep(c, *a.session.d_state, a.step);
+  if (a.d_shared != nullptr) CopyRankFields(c, *a.d_shared);
+  if (a.d_report != nullptr) {
+    ControlStore(a.d_report->flags, ended);
+    ControlStore(a.d_report->step, a.step);
+  }
+}
+
+// Appends a chunk's page ids to its tier's ring and counts them as leased.
+STASH_HOST_DEVICE void AddMappedPages(const MappedRingArgs& a) {
+  if (a.tier >= kLeaseTiers) return;
+  PageRing* ring = a.session.tiers[a.tier].d_ring;
+  if (ring == nullptr || RingFree(*ring) + a.pages > ring->capacity) return;
+  for (uint64_t i = 0; i < a.pages; ++i) RingReturnAt(*ring, ring->tail, i, a.first_id + i);
+  ring->tail += a.pages;
+  TierControl& t = a.session.d_control->tiers[a.tier];
+  ControlStore(t.pages_leased, ControlLoad(t.pages_leased) + a.pages);
+  ControlStore(t.ring_tail, ring->tail);
+}
+
+// Takes the pages [first_id, first_id + pages) of one chunk out of its tier's ring when every
+// one of them is free (in [head, tail)), keeping the others in order: *d_result = 1; else
+// changes nothing: *d_result = 0.
+STASH_HOST_DEVICE void RemoveMappedChunk(const MappedRingArgs& a) {
+  uint64_t removed = 0;
+  PageRing* ring = a.tier < kLeaseTiers ? a.session.tiers[a.tier].d_ring : nullptr;
+  if (ring != nullptr && ring->capacity > 0) {
+    const uint64_t free = RingFree(*ring);
+    uint64_t in_chunk = 0;
+    for (uint64_t i = 0; i < free; ++i) {
+      const uint64_t id = RingPageAt(*ring, ring->head, i);
+      if (id >= a.first_id && id < a.first_id + a.pages) ++in_chunk;
+    }
+    if (in_chunk == a.pages) {
+      uint64_t kept = 0;
+      for (uint64_t i = 0; i < free; ++i) {
+        const uint64_t id = RingPageAt(*ring, ring->head, i);
+        if (id >= a.first_id && id < a.first_id + a.pages) continue;
+        RingReturnAt(*ring, ring->head, kept++, id);
+      }
+      ring->tail = ring->head + kept;
+      TierControl& t = a.session.d_control->tiers[a.tier];
+      ControlStore(t.pages_leased, ControlLoad(t.pages_leased) - a.pages);
+      ControlStore(t.ring_tail, ring->tail);
+      removed = 1;
+    }
+  }
+  if (a.d_result != nullptr) ControlStore(*a.d_result, removed);
+}
+
+// The copy kernel's work in one thread (the host twin the driver stand-in runs, and the tests'
+// reference): the plan's pages from the ring at its head, copied and recorded.
+STASH_HOST_DEVICE void MappedStashCopySerial(const MappedStashArgs& a) {
+  const StashPlan plan = *a.d_plan;
+  const LeaseTierView tier = PlacedLeaseTier(a.session, plan);
+  if (tier.d_ring == nullptr) return;
+  const PagedSpan span{tier.d_base, a.session.page_bytes, a.d_page_record, plan.bytes};
+  StashPages(a.d_src, *tier.d_ring, plan.head, span, 0, plan.pages);
+}
+
+// The pop kernel's work in one thread: a placed stash's pages copied back (a reload), the tail
+// zeroed when asked and the pages returned at the ring's tail; for a stash that overflowed or
+// was not tried, the kept source's rows copied instead (when given) and the tail zeroed.
+STASH_HOST_DEVICE void MappedReloadPopSerial(const MappedReloadArgs& a) {
+  const StashPlan plan = *a.d_plan;
+  const LeaseTierView tier = PlacedLeaseTier(a.session, plan);
+  const uint64_t max_bytes = a.max_rows * a.row_bytes;
+  if (tier.d_ring == nullptr) {
+    if (plan.placement != Placement::kOverflow || a.d_kept_src == nullptr || a.d_dst == nullptr) {
+      return;
+    }
+    const uint64_t kept = KeptBytes(plan, a.max_rows, a.row_bytes);
+    if (a.d_kept_src != a.d_dst) {
+      for (uint64_t v = 0; v < VectorsFor(kept); ++v) KeptVector(a.d_dst, a.d_kept_src, kept, v);
+    }
+    if (a.zero_tail != 0) ZeroBytes(a.d_dst, kept, max_bytes);
+    return;
+  }
+  if (a.d_dst != nullptr) {
+    const PagedSpan span{tier.d_base, a.session.page_bytes, const_cast<uint64_t*>(a.d_page_record),
+                         plan.bytes};
+    PopPages(a.d_dst, span, 0, plan.pages);
+    if (a.zero_tail != 0) ZeroBytes(a.d_dst, plan.bytes, max_bytes);
+  }
+  ReturnPages(*tier.d_ring, tier.d_ring->tail, a.d_page_record, 0, plan.pages);
+}
+
+}  // namespace stash::kernels
+
+#endif  // STASH_KERNELS_MAPPED_PAGING_H_
