@@ -110,6 +110,15 @@ struct alignas(16) MappedRingArgs {
                        // still holds one of its pages (host-visible)
 };
 
+// Lease tier `tier` of the session (null ring past the last). Branches instead of an index: the
+// view is a kernel parameter, and indexing it at run time would copy it to local memory.
+STASH_HOST_DEVICE LeaseTierView TierAt(const MappedSessionView& s, uint32_t tier) {
+  if (tier == kLeaseDevice) return s.tiers[kLeaseDevice];
+  if (tier == kLeasePeer) return s.tiers[kLeasePeer];
+  if (tier == kLeaseHost) return s.tiers[kLeaseHost];
+  return LeaseTierView{nullptr, nullptr};
+}
+
 // The plan of a stash: PlanStashInOrder over the tiers the session holds (the host tier only
 // when allowed), or untried while the daemon drains.
 STASH_HOST_DEVICE StashPlan PlanMappedStash(const MappedStashArgs& a) {
@@ -134,8 +143,8 @@ STASH_HOST_DEVICE StashPlan PlanMappedStash(const MappedStashArgs& a) {
 STASH_HOST_DEVICE LeaseTierView PlacedLeaseTier(const MappedSessionView& s, const StashPlan& p) {
   const bool placed = p.placement == Placement::kDevice || p.placement == Placement::kPeer ||
                       p.placement == Placement::kHost;
-  if (!placed || p.tier >= kLeaseTiers) return LeaseTierView{nullptr, nullptr};
-  return s.tiers[p.tier];
+  if (!placed) return LeaseTierView{nullptr, nullptr};
+  return TierAt(s, p.tier);
 }
 
 // After the copy: publishes the new head and keeps the books. A bad count is counted as
@@ -227,8 +236,7 @@ STASH_HOST_DEVICE void MappedStep(const MappedStepArgs& a) {
 
 // Appends a chunk's page ids to its tier's ring and counts them as leased.
 STASH_HOST_DEVICE void AddMappedPages(const MappedRingArgs& a) {
-  if (a.tier >= kLeaseTiers) return;
-  PageRing* ring = a.session.tiers[a.tier].d_ring;
+  PageRing* ring = TierAt(a.session, a.tier).d_ring;
   if (ring == nullptr || RingFree(*ring) + a.pages > ring->capacity) return;
   for (uint64_t i = 0; i < a.pages; ++i) RingReturnAt(*ring, ring->tail, i, a.first_id + i);
   ring->tail += a.pages;
@@ -242,7 +250,7 @@ STASH_HOST_DEVICE void AddMappedPages(const MappedRingArgs& a) {
 // changes nothing: *d_result = 0.
 STASH_HOST_DEVICE void RemoveMappedChunk(const MappedRingArgs& a) {
   uint64_t removed = 0;
-  PageRing* ring = a.tier < kLeaseTiers ? a.session.tiers[a.tier].d_ring : nullptr;
+  PageRing* ring = TierAt(a.session, a.tier).d_ring;
   if (ring != nullptr && ring->capacity > 0) {
     const uint64_t free = RingFree(*ring);
     uint64_t in_chunk = 0;
