@@ -87,6 +87,12 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(EventQuery, cuEventQuery);
   STASH_CU_RESOLVE(EventSynchronize, cuEventSynchronize);
   STASH_CU_RESOLVE(EventDestroy, cuEventDestroy);
+  STASH_CU_RESOLVE(MemAlloc, cuMemAlloc);
+  STASH_CU_RESOLVE(MemFree, cuMemFree);
+  STASH_CU_RESOLVE(MemHostAlloc, cuMemHostAlloc);
+  STASH_CU_RESOLVE(MemFreeHost, cuMemFreeHost);
+  STASH_CU_RESOLVE(MemcpyHtoD, cuMemcpyHtoD);
+  STASH_CU_RESOLVE(MemcpyDtoH, cuMemcpyDtoH);
   STASH_CU_RESOLVE(ModuleLoadData, cuModuleLoadData);
   STASH_CU_RESOLVE(ModuleUnload, cuModuleUnload);
   STASH_CU_RESOLVE(ModuleGetFunction, cuModuleGetFunction);

@@ -91,6 +91,15 @@ struct CudaDriver {
   decltype(&::cuEventSynchronize) EventSynchronize = nullptr;
   decltype(&::cuEventDestroy) EventDestroy = nullptr;
 
+  // Plain device and pinned host memory: the rank's rings, plans, page records and control
+  // block copy live on the device; the step report is host memory the device writes.
+  decltype(&::cuMemAlloc) MemAlloc = nullptr;
+  decltype(&::cuMemFree) MemFree = nullptr;
+  decltype(&::cuMemHostAlloc) MemHostAlloc = nullptr;
+  decltype(&::cuMemFreeHost) MemFreeHost = nullptr;
+  decltype(&::cuMemcpyHtoD) MemcpyHtoD = nullptr;
+  decltype(&::cuMemcpyDtoH) MemcpyDtoH = nullptr;
+
   // Modules: the client library's paging kernels, from the fatbin it carries.
   decltype(&::cuModuleLoadData) ModuleLoadData = nullptr;
   decltype(&::cuModuleUnload) ModuleUnload = nullptr;

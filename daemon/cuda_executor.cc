@@ -11,8 +11,8 @@
 #include "common/host_event.h"
 #include "common/logging.h"
 #include "common/macros.h"
+#include "common/range_allocator.h"
 #include "common/shm.h"
-#include "daemon/range_allocator.h"
 #include "daemon/tier.h"
 #include "stash/kernels/paging_cuda.h"
 

@@ -247,7 +247,8 @@ TEST(MappedPaging, AStepPublishesTheRankFieldsAndTakesTheDaemonsLineBack) {
   shared.return_request = 3;
   shared.return_target_pages[kLeaseHost] = 12;
   StepReport report{};
-  MappedStepArgs a{s.view, 41, &shared, &report};
+  SessionControl* const shared_cell = &shared;
+  MappedStepArgs a{s.view, 41, &shared_cell, &report};
   MappedStep(a);
   EXPECT_EQ(report.step, 41u);
   EXPECT_EQ(report.flags, kStepOverflow);

@@ -94,8 +94,11 @@ struct alignas(16) StepReport {
 struct alignas(16) MappedStepArgs {
   MappedSessionView session;
   uint64_t step;
-  SessionControl* d_shared;  // the shared control block, mapped for the device; null = none yet
-  StepReport* d_report;      // host-visible
+  // Where the device address of the shared control block is kept (host-visible memory the
+  // host rewrites when a new session's block arrives, so graphs captured before it reach the
+  // new block); null, or *d_shared null = no block yet.
+  SessionControl* const* d_shared;
+  StepReport* d_report;  // host-visible
 };
 
 // Appends page ids [first_id, first_id + pages) to a tier's ring (a chunk leased into slot
@@ -219,17 +222,22 @@ STASH_HOST_DEVICE void CopyRankFields(const SessionControl& from, SessionControl
 // the host, the device block to the shared one, and the daemon's line back.
 STASH_HOST_DEVICE void MappedStep(const MappedStepArgs& a) {
   SessionControl& c = *a.session.d_control;
-  if (a.d_shared != nullptr) {
-    ControlStore(c.daemon_flags, ControlLoad(a.d_shared->daemon_flags));
-    ControlStore(c.return_request, ControlLoad(a.d_shared->return_request));
+  SessionControl* shared =
+      a.d_shared != nullptr ? *const_cast<SessionControl* const volatile*>(a.d_shared) : nullptr;
+  if (shared != nullptr) {
+    ControlStore(c.daemon_flags, ControlLoad(shared->daemon_flags));
+    ControlStore(c.return_request, ControlLoad(shared->return_request));
     for (uint32_t t = 0; t < kLeaseTiers; ++t) {
-      ControlStore(c.return_target_pages[t], ControlLoad(a.d_shared->return_target_pages[t]));
+      ControlStore(c.return_target_pages[t], ControlLoad(shared->return_target_pages[t]));
     }
   }
   const uint64_t ended = RecordBeginStep(c, *a.session.d_state, a.step);
-  if (a.d_shared != nullptr) CopyRankFields(c, *a.d_shared);
+  if (shared != nullptr) CopyRankFields(c, *shared);
   if (a.d_report != nullptr) {
     ControlStore(a.d_report->flags, ended);
+#if defined(__CUDA_ARCH__)
+    __threadfence_system();  // a host that reads the step reads its flags
+#endif
     ControlStore(a.d_report->step, a.step);
   }
 }

@@ -1,11 +1,11 @@
-#include "daemon/range_allocator.h"
+#include "common/range_allocator.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
 
-namespace stash::daemon {
+namespace stash {
 namespace {
 
 TEST(RangeAllocator, AllocatesFirstFitAndRefusesWhatDoesNotFit) {
@@ -69,4 +69,4 @@ TEST(RangeAllocator, RandomWorkloadNeverHandsOutOverlappingRanges) {
 }
 
 }  // namespace
-}  // namespace stash::daemon
+}  // namespace stash

@@ -1,15 +1,16 @@
-// First-fit allocation of ranges in [0, capacity): the CUDA executor's page-record arena (each
-// stash reserves room for its largest possible page record, then gives back what it did not use).
-// Free ranges are coalesced. Not thread-safe (the pool worker owns it).
-#ifndef STASH_DAEMON_RANGE_ALLOCATOR_H_
-#define STASH_DAEMON_RANGE_ALLOCATOR_H_
+// First-fit allocation of ranges in [0, capacity): the page-record arenas of the CUDA executor
+// and of a mapped rank's stream copier (each stash reserves room for its largest possible page
+// record; the executor gives back what its plan did not use).
+// Free ranges are coalesced. Not thread-safe (its owner serialises).
+#ifndef STASH_COMMON_RANGE_ALLOCATOR_H_
+#define STASH_COMMON_RANGE_ALLOCATOR_H_
 
 #include <cstdint>
 #include <iterator>
 #include <map>
 #include <optional>
 
-namespace stash::daemon {
+namespace stash {
 
 class RangeAllocator {
  public:
@@ -60,6 +61,6 @@ class RangeAllocator {
   std::map<uint64_t, uint64_t> free_;  // offset -> length, disjoint and never adjacent
 };
 
-}  // namespace stash::daemon
+}  // namespace stash
 
-#endif  // STASH_DAEMON_RANGE_ALLOCATOR_H_
+#endif  // STASH_COMMON_RANGE_ALLOCATOR_H_

@@ -1,0 +1,404 @@
+#include "client/stream_copier.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "common/macros.h"
+
+namespace stash {
+namespace {
+
+using kernels::MappedReloadArgs;
+using kernels::MappedRingArgs;
+using kernels::MappedStashArgs;
+using kernels::MappedStepArgs;
+using kernels::PageRing;
+using kernels::SessionControl;
+using kernels::StashPlan;
+using kernels::StepReport;
+
+// The kernels, in the order of functions_.
+enum Kernel : uint32_t {
+  kPlan,
+  kCopy,
+  kPublish,
+  kPop,
+  kReloadPublish,
+  kStep,
+  kAddPages,
+  kRemoveChunk,
+};
+constexpr const char* kKernelNames[] = {kernels::kStashPlanKernel,     kernels::kStashCopyKernel,
+                                        kernels::kStashPublishKernel,  kernels::kReloadPopKernel,
+                                        kernels::kReloadPublishKernel, kernels::kStepKernel,
+                                        kernels::kAddPagesKernel,      kernels::kRemoveChunkKernel};
+
+// As paging.cu: 256 threads a block, a block per chunk of the largest stash, at most 4096.
+constexpr unsigned kThreadsPerBlock = 256;
+constexpr uint64_t kMaxBlocks = 4096;
+
+// Answers of chunk removals pending at once (the pinned block's answer words).
+constexpr uint32_t kMaxRemovals = 256;
+// An answer word before its kernel ran.
+constexpr uint64_t kPending = 2;
+
+uint64_t AlignUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+uint64_t CopyBlocks(uint64_t max_bytes, uint64_t page_bytes) {
+  const uint64_t chunks = kernels::ChunksFor(kernels::PagesFor(max_bytes, page_bytes),
+                                             kernels::ChunkShapeOf(page_bytes));
+  if (chunks == 0) return 1;
+  return chunks < kMaxBlocks ? chunks : kMaxBlocks;
+}
+
+// The pinned host block: the shared block's device address, the step report, removal answers.
+struct HostBlock {
+  SessionControl* shared;  // read by the step kernel
+  uint64_t reserved;
+  StepReport report;
+  uint64_t answers[kMaxRemovals];
+};
+
+uint64_t Load(const uint64_t& word) { return __atomic_load_n(&word, __ATOMIC_ACQUIRE); }
+
+}  // namespace
+
+StreamCopier::StreamCopier(const CudaDriver* driver, const Geometry& geometry)
+    : driver_(driver), geometry_(geometry), records_(geometry.record_pages) {}
+
+StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* driver,
+                                                             const Geometry& g,
+                                                             const void* fatbin) {
+  if (g.page_bytes < kernels::kVectorBytes || (g.page_bytes & (g.page_bytes - 1)) != 0) {
+    return InvalidArgumentError("page_bytes " + std::to_string(g.page_bytes) +
+                                " is not a power of two >= 16");
+  }
+  if (g.chunk_bytes == 0 || g.chunk_bytes % g.page_bytes != 0) {
+    return InvalidArgumentError("chunk_bytes " + std::to_string(g.chunk_bytes) +
+                                " is not a whole number of " + std::to_string(g.page_bytes) +
+                                "-byte pages");
+  }
+  if (g.max_stashes == 0 || g.record_pages == 0) {
+    return InvalidArgumentError("max_stashes and record_pages must be > 0");
+  }
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    if (g.tier_slots[t] > 0 && g.tier_base[t] == 0) {
+      return InvalidArgumentError("lease tier " + std::to_string(t) +
+                                  " has slots but no base address");
+    }
+  }
+  std::unique_ptr<StreamCopier> c(new StreamCopier(driver, g));
+  STASH_CU_RETURN_IF_ERROR(driver, ModuleLoadData(&c->module_, fatbin));
+  for (uint32_t k = 0; k < c->functions_.size(); ++k) {
+    STASH_CU_RETURN_IF_ERROR(driver,
+                             ModuleGetFunction(&c->functions_[k], c->module_, kKernelNames[k]));
+  }
+
+  // One device block: control, state, rings, each tier's page ids, plans, page records.
+  const uint64_t pages_per_chunk = g.chunk_bytes / g.page_bytes;
+  uint64_t offset = 0;
+  const uint64_t control_at = offset;
+  offset = AlignUp(offset + sizeof(SessionControl), 64);
+  const uint64_t state_at = offset;
+  offset = AlignUp(offset + sizeof(kernels::CopierState), 64);
+  const uint64_t rings_at = offset;
+  offset = AlignUp(offset + kernels::kLeaseTiers * sizeof(PageRing), 64);
+  std::array<uint64_t, kernels::kLeaseTiers> ids_at{};
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    ids_at[t] = offset;
+    offset = AlignUp(offset + g.tier_slots[t] * pages_per_chunk * sizeof(uint64_t), 64);
+  }
+  const uint64_t plans_at = offset;
+  offset = AlignUp(offset + uint64_t{g.max_stashes} * sizeof(StashPlan), 64);
+  const uint64_t records_at = offset;
+  offset += g.record_pages * sizeof(uint64_t);
+  c->block_bytes_ = offset;
+  STASH_CU_RETURN_IF_ERROR(driver, MemAlloc(&c->block_, c->block_bytes_));
+  c->d_control_ = c->block_ + control_at;
+  c->d_state_ = c->block_ + state_at;
+  c->d_rings_ = c->block_ + rings_at;
+  c->d_plans_ = c->block_ + plans_at;
+  c->d_records_ = c->block_ + records_at;
+
+  // Control, state and rings start as zeros and empty rings over each tier's ids.
+  std::vector<uint8_t> image(plans_at, 0);
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    PageRing ring{};
+    if (g.tier_slots[t] > 0) {
+      ring.ids = reinterpret_cast<uint64_t*>(c->block_ + ids_at[t]);
+      ring.capacity = g.tier_slots[t] * pages_per_chunk;
+    }
+    std::memcpy(image.data() + rings_at + t * sizeof(PageRing), &ring, sizeof(ring));
+  }
+  STASH_CU_RETURN_IF_ERROR(driver, MemcpyHtoD(c->block_, image.data(), image.size()));
+
+  STASH_CU_RETURN_IF_ERROR(driver,
+                           MemHostAlloc(&c->host_block_, sizeof(HostBlock),
+                                        CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+  std::memset(c->host_block_, 0, sizeof(HostBlock));
+  STASH_CU_RETURN_IF_ERROR(driver,
+                           MemHostGetDevicePointer(&c->host_block_device_, c->host_block_, 0));
+
+  c->free_plans_.reserve(g.max_stashes);
+  for (uint32_t i = g.max_stashes; i > 0; --i) c->free_plans_.push_back(i - 1);
+  for (uint32_t i = kMaxRemovals; i > 0; --i) c->free_answers_.push_back(i - 1);
+  return c;
+}
+
+StreamCopier::~StreamCopier() {
+  // Kernels on the session's stream may still use the state: let them finish first.
+  if (has_stream_) (void)driver_->StreamSynchronize(stream_);
+  if (block_ != 0) (void)driver_->MemFree(block_);
+  if (host_block_ != nullptr) (void)driver_->MemFreeHost(host_block_);
+  if (module_ != nullptr) (void)driver_->ModuleUnload(module_);
+}
+
+kernels::MappedSessionView StreamCopier::View() const {
+  kernels::MappedSessionView v{};
+  v.d_control = reinterpret_cast<SessionControl*>(d_control_);
+  v.d_state = reinterpret_cast<kernels::CopierState*>(d_state_);
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    if (geometry_.tier_slots[t] == 0) continue;
+    v.tiers[t].d_ring = reinterpret_cast<PageRing*>(d_rings_ + t * sizeof(PageRing));
+    v.tiers[t].d_base = reinterpret_cast<uint8_t*>(geometry_.tier_base[t]);
+  }
+  v.page_bytes = geometry_.page_bytes;
+  v.allow_host = geometry_.allow_host ? 1 : 0;
+  return v;
+}
+
+Status StreamCopier::CheckStream(CUstream stream) {
+  if (!has_stream_) {
+    stream_ = stream;
+    has_stream_ = true;
+    return Status::Ok();
+  }
+  if (stream == stream_) return Status::Ok();
+  return InvalidArgumentError(
+      "a mapped session pages on one stream, the stream of its first operation: enqueue every "
+      "stash, reload, release and step of the session on that stream (its rings have one "
+      "writer); order work of other streams before it with an event");
+}
+
+bool StreamCopier::Capturing(CUstream stream) const {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (driver_->StreamIsCapturing(stream, &status) != CUDA_SUCCESS) return true;  // be careful
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+Status StreamCopier::Launch(CUfunction function, uint64_t blocks, CUstream stream, void* args,
+                            const char* what) {
+  void* params[] = {args};
+  const unsigned threads = blocks > 1 ? kThreadsPerBlock : 1;
+  const CUresult r = driver_->LaunchKernel(function, static_cast<unsigned>(blocks), 1, 1, threads,
+                                           1, 1, 0, stream, params, nullptr);
+  return driver_->Check(r, what);
+}
+
+StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
+  if (r.src == nullptr) return InvalidArgumentError("the stash's source is null");
+  if (r.row_bytes == 0) return InvalidArgumentError("row_bytes is 0");
+  if (r.max_rows > UINT64_MAX / r.row_bytes) {
+    return InvalidArgumentError("max_rows " + std::to_string(r.max_rows) + " * row_bytes " +
+                                std::to_string(r.row_bytes) + " overflows 64 bits");
+  }
+  if ((reinterpret_cast<uintptr_t>(r.d_count) & 7u) != 0) {
+    return InvalidArgumentError("the device count is not 8-byte aligned");
+  }
+  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  const uint64_t max_bytes = r.max_rows * r.row_bytes;
+  const uint64_t record_pages =
+      std::max<uint64_t>(1, kernels::PagesFor(max_bytes, geometry_.page_bytes));
+  if (free_plans_.empty()) {
+    return ResourceExhaustedError("this session has " + std::to_string(geometry_.max_stashes) +
+                                  " stashes live on its stream: reload or release some first");
+  }
+  const std::optional<uint64_t> record = records_.Allocate(record_pages);
+  if (!record) {
+    return ResourceExhaustedError("no room for a page record of " + std::to_string(record_pages) +
+                                  " pages (" + std::to_string(records_.free()) + " of " +
+                                  std::to_string(records_.capacity()) +
+                                  " free): reload or release stashes first");
+  }
+  const uint32_t plan_slot = free_plans_.back();
+  MappedStashArgs a{};
+  a.session = View();
+  a.d_src = static_cast<const uint8_t*>(r.src);
+  a.d_count = r.d_count;
+  a.count = r.count;
+  a.max_rows = r.max_rows;
+  a.row_bytes = r.row_bytes;
+  a.divisor = r.divisor;
+  a.d_plan = reinterpret_cast<StashPlan*>(d_plans_ + plan_slot * sizeof(StashPlan));
+  a.d_page_record = reinterpret_cast<uint64_t*>(d_records_ + *record * sizeof(uint64_t));
+  Status s = Launch(functions_[kPlan], 1, stream, &a, "cuLaunchKernel(stash plan)");
+  if (s.ok()) {
+    s = Launch(functions_[kCopy], CopyBlocks(max_bytes, geometry_.page_bytes), stream, &a,
+               "cuLaunchKernel(stash copy)");
+  }
+  if (s.ok()) s = Launch(functions_[kPublish], 1, stream, &a, "cuLaunchKernel(stash publish)");
+  if (!s.ok()) {
+    // The plan may be enqueued without its publish: it took nothing (heads move only there).
+    records_.Free(*record, record_pages);
+    return s;
+  }
+  free_plans_.pop_back();
+  Ticket t;
+  t.plan_slot = plan_slot;
+  t.record_offset = *record;
+  t.record_pages = record_pages;
+  t.src = a.d_src;
+  t.max_rows = r.max_rows;
+  t.row_bytes = r.row_bytes;
+  t.captured = Capturing(stream);
+  const uint64_t ticket = ++next_ticket_;
+  tickets_.emplace(ticket, t);
+  return ticket;
+}
+
+Status StreamCopier::Reload(CUstream stream, uint64_t ticket, void* dst, bool zero_tail) {
+  if (dst == nullptr) return InvalidArgumentError("the reload's destination is null");
+  return EndTicket(stream, ticket, dst, zero_tail);
+}
+
+Status StreamCopier::Release(CUstream stream, uint64_t ticket) {
+  return EndTicket(stream, ticket, nullptr, false);
+}
+
+Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool zero_tail) {
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) {
+    return NotFoundError("ticket " + std::to_string(ticket) +
+                         " is not a live stash of this session (never stashed here, or already "
+                         "reloaded or released)");
+  }
+  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  const Ticket& t = it->second;
+  MappedReloadArgs a{};
+  a.session = View();
+  a.d_dst = static_cast<uint8_t*>(dst);
+  a.d_kept_src = t.src;
+  a.d_plan = reinterpret_cast<const StashPlan*>(d_plans_ + t.plan_slot * sizeof(StashPlan));
+  a.d_page_record = reinterpret_cast<const uint64_t*>(d_records_ + t.record_offset * 8);
+  a.max_rows = t.max_rows;
+  a.row_bytes = t.row_bytes;
+  a.zero_tail = zero_tail ? 1 : 0;
+  const uint64_t blocks =
+      dst != nullptr ? CopyBlocks(t.max_rows * t.row_bytes, geometry_.page_bytes)
+                     : CopyBlocks(t.record_pages * geometry_.page_bytes, geometry_.page_bytes);
+  STASH_RETURN_IF_ERROR(Launch(functions_[kPop], blocks, stream, &a, "cuLaunchKernel(reload pop)"));
+  STASH_RETURN_IF_ERROR(
+      Launch(functions_[kReloadPublish], 1, stream, &a, "cuLaunchKernel(reload publish)"));
+  // Later operations run after these on the same stream, so the slots may serve them; a
+  // captured stash's slots stay with the graph that replays it.
+  if (!t.captured && !Capturing(stream)) {
+    free_plans_.push_back(t.plan_slot);
+    records_.Free(t.record_offset, t.record_pages);
+  }
+  tickets_.erase(it);
+  return Status::Ok();
+}
+
+Status StreamCopier::AttachControl(CUstream stream, SessionControl* d_shared) {
+  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  if (Capturing(stream)) {
+    return FailedPreconditionError("a control block cannot be attached while the stream captures");
+  }
+  __atomic_store_n(&static_cast<HostBlock*>(host_block_)->shared, d_shared, __ATOMIC_RELEASE);
+  d_shared_ = d_shared;
+  return Status::Ok();
+}
+
+Status StreamCopier::BeginStep(CUstream stream, uint64_t step) {
+  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  MappedStepArgs a{};
+  a.session = View();
+  a.step = step;
+  a.d_shared =
+      reinterpret_cast<SessionControl* const*>(host_block_device_ + offsetof(HostBlock, shared));
+  a.d_report = reinterpret_cast<StepReport*>(host_block_device_ + offsetof(HostBlock, report));
+  return Launch(functions_[kStep], 1, stream, &a, "cuLaunchKernel(step)");
+}
+
+kernels::StepReport StreamCopier::LastStep() const {
+  const auto* host = static_cast<const HostBlock*>(host_block_);
+  StepReport r{};
+  r.step = Load(host->report.step);
+  r.flags = Load(host->report.flags);
+  return r;
+}
+
+Status StreamCopier::CheckChunk(uint32_t tier, uint64_t slot, uint64_t bytes) const {
+  if (tier >= kernels::kLeaseTiers || slot >= geometry_.tier_slots[tier]) {
+    return InvalidArgumentError("no chunk slot " + std::to_string(slot) + " in lease tier " +
+                                std::to_string(tier));
+  }
+  if (bytes == 0 || bytes > geometry_.chunk_bytes || bytes % geometry_.page_bytes != 0) {
+    return InvalidArgumentError("a chunk of " + std::to_string(bytes) +
+                                " bytes is not a whole number of pages up to chunk_bytes");
+  }
+  return Status::Ok();
+}
+
+Status StreamCopier::AddChunk(CUstream stream, uint32_t tier, uint64_t slot, uint64_t bytes) {
+  STASH_RETURN_IF_ERROR(CheckChunk(tier, slot, bytes));
+  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  if (Capturing(stream)) {
+    return FailedPreconditionError(
+        "lease changes happen between steps, outside capture: the stream captures");
+  }
+  MappedRingArgs a{};
+  a.session = View();
+  a.tier = tier;
+  a.first_id = slot * (geometry_.chunk_bytes / geometry_.page_bytes);
+  a.pages = bytes / geometry_.page_bytes;
+  return Launch(functions_[kAddPages], 1, stream, &a, "cuLaunchKernel(add pages)");
+}
+
+Status StreamCopier::RemoveChunk(CUstream stream, uint32_t tier, uint64_t slot, uint64_t bytes) {
+  STASH_RETURN_IF_ERROR(CheckChunk(tier, slot, bytes));
+  const uint64_t key = (uint64_t{tier} << 48) | slot;
+  if (removals_.count(key) != 0) {
+    return FailedPreconditionError("slot " + std::to_string(slot) +
+                                   " already has a removal pending");
+  }
+  if (free_answers_.empty()) {
+    return ResourceExhaustedError(std::to_string(kMaxRemovals) +
+                                  " chunk removals are pending: collect their answers first");
+  }
+  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  if (Capturing(stream)) {
+    return FailedPreconditionError(
+        "lease changes happen between steps, outside capture: the stream captures");
+  }
+  const uint32_t answer = free_answers_.back();
+  auto* host = static_cast<HostBlock*>(host_block_);
+  __atomic_store_n(&host->answers[answer], kPending, __ATOMIC_RELEASE);
+  MappedRingArgs a{};
+  a.session = View();
+  a.tier = tier;
+  a.first_id = slot * (geometry_.chunk_bytes / geometry_.page_bytes);
+  a.pages = bytes / geometry_.page_bytes;
+  a.d_result = reinterpret_cast<uint64_t*>(host_block_device_ + offsetof(HostBlock, answers) +
+                                           answer * sizeof(uint64_t));
+  STASH_RETURN_IF_ERROR(
+      Launch(functions_[kRemoveChunk], 1, stream, &a, "cuLaunchKernel(remove chunk)"));
+  free_answers_.pop_back();
+  removals_.emplace(key, answer);
+  return Status::Ok();
+}
+
+std::optional<bool> StreamCopier::RemovalDone(uint32_t tier, uint64_t slot) {
+  auto it = removals_.find((uint64_t{tier} << 48) | slot);
+  if (it == removals_.end()) return std::nullopt;
+  const uint64_t value = Load(static_cast<HostBlock*>(host_block_)->answers[it->second]);
+  if (value == kPending) return std::nullopt;
+  free_answers_.push_back(static_cast<uint32_t>(it->second));
+  removals_.erase(it);
+  return value == 1;
+}
+
+}  // namespace stash

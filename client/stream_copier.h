@@ -1,0 +1,167 @@
+// The GPU twin of Copier (client/copier.h): a mapped session's paging as kernels on the
+// trainer's own stream (docs/design.md, "Mapped mode on GPUs").
+//
+// Copier runs each operation on a worker thread of the client library; StreamCopier enqueues the
+// same operation as kernels (kernels/mapped_paging.cu, from the fatbin the library carries,
+// launched through the driver API: no CUDA runtime of ours in the trainer) on the caller's
+// stream and returns: no host callback, no host synchronisation and nothing to the daemon per
+// operation. Every piece of state those kernels change lives in device memory this object
+// allocates and changes only by work ordered on that stream: the three lease tiers' rings and
+// their page ids, a device copy of the control block with the copier's state, a plan and a page
+// record per stash. So a stash, a reload or a release can be captured in a CUDA graph and
+// replayed: each replay reads its count, plans, spills or overflows on the device.
+//
+// What the host knows is what it enqueued, not what happened: a Stash's ticket names its plan
+// slot and page-record range, and placement, rows and the step's flags are known on the device.
+// The step kernel (BeginStep) publishes the device control block to the shared one the daemon
+// reads, takes the daemon's line (drain, return requests) back, and leaves the ended step's
+// flags in host memory (LastStep) once the stream gets there.
+//
+// Lease changes (AddChunk, RemoveChunk) are kernels on the same stream too, refused while the
+// stream captures: the chunk's memory must be mapped (CudaLeaseMemory) before AddChunk is
+// enqueued and stay mapped until RemoveChunk's result says it left the ring and the work before
+// it completed.
+//
+// One stream per session: the rings have one writer, so every operation must be enqueued on the
+// stream of the first one (another stream is INVALID_ARGUMENT: order the work on one stream).
+// Tickets reloaded or released free their plan slot and page-record range at once, which is
+// safe because later operations run after them on the same stream; slots taken while the stream
+// captures stay reserved for the copier's life, since the graph's replays still use them.
+//
+// Thread-compatible: the caller serialises calls (the trainer's thread, like its stream).
+#ifndef STASH_CLIENT_STREAM_COPIER_H_
+#define STASH_CLIENT_STREAM_COPIER_H_
+
+#include <cuda.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "common/cuda_driver.h"
+#include "common/range_allocator.h"
+#include "stash/kernels/lease_control.h"
+#include "stash/kernels/mapped_paging.h"
+#include "stash/status.h"
+
+namespace stash {
+
+class StreamCopier {
+ public:
+  struct Geometry {
+    uint64_t page_bytes = 0;   // a power of two >= 16
+    uint64_t chunk_bytes = 0;  // a whole number of pages
+    // Per lease tier (kernels::LeaseTier): the device address of its reserved range (page 0 of
+    // slot 0: CudaLeaseMemory::base) and how many chunk slots it has; 0 slots = no such tier.
+    std::array<uint64_t, kernels::kLeaseTiers> tier_base{};
+    std::array<uint64_t, kernels::kLeaseTiers> tier_slots{};
+    bool allow_host = true;            // stashes may spill to the host tier
+    uint32_t max_stashes = 4096;       // stashes live at once (plan slots)
+    uint64_t record_pages = 1u << 20;  // page-record entries for all live stashes together, each
+                                       // reserving PagesFor(max_rows * row_bytes)
+  };
+
+  // Allocates and initialises the device state in the current context (the caller's: the
+  // trainer's primary context) and loads the kernels from `fatbin` (the library's own, or a
+  // test's). `driver` is borrowed and outlives the object. INVALID_ARGUMENT for a bad geometry;
+  // the driver's error (RESOURCE_EXHAUSTED when out of memory) otherwise.
+  static StatusOr<std::unique_ptr<StreamCopier>> Create(const CudaDriver* driver,
+                                                        const Geometry& geometry,
+                                                        const void* fatbin);
+  StreamCopier(const StreamCopier&) = delete;
+  StreamCopier& operator=(const StreamCopier&) = delete;
+  // Synchronizes the session's stream (no kernel may still use the state), then frees it.
+  ~StreamCopier();
+
+  struct StashRequest {
+    const void* src = nullptr;         // device-accessible; max_rows * row_bytes bytes
+    const int64_t* d_count = nullptr;  // read when the plan kernel runs; null = `count`
+    int64_t count = 0;
+    uint32_t divisor = 1;  // rows = ceil(count / divisor); 0 = 1
+    uint64_t max_rows = 0;
+    uint64_t row_bytes = 0;  // > 0
+  };
+  // Enqueues plan, copy and publish on `stream`; returns the ticket. The source must stay valid
+  // and unchanged until the stash's reload or release ran (an overflowed stash is reloaded from
+  // it). RESOURCE_EXHAUSTED when max_stashes stashes are live or the page-record arena is full
+  // (nothing enqueued); INVALID_ARGUMENT for bad arguments or another stream.
+  StatusOr<uint64_t> Stash(CUstream stream, const StashRequest& request);
+  // Enqueues pop and publish: the stash's rows into `dst` (device-accessible, max_rows *
+  // row_bytes bytes), zeros past them when `zero_tail`, its pages back to its ring; a stash that
+  // overflowed copies from its source instead. NOT_FOUND for a ticket that is not live.
+  Status Reload(CUstream stream, uint64_t ticket, void* dst, bool zero_tail);
+  // Enqueues the pages' return without a copy.
+  Status Release(CUstream stream, uint64_t ticket);
+
+  // Maps the shared control block for the step kernel: `d_shared` is its device address (the
+  // memfd the daemon created, registered for the device by the caller), and its counters are
+  // carried into the device copy once (a block that arrives mid-session). Not while capturing.
+  Status AttachControl(CUstream stream, kernels::SessionControl* d_shared);
+
+  // Enqueues a step boundary (kernels::MappedStep). May be captured.
+  Status BeginStep(CUstream stream, uint64_t step);
+  // What the last step kernel that ran left: the step and the flags of the step before it.
+  kernels::StepReport LastStep() const;
+
+  // Enqueues the pages of chunk slot `slot` of `tier` (its memory mapped already) into the
+  // tier's ring. FAILED_PRECONDITION while the stream captures.
+  Status AddChunk(CUstream stream, uint32_t tier, uint64_t slot, uint64_t bytes);
+  // Enqueues taking slot `slot`'s pages (`bytes`, as added) out of the ring when no stash holds
+  // one. The answer
+  // arrives in host memory: RemovalDone says whether it ran and whether the chunk left. At most
+  // one removal is pending per slot. FAILED_PRECONDITION while the stream captures.
+  Status RemoveChunk(CUstream stream, uint32_t tier, uint64_t slot, uint64_t bytes);
+  // nullopt while slot's removal has not run yet; else whether the chunk left the ring (the
+  // slot may then be unmapped after the stream's work; false: a stash holds its pages).
+  std::optional<bool> RemovalDone(uint32_t tier, uint64_t slot);
+
+  // Live stashes the host knows of (enqueued, not yet reloaded or released).
+  uint64_t live() const { return tickets_.size(); }
+
+ private:
+  struct Ticket {
+    uint32_t plan_slot = 0;
+    uint64_t record_offset = 0;
+    uint64_t record_pages = 0;
+    const uint8_t* src = nullptr;
+    uint64_t max_rows = 0, row_bytes = 0;
+    bool captured = false;  // taken while capturing: its slots stay reserved
+  };
+  struct DeviceState;  // offsets of the device block's parts
+
+  StreamCopier(const CudaDriver* driver, const Geometry& geometry);
+  Status CheckStream(CUstream stream);
+  Status CheckChunk(uint32_t tier, uint64_t slot, uint64_t bytes) const;
+  bool Capturing(CUstream stream) const;
+  Status Launch(CUfunction function, uint64_t blocks, CUstream stream, void* args,
+                const char* what);
+  kernels::MappedSessionView View() const;
+  Status EndTicket(CUstream stream, uint64_t ticket, void* dst, bool zero_tail);
+
+  const CudaDriver* const driver_;
+  const Geometry geometry_;
+  CUmodule module_ = nullptr;
+  std::array<CUfunction, 8> functions_{};  // in the order of kernels::k*Kernel in Create
+  CUdeviceptr block_ = 0;                  // the device state, one allocation
+  uint64_t block_bytes_ = 0;
+  void* host_block_ = nullptr;  // pinned, device-mapped: the step report and removal answers
+  CUdeviceptr host_block_device_ = 0;
+  // Device addresses of the parts of block_.
+  CUdeviceptr d_control_ = 0, d_state_ = 0, d_rings_ = 0, d_plans_ = 0, d_records_ = 0;
+  kernels::SessionControl* d_shared_ = nullptr;
+  CUstream stream_ = nullptr;
+  bool has_stream_ = false;
+  uint64_t next_ticket_ = 0;
+  std::vector<uint32_t> free_plans_;
+  RangeAllocator records_;
+  std::unordered_map<uint64_t, Ticket> tickets_;
+  std::unordered_map<uint64_t, uint64_t> removals_;  // (tier << 48 | slot) -> answer index
+  std::vector<uint32_t> free_answers_;
+};
+
+}  // namespace stash
+
+#endif  // STASH_CLIENT_STREAM_COPIER_H_
