@@ -190,9 +190,12 @@ bool IsDefaultHandle(CUstream h) {
 
 const char* ModeName(CUstreamCaptureMode mode) {
   switch (mode) {
-    case CU_STREAM_CAPTURE_MODE_GLOBAL: return "global";
-    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: return "thread-local";
-    case CU_STREAM_CAPTURE_MODE_RELAXED: return "relaxed";
+    case CU_STREAM_CAPTURE_MODE_GLOBAL:
+      return "global";
+    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL:
+      return "thread-local";
+    case CU_STREAM_CAPTURE_MODE_RELAXED:
+      return "relaxed";
   }
   return "unknown";
 }
@@ -221,7 +224,8 @@ std::vector<CUstream_st*> BlockingCaptures(int device) {
   std::vector<CUstream_st*> out;
   for (const CUstream_st* s : Live<CUstream_st>()) {
     auto* stream = const_cast<CUstream_st*>(s);
-    if (stream->capture && stream->device == device && (stream->flags & CU_STREAM_NON_BLOCKING) == 0) {
+    if (stream->capture && stream->device == device &&
+        (stream->flags & CU_STREAM_NON_BLOCKING) == 0) {
       out.push_back(stream);
     }
   }
@@ -321,11 +325,13 @@ void WaitFor(const char* fn, uintptr_t address, uint64_t value, Pred satisfied) 
   const auto* word = reinterpret_cast<const T*>(address);
   while (!satisfied(static_cast<uint64_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE)))) {
     if (Clock::now() > deadline) {
-      Die(std::string(fn) + ": a stream wait on 0x" + [&] {
-        char text[32];
-        std::snprintf(text, sizeof(text), "%llx", static_cast<unsigned long long>(address));
-        return std::string(text);
-      }() + " for value " + std::to_string(value) + " was never satisfied within " +
+      Die(std::string(fn) + ": a stream wait on 0x" +
+          [&] {
+            char text[32];
+            std::snprintf(text, sizeof(text), "%llx", static_cast<unsigned long long>(address));
+            return std::string(text);
+          }() +
+          " for value " + std::to_string(value) + " was never satisfied within " +
           std::to_string(config().wait_timeout_ms) +
           " ms (STASH_STANDIN_WAIT_TIMEOUT_MS); on a GPU the stream would hang");
     }
@@ -355,16 +361,23 @@ CUresult WaitOp(const char* fn, CUdeviceptr address, uint64_t value, unsigned fl
       case CU_STREAM_WAIT_VALUE_GEQ:
         return is64 ? static_cast<int64_t>(now - v) >= 0
                     : static_cast<int32_t>(static_cast<uint32_t>(now - v)) >= 0;
-      case CU_STREAM_WAIT_VALUE_EQ: return now == v;
-      case CU_STREAM_WAIT_VALUE_AND: return (now & v) != 0;
-      default: return (~(now | v) & mask) != 0;
+      case CU_STREAM_WAIT_VALUE_EQ:
+        return now == v;
+      case CU_STREAM_WAIT_VALUE_AND:
+        return (now & v) != 0;
+      default:
+        return (~(now | v) & mask) != 0;
     }
   };
   const std::string name = fn;
   if (is64) {
-    *out = [name, address, v, satisfied] { WaitFor<uint64_t>(name.c_str(), address, v, satisfied); };
+    *out = [name, address, v, satisfied] {
+      WaitFor<uint64_t>(name.c_str(), address, v, satisfied);
+    };
   } else {
-    *out = [name, address, v, satisfied] { WaitFor<uint32_t>(name.c_str(), address, v, satisfied); };
+    *out = [name, address, v, satisfied] {
+      WaitFor<uint32_t>(name.c_str(), address, v, satisfied);
+    };
   }
   return CUDA_SUCCESS;
 }
@@ -396,7 +409,9 @@ CUresult WriteOp(const char* fn, CUdeviceptr address, uint64_t value, unsigned f
 
 }  // namespace
 
-CUresult Enqueue(const char* fn, CUstream stream, Op op) { return Submit(fn, stream, std::move(op)); }
+CUresult Enqueue(const char* fn, CUstream stream, Op op) {
+  return Submit(fn, stream, std::move(op));
+}
 
 }  // namespace standin
 
@@ -481,7 +496,8 @@ CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* ca
   // cuStreamIsCapturing: on the legacy stream while a blocking stream in the same context
   // captures, "it will return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ... The blocking stream capture
   // is not invalidated."
-  if (s->legacy && hStream != CU_STREAM_PER_THREAD && !standin::BlockingCaptures(s->device).empty()) {
+  if (s->legacy && hStream != CU_STREAM_PER_THREAD &&
+      !standin::BlockingCaptures(s->device).empty()) {
     return Fail(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, __func__,
                 "querying the legacy stream while a blocking stream captures");
   }
@@ -555,7 +571,8 @@ CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
   return CUDA_SUCCESS;
 }
 
-// ---- Graphs ----------------------------------------------------------------------------------------
+// ---- Graphs
+// ----------------------------------------------------------------------------------------
 
 CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph,
                                     unsigned long long flags) {
@@ -613,7 +630,8 @@ CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
   return CUDA_SUCCESS;
 }
 
-// ---- Events ----------------------------------------------------------------------------------------
+// ---- Events
+// ----------------------------------------------------------------------------------------
 
 CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   STANDIN_TRY(standin::RequireInit(__func__));

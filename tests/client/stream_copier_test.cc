@@ -1,0 +1,319 @@
+// StreamCopier (client/stream_copier.h), mapped mode's paging on the trainer's stream, driven
+// through the driver stand-in (tests/cuda_standin: TEST AID, NEVER A BACKEND). The stand-in runs
+// each launched kernel as its host twin (kernels/mapped_paging.h), on a stream worker thread,
+// after a delay: so what is checked here is the orchestration (what is launched, in which order,
+// on which stream, with which arguments and memory, what is refused during capture, what the
+// host learns and when), byte for byte; the GPU run of the same kernels is tests/gpu's.
+#include "client/stream_copier.h"
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/cuda_driver.h"
+#include "standin.h"
+#include "stash/kernels/mapped_paging.h"
+
+namespace stash {
+namespace {
+
+using kernels::kLeaseDevice;
+using kernels::kLeaseHost;
+using kernels::kLeasePeer;
+
+constexpr uint64_t kChunkBytes = 2 << 20;  // the stand-in's granularity
+constexpr uint64_t kPageBytes = 64 << 10;
+constexpr uint64_t kPagesPerChunk = kChunkBytes / kPageBytes;
+
+template <typename Args, void (*Body)(const Args&)>
+void Twin(void** params, unsigned, unsigned) {
+  Body(*static_cast<const Args*>(params[0]));
+}
+void PlanTwin(void** params, unsigned, unsigned) {
+  const auto& a = *static_cast<const kernels::MappedStashArgs*>(params[0]);
+  *a.d_plan = kernels::PlanMappedStash(a);
+}
+
+// The stand-in loaded, a context current, the kernels' twins registered, a stream.
+class StreamCopierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("STASH_STANDIN_REGISTRY", dir_.c_str(), 1);
+    auto loaded = CudaDriver::Load(STASH_CUDA_STANDIN_LIBRARY);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    driver_ = std::move(*loaded);
+    ASSERT_EQ(driver_->Init(0), CUDA_SUCCESS);
+    auto reg = reinterpret_cast<decltype(&stash_standin_register_kernel)>(
+        dlsym(driver_->library, "stash_standin_register_kernel"));
+    ASSERT_NE(reg, nullptr);
+    const size_t stash = sizeof(kernels::MappedStashArgs);
+    const size_t reload = sizeof(kernels::MappedReloadArgs);
+    const size_t step = sizeof(kernels::MappedStepArgs);
+    const size_t ring = sizeof(kernels::MappedRingArgs);
+    ASSERT_EQ(reg(kernels::kStashPlanKernel, PlanTwin, 1, &stash), 0);
+    ASSERT_EQ(reg(kernels::kStashCopyKernel,
+                  Twin<kernels::MappedStashArgs, kernels::MappedStashCopySerial>, 1, &stash),
+              0);
+    ASSERT_EQ(reg(kernels::kStashPublishKernel,
+                  Twin<kernels::MappedStashArgs, kernels::PublishMappedStash>, 1, &stash),
+              0);
+    ASSERT_EQ(reg(kernels::kReloadPopKernel,
+                  Twin<kernels::MappedReloadArgs, kernels::MappedReloadPopSerial>, 1, &reload),
+              0);
+    ASSERT_EQ(reg(kernels::kReloadPublishKernel,
+                  Twin<kernels::MappedReloadArgs, kernels::PublishMappedReload>, 1, &reload),
+              0);
+    ASSERT_EQ(
+        reg(kernels::kStepKernel, Twin<kernels::MappedStepArgs, kernels::MappedStep>, 1, &step), 0);
+    ASSERT_EQ(reg(kernels::kAddPagesKernel, Twin<kernels::MappedRingArgs, kernels::AddMappedPages>,
+                  1, &ring),
+              0);
+    ASSERT_EQ(reg(kernels::kRemoveChunkKernel,
+                  Twin<kernels::MappedRingArgs, kernels::RemoveMappedChunk>, 1, &ring),
+              0);
+    CUdevice device = 0;
+    ASSERT_EQ(driver_->DeviceGet(&device, 0), CUDA_SUCCESS);
+    ASSERT_EQ(driver_->DevicePrimaryCtxRetain(&context_, device), CUDA_SUCCESS);
+    ASSERT_EQ(driver_->CtxSetCurrent(context_), CUDA_SUCCESS);
+    ASSERT_EQ(driver_->StreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  }
+  void TearDown() override {
+    if (driver_ == nullptr) return;
+    copier_.reset();
+    for (CUdeviceptr p : allocations_) (void)driver_->MemFree(p);
+    if (stream_ != nullptr) (void)driver_->StreamDestroy(stream_);
+  }
+
+  CUdeviceptr Alloc(uint64_t bytes) {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(driver_->MemAlloc(&p, bytes), CUDA_SUCCESS);
+    allocations_.push_back(p);
+    return p;
+  }
+  // A copier over `slots` chunk slots per tier (tier memory from cuMemAlloc).
+  void MakeCopier(uint64_t slots, bool allow_host = true) {
+    StreamCopier::Geometry g;
+    g.page_bytes = kPageBytes;
+    g.chunk_bytes = kChunkBytes;
+    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+      g.tier_slots[t] = slots;
+      g.tier_base[t] = Alloc(slots * kChunkBytes);
+    }
+    g.allow_host = allow_host;
+    g.max_stashes = 64;
+    g.record_pages = 1024;
+    static const char kImage[] = "no image: the stand-in runs host twins";
+    auto made = StreamCopier::Create(driver_.get(), g, kImage);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    copier_ = std::move(*made);
+  }
+  void Sync() { ASSERT_EQ(driver_->StreamSynchronize(stream_), CUDA_SUCCESS); }
+  void Put(CUdeviceptr dst, const std::vector<uint8_t>& bytes) {
+    ASSERT_EQ(driver_->MemcpyHtoD(dst, bytes.data(), bytes.size()), CUDA_SUCCESS);
+  }
+  std::vector<uint8_t> Get(CUdeviceptr src, uint64_t n) {
+    std::vector<uint8_t> out(n);
+    EXPECT_EQ(driver_->MemcpyDtoH(out.data(), src, n), CUDA_SUCCESS);
+    return out;
+  }
+  static std::vector<uint8_t> Random(std::mt19937_64& rng, uint64_t n) {
+    std::vector<uint8_t> v(n);
+    for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
+    return v;
+  }
+  StreamCopier::StashRequest Request(CUdeviceptr src, uint64_t rows, uint64_t max_rows,
+                                     uint64_t row_bytes) {
+    StreamCopier::StashRequest r;
+    r.src = reinterpret_cast<const void*>(src);
+    r.count = static_cast<int64_t>(rows);
+    r.max_rows = max_rows;
+    r.row_bytes = row_bytes;
+    return r;
+  }
+
+  std::string dir_ = ::testing::TempDir();
+  std::unique_ptr<CudaDriver> driver_;
+  CUcontext context_ = nullptr;
+  CUstream stream_ = nullptr;
+  std::vector<CUdeviceptr> allocations_;
+  std::unique_ptr<StreamCopier> copier_;
+};
+
+TEST_F(StreamCopierTest, StashesFillDevicePeerAndHostChunksThenOverflowAndReloadByteExact) {
+  std::mt19937_64 rng(11);
+  MakeCopier(1);
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    ASSERT_TRUE(copier_->AddChunk(stream_, t, 0, kChunkBytes).ok());
+  }
+  // Each stash takes 3/4 of a chunk: device, peer, host, then nothing has room.
+  const uint64_t row_bytes = 4096, max_rows = 384;
+  const uint64_t bytes = row_bytes * max_rows;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<uint64_t> tickets;
+  std::vector<CUdeviceptr> sources;
+  for (int i = 0; i < 4; ++i) {
+    data.push_back(Random(rng, bytes));
+    sources.push_back(Alloc(bytes));
+    Put(sources.back(), data.back());
+    auto ticket = copier_->Stash(stream_, Request(sources.back(), max_rows, max_rows, row_bytes));
+    ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+    tickets.push_back(*ticket);
+  }
+  ASSERT_TRUE(copier_->BeginStep(stream_, 7).ok());
+  Sync();
+  const kernels::StepReport report = copier_->LastStep();
+  EXPECT_EQ(report.step, 7u);
+  EXPECT_EQ(report.flags, kernels::kStepOverflow | kernels::kStepSpilled);
+  for (int i = 0; i < 4; ++i) {
+    const CUdeviceptr dst = Alloc(bytes);
+    Put(dst, std::vector<uint8_t>(bytes, 0xEE));
+    ASSERT_TRUE(copier_->Reload(stream_, tickets[i], reinterpret_cast<void*>(dst), true).ok());
+    Sync();
+    // The overflowed stash (the fourth) reloads from the source the rank kept.
+    EXPECT_EQ(Get(dst, bytes), data[i]) << "stash " << i;
+  }
+  EXPECT_EQ(copier_->live(), 0u);
+  EXPECT_EQ(copier_->Reload(stream_, tickets[0], reinterpret_cast<void*>(sources[0]), false).code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(StreamCopierTest, TheControlBlockReachesTheSharedBlockAtEachStepAndTheDaemonsLineComesBack) {
+  std::mt19937_64 rng(12);
+  MakeCopier(2);
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 1, kChunkBytes).ok());
+  void* shared_host = nullptr;
+  ASSERT_EQ(driver_->MemHostAlloc(&shared_host, sizeof(kernels::SessionControl),
+                                  CU_MEMHOSTALLOC_DEVICEMAP),
+            CUDA_SUCCESS);
+  auto* shared = new (shared_host) kernels::SessionControl{};
+  shared->magic = kernels::kControlMagic;
+  shared->daemon_flags = kernels::kDaemonDraining;
+  CUdeviceptr d_shared = 0;
+  ASSERT_EQ(driver_->MemHostGetDevicePointer(&d_shared, shared_host, 0), CUDA_SUCCESS);
+  ASSERT_TRUE(
+      copier_->AttachControl(stream_, reinterpret_cast<kernels::SessionControl*>(d_shared)).ok());
+  const CUdeviceptr src = Alloc(kPageBytes);
+  Put(src, Random(rng, kPageBytes));
+  ASSERT_TRUE(copier_->Stash(stream_, Request(src, 1, 1, kPageBytes)).ok());
+  ASSERT_TRUE(copier_->BeginStep(stream_, 1).ok());
+  // Drained since the step: the next stash is not tried.
+  ASSERT_TRUE(copier_->Stash(stream_, Request(src, 1, 1, kPageBytes)).ok());
+  ASSERT_TRUE(copier_->BeginStep(stream_, 2).ok());
+  Sync();
+  EXPECT_EQ(shared->magic, kernels::kControlMagic);
+  EXPECT_EQ(shared->step, 2u);
+  EXPECT_EQ(shared->steps, 2u);
+  EXPECT_EQ(shared->stashes, 1u);  // the second was not tried
+  EXPECT_EQ(shared->overflows, 0u);
+  EXPECT_EQ(shared->tiers[kLeaseDevice].pages_leased, kPagesPerChunk);
+  EXPECT_EQ(shared->tiers[kLeaseDevice].pages_used, 1u);
+  EXPECT_EQ(copier_->LastStep().flags, 0u);
+  (void)driver_->MemFreeHost(shared_host);
+}
+
+TEST_F(StreamCopierTest, ACapturedGraphPlansEachReplayWithThatReplaysCount) {
+  std::mt19937_64 rng(13);
+  MakeCopier(1, /*allow_host=*/false);
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  const uint64_t row_bytes = 8192, max_rows = 512;  // 4 MiB at most: more than the chunk
+  const uint64_t bytes = row_bytes * max_rows;
+  const CUdeviceptr src = Alloc(bytes), dst = Alloc(bytes), count = Alloc(sizeof(int64_t));
+  StreamCopier::StashRequest request = Request(src, 0, max_rows, row_bytes);
+  request.d_count = reinterpret_cast<const int64_t*>(count);
+
+  ASSERT_EQ(driver_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  auto ticket = copier_->Stash(stream_, request);
+  ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+  // No lease change inside a capture.
+  EXPECT_EQ(copier_->AddChunk(stream_, kLeasePeer, 0, kChunkBytes).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(copier_->Reload(stream_, *ticket, reinterpret_cast<void*>(dst), true).ok());
+  ASSERT_TRUE(copier_->BeginStep(stream_, 1).ok());
+  CUgraph graph = nullptr;
+  ASSERT_EQ(driver_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(driver_->GraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+
+  // Each replay reads its own count: fits, fits smaller, overflows (reloaded from the source).
+  for (const int64_t rows : {200, 17, 511, 0, 256}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    const std::vector<uint8_t> data = Random(rng, bytes);
+    Put(src, data);
+    Put(dst, std::vector<uint8_t>(bytes, 0xEE));
+    ASSERT_EQ(driver_->MemcpyHtoD(count, &rows, sizeof(rows)), CUDA_SUCCESS);
+    ASSERT_EQ(driver_->GraphLaunch(exec, stream_), CUDA_SUCCESS);
+    Sync();
+    const std::vector<uint8_t> back = Get(dst, bytes);
+    const uint64_t valid = static_cast<uint64_t>(rows) * row_bytes;
+    for (uint64_t i = 0; i < bytes; ++i) {
+      ASSERT_EQ(back[i], i < valid ? data[i] : 0) << "byte " << i;
+    }
+    const bool overflowed = valid > kChunkBytes;
+    EXPECT_EQ(copier_->LastStep().flags, overflowed ? kernels::kStepOverflow : 0u);
+  }
+  EXPECT_EQ(driver_->GraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(driver_->GraphDestroy(graph), CUDA_SUCCESS);
+}
+
+TEST_F(StreamCopierTest, AChunkLeavesTheRingOnlyOnceNoStashHoldsItAndTheHostLearnsItLater) {
+  std::mt19937_64 rng(14);
+  MakeCopier(2);
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 1, kChunkBytes).ok());
+  const CUdeviceptr src = Alloc(kPageBytes);
+  Put(src, Random(rng, kPageBytes));
+  auto ticket = copier_->Stash(stream_, Request(src, 1, 1, kPageBytes));  // slot 0's first page
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE(copier_->RemoveChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  ASSERT_TRUE(copier_->RemoveChunk(stream_, kLeaseDevice, 1, kChunkBytes).ok());
+  EXPECT_EQ(copier_->RemoveChunk(stream_, kLeaseDevice, 1, kChunkBytes).code(),
+            StatusCode::kFailedPrecondition);  // one pending per slot
+  Sync();
+  EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 0), std::optional<bool>(false));
+  EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 1), std::optional<bool>(true));
+  EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 1), std::nullopt);  // answered once
+  ASSERT_TRUE(copier_->Release(stream_, *ticket).ok());
+  ASSERT_TRUE(copier_->RemoveChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  Sync();
+  EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 0), std::optional<bool>(true));
+}
+
+TEST_F(StreamCopierTest, ASessionPagesOnOneStreamAndBadArgumentsAreRefusedBeforeAnyLaunch) {
+  MakeCopier(1);
+  const CUdeviceptr src = Alloc(kPageBytes);
+  ASSERT_TRUE(copier_->Stash(stream_, Request(src, 1, 1, kPageBytes)).ok());
+  CUstream other = nullptr;
+  ASSERT_EQ(driver_->StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const Status s = copier_->Stash(other, Request(src, 1, 1, kPageBytes)).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("one stream"), std::string::npos) << s.message();
+  EXPECT_EQ(copier_->Stash(stream_, Request(src, 1, 1, 0)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(copier_->Stash(stream_, Request(0, 1, 1, 64)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(copier_->AddChunk(stream_, 3, 0, kChunkBytes).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(copier_->AddChunk(stream_, kLeaseDevice, 1, kChunkBytes).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(copier_->AddChunk(stream_, kLeaseDevice, 0, 100).code(), StatusCode::kInvalidArgument);
+  Sync();
+  (void)driver_->StreamDestroy(other);
+}
+
+TEST_F(StreamCopierTest, LiveStashesAreBoundedAndTheLimitSaysWhatToDo) {
+  MakeCopier(1);  // 64 plan slots
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  const CUdeviceptr src = Alloc(64);
+  for (int i = 0; i < 64; ++i) ASSERT_TRUE(copier_->Stash(stream_, Request(src, 1, 1, 64)).ok());
+  const Status full = copier_->Stash(stream_, Request(src, 1, 1, 64)).status();
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("reload or release"), std::string::npos) << full.message();
+  Sync();
+}
+
+}  // namespace
+}  // namespace stash
