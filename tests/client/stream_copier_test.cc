@@ -1,9 +1,12 @@
-// StreamCopier (client/stream_copier.h), mapped mode's paging on the trainer's stream, driven
-// through the driver stand-in (tests/cuda_standin: TEST AID, NEVER A BACKEND). The stand-in runs
-// each launched kernel as its host twin (kernels/mapped_paging.h), on a stream worker thread,
-// after a delay: so what is checked here is the orchestration (what is launched, in which order,
-// on which stream, with which arguments and memory, what is refused during capture, what the
-// host learns and when), byte for byte; the GPU run of the same kernels is tests/gpu's.
+// StreamCopier (client/stream_copier.h), mapped mode's paging on the trainer's stream.
+//
+// Built twice from this one file. Here (tests/client, every machine) it drives the driver
+// stand-in (tests/cuda_standin: TEST AID, NEVER A BACKEND), which runs each launched kernel as
+// its host twin (kernels/mapped_paging.h) on a stream worker thread after a delay: what is
+// checked is the orchestration (what is launched, in which order, on which stream, with which
+// arguments and memory, what is refused during capture, what the host learns and when), byte for
+// byte. With STASH_STREAM_COPIER_ON_GPU (tests/gpu, label gpu) the same tests run the library's
+// own fatbin on a real GPU through libcuda, and skip without one.
 #include "client/stream_copier.h"
 
 #include <dlfcn.h>
@@ -16,8 +19,12 @@
 #include <vector>
 
 #include "common/cuda_driver.h"
-#include "standin.h"
 #include "stash/kernels/mapped_paging.h"
+#if defined(STASH_STREAM_COPIER_ON_GPU)
+#include "stash/kernels/mapped_paging_fatbin.h"
+#else
+#include "standin.h"
+#endif
 
 namespace stash {
 namespace {
@@ -30,6 +37,7 @@ constexpr uint64_t kChunkBytes = 2 << 20;  // the stand-in's granularity
 constexpr uint64_t kPageBytes = 64 << 10;
 constexpr uint64_t kPagesPerChunk = kChunkBytes / kPageBytes;
 
+#if !defined(STASH_STREAM_COPIER_ON_GPU)
 template <typename Args, void (*Body)(const Args&)>
 void Twin(void** params, unsigned, unsigned) {
   Body(*static_cast<const Args*>(params[0]));
@@ -38,16 +46,39 @@ void PlanTwin(void** params, unsigned, unsigned) {
   const auto& a = *static_cast<const kernels::MappedStashArgs*>(params[0]);
   *a.d_plan = kernels::PlanMappedStash(a);
 }
+#endif
 
-// The stand-in loaded, a context current, the kernels' twins registered, a stream.
+// The driver loaded, a context current, a stream (and on the stand-in, the kernels' twins
+// registered).
 class StreamCopierTest : public ::testing::Test {
  protected:
   void SetUp() override {
+#if defined(STASH_STREAM_COPIER_ON_GPU)
+    auto got = CudaDriver::Get();
+    if (!got.ok()) GTEST_SKIP() << "no CUDA device: " << got.status().ToString();
+    driver_ = *got;
+    int count = 0;
+    if (driver_->DeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+    fatbin_ = stash_mapped_paging_fatbin;
+#else
     setenv("STASH_STANDIN_REGISTRY", dir_.c_str(), 1);
     auto loaded = CudaDriver::Load(STASH_CUDA_STANDIN_LIBRARY);
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-    driver_ = std::move(*loaded);
+    owned_driver_ = std::move(*loaded);
+    driver_ = owned_driver_.get();
     ASSERT_EQ(driver_->Init(0), CUDA_SUCCESS);
+    RegisterTwins();
+#endif
+    CUdevice device = 0;
+    ASSERT_EQ(driver_->DeviceGet(&device, 0), CUDA_SUCCESS);
+    ASSERT_EQ(driver_->DevicePrimaryCtxRetain(&context_, device), CUDA_SUCCESS);
+    ASSERT_EQ(driver_->CtxSetCurrent(context_), CUDA_SUCCESS);
+    ASSERT_EQ(driver_->StreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  }
+#if !defined(STASH_STREAM_COPIER_ON_GPU)
+  void RegisterTwins() {
     auto reg = reinterpret_cast<decltype(&stash_standin_register_kernel)>(
         dlsym(driver_->library, "stash_standin_register_kernel"));
     ASSERT_NE(reg, nullptr);
@@ -76,17 +107,20 @@ class StreamCopierTest : public ::testing::Test {
     ASSERT_EQ(reg(kernels::kRemoveChunkKernel,
                   Twin<kernels::MappedRingArgs, kernels::RemoveMappedChunk>, 1, &ring),
               0);
-    CUdevice device = 0;
-    ASSERT_EQ(driver_->DeviceGet(&device, 0), CUDA_SUCCESS);
-    ASSERT_EQ(driver_->DevicePrimaryCtxRetain(&context_, device), CUDA_SUCCESS);
-    ASSERT_EQ(driver_->CtxSetCurrent(context_), CUDA_SUCCESS);
-    ASSERT_EQ(driver_->StreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   }
+#endif
   void TearDown() override {
-    if (driver_ == nullptr) return;
+    if (driver_ == nullptr || stream_ == nullptr) return;
     copier_.reset();
     for (CUdeviceptr p : allocations_) (void)driver_->MemFree(p);
+    for (void* p : host_allocations_) (void)driver_->MemFreeHost(p);
     if (stream_ != nullptr) (void)driver_->StreamDestroy(stream_);
+    if (context_ != nullptr) {
+      CUdevice device = 0;
+      if (driver_->DeviceGet(&device, 0) == CUDA_SUCCESS) {
+        (void)driver_->DevicePrimaryCtxRelease(device);
+      }
+    }
   }
 
   CUdeviceptr Alloc(uint64_t bytes) {
@@ -95,20 +129,30 @@ class StreamCopierTest : public ::testing::Test {
     allocations_.push_back(p);
     return p;
   }
-  // A copier over `slots` chunk slots per tier (tier memory from cuMemAlloc).
+  // Pinned host memory mapped for the device: its device address.
+  CUdeviceptr HostAlloc(uint64_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(driver_->MemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    host_allocations_.push_back(p);
+    CUdeviceptr d = 0;
+    EXPECT_EQ(driver_->MemHostGetDevicePointer(&d, p, 0), CUDA_SUCCESS);
+    return d;
+  }
+  // A copier over `slots` chunk slots per tier: device memory for the own device and the peer
+  // tiers, pinned host memory for the host tier.
   void MakeCopier(uint64_t slots, bool allow_host = true) {
     StreamCopier::Geometry g;
     g.page_bytes = kPageBytes;
     g.chunk_bytes = kChunkBytes;
     for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
       g.tier_slots[t] = slots;
-      g.tier_base[t] = Alloc(slots * kChunkBytes);
+      g.tier_base[t] =
+          t == kLeaseHost ? HostAlloc(slots * kChunkBytes) : Alloc(slots * kChunkBytes);
     }
     g.allow_host = allow_host;
     g.max_stashes = 64;
     g.record_pages = 1024;
-    static const char kImage[] = "no image: the stand-in runs host twins";
-    auto made = StreamCopier::Create(driver_.get(), g, kImage);
+    auto made = StreamCopier::Create(driver_, g, fatbin_);
     ASSERT_TRUE(made.ok()) << made.status().ToString();
     copier_ = std::move(*made);
   }
@@ -137,7 +181,11 @@ class StreamCopierTest : public ::testing::Test {
   }
 
   std::string dir_ = ::testing::TempDir();
-  std::unique_ptr<CudaDriver> driver_;
+  std::unique_ptr<CudaDriver> owned_driver_;  // the stand-in
+  const CudaDriver* driver_ = nullptr;
+  // The kernels' image: the library's fatbin on a GPU; the stand-in takes any (it runs twins).
+  const void* fatbin_ = "no image: the stand-in runs host twins";
+  std::vector<void*> host_allocations_;
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
   std::vector<CUdeviceptr> allocations_;
