@@ -64,6 +64,13 @@ struct HostBlock {
 
 uint64_t Load(const uint64_t& word) { return __atomic_load_n(&word, __ATOMIC_ACQUIRE); }
 
+// A device address as the pointer type the kernels' arguments hold: device memory, never
+// dereferenced on the host.
+template <typename T>
+T* At(CUdeviceptr address) {
+  return reinterpret_cast<T*>(address);  // NOLINT(performance-no-int-to-ptr): a device address
+}
+
 }  // namespace
 
 StreamCopier::StreamCopier(const CudaDriver* driver, const Geometry& geometry)
@@ -128,7 +135,7 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
     PageRing ring{};
     if (g.tier_slots[t] > 0) {
-      ring.ids = reinterpret_cast<uint64_t*>(c->block_ + ids_at[t]);
+      ring.ids = At<uint64_t>(c->block_ + ids_at[t]);
       ring.capacity = g.tier_slots[t] * pages_per_chunk;
     }
     std::memcpy(image.data() + rings_at + t * sizeof(PageRing), &ring, sizeof(ring));
@@ -158,12 +165,12 @@ StreamCopier::~StreamCopier() {
 
 kernels::MappedSessionView StreamCopier::View() const {
   kernels::MappedSessionView v{};
-  v.d_control = reinterpret_cast<SessionControl*>(d_control_);
-  v.d_state = reinterpret_cast<kernels::CopierState*>(d_state_);
+  v.d_control = At<SessionControl>(d_control_);
+  v.d_state = At<kernels::CopierState>(d_state_);
   for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
     if (geometry_.tier_slots[t] == 0) continue;
-    v.tiers[t].d_ring = reinterpret_cast<PageRing*>(d_rings_ + t * sizeof(PageRing));
-    v.tiers[t].d_base = reinterpret_cast<uint8_t*>(geometry_.tier_base[t]);
+    v.tiers[t].d_ring = At<PageRing>(d_rings_ + t * sizeof(PageRing));
+    v.tiers[t].d_base = At<uint8_t>(geometry_.tier_base[t]);
   }
   v.page_bytes = geometry_.page_bytes;
   v.allow_host = geometry_.allow_host ? 1 : 0;
@@ -232,8 +239,8 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   a.max_rows = r.max_rows;
   a.row_bytes = r.row_bytes;
   a.divisor = r.divisor;
-  a.d_plan = reinterpret_cast<StashPlan*>(d_plans_ + plan_slot * sizeof(StashPlan));
-  a.d_page_record = reinterpret_cast<uint64_t*>(d_records_ + *record * sizeof(uint64_t));
+  a.d_plan = At<StashPlan>(d_plans_ + plan_slot * sizeof(StashPlan));
+  a.d_page_record = At<uint64_t>(d_records_ + *record * sizeof(uint64_t));
   Status s = Launch(functions_[kPlan], 1, stream, &a, "cuLaunchKernel(stash plan)");
   if (s.ok()) {
     s = Launch(functions_[kCopy], CopyBlocks(max_bytes, geometry_.page_bytes), stream, &a,
@@ -281,8 +288,8 @@ Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool
   a.session = View();
   a.d_dst = static_cast<uint8_t*>(dst);
   a.d_kept_src = t.src;
-  a.d_plan = reinterpret_cast<const StashPlan*>(d_plans_ + t.plan_slot * sizeof(StashPlan));
-  a.d_page_record = reinterpret_cast<const uint64_t*>(d_records_ + t.record_offset * 8);
+  a.d_plan = At<const StashPlan>(d_plans_ + t.plan_slot * sizeof(StashPlan));
+  a.d_page_record = At<const uint64_t>(d_records_ + t.record_offset * sizeof(uint64_t));
   a.max_rows = t.max_rows;
   a.row_bytes = t.row_bytes;
   a.zero_tail = zero_tail ? 1 : 0;
@@ -317,9 +324,8 @@ Status StreamCopier::BeginStep(CUstream stream, uint64_t step) {
   MappedStepArgs a{};
   a.session = View();
   a.step = step;
-  a.d_shared =
-      reinterpret_cast<SessionControl* const*>(host_block_device_ + offsetof(HostBlock, shared));
-  a.d_report = reinterpret_cast<StepReport*>(host_block_device_ + offsetof(HostBlock, report));
+  a.d_shared = At<SessionControl* const>(host_block_device_ + offsetof(HostBlock, shared));
+  a.d_report = At<StepReport>(host_block_device_ + offsetof(HostBlock, report));
   return Launch(functions_[kStep], 1, stream, &a, "cuLaunchKernel(step)");
 }
 
@@ -382,8 +388,8 @@ Status StreamCopier::RemoveChunk(CUstream stream, uint32_t tier, uint64_t slot, 
   a.tier = tier;
   a.first_id = slot * (geometry_.chunk_bytes / geometry_.page_bytes);
   a.pages = bytes / geometry_.page_bytes;
-  a.d_result = reinterpret_cast<uint64_t*>(host_block_device_ + offsetof(HostBlock, answers) +
-                                           answer * sizeof(uint64_t));
+  a.d_result =
+      At<uint64_t>(host_block_device_ + offsetof(HostBlock, answers) + answer * sizeof(uint64_t));
   STASH_RETURN_IF_ERROR(
       Launch(functions_[kRemoveChunk], 1, stream, &a, "cuLaunchKernel(remove chunk)"));
   free_answers_.pop_back();

@@ -144,8 +144,7 @@ STASH_HOST_DEVICE uint64_t RecordBeginStep(SessionControl& c, CopierState& s, ui
   s.step_flags = 0;
   ControlStore(c.step, step);
   ControlAdd(c.steps, 1);
-  for (uint32_t i = 0; i < kLeaseTiers; ++i) {
-    TierControl& t = c.tiers[i];
+  for (TierControl& t : c.tiers) {
     ControlStore(t.last_step_high_water, ControlLoad(t.high_water));
     ControlStore(t.high_water, ControlLoad(t.pages_used));
   }
