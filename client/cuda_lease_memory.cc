@@ -188,19 +188,28 @@ Status CudaLeaseMemory::Map(uint32_t tier, uint64_t slot, UniqueFd fd, uint64_t 
   }
   const PrimaryContext::Scope scope(context_);
   STASH_RETURN_IF_ERROR(scope.status());
+  {
+    MutexLock lock(&mu_);
+    Slot& s = slots_[tier][slot];
+    if (s.state != SlotState::kFree) {
+      static constexpr const char* kStates[] = {"free", "being mapped", "mapped",
+                                                "still unmapping"};
+      return FailedPreconditionError(std::string("slot ") + std::to_string(slot) + " of the " +
+                                     TierName(tier) + " lease range is " +
+                                     kStates[static_cast<int>(s.state)]);
+    }
+    s.state = SlotState::kMapping;
+  }
+  // Unlocked: importing and mapping (and a host chunk's populating and page-locking) take a
+  // while, and the copier's Unmap and Reap of other slots need not wait for it.
+  const Status mapped = tier == kernels::kLeaseHost
+                            ? MapHost(slot, fd.get(), bytes)
+                            : MapDevice(tier, slot, fd.get(), bytes, owner_device);
   MutexLock lock(&mu_);
   Slot& s = slots_[tier][slot];
-  if (s.state != SlotState::kFree) {
-    return FailedPreconditionError(std::string("slot ") + std::to_string(slot) + " of the " +
-                                   TierName(tier) + " lease range is " +
-                                   (s.state == SlotState::kMapped ? "mapped" : "still unmapping"));
-  }
-  STASH_RETURN_IF_ERROR(tier == kernels::kLeaseHost
-                            ? MapHost(slot, fd.get(), bytes)
-                            : MapDevice(tier, slot, fd.get(), bytes, owner_device));
-  s.state = SlotState::kMapped;
-  s.bytes = bytes;
-  return Status::Ok();
+  s.state = mapped.ok() ? SlotState::kMapped : SlotState::kFree;
+  s.bytes = mapped.ok() ? bytes : 0;
+  return mapped;
 }
 
 Status CudaLeaseMemory::MapDevice(uint32_t tier, uint64_t slot, int fd, uint64_t bytes,

@@ -19,8 +19,9 @@
 //    device reaches it at its host address (checked with cuMemHostGetDevicePointer), so the
 //    tier is one range for kernels too.
 //
-// A slot is in one of three states:
+// A slot is in one of four states:
 //   free       reserved, nothing mapped (device tiers: no mapping; host: PROT_NONE).
+//   mapping    Map is under way (on the lease thread); free again if it fails.
 //   mapped     a chunk is mapped and accessible to this rank's GPU.
 //   unmapping  Unmap was called; the chunk stays mapped until the GPU finished the work that
 //              used it (an event recorded on the caller's stream completed) and no capture is
@@ -36,7 +37,8 @@
 // completed. A graph captured with a chunk's address must not be replayed after that chunk's
 // Unmap: lease changes happen between replays, which the owner keeps in order.
 //
-// Thread-safe: Map (the lease thread) may run while Unmap and Reap run on the copier.
+// Thread-safe: Map (the lease thread) may run while Unmap and Reap run on the copier; the lock
+// is not held while a chunk is imported, mapped or page-locked.
 #ifndef STASH_CLIENT_CUDA_LEASE_MEMORY_H_
 #define STASH_CLIENT_CUDA_LEASE_MEMORY_H_
 
@@ -111,7 +113,7 @@ class CudaLeaseMemory {
   };
   Reaped Reap();
 
-  enum class SlotState { kFree, kMapped, kUnmapping };
+  enum class SlotState { kFree, kMapping, kMapped, kUnmapping };
   SlotState slot_state(uint32_t tier, uint64_t slot) const;
   // Slots waiting for their work (or a capture) to end.
   uint64_t pending_unmaps() const;
