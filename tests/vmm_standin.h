@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,9 +41,16 @@ class Standin {
  public:
   static const CudaDriver* Driver() {
     static const CudaDriver* driver = [] {
-      char dir[] = "/tmp/stash-vmm-test-XXXXXX";
+      static char dir[] = "/tmp/stash-vmm-test-XXXXXX";
       if (mkdtemp(dir) == nullptr) std::abort();
       setenv("STASH_STANDIN_REGISTRY", dir, 1);
+      static const pid_t owner = getpid();
+      // Children leave with _exit and never get here; the test process removes the folder.
+      std::atexit([] {
+        if (getpid() != owner) return;
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      });
       auto loaded = CudaDriver::Load(STASH_CUDA_STANDIN_LIBRARY);
       if (!loaded.ok()) {
         ADD_FAILURE() << loaded.status().ToString();

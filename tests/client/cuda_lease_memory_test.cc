@@ -90,8 +90,8 @@ class StreamRig {
 // A pool on `device` with chunk `chunk` present, filled with pattern `seed`.
 std::unique_ptr<VmmChunkMemory> Pool(const CudaDriver* d, int device, uint64_t chunk,
                                      uint8_t seed) {
-  auto pool = VmmChunkMemory::Create(d, device, "pool" + std::to_string(device), 4 * kChunk,
-                                     kChunk);
+  auto pool =
+      VmmChunkMemory::Create(d, device, "pool" + std::to_string(device), 4 * kChunk, kChunk);
   EXPECT_TRUE(pool.ok()) << pool.status().ToString();
   if (!pool.ok()) return nullptr;
   EXPECT_TRUE((*pool)->Ensure(chunk).ok());
@@ -176,8 +176,7 @@ TEST(CudaLeaseMemory, PeerChunksAreRefusedWhereTheDriverSaysNoPeerAccess) {
   ASSERT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
   EXPECT_NE(refused.message().find("cuDeviceCanAccessPeer"), std::string::npos)
       << refused.message();
-  EXPECT_NE(refused.message().find("peer tier is skipped"), std::string::npos)
-      << refused.message();
+  EXPECT_NE(refused.message().find("peer tier is skipped"), std::string::npos) << refused.message();
   EXPECT_EQ(lease->slot_state(kLeasePeer, 0), SlotState::kFree);
 }
 
