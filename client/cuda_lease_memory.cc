@@ -108,15 +108,15 @@ StatusOr<std::unique_ptr<CudaLeaseMemory>> CudaLeaseMemory::Create(
         munmap(base, bytes);
         return failed;
       }
-      memory->host_base_ = base;
-      r.base = reinterpret_cast<uint64_t>(base);
+      r.base = base;
     } else {
       CUdeviceptr base = 0;
       STASH_RETURN_IF_ERROR(
           Annotate(driver->Check(driver->MemAddressReserve(&base, bytes, granularity, 0, 0),
                                  "cuMemAddressReserve"),
                    std::string("reserving the ") + TierName(tier) + " lease range on " + gpu));
-      r.base = base;
+      // The range's device address as the pointer the paging kernels take.
+      r.base = reinterpret_cast<uint8_t*>(base);  // NOLINT(performance-no-int-to-ptr)
     }
     r.bytes = bytes;
     r.slots = slots;
@@ -159,11 +159,11 @@ CudaLeaseMemory::~CudaLeaseMemory() {
   for (CUevent event : spare_events_) driver_->EventDestroy(event);
   for (uint32_t tier = 0; tier < kernels::kLeaseTiers; ++tier) {
     const Range& r = ranges_[tier];
-    if (r.base == 0) continue;
+    if (r.base == nullptr) continue;
     if (tier == kernels::kLeaseHost) {
-      munmap(host_base_, r.bytes);
+      munmap(r.base, r.bytes);
     } else {
-      driver_->MemAddressFree(r.base, r.bytes);
+      driver_->MemAddressFree(reinterpret_cast<CUdeviceptr>(r.base), r.bytes);
     }
   }
 }
@@ -202,9 +202,9 @@ Status CudaLeaseMemory::Map(uint32_t tier, uint64_t slot, UniqueFd fd, uint64_t 
   }
   // Unlocked: importing and mapping (and a host chunk's populating and page-locking) take a
   // while, and the copier's Unmap and Reap of other slots need not wait for it.
-  const Status mapped = tier == kernels::kLeaseHost
-                            ? MapHost(slot, fd.get(), bytes)
-                            : MapDevice(tier, slot, fd.get(), bytes, owner_device);
+  Status mapped = tier == kernels::kLeaseHost
+                      ? MapHost(slot, fd.get(), bytes)
+                      : MapDevice(tier, slot, fd.get(), bytes, owner_device);
   MutexLock lock(&mu_);
   Slot& s = slots_[tier][slot];
   s.state = mapped.ok() ? SlotState::kMapped : SlotState::kFree;
@@ -297,7 +297,7 @@ Status CudaLeaseMemory::MapHost(uint64_t slot, int fd, uint64_t bytes) {
     return InvalidArgumentError("a host chunk is " + std::to_string(st.st_size) +
                                 " bytes, less than the " + std::to_string(bytes) + " it says");
   }
-  uint8_t* const at = host_base_ + slot * chunk_bytes_;
+  uint8_t* const at = ranges_[kernels::kLeaseHost].base + slot * chunk_bytes_;
   // Populated: registration pins every page anyway, and the holder pays for its lease's pages.
   void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) return ErrnoStatus("mapping a leased host chunk");
@@ -334,7 +334,7 @@ Status CudaLeaseMemory::MapHost(uint64_t slot, int fd, uint64_t bytes) {
 
 Status CudaLeaseMemory::UnmapNow(uint32_t tier, uint64_t slot, uint64_t bytes) {
   if (tier == kernels::kLeaseHost) {
-    uint8_t* const at = host_base_ + slot * chunk_bytes_;
+    uint8_t* const at = ranges_[kernels::kLeaseHost].base + slot * chunk_bytes_;
     STASH_RETURN_IF_ERROR(driver_->Check(driver_->MemHostUnregister(at), "cuMemHostUnregister"));
     ReserveHostRange(at, bytes);
     return Status::Ok();

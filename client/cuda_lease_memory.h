@@ -120,7 +120,7 @@ class CudaLeaseMemory {
 
   // The tier's first address (a device address: host tier memory is reached at its host
   // address); slot s starts at base(tier) + s * chunk_bytes(). Never moves.
-  uint64_t base(uint32_t tier) const { return ranges_[tier].base; }
+  uint8_t* base(uint32_t tier) const { return ranges_[tier].base; }
   uint64_t slots(uint32_t tier) const { return ranges_[tier].slots; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   int device() const { return device_; }
@@ -133,7 +133,7 @@ class CudaLeaseMemory {
     CUevent event = nullptr;    // unmapping: recorded after that work; null while capturing
   };
   struct Range {
-    uint64_t base = 0;
+    uint8_t* base = nullptr;  // device tiers: a device address
     uint64_t bytes = 0;
     uint64_t slots = 0;
   };
@@ -146,8 +146,8 @@ class CudaLeaseMemory {
   Status UnmapNow(uint32_t tier, uint64_t slot, uint64_t bytes);
   // Whether `stream` is being captured now (an error counts as capturing: try later).
   bool Capturing(CUstream stream) const;
-  uint64_t SlotAddress(uint32_t tier, uint64_t slot) const {
-    return ranges_[tier].base + slot * chunk_bytes_;
+  CUdeviceptr SlotAddress(uint32_t tier, uint64_t slot) const {
+    return reinterpret_cast<CUdeviceptr>(ranges_[tier].base + slot * chunk_bytes_);
   }
   Status CheckSlot(uint32_t tier, uint64_t slot) const;
   StatusOr<CUevent> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -160,7 +160,6 @@ class CudaLeaseMemory {
   const uint64_t chunk_bytes_;
   uint64_t granularity_ = 0;  // this GPU's minimum granularity for chunk allocations
   std::array<Range, kernels::kLeaseTiers> ranges_{};  // reserved in Create, freed at the end
-  uint8_t* host_base_ = nullptr;                      // the host tier's range, as a pointer
 
   mutable Mutex mu_;
   std::array<std::vector<Slot>, kernels::kLeaseTiers> slots_ ABSL_GUARDED_BY(mu_);

@@ -32,7 +32,7 @@ constexpr uint64_t kChunk = 4 * kMiB;
 constexpr std::array<uint64_t, kernels::kLeaseTiers> kQuota = {3 * kChunk, 2 * kChunk, 2 * kChunk};
 
 uint8_t* At(const CudaLeaseMemory& m, uint32_t tier, uint64_t slot) {
-  return reinterpret_cast<uint8_t*>(m.base(tier) + slot * m.chunk_bytes());
+  return m.base(tier) + slot * m.chunk_bytes();
 }
 
 // A stream of ordinal 0's primary context, and a gate the stream's work waits behind
@@ -68,9 +68,10 @@ class StreamRig {
               CUDA_SUCCESS);
   }
   void Open() { __atomic_store_n(gate_, generation_, __ATOMIC_SEQ_CST); }
-  void Memset(uint64_t address, uint8_t value, uint64_t bytes) {
+  void Memset(const uint8_t* address, uint8_t value, uint64_t bytes) {
     const PrimaryContext::Scope scope(context_);
-    EXPECT_EQ(d_->MemsetD8Async(address, value, bytes, stream_), CUDA_SUCCESS);
+    EXPECT_EQ(d_->MemsetD8Async(reinterpret_cast<CUdeviceptr>(address), value, bytes, stream_),
+              CUDA_SUCCESS);
   }
   void Synchronize() {
     const PrimaryContext::Scope scope(context_);
@@ -120,8 +121,8 @@ TEST(CudaLeaseMemory, ReservesOneRangePerTierSizedForItsQuota) {
   EXPECT_EQ(m.slots(kLeasePeer), 1u);
   EXPECT_EQ(m.slots(kLeaseHost), 1u);  // at least one
   for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
-    EXPECT_NE(m.base(t), 0u);
-    EXPECT_EQ(m.base(t) % (2 * kMiB), 0u) << "tier " << t;
+    EXPECT_NE(m.base(t), nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(m.base(t)) % (2 * kMiB), 0u) << "tier " << t;
     EXPECT_EQ(m.slot_state(t, 0), SlotState::kFree);
   }
   EXPECT_NE(m.base(kLeaseDevice), m.base(kLeasePeer));
@@ -144,7 +145,7 @@ TEST(CudaLeaseMemory, MapsAnImportedChunkAtItsSlotForThisGpu) {
   auto pool = Pool(d, 0, 2, 7);
   auto lease = Lease(d);
   ASSERT_TRUE(pool && lease);
-  const uint64_t before = lease->base(kLeaseDevice);
+  const uint8_t* before = lease->base(kLeaseDevice);
   ASSERT_TRUE(lease->Map(kLeaseDevice, 1, Export(*pool, 2), kChunk, 0).ok());
   EXPECT_EQ(lease->slot_state(kLeaseDevice, 1), SlotState::kMapped);
   EXPECT_EQ(lease->base(kLeaseDevice), before);
@@ -200,7 +201,7 @@ TEST(CudaLeaseMemory, UnmapWaitsForTheWorkQueuedOnTheStream) {
   StreamRig rig(d);
   ASSERT_TRUE(lease->Map(kLeaseDevice, 0, Export(*pool, 1), kChunk, 0).ok());
   rig.Close();
-  rig.Memset(lease->base(kLeaseDevice), 0xab, kChunk);
+  rig.Memset(At(*lease, kLeaseDevice, 0), 0xab, kChunk);
   ASSERT_TRUE(lease->Unmap(kLeaseDevice, 0, rig.stream()).ok());
   EXPECT_EQ(lease->slot_state(kLeaseDevice, 0), SlotState::kUnmapping);
   EXPECT_EQ(lease->pending_unmaps(), 1u);
@@ -239,7 +240,7 @@ TEST(CudaLeaseMemory, UnmapNeverHappensDuringCapture) {
   ASSERT_TRUE(lease->Map(kLeaseDevice, 2, Export(*pool, 0), kChunk, 0).ok());
   const PrimaryContext::Scope scope(rig.context());
   ASSERT_EQ(d->StreamBeginCapture(rig.stream(), CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  rig.Memset(lease->base(kLeaseDevice) + 2 * kChunk, 0xcd, kChunk);
+  rig.Memset(At(*lease, kLeaseDevice, 2), 0xcd, kChunk);
   ASSERT_TRUE(lease->Unmap(kLeaseDevice, 2, rig.stream()).ok());
   auto reaped = lease->Reap();
   EXPECT_TRUE(reaped.status.ok()) << reaped.status.ToString();
@@ -275,7 +276,7 @@ TEST(CudaLeaseMemory, TheDestructorWaitsForPendingUnmaps) {
   ASSERT_TRUE(lease->Map(kLeaseDevice, 1, Export(*pool, 3), kChunk, 0).ok());
   ASSERT_TRUE(lease->Map(kLeaseDevice, 2, Export(*pool, 3), kChunk, 0).ok());
   rig.Close();
-  rig.Memset(lease->base(kLeaseDevice) + kChunk, 0xef, kChunk);
+  rig.Memset(At(*lease, kLeaseDevice, 1), 0xef, kChunk);
   ASSERT_TRUE(lease->Unmap(kLeaseDevice, 1, rig.stream()).ok());
   // Opens the gate while the destructor waits (if it is already there: the check below holds
   // either way, the delay only makes the wait likely to be exercised).
@@ -305,7 +306,7 @@ TEST(CudaLeaseMemory, HostChunksAreRegisteredForTheGpuAtLeaseTime) {
   uint8_t* slot = At(*lease, kLeaseHost, 1);
   EXPECT_TRUE(stash::testing::HasPattern(slot, kChunk, 6));
   // The GPU reaches it at its host address, as one tier range.
-  rig.Memset(reinterpret_cast<CUdeviceptr>(slot), 0x11, kChunk);
+  rig.Memset(slot, 0x11, kChunk);
   ASSERT_TRUE(lease->Unmap(kLeaseHost, 1, rig.stream()).ok());
   rig.Synchronize();
   auto reaped = lease->Reap();

@@ -139,7 +139,7 @@ int HoldInChild(const CudaDriver* d, int socket, uint64_t bytes, uint8_t expect,
   auto lease = CudaLeaseMemory::Create(d, 0, bytes, {bytes, bytes, bytes});
   if (!lease.ok()) return 11;
   if (!(*lease)->Map(kernels::kLeaseDevice, 0, std::move(fds[0]), bytes, 0).ok()) return 12;
-  auto* p = reinterpret_cast<uint8_t*>((*lease)->base(kernels::kLeaseDevice));
+  uint8_t* p = (*lease)->base(kernels::kLeaseDevice);
   if (!stash::testing::HasPattern(p, bytes, expect)) return 13;
   stash::testing::FillPattern(p, bytes, write);
   if (!stash::testing::Send(socket, "mapped")) return 14;
