@@ -257,7 +257,7 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   t.plan_slot = plan_slot;
   t.record_offset = *record;
   t.record_pages = record_pages;
-  t.src = a.d_src;
+  t.src = r.keep_source ? a.d_src : nullptr;
   t.max_rows = r.max_rows;
   t.row_bytes = r.row_bytes;
   t.captured = Capturing(stream);

@@ -83,11 +83,16 @@ class StreamCopier {
     uint32_t divisor = 1;  // rows = ceil(count / divisor); 0 = 1
     uint64_t max_rows = 0;
     uint64_t row_bytes = 0;  // > 0
+    // The caller keeps `src` valid and unchanged until the stash's reload or release ran: a
+    // stash that overflows (only the device knows) is then reloaded from it, so every replay of
+    // a graph reads the activation. false (the source is freed once the stash is enqueued, the
+    // memory saving upstream's paged stash makes): an overflowed stash's reload leaves the
+    // destination as it is, and the step's overflow flag (LastStep) says to rerun the step.
+    bool keep_source = true;
   };
-  // Enqueues plan, copy and publish on `stream`; returns the ticket. The source must stay valid
-  // and unchanged until the stash's reload or release ran (an overflowed stash is reloaded from
-  // it). RESOURCE_EXHAUSTED when max_stashes stashes are live or the page-record arena is full
-  // (nothing enqueued); INVALID_ARGUMENT for bad arguments or another stream.
+  // Enqueues plan, copy and publish on `stream`; returns the ticket. RESOURCE_EXHAUSTED when
+  // max_stashes stashes are live or the page-record arena is full (nothing enqueued);
+  // INVALID_ARGUMENT for bad arguments or another stream.
   StatusOr<uint64_t> Stash(CUstream stream, const StashRequest& request);
   // Enqueues pop and publish: the stash's rows into `dst` (device-accessible, max_rows *
   // row_bytes bytes), zeros past them when `zero_tail`, its pages back to its ring; a stash that

@@ -109,10 +109,10 @@ struct CudaDriver {
 
 // Returns the driver call's Status from the enclosing function when it failed. `driver` is a
 // `const CudaDriver*`.
-#define STASH_CU_RETURN_IF_ERROR(driver, expr)                                       \
-  do {                                                                               \
-    const ::stash::Status stash_cu_status_ = (driver)->Check((driver)->expr, #expr); \
-    if (!stash_cu_status_.ok()) return stash_cu_status_;                             \
+#define STASH_CU_RETURN_IF_ERROR(driver, expr)                                 \
+  do {                                                                         \
+    ::stash::Status stash_cu_status_ = (driver)->Check((driver)->expr, #expr); \
+    if (!stash_cu_status_.ok()) return stash_cu_status_;                       \
   } while (0)
 
 }  // namespace stash

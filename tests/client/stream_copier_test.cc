@@ -228,6 +228,24 @@ TEST_F(StreamCopierTest, StashesFillDevicePeerAndHostChunksThenOverflowAndReload
   EXPECT_EQ(copier_->live(), 0u);
   EXPECT_EQ(copier_->Reload(stream_, tickets[0], reinterpret_cast<void*>(sources[0]), false).code(),
             StatusCode::kNotFound);
+
+  // A source the caller does not keep: an overflowed stash's reload leaves the destination.
+  for (uint32_t i = 0; i < 4; ++i) {
+    StreamCopier::StashRequest r = Request(sources[i], max_rows, max_rows, row_bytes);
+    r.keep_source = false;
+    auto ticket = copier_->Stash(stream_, r);
+    ASSERT_TRUE(ticket.ok());
+    tickets[i] = *ticket;
+  }
+  const CUdeviceptr dst = Alloc(bytes);
+  Put(dst, std::vector<uint8_t>(bytes, 0xEE));
+  ASSERT_TRUE(copier_->Reload(stream_, tickets[3], reinterpret_cast<void*>(dst), true).ok());
+  ASSERT_TRUE(copier_->BeginStep(stream_, 8).ok());
+  Sync();
+  EXPECT_EQ(Get(dst, bytes), std::vector<uint8_t>(bytes, 0xEE));
+  EXPECT_EQ(copier_->LastStep().flags & kernels::kStepOverflow, kernels::kStepOverflow);
+  for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE(copier_->Release(stream_, tickets[i]).ok());
+  Sync();
 }
 
 TEST_F(StreamCopierTest, TheControlBlockReachesTheSharedBlockAtEachStepAndTheDaemonsLineComesBack) {
