@@ -59,11 +59,17 @@ class Queue {
     op();
   }
 
-  // Waits until every operation enqueued before the call has run.
+  // Waits until every operation enqueued before the call has run. A stream wait dies after the
+  // wait timeout, so this ends; if it does not (no worker: a forked child using its parent's
+  // stream), it dies rather than hang the test.
   void WaitIdle() {
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t target = enqueued_;
-    cv_.wait(lock, [&] { return completed_ >= target; });
+    const auto limit = std::chrono::milliseconds(2 * config().wait_timeout_ms + 1000);
+    if (!cv_.wait_for(lock, limit, [&] { return completed_ >= target; })) {
+      Die("a stream did not finish its work within " + std::to_string(limit.count()) +
+          " ms (a stream of the parent used in a forked child has no worker thread)");
+    }
   }
 
   bool Idle() {
