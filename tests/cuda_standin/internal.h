@@ -14,15 +14,15 @@ namespace standin {
 // The knobs, read from the environment at every cuInit (README.md lists them). The registry
 // folder is fixed by the first cuInit of the process.
 struct Config {
-  int devices = 2;                      // STASH_STANDIN_DEVICES
-  bool vmm = true;                      // off with STASH_STANDIN_NO_VMM=1
-  bool posix_fd = true;                 // off with STASH_STANDIN_NO_POSIX_FD=1
-  bool peer = true;                     // off with STASH_STANDIN_NO_PEER=1
-  uint64_t vram_bytes = 1ULL << 30;     // STASH_STANDIN_VRAM_BYTES, per device
-  bool immediate = false;               // STASH_STANDIN_STREAMS=immediate
-  int64_t stream_delay_us = 2000;       // STASH_STANDIN_STREAM_DELAY_US
-  int64_t wait_timeout_ms = 10000;      // STASH_STANDIN_WAIT_TIMEOUT_MS
-  std::string registry_dir;             // STASH_STANDIN_REGISTRY
+  int devices = 2;                   // STASH_STANDIN_DEVICES
+  bool vmm = true;                   // off with STASH_STANDIN_NO_VMM=1
+  bool posix_fd = true;              // off with STASH_STANDIN_NO_POSIX_FD=1
+  bool peer = true;                  // off with STASH_STANDIN_NO_PEER=1
+  uint64_t vram_bytes = 1ULL << 30;  // STASH_STANDIN_VRAM_BYTES, per device
+  bool immediate = false;            // STASH_STANDIN_STREAMS=immediate
+  int64_t stream_delay_us = 2000;    // STASH_STANDIN_STREAM_DELAY_US
+  int64_t wait_timeout_ms = 10000;   // STASH_STANDIN_WAIT_TIMEOUT_MS
+  std::string registry_dir;          // STASH_STANDIN_REGISTRY
 };
 
 // cuMemGetAllocationGranularity's answer, MINIMUM and RECOMMENDED alike (an H100/H200's value).
@@ -46,6 +46,12 @@ CUresult RequireInit(const char* fn);
 // The device of the calling thread's current context, or CUDA_ERROR_INVALID_CONTEXT.
 CUresult CurrentDevice(const char* fn, int* device);
 bool ValidDevice(int ordinal);
+
+// The host address behind a stand-in device address (one address space stands in for all).
+template <typename T = void>
+T* HostPointer(uintptr_t address) {
+  return reinterpret_cast<T*>(address);  // NOLINT(performance-no-int-to-ptr): it is an address
+}
 
 // vmm.cc: true when every byte of [address, address + bytes) is mapped stand-in device memory
 // (accessible or not: an access to memory without cuMemSetAccess faults when it runs) or

@@ -88,6 +88,16 @@ void RegisterKernel(const char* name, StashStandinKernel fn, std::vector<size_t>
             0);
 }
 
+// The bytes behind a stand-in device address, and a descriptor as the pointer-sized OS handle
+// cuMemImportFromShareableHandle takes.
+template <typename T = void>
+T* At(CUdeviceptr address) {
+  return reinterpret_cast<T*>(address);  // NOLINT(performance-no-int-to-ptr): it is an address
+}
+void* OsHandle(int fd) {
+  return reinterpret_cast<void*>(intptr_t{fd});  // NOLINT(performance-no-int-to-ptr): the API's
+}
+
 const char* Name(CUresult r) {
   const char* name = nullptr;
   return Driver().GetErrorName(r, &name) == CUDA_SUCCESS ? name : "unknown code";
@@ -196,7 +206,8 @@ int WaitExitCode(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// ---- Loading, initialization, devices and contexts ------------------------------------------------
+// ---- Loading, initialization, devices and contexts
+// ------------------------------------------------
 
 TEST(CudaStandin, EveryEntryPointOfTheDriverTableResolves) {
   auto driver = CudaDriver::Load(STASH_CUDA_STANDIN_LIBRARY);
@@ -227,11 +238,12 @@ TEST_F(Standin, DevicesAttributesUuidsAndPeerAccessFollowTheEnvironment) {
   CUdevice dev = 0;
   EXPECT_CU(CUDA_ERROR_INVALID_DEVICE, d().DeviceGet(&dev, 3));
   int value = 0;
-  EXPECT_CU(CUDA_SUCCESS,
-            d().DeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 2));
-  EXPECT_EQ(value, 1);
   EXPECT_CU(CUDA_SUCCESS, d().DeviceGetAttribute(
-                              &value, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0));
+                              &value, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 2));
+  EXPECT_EQ(value, 1);
+  EXPECT_CU(CUDA_SUCCESS,
+            d().DeviceGetAttribute(
+                &value, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0));
   EXPECT_EQ(value, 1);
   EXPECT_CU(CUDA_SUCCESS,
             d().DeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0));
@@ -254,8 +266,8 @@ TEST_F(Standin, DevicesAttributesUuidsAndPeerAccessFollowTheEnvironment) {
   ASSERT_CU(CUDA_SUCCESS, d().Init(0));
   EXPECT_CU(CUDA_SUCCESS, d().DeviceCanAccessPeer(&peer, 0, 1));
   EXPECT_EQ(peer, 0);
-  EXPECT_CU(CUDA_SUCCESS,
-            d().DeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+  EXPECT_CU(CUDA_SUCCESS, d().DeviceGetAttribute(
+                              &value, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
   EXPECT_EQ(value, 0);
   const CUmemAllocationProp prop = DeviceProp(0, false);
   CUmemGenericAllocationHandle h = 0;
@@ -294,13 +306,14 @@ TEST_F(Standin, CallsThatNeedAContextFailWithoutOne) {
 
 TEST_F(Standin, EveryCodeItReturnsHasANameAndADescription) {
   for (CUresult code :
-       {CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_INITIALIZED,
-        CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE,
-        CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
-        CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, CUDA_ERROR_NOT_SUPPORTED,
-        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-        CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
-        CUDA_ERROR_CAPTURED_EVENT, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD}) {
+       {CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
+        CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_CONTEXT,
+        CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY,
+        CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+        CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CUDA_ERROR_CAPTURED_EVENT,
+        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD}) {
     const char* name = nullptr;
     const char* text = nullptr;
     EXPECT_EQ(d().GetErrorName(code, &name), CUDA_SUCCESS) << code;
@@ -317,13 +330,14 @@ TEST_F(Standin, EveryCodeItReturnsHasANameAndADescription) {
   EXPECT_NE(status.message().find("CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos);
 }
 
-// ---- Virtual memory management ---------------------------------------------------------------------
+// ---- Virtual memory management
+// ---------------------------------------------------------------------
 
 TEST_F(Standin, CreateRefusesSizesOffTheGranularityAndUnsupportedProperties) {
   size_t granularity = 0;
   CUmemAllocationProp prop = DeviceProp(0, false);
-  EXPECT_CU(CUDA_SUCCESS, d().MemGetAllocationGranularity(&granularity, &prop,
-                                                          CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  EXPECT_CU(CUDA_SUCCESS,
+            d().MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   EXPECT_EQ(granularity, kChunk);
   EXPECT_CU(CUDA_SUCCESS, d().MemGetAllocationGranularity(&granularity, &prop,
                                                           CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
@@ -350,12 +364,12 @@ TEST_F(Standin, MapRefusesNonZeroOffsetsUnalignedRangesAndMappedOrForeignRanges)
   const CUmemGenericAllocationHandle h = Create(2 * kChunk);
   const CUdeviceptr va = Reserve(4 * kChunk);
   EXPECT_EQ(va % kChunk, 0U);
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va, kChunk, kChunk, h, 0));      // offset
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va + 4096, kChunk, 0, h, 0));    // ptr
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va, kChunk + 4096, 0, h, 0));    // size
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va, 3 * kChunk, 0, h, 0));       // > allocation
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va, kChunk, kChunk, h, 0));    // offset
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va + 4096, kChunk, 0, h, 0));  // ptr
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va, kChunk + 4096, 0, h, 0));  // size
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va, 3 * kChunk, 0, h, 0));     // > allocation
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va + 3 * kChunk, 2 * kChunk, 0, h, 0));  // out
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va, 2 * kChunk, 0, h, 1));       // flags
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va, 2 * kChunk, 0, h, 1));               // flags
   ASSERT_CU(CUDA_SUCCESS, d().MemMap(va, 2 * kChunk, 0, h, 0));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().MemMap(va + kChunk, 2 * kChunk, 0, h, 0));  // mapped
   // Access and unmap take whole mappings only.
@@ -379,7 +393,7 @@ TEST_F(Standin, ATouchBeforeSetAccessOrAfterUnmapFaults) {
   const CUmemGenericAllocationHandle h = Create();
   const CUdeviceptr va = Reserve(kChunk);
   ASSERT_CU(CUDA_SUCCESS, d().MemMap(va, kChunk, 0, h, 0));
-  auto* bytes = reinterpret_cast<volatile unsigned char*>(va);
+  auto* bytes = At<volatile unsigned char>(va);
   EXPECT_EXIT(bytes[0] = 1, ::testing::KilledBySignal(SIGSEGV), "");
   const CUmemAccessDesc access = ReadWrite(0);
   ASSERT_CU(CUDA_SUCCESS, d().MemSetAccess(va, kChunk, &access, 1));
@@ -400,10 +414,10 @@ TEST_F(Standin, ReleaseKeepsMemoryAliveWhileMappedAndFreesItAtTheLastUnmap) {
   const CUmemGenericAllocationHandle h = Create();
   const CUdeviceptr va = Reserve(kChunk);
   MapReadWrite(va, h);
-  std::memset(reinterpret_cast<void*>(va), 0x5a, kChunk);
+  std::memset(At(va), 0x5a, kChunk);
   ASSERT_CU(CUDA_SUCCESS, d().MemRelease(h));
   EXPECT_EQ(BytesInUse(0), baseline_ + static_cast<long long>(kChunk));
-  const auto* bytes = reinterpret_cast<const unsigned char*>(va);
+  const auto* bytes = At<const unsigned char>(va);
   EXPECT_EQ(bytes[0], 0x5a);
   EXPECT_EQ(bytes[kChunk - 1], 0x5a);
   size_t free = 0;
@@ -427,23 +441,22 @@ TEST_F(Standin, ExportedChunksShareBytesWithAForkedImporter) {
     CUmemGenericAllocationHandle imported = 0;
     CUdeviceptr va = 0;
     const CUmemAccessDesc access = ReadWrite(0);
-    if (d().MemImportFromShareableHandle(&imported, reinterpret_cast<void*>(intptr_t{fd}),
-                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS ||
+    if (d().MemImportFromShareableHandle(
+            &imported, OsHandle(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS ||
         d().MemAddressReserve(&va, kChunk, 0, 0, 0) != CUDA_SUCCESS ||
         d().MemMap(va, kChunk, 0, imported, 0) != CUDA_SUCCESS ||
         d().MemSetAccess(va, kChunk, &access, 1) != CUDA_SUCCESS) {
       _exit(1);
     }
-    std::memset(reinterpret_cast<void*>(va), 0x3c, kChunk);
-    _exit(d().MemUnmap(va, kChunk) == CUDA_SUCCESS && d().MemRelease(imported) == CUDA_SUCCESS
-              ? 0
-              : 2);
+    std::memset(At(va), 0x3c, kChunk);
+    _exit(d().MemUnmap(va, kChunk) == CUDA_SUCCESS && d().MemRelease(imported) == CUDA_SUCCESS ? 0
+                                                                                               : 2);
   }
   ASSERT_EQ(WaitExitCode(child), 0);
   close(fd);
   const CUdeviceptr va = Reserve(kChunk);
   MapReadWrite(va, h);
-  const auto* bytes = reinterpret_cast<const unsigned char*>(va);
+  const auto* bytes = At<const unsigned char>(va);
   EXPECT_EQ(bytes[0], 0x3c);
   EXPECT_EQ(bytes[kChunk / 2], 0x3c);
   EXPECT_CU(CUDA_SUCCESS, d().MemUnmap(va, kChunk));
@@ -453,7 +466,7 @@ TEST_F(Standin, ExportedChunksShareBytesWithAForkedImporter) {
   CUmemGenericAllocationHandle junk = 0;
   const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   EXPECT_CU(CUDA_ERROR_NOT_SUPPORTED,
-            d().MemImportFromShareableHandle(&junk, reinterpret_cast<void*>(intptr_t{devnull}),
+            d().MemImportFromShareableHandle(&junk, OsHandle(devnull),
                                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   close(devnull);
 }
@@ -477,16 +490,15 @@ TEST_F(Standin, AnImportedChunkOutlivesItsExportersSigkillAndIsFreedAtItsLastRel
             CUDA_SUCCESS) {
       _exit(1);
     }
-    std::memset(reinterpret_cast<void*>(va), 0x77, kChunk);
+    std::memset(At(va), 0x77, kChunk);
     SendFd(sockets[1], fd);
     for (;;) pause();  // holds its handle and mapping until killed
   }
   const int fd = ReceiveFd(sockets[0]);
   ASSERT_GE(fd, 0);
   CUmemGenericAllocationHandle imported = 0;
-  ASSERT_CU(CUDA_SUCCESS,
-            d().MemImportFromShareableHandle(&imported, reinterpret_cast<void*>(intptr_t{fd}),
-                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  ASSERT_CU(CUDA_SUCCESS, d().MemImportFromShareableHandle(
+                              &imported, OsHandle(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   close(fd);
   ASSERT_EQ(kill(exporter, SIGKILL), 0);
   EXPECT_EQ(WaitExitCode(exporter), 128 + SIGKILL);
@@ -496,7 +508,7 @@ TEST_F(Standin, AnImportedChunkOutlivesItsExportersSigkillAndIsFreedAtItsLastRel
   EXPECT_EQ(BytesInUse(0), baseline_ + static_cast<long long>(kChunk));
   const CUdeviceptr va = Reserve(kChunk);
   MapReadWrite(va, imported);
-  EXPECT_EQ(reinterpret_cast<const unsigned char*>(va)[kChunk - 1], 0x77);
+  EXPECT_EQ(At<const unsigned char>(va)[kChunk - 1], 0x77);
   ASSERT_CU(CUDA_SUCCESS, d().MemUnmap(va, kChunk));
   EXPECT_EQ(BytesInUse(0), baseline_ + static_cast<long long>(kChunk));  // the handle holds it
   ASSERT_CU(CUDA_SUCCESS, d().MemRelease(imported));
@@ -575,8 +587,8 @@ TEST_F(Standin, RenewingAChunkAHolderStillMapsIsCaughtByTheBudget) {
   if (rank == 0) {
     CUmemGenericAllocationHandle imported = 0;
     CUdeviceptr va = 0;
-    if (d().MemImportFromShareableHandle(&imported, reinterpret_cast<void*>(intptr_t{fd}),
-                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS ||
+    if (d().MemImportFromShareableHandle(
+            &imported, OsHandle(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS ||
         d().MemAddressReserve(&va, kChunk, 0, 0, 0) != CUDA_SUCCESS ||
         d().MemMap(va, kChunk, 0, imported, 0) != CUDA_SUCCESS ||
         d().MemRelease(imported) != CUDA_SUCCESS) {
@@ -739,7 +751,7 @@ TEST_F(Streams, MemoryUnmappedBeforeItsQueuedWorkRanFaults) {
   // Work that runs while the memory is mapped and accessible is fine.
   ASSERT_CU(CUDA_SUCCESS, d().MemsetD8Async(va, 0xab, kChunk, stream_));
   ASSERT_CU(CUDA_SUCCESS, d().StreamSynchronize(stream_));
-  EXPECT_EQ(reinterpret_cast<const unsigned char*>(va)[kChunk - 1], 0xab);
+  EXPECT_EQ(At<const unsigned char>(va)[kChunk - 1], 0xab);
   // Addresses that are no device memory are refused when enqueued.
   std::vector<unsigned char> heap(64);
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
@@ -818,7 +830,7 @@ TEST_F(Streams, SynchronizingACapturingStreamFailsAndInvalidatesTheCapture) {
   ASSERT_CU(CUDA_SUCCESS, d().StreamIsCapturing(stream_, &status));
   EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
   EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, Append(2, stream_));
-  CUgraph graph = reinterpret_cast<CUgraph>(&status);  // must come back NULL
+  auto* graph = reinterpret_cast<CUgraph>(&status);  // must come back NULL
   EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, d().StreamEndCapture(stream_, &graph));
   EXPECT_EQ(graph, nullptr);
   EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, d().StreamEndCapture(stream_, &graph));
@@ -889,7 +901,8 @@ TEST_F(Streams, OnlyARelaxedCaptureMayEndOnAnotherThread) {
   ASSERT_CU(CUDA_SUCCESS, d().StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED));
   ASSERT_CU(CUDA_SUCCESS, end_on_another_thread());
   EXPECT_CU(CUDA_SUCCESS, d().GraphDestroy(graph));
-  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().StreamBeginCapture(nullptr, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
+            d().StreamBeginCapture(nullptr, CU_STREAM_CAPTURE_MODE_GLOBAL));
 }
 
 TEST_F(Streams, TheLegacyStreamIsUnusableWhileABlockingStreamCaptures) {

@@ -196,9 +196,12 @@ bool IsDefaultHandle(CUstream h) {
 
 const char* ModeName(CUstreamCaptureMode mode) {
   switch (mode) {
-    case CU_STREAM_CAPTURE_MODE_GLOBAL: return "global";
-    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: return "thread-local";
-    case CU_STREAM_CAPTURE_MODE_RELAXED: return "relaxed";
+    case CU_STREAM_CAPTURE_MODE_GLOBAL:
+      return "global";
+    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL:
+      return "thread-local";
+    case CU_STREAM_CAPTURE_MODE_RELAXED:
+      return "relaxed";
   }
   return "unknown";
 }
@@ -227,7 +230,8 @@ std::vector<CUstream_st*> BlockingCaptures(int device) {
   std::vector<CUstream_st*> out;
   for (const CUstream_st* s : Live<CUstream_st>()) {
     auto* stream = const_cast<CUstream_st*>(s);
-    if (stream->capture && stream->device == device && (stream->flags & CU_STREAM_NON_BLOCKING) == 0) {
+    if (stream->capture && stream->device == device &&
+        (stream->flags & CU_STREAM_NON_BLOCKING) == 0) {
       out.push_back(stream);
     }
   }
@@ -324,14 +328,16 @@ template <typename T, typename Pred>
 void WaitFor(const char* fn, uintptr_t address, uint64_t value, Pred satisfied) {
   const Clock::time_point deadline =
       Clock::now() + std::chrono::milliseconds(config().wait_timeout_ms);
-  const auto* word = reinterpret_cast<const T*>(address);
+  const T* word = HostPointer<const T>(address);
   while (!satisfied(static_cast<uint64_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE)))) {
     if (Clock::now() > deadline) {
-      Die(std::string(fn) + ": a stream wait on 0x" + [&] {
-        char text[32];
-        std::snprintf(text, sizeof(text), "%llx", static_cast<unsigned long long>(address));
-        return std::string(text);
-      }() + " for value " + std::to_string(value) + " was never satisfied within " +
+      Die(std::string(fn) + ": a stream wait on 0x" +
+          [&] {
+            char text[32];
+            std::snprintf(text, sizeof(text), "%llx", static_cast<unsigned long long>(address));
+            return std::string(text);
+          }() +
+          " for value " + std::to_string(value) + " was never satisfied within " +
           std::to_string(config().wait_timeout_ms) +
           " ms (STASH_STANDIN_WAIT_TIMEOUT_MS); on a GPU the stream would hang");
     }
@@ -361,16 +367,23 @@ CUresult WaitOp(const char* fn, CUdeviceptr address, uint64_t value, unsigned fl
       case CU_STREAM_WAIT_VALUE_GEQ:
         return is64 ? static_cast<int64_t>(now - v) >= 0
                     : static_cast<int32_t>(static_cast<uint32_t>(now - v)) >= 0;
-      case CU_STREAM_WAIT_VALUE_EQ: return now == v;
-      case CU_STREAM_WAIT_VALUE_AND: return (now & v) != 0;
-      default: return (~(now | v) & mask) != 0;
+      case CU_STREAM_WAIT_VALUE_EQ:
+        return now == v;
+      case CU_STREAM_WAIT_VALUE_AND:
+        return (now & v) != 0;
+      default:
+        return (~(now | v) & mask) != 0;
     }
   };
   const std::string name = fn;
   if (is64) {
-    *out = [name, address, v, satisfied] { WaitFor<uint64_t>(name.c_str(), address, v, satisfied); };
+    *out = [name, address, v, satisfied] {
+      WaitFor<uint64_t>(name.c_str(), address, v, satisfied);
+    };
   } else {
-    *out = [name, address, v, satisfied] { WaitFor<uint32_t>(name.c_str(), address, v, satisfied); };
+    *out = [name, address, v, satisfied] {
+      WaitFor<uint32_t>(name.c_str(), address, v, satisfied);
+    };
   }
   return CUDA_SUCCESS;
 }
@@ -389,12 +402,12 @@ CUresult WriteOp(const char* fn, CUdeviceptr address, uint64_t value, unsigned f
   }
   if (is64) {
     *out = [address, value] {
-      __atomic_store_n(reinterpret_cast<uint64_t*>(address), value, __ATOMIC_SEQ_CST);
+      __atomic_store_n(HostPointer<uint64_t>(address), value, __ATOMIC_SEQ_CST);
     };
   } else {
     const auto v32 = static_cast<uint32_t>(value);
     *out = [address, v32] {
-      __atomic_store_n(reinterpret_cast<uint32_t*>(address), v32, __ATOMIC_SEQ_CST);
+      __atomic_store_n(HostPointer<uint32_t>(address), v32, __ATOMIC_SEQ_CST);
     };
   }
   return CUDA_SUCCESS;
@@ -402,7 +415,9 @@ CUresult WriteOp(const char* fn, CUdeviceptr address, uint64_t value, unsigned f
 
 }  // namespace
 
-CUresult Enqueue(const char* fn, CUstream stream, Op op) { return Submit(fn, stream, std::move(op)); }
+CUresult Enqueue(const char* fn, CUstream stream, Op op) {
+  return Submit(fn, stream, std::move(op));
+}
 
 }  // namespace standin
 
@@ -487,7 +502,8 @@ CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* ca
   // cuStreamIsCapturing: on the legacy stream while a blocking stream in the same context
   // captures, "it will return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ... The blocking stream capture
   // is not invalidated."
-  if (s->legacy && hStream != CU_STREAM_PER_THREAD && !standin::BlockingCaptures(s->device).empty()) {
+  if (s->legacy && hStream != CU_STREAM_PER_THREAD &&
+      !standin::BlockingCaptures(s->device).empty()) {
     return Fail(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, __func__,
                 "querying the legacy stream while a blocking stream captures");
   }
@@ -561,7 +577,8 @@ CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
   return CUDA_SUCCESS;
 }
 
-// ---- Graphs ----------------------------------------------------------------------------------------
+// ---- Graphs
+// ----------------------------------------------------------------------------------------
 
 CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph,
                                     unsigned long long flags) {
@@ -619,7 +636,8 @@ CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
   return CUDA_SUCCESS;
 }
 
-// ---- Events ----------------------------------------------------------------------------------------
+// ---- Events
+// ----------------------------------------------------------------------------------------
 
 CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   STANDIN_TRY(standin::RequireInit(__func__));
@@ -818,6 +836,6 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
   }
   // Runs when the stream reaches it: memory unmapped or without cuMemSetAccess by then faults.
   return standin::Submit(__func__, hStream, [dstDevice, uc, N] {
-    std::memset(reinterpret_cast<void*>(dstDevice), uc, N);
+    std::memset(standin::HostPointer(dstDevice), uc, N);
   });
 }

@@ -246,9 +246,9 @@ bool DeviceAddressable(uintptr_t address, size_t bytes) {
 
 using standin::Fail;
 
-#define STANDIN_TRY(expr)                         \
-  do {                                            \
-    const CUresult standin_result_ = (expr);      \
+#define STANDIN_TRY(expr)                                        \
+  do {                                                           \
+    const CUresult standin_result_ = (expr);                     \
     if (standin_result_ != CUDA_SUCCESS) return standin_result_; \
   } while (0)
 
@@ -260,8 +260,7 @@ extern "C" __attribute__((visibility("default"))) long long stash_standin_device
   return static_cast<long long>(standin::LiveBytes(device));
 }
 
-CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity,
-                                               const CUmemAllocationProp* prop,
+CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                                CUmemAllocationGranularity_flags option) {
   STANDIN_TRY(standin::RequireVmm(__func__));
   if (granularity == nullptr || prop == nullptr) {
@@ -270,7 +269,8 @@ CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity,
   if (!standin::ValidDeviceLocation(prop->location)) {
     return Fail(CUDA_ERROR_INVALID_DEVICE, __func__, "prop->location is not a valid device");
   }
-  if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
+  if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+      option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
     return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "unknown granularity option");
   }
   *granularity = standin::kGranularity;
@@ -288,9 +288,9 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   }
   if (flags != 0) return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "flags must be 0");
   if (size == 0 || !standin::IsMultiple(size, standin::kGranularity)) {
-    return Fail(CUDA_ERROR_INVALID_VALUE, __func__,
-                "size " + std::to_string(size) +
-                    " is not a positive multiple of the granularity (2 MiB)");
+    return Fail(
+        CUDA_ERROR_INVALID_VALUE, __func__,
+        "size " + std::to_string(size) + " is not a positive multiple of the granularity (2 MiB)");
   }
   if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) {
     return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "prop->type must be PINNED");
@@ -329,7 +329,8 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                            std::to_string(standin::g_next_file.fetch_add(1));
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
-    return Fail(CUDA_ERROR_OUT_OF_MEMORY, __func__, "cannot create " + path + ": " + standin::Errno());
+    return Fail(CUDA_ERROR_OUT_OF_MEMORY, __func__,
+                "cannot create " + path + ": " + standin::Errno());
   }
   if (ftruncate(fd, static_cast<off_t>(size)) != 0 || !standin::LockShared(fd)) {
     const std::string why = standin::Errno();
@@ -389,7 +390,8 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void* shareableHandle,
   }
   const int fd = standin::NewReference(it->second.fd);
   if (fd < 0) {
-    return Fail(CUDA_ERROR_OUT_OF_MEMORY, __func__, "cannot open a descriptor: " + standin::Errno());
+    return Fail(CUDA_ERROR_OUT_OF_MEMORY, __func__,
+                "cannot open a descriptor: " + standin::Errno());
   }
   *static_cast<int*>(shareableHandle) = fd;
   return CUDA_SUCCESS;
@@ -450,7 +452,7 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t align
   // cuMemAddressReserve: "The size and address parameters must be a multiple of the host page
   // size and the alignment must be a power of two or zero for default alignment"; flags must be
   // zero.
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   if (ptr == nullptr) return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "ptr is NULL");
   if (flags != 0) return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "flags must be 0");
   if (size == 0 || size % page != 0) {
@@ -462,8 +464,8 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t align
                 "alignment " + std::to_string(alignment) + " is not a power of two");
   }
   const size_t align = std::max(alignment == 0 ? standin::kGranularity : alignment, page);
-  void* raw = mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  void* raw =
+      mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) {
     return Fail(CUDA_ERROR_OUT_OF_MEMORY, __func__, "mmap: " + standin::Errno());
   }
@@ -471,7 +473,7 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t align
   const uintptr_t aligned = (start + align - 1) & ~(uintptr_t{align} - 1);
   if (aligned > start) munmap(raw, aligned - start);
   const uintptr_t tail = start + size + align - (aligned + size);
-  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + size), tail);
+  if (tail > 0) munmap(standin::HostPointer(aligned + size), tail);
   std::lock_guard<std::mutex> lock(standin::g_mu);
   standin::Reservations()[aligned] = size;
   *ptr = aligned;
@@ -508,8 +510,9 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   // cuMemMap, parameter offset: "Note: currently must be zero." (The description also allows
   // granularity multiples; the parameter note is the stricter reading and the one enforced.)
   if (offset != 0) {
-    return Fail(CUDA_ERROR_INVALID_VALUE, __func__,
-                "offset " + std::to_string(offset) + " must be 0 (cuMemMap: currently must be zero)");
+    return Fail(
+        CUDA_ERROR_INVALID_VALUE, __func__,
+        "offset " + std::to_string(offset) + " must be 0 (cuMemMap: currently must be zero)");
   }
   // cuMemMap: "Both ptr, size, and offset must be a multiple of the value given via
   // cuMemGetAllocationGranularity with the CU_MEM_ALLOC_GRANULARITY_MINIMUM flag."
@@ -547,7 +550,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   }
   // cuMemMap: "calling cuMemMap does not make the address accessible": PROT_NONE until
   // cuMemSetAccess.
-  void* at = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, ref, 0);
+  void* at = mmap(standin::HostPointer(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, ref, 0);
   if (at == MAP_FAILED) {
     const std::string why = standin::Errno();
     close(ref);
@@ -573,7 +576,7 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   // reservation": PROT_NONE again. The stand-in does not wait for queued work that uses the
   // range (the reference promises synchronous behaviour only "for most use cases"): such work
   // faults.
-  void* at = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
+  void* at = mmap(standin::HostPointer(ptr), size, PROT_NONE,
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   if (at == MAP_FAILED) standin::Die("cuMemUnmap: mmap over the range failed: " + standin::Errno());
   for (auto it = first; it != last; ++it) close(it->second.fd);  // the mappings' references
@@ -603,9 +606,14 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
                   "desc[" + std::to_string(i) + "].location is not a valid device");
     }
     switch (desc[i].flags) {
-      case CU_MEM_ACCESS_FLAGS_PROT_NONE: break;
-      case CU_MEM_ACCESS_FLAGS_PROT_READ: prot |= PROT_READ; break;
-      case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: prot |= PROT_READ | PROT_WRITE; break;
+      case CU_MEM_ACCESS_FLAGS_PROT_NONE:
+        break;
+      case CU_MEM_ACCESS_FLAGS_PROT_READ:
+        prot |= PROT_READ;
+        break;
+      case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+        prot |= PROT_READ | PROT_WRITE;
+        break;
       default:
         return Fail(CUDA_ERROR_INVALID_VALUE, __func__,
                     "desc[" + std::to_string(i) + "].flags is not a CUmemAccess_flags value");
@@ -615,8 +623,8 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
       if (desc[i].location.id != it->second.device && !standin::config().peer &&
           desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
         return Fail(CUDA_ERROR_INVALID_DEVICE, __func__,
-                    "device " + std::to_string(desc[i].location.id) +
-                        " cannot access device " + std::to_string(it->second.device) +
+                    "device " + std::to_string(desc[i].location.id) + " cannot access device " +
+                        std::to_string(it->second.device) +
                         "'s memory (peer access is off: STASH_STANDIN_NO_PEER=1)");
       }
     }
@@ -625,7 +633,7 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
   // any descriptor grants.
   for (auto it = first; it != last; ++it) {
     const int wanted = it->second.prot | prot;
-    if (mprotect(reinterpret_cast<void*>(it->first), it->second.size, wanted) != 0) {
+    if (mprotect(standin::HostPointer(it->first), it->second.size, wanted) != 0) {
       return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "mprotect: " + standin::Errno());
     }
     it->second.prot = wanted;
