@@ -305,73 +305,42 @@ CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevi
     return Fail(CUDA_ERROR_INVALID_DEVICE, __func__, "device " + std::to_string(dev));
   }
   const standin::Config& c = standin::config();
-  switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-      *pi = c.vmm ? 1 : 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
-      *pi = c.vmm && c.posix_fd ? 1 : 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
-      *pi = 9;
-      break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
-      *pi = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-      *pi = 132;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
-      *pi = 1024;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X:
-      *pi = 1024;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X:
-      *pi = 2147483647;
-      break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
-      *pi = 32;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
-      *pi = 49152;
-      break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
-      *pi = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
-      *pi = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
-      *pi = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR:
-      *pi = 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
-      *pi = dev + 1;
-      break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
-      *pi = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
-      *pi = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED:
-      *pi = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-      *pi = 0;
-      break;
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
-      *pi = 0;
-      break;
-    default:
-      return Fail(CUDA_ERROR_NOT_SUPPORTED, __func__,
-                  "attribute " + std::to_string(static_cast<int>(attrib)) +
-                      " is not modelled (add it in tests/cuda_standin/device.cc)");
+  // Hopper-like answers (an H100/H200): the attributes code commonly asks for.
+  const struct {
+    CUdevice_attribute attribute;
+    int value;
+  } kValues[] = {
+      {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, c.vmm ? 1 : 0},
+      {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+       c.vmm && c.posix_fd ? 1 : 0},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9},
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024},
+      {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 2147483647},
+      {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49152},
+      {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 1},
+      {CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 1},
+      {CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev + 1},
+      {CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0},
+      {CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0},
+      {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0},
+      {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0},
+      {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0},
+  };
+  for (const auto& known : kValues) {
+    if (known.attribute == attrib) {
+      *pi = known.value;
+      return CUDA_SUCCESS;
+    }
   }
-  return CUDA_SUCCESS;
+  return Fail(CUDA_ERROR_NOT_SUPPORTED, __func__,
+              "attribute " + std::to_string(static_cast<int>(attrib)) +
+                  " is not modelled (add it in tests/cuda_standin/device.cc)");
 }
 
 CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {

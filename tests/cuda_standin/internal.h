@@ -47,6 +47,12 @@ CUresult RequireInit(const char* fn);
 CUresult CurrentDevice(const char* fn, int* device);
 bool ValidDevice(int ordinal);
 
+// The host address behind a stand-in device address (one address space stands in for all).
+template <typename T = void>
+T* HostPointer(uintptr_t address) {
+  return reinterpret_cast<T*>(address);  // NOLINT(performance-no-int-to-ptr): it is an address
+}
+
 // vmm.cc: true when every byte of [address, address + bytes) is mapped stand-in device memory
 // (accessible or not: an access to memory without cuMemSetAccess faults when it runs) or
 // registered host memory. Streams check the addresses of the work they take.

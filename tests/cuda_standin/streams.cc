@@ -59,11 +59,17 @@ class Queue {
     op();
   }
 
-  // Waits until every operation enqueued before the call has run.
+  // Waits until every operation enqueued before the call has run. A stream wait dies after the
+  // wait timeout, so this ends; if it does not (no worker: a forked child using its parent's
+  // stream), it dies rather than hang the test.
   void WaitIdle() {
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t target = enqueued_;
-    cv_.wait(lock, [&] { return completed_ >= target; });
+    const auto limit = std::chrono::milliseconds(2 * config().wait_timeout_ms + 1000);
+    if (!cv_.wait_for(lock, limit, [&] { return completed_ >= target; })) {
+      Die("a stream did not finish its work within " + std::to_string(limit.count()) +
+          " ms (a stream of the parent used in a forked child has no worker thread)");
+    }
   }
 
   bool Idle() {
@@ -322,7 +328,7 @@ template <typename T, typename Pred>
 void WaitFor(const char* fn, uintptr_t address, uint64_t value, Pred satisfied) {
   const Clock::time_point deadline =
       Clock::now() + std::chrono::milliseconds(config().wait_timeout_ms);
-  const auto* word = reinterpret_cast<const T*>(address);
+  const T* word = HostPointer<const T>(address);
   while (!satisfied(static_cast<uint64_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE)))) {
     if (Clock::now() > deadline) {
       Die(std::string(fn) + ": a stream wait on 0x" +
@@ -396,12 +402,12 @@ CUresult WriteOp(const char* fn, CUdeviceptr address, uint64_t value, unsigned f
   }
   if (is64) {
     *out = [address, value] {
-      __atomic_store_n(reinterpret_cast<uint64_t*>(address), value, __ATOMIC_SEQ_CST);
+      __atomic_store_n(HostPointer<uint64_t>(address), value, __ATOMIC_SEQ_CST);
     };
   } else {
     const auto v32 = static_cast<uint32_t>(value);
     *out = [address, v32] {
-      __atomic_store_n(reinterpret_cast<uint32_t*>(address), v32, __ATOMIC_SEQ_CST);
+      __atomic_store_n(HostPointer<uint32_t>(address), v32, __ATOMIC_SEQ_CST);
     };
   }
   return CUDA_SUCCESS;
@@ -830,6 +836,6 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t
   }
   // Runs when the stream reaches it: memory unmapped or without cuMemSetAccess by then faults.
   return standin::Submit(__func__, hStream, [dstDevice, uc, N] {
-    std::memset(reinterpret_cast<void*>(dstDevice), uc, N);
+    std::memset(standin::HostPointer(dstDevice), uc, N);
   });
 }

@@ -452,7 +452,7 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t align
   // cuMemAddressReserve: "The size and address parameters must be a multiple of the host page
   // size and the alignment must be a power of two or zero for default alignment"; flags must be
   // zero.
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   if (ptr == nullptr) return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "ptr is NULL");
   if (flags != 0) return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "flags must be 0");
   if (size == 0 || size % page != 0) {
@@ -473,7 +473,7 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t align
   const uintptr_t aligned = (start + align - 1) & ~(uintptr_t{align} - 1);
   if (aligned > start) munmap(raw, aligned - start);
   const uintptr_t tail = start + size + align - (aligned + size);
-  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + size), tail);
+  if (tail > 0) munmap(standin::HostPointer(aligned + size), tail);
   std::lock_guard<std::mutex> lock(standin::g_mu);
   standin::Reservations()[aligned] = size;
   *ptr = aligned;
@@ -550,7 +550,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   }
   // cuMemMap: "calling cuMemMap does not make the address accessible": PROT_NONE until
   // cuMemSetAccess.
-  void* at = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, ref, 0);
+  void* at = mmap(standin::HostPointer(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, ref, 0);
   if (at == MAP_FAILED) {
     const std::string why = standin::Errno();
     close(ref);
@@ -576,7 +576,7 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   // reservation": PROT_NONE again. The stand-in does not wait for queued work that uses the
   // range (the reference promises synchronous behaviour only "for most use cases"): such work
   // faults.
-  void* at = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
+  void* at = mmap(standin::HostPointer(ptr), size, PROT_NONE,
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   if (at == MAP_FAILED) standin::Die("cuMemUnmap: mmap over the range failed: " + standin::Errno());
   for (auto it = first; it != last; ++it) close(it->second.fd);  // the mappings' references
@@ -633,7 +633,7 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
   // any descriptor grants.
   for (auto it = first; it != last; ++it) {
     const int wanted = it->second.prot | prot;
-    if (mprotect(reinterpret_cast<void*>(it->first), it->second.size, wanted) != 0) {
+    if (mprotect(standin::HostPointer(it->first), it->second.size, wanted) != 0) {
       return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "mprotect: " + standin::Errno());
     }
     it->second.prot = wanted;
