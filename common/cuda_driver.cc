@@ -76,6 +76,7 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(StreamDestroy, cuStreamDestroy);
   STASH_CU_RESOLVE(StreamSynchronize, cuStreamSynchronize);
   STASH_CU_RESOLVE(StreamIsCapturing, cuStreamIsCapturing);
+  STASH_CU_RESOLVE(ThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode);
   STASH_CU_RESOLVE(StreamBeginCapture, cuStreamBeginCapture);
   STASH_CU_RESOLVE(StreamEndCapture, cuStreamEndCapture);
   STASH_CU_RESOLVE(GraphInstantiate, cuGraphInstantiate);

@@ -79,6 +79,7 @@ struct CudaDriver {
   decltype(&::cuStreamDestroy) StreamDestroy = nullptr;
   decltype(&::cuStreamSynchronize) StreamSynchronize = nullptr;
   decltype(&::cuStreamIsCapturing) StreamIsCapturing = nullptr;
+  decltype(&::cuThreadExchangeStreamCaptureMode) ThreadExchangeStreamCaptureMode = nullptr;
   decltype(&::cuStreamBeginCapture) StreamBeginCapture = nullptr;
   decltype(&::cuStreamEndCapture) StreamEndCapture = nullptr;
   decltype(&::cuGraphInstantiate) GraphInstantiate = nullptr;

@@ -35,7 +35,9 @@ CUmemAccessDesc ReadWriteAccess(int device);
 
 // The primary context of one device, retained for the object's life and made current on the
 // calling thread by each Scope (the thread's own current context, e.g. the trainer's, is
-// restored after).
+// restored after). A Scope also sets the thread's capture interaction mode to relaxed
+// (cuThreadExchangeStreamCaptureMode) for its life, so the library's own calls never break a
+// capture the trainer runs on another thread.
 class PrimaryContext {
  public:
   // Retains ordinal `device`'s primary context.
@@ -61,6 +63,8 @@ class PrimaryContext {
    private:
     const CudaDriver* driver_;
     Status status_;
+    bool relaxed_ = false;
+    CUstreamCaptureMode previous_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
   };
 
  private:

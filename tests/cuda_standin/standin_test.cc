@@ -887,6 +887,34 @@ TEST_F(Streams, GlobalCaptureProhibitsUnsafeCallsOnEveryThreadThreadLocalOnlyOnI
   EXPECT_CU(CUDA_SUCCESS, d().EventDestroy(event));
 }
 
+TEST_F(Streams, AThreadInRelaxedInteractionModeMayCallDuringAnotherThreadsGlobalCapture) {
+  CUevent event = nullptr;
+  ASSERT_CU(CUDA_SUCCESS, d().EventCreate(&event, CU_EVENT_DISABLE_TIMING));
+  CUcontext ctx = ctx_;
+  CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  auto query_on_another_thread = [&](CUstreamCaptureMode mode) {
+    CUresult r = CUDA_ERROR_UNKNOWN;
+    std::thread([&] {
+      d().CtxSetCurrent(ctx);
+      CUstreamCaptureMode exchanged = mode;
+      if (d().ThreadExchangeStreamCaptureMode(&exchanged) != CUDA_SUCCESS) return;
+      r = d().EventQuery(event);
+      thread_mode = exchanged;  // the mode the thread had before: the default
+    }).join();
+    return r;
+  };
+  CUgraph graph = nullptr;
+  ASSERT_CU(CUDA_SUCCESS, d().StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT_CU(CUDA_SUCCESS, query_on_another_thread(CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_EQ(thread_mode, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  EXPECT_CU(CUDA_SUCCESS, query_on_another_thread(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  ASSERT_CU(CUDA_SUCCESS, d().StreamEndCapture(stream_, &graph));  // not invalidated
+  EXPECT_CU(CUDA_SUCCESS, d().GraphDestroy(graph));
+  CUstreamCaptureMode bad = static_cast<CUstreamCaptureMode>(7);
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, d().ThreadExchangeStreamCaptureMode(&bad));
+  EXPECT_CU(CUDA_SUCCESS, d().EventDestroy(event));
+}
+
 TEST_F(Streams, OnlyARelaxedCaptureMayEndOnAnotherThread) {
   CUgraph graph = nullptr;
   auto end_on_another_thread = [&] {

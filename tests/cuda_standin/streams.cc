@@ -246,11 +246,17 @@ void Invalidate(CUstream_st* s) {
   if (s->capture) s->capture->invalidated = true;
 }
 
-// cuThreadExchangeStreamCaptureMode (every thread has the default mode, GLOBAL: the table
-// resolves no cuThreadExchangeStreamCaptureMode): "If the local thread has an ongoing capture
-// sequence that was not initiated with CU_STREAM_CAPTURE_MODE_RELAXED at cuStreamBeginCapture,
-// or if any other thread has a concurrent capture sequence initiated with
-// CU_STREAM_CAPTURE_MODE_GLOBAL, this thread is prohibited from potentially unsafe API calls."
+// The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode; GLOBAL by
+// default).
+thread_local CUstreamCaptureMode t_interaction = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+// cuThreadExchangeStreamCaptureMode, by the thread's mode: GLOBAL (the default): "If the local
+// thread has an ongoing capture sequence that was not initiated with
+// CU_STREAM_CAPTURE_MODE_RELAXED at cuStreamBeginCapture, or if any other thread has a concurrent
+// capture sequence initiated with CU_STREAM_CAPTURE_MODE_GLOBAL, this thread is prohibited from
+// potentially unsafe API calls." THREAD_LOCAL: only the local thread's own capture counts
+// ("Concurrent capture sequences in other threads are ignored"). RELAXED: "The local thread is
+// not prohibited from potentially unsafe API calls."
 // Which calls are "potentially unsafe" is not listed; the stand-in counts the host-side waits
 // and queries (cuEventQuery, cuEventSynchronize): a cudaEventQuery from another thread during a
 // global capture fails with cudaErrorStreamCaptureUnsupported on an H100 (alpha0422/study,
@@ -263,8 +269,10 @@ CUresult CheckUnsafeCall(const char* fn) {
     auto* stream = const_cast<CUstream_st*>(s);
     if (!stream->capture) continue;
     const Capture& c = *stream->capture;
+    if (t_interaction == CU_STREAM_CAPTURE_MODE_RELAXED) break;
     const bool own = c.thread == me && c.mode != CU_STREAM_CAPTURE_MODE_RELAXED;
-    const bool other = c.thread != me && c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    const bool other = t_interaction == CU_STREAM_CAPTURE_MODE_GLOBAL && c.thread != me &&
+                       c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
     if (own || other) {
       why = std::string("a potentially unsafe call while ") + (own ? "this" : "another") +
             " thread captures a stream in " + ModeName(c.mode) +
@@ -490,6 +498,21 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
     queue = s->queue;
   }
   queue->WaitIdle();
+  return CUDA_SUCCESS;
+}
+
+// cuThreadExchangeStreamCaptureMode: "Sets the calling thread's stream capture interaction mode
+// to the value contained in *mode, and overwrites *mode with the previous mode for the thread."
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  STANDIN_TRY(standin::RequireInit(__func__));
+  if (mode == nullptr ||
+      (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+       *mode != CU_STREAM_CAPTURE_MODE_RELAXED)) {
+    return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "mode is NULL or not a capture mode");
+  }
+  const CUstreamCaptureMode previous = standin::t_interaction;
+  standin::t_interaction = *mode;
+  *mode = previous;
   return CUDA_SUCCESS;
 }
 

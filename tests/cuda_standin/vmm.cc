@@ -338,6 +338,15 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
     unlink(path.c_str());
     return Fail(CUDA_ERROR_OUT_OF_MEMORY, __func__, "cannot size or lock " + path + ": " + why);
   }
+  // cuMemCreate promises nothing about the contents (the driver does not clear memory): new
+  // allocations hold a non-zero pattern here, so code that needs zeros must write them.
+  {
+    const std::string garbage(size_t{1} << 16, static_cast<char>(0xA5));
+    for (size_t at = 0; at < size; at += garbage.size()) {
+      const size_t n = std::min(garbage.size(), size - at);
+      if (pwrite(fd, garbage.data(), n, static_cast<off_t>(at)) != static_cast<ssize_t>(n)) break;
+    }
+  }
   const CUmemGenericAllocationHandle h = standin::g_next_handle++;
   standin::Handles()[h] = standin::Handle{fd, size, device, posix_fd};
   *handle = h;

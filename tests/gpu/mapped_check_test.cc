@@ -102,8 +102,7 @@ const CudaDriver* Driver(std::string* why) {
     const size_t reload = sizeof(kernels::MappedReloadArgs);
     const size_t step = sizeof(kernels::MappedStepArgs);
     const size_t ring = sizeof(kernels::MappedRingArgs);
-    if (reg == nullptr ||
-        reg(kernels::kStashPlanKernel, PlanTwin, 1, &stash) != 0 ||
+    if (reg == nullptr || reg(kernels::kStashPlanKernel, PlanTwin, 1, &stash) != 0 ||
         reg(kernels::kStashCopyKernel,
             Twin<kernels::MappedStashArgs, kernels::MappedStashCopySerial>, 1, &stash) != 0 ||
         reg(kernels::kStashPublishKernel,
@@ -116,8 +115,8 @@ const CudaDriver* Driver(std::string* why) {
             0 ||
         reg(kernels::kAddPagesKernel, Twin<kernels::MappedRingArgs, kernels::AddMappedPages>, 1,
             &ring) != 0 ||
-        reg(kernels::kRemoveChunkKernel,
-            Twin<kernels::MappedRingArgs, kernels::RemoveMappedChunk>, 1, &ring) != 0) {
+        reg(kernels::kRemoveChunkKernel, Twin<kernels::MappedRingArgs, kernels::RemoveMappedChunk>,
+            1, &ring) != 0) {
       std::abort();
     }
     return loaded->release();
@@ -173,8 +172,8 @@ int RunExporter(int socket) {
   {
     const PrimaryContext::Scope scope(*context);
     const std::vector<uint8_t> bytes = Pattern(granularity, kSeed);
-    if (d->MemcpyHtoD(reinterpret_cast<CUdeviceptr>((*pool)->base()), bytes.data(),
-                      bytes.size()) != CUDA_SUCCESS) {
+    if (d->MemcpyHtoD(reinterpret_cast<CUdeviceptr>((*pool)->base()), bytes.data(), bytes.size()) !=
+        CUDA_SUCCESS) {
       return 6;
     }
   }
@@ -290,12 +289,11 @@ TEST_F(MappedCheck, AnImportedChunkOutlivesItsExportersSigkill) {
 
   UnmapNow(**lease, 0);
   const uint64_t free_after = FreeBytes();
-  std::printf("check: step 1 chunk %llu B; free bytes with the exporter alive %llu, after its "
-              "SIGKILL while mapped %llu, after the last unmap %llu\n",
-              static_cast<unsigned long long>(bytes),
-              static_cast<unsigned long long>(free_unmapped),
-              static_cast<unsigned long long>(free_mapped),
-              static_cast<unsigned long long>(free_after));
+  std::printf(
+      "check: step 1 chunk %llu B; free bytes with the exporter alive %llu, after its "
+      "SIGKILL while mapped %llu, after the last unmap %llu\n",
+      static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(free_unmapped),
+      static_cast<unsigned long long>(free_mapped), static_cast<unsigned long long>(free_after));
   // The last unmap frees the chunk (at least half of it, for other users of a shared GPU).
   EXPECT_GE(free_after, free_mapped + bytes / 2);
 }
@@ -330,12 +328,13 @@ TEST_F(MappedCheck, RenewingAfterTheHolderUnmappedTakesNoMoreMemory) {
       EXPECT_EQ(Read((*pool)->base() + c * chunk_, chunk_), zeros) << "renewed chunk " << c;
     }
   }
-  std::printf("check: step 2 renew (unmap, release, create, map, zero) p50 %.1f us p99 %.1f us; "
-              "import (import, map, set access) p50 %.1f us p99 %.1f us; most free memory lost "
-              "by one renew %llu B (chunk %llu B)\n",
-              Percentile(create_us, 0.5), Percentile(create_us, 0.99), Percentile(import_us, 0.5),
-              Percentile(import_us, 0.99), static_cast<unsigned long long>(worst_growth),
-              static_cast<unsigned long long>(chunk_));
+  std::printf(
+      "check: step 2 renew (unmap, release, create, map, zero) p50 %.1f us p99 %.1f us; "
+      "import (import, map, set access) p50 %.1f us p99 %.1f us; most free memory lost "
+      "by one renew %llu B (chunk %llu B)\n",
+      Percentile(create_us, 0.5), Percentile(create_us, 0.99), Percentile(import_us, 0.5),
+      Percentile(import_us, 0.99), static_cast<unsigned long long>(worst_growth),
+      static_cast<unsigned long long>(chunk_));
   // A renew releases before it creates: it never holds a second chunk's memory.
   EXPECT_LT(worst_growth, chunk_);
 }
@@ -450,12 +449,13 @@ TEST_P(MappedCheckChurn, CaptureAndReplaysSurviveMappingChurn) {
   }
   stop = true;
   churn.join();
-  std::printf("check: step 3 capture mode %s: capture %s, instantiate %s, %d replays, %d maps "
-              "and unmaps on another thread meanwhile, bytes %s%s%s\n",
-              GetParam() == CU_STREAM_CAPTURE_MODE_GLOBAL ? "global" : "thread-local",
-              ended == CUDA_SUCCESS ? "ok" : "FAILED", instantiated == CUDA_SUCCESS ? "ok" : "FAILED",
-              replays, churned.load(), bytes_ok ? "ok" : "WRONG",
-              churn_error.empty() ? "" : "; churn error: ", churn_error.c_str());
+  std::printf(
+      "check: step 3 capture mode %s: capture %s, instantiate %s, %d replays, %d maps "
+      "and unmaps on another thread meanwhile, bytes %s%s%s\n",
+      GetParam() == CU_STREAM_CAPTURE_MODE_GLOBAL ? "global" : "thread-local",
+      ended == CUDA_SUCCESS ? "ok" : "FAILED", instantiated == CUDA_SUCCESS ? "ok" : "FAILED",
+      replays, churned.load(), bytes_ok ? "ok" : "WRONG",
+      churn_error.empty() ? "" : "; churn error: ", churn_error.c_str());
   EXPECT_TRUE(stashed) << ticket.status().ToString();
   EXPECT_EQ(ended, CUDA_SUCCESS);
   EXPECT_EQ(instantiated, CUDA_SUCCESS);
