@@ -12,10 +12,12 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/cuda_driver.h"
@@ -322,6 +324,58 @@ TEST_F(StreamCopierTest, ACapturedGraphPlansEachReplayWithThatReplaysCount) {
     const bool overflowed = valid > kChunkBytes;
     EXPECT_EQ(copier_->LastStep().flags, overflowed ? kernels::kStepOverflow : 0u);
   }
+  EXPECT_EQ(driver_->GraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(driver_->GraphDestroy(graph), CUDA_SUCCESS);
+}
+
+// Lease changes happen between replays, outside capture; a graph captured before them pages
+// into the chunks the ring holds when it replays.
+TEST_F(StreamCopierTest, AGraphReplayedAfterALeaseChangePagesIntoTheNewChunks) {
+  std::mt19937_64 rng(15);
+  MakeCopier(2, /*allow_host=*/false);
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  const uint64_t row_bytes = kPageBytes, max_rows = 2 * kPagesPerChunk;  // up to two chunks
+  const uint64_t bytes = row_bytes * max_rows;
+  const CUdeviceptr src = Alloc(bytes), dst = Alloc(bytes), count = Alloc(sizeof(int64_t));
+  StreamCopier::StashRequest request = Request(src, 0, max_rows, row_bytes);
+  request.d_count = reinterpret_cast<const int64_t*>(count);
+  request.keep_source = false;  // an overflow leaves the destination: visible below
+  ASSERT_EQ(driver_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  auto ticket = copier_->Stash(stream_, request);
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE(copier_->Reload(stream_, *ticket, reinterpret_cast<void*>(dst), false).ok());
+  ASSERT_TRUE(copier_->BeginStep(stream_, 1).ok());
+  CUgraph graph = nullptr;
+  ASSERT_EQ(driver_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(driver_->GraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+  const int64_t rows = static_cast<int64_t>(kPagesPerChunk + 3);  // more than one chunk
+  ASSERT_EQ(driver_->MemcpyHtoD(count, &rows, sizeof(rows)), CUDA_SUCCESS);
+  auto replay = [&](uint8_t fill) {
+    const std::vector<uint8_t> data = Random(rng, bytes);
+    Put(src, data);
+    Put(dst, std::vector<uint8_t>(bytes, fill));
+    EXPECT_EQ(driver_->GraphLaunch(exec, stream_), CUDA_SUCCESS);
+    Sync();
+    return std::make_pair(data, Get(dst, bytes));
+  };
+  // One chunk leased: the stash overflows, the destination is left.
+  auto [data1, back1] = replay(0x11);
+  EXPECT_EQ(back1, std::vector<uint8_t>(bytes, 0x11));
+  EXPECT_EQ(copier_->LastStep().flags, kernels::kStepOverflow);
+  // A second chunk between replays: the same graph now places the stash.
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 1, kChunkBytes).ok());
+  auto [data2, back2] = replay(0x22);
+  const uint64_t valid = static_cast<uint64_t>(rows) * row_bytes;
+  EXPECT_TRUE(std::equal(back2.begin(), back2.begin() + valid, data2.begin()));
+  EXPECT_EQ(copier_->LastStep().flags, 0u);
+  // The chunk leaves again (no stash holds it between replays): overflow again.
+  ASSERT_TRUE(copier_->RemoveChunk(stream_, kLeaseDevice, 1, kChunkBytes).ok());
+  Sync();
+  EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 1), std::optional<bool>(true));
+  auto [data3, back3] = replay(0x33);
+  EXPECT_EQ(back3, std::vector<uint8_t>(bytes, 0x33));
+  EXPECT_EQ(copier_->LastStep().flags, kernels::kStepOverflow);
   EXPECT_EQ(driver_->GraphExecDestroy(exec), CUDA_SUCCESS);
   EXPECT_EQ(driver_->GraphDestroy(graph), CUDA_SUCCESS);
 }
