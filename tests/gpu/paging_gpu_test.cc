@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "paging_harness.h"
@@ -579,6 +581,82 @@ TEST_F(PagingGpu, CapturedGraphReplaysWithEachNewCount) {
   }
   EXPECT_CUDA_OK(cudaGraphExecDestroy(exec));
   EXPECT_CUDA_OK(cudaGraphDestroy(graph));
+}
+
+// Three tiers: what the own pool cannot hold goes to the peer tier, then the host tier; a stash
+// no tier holds overflows, and its reload copies the source the caller kept (d_kept_src), zeros
+// past it, and returns no pages.
+TEST_F(PagingGpu, APeerTierTakesWhatTheDeviceCannotAndAKeptSourceReloadsAnOverflow) {
+  constexpr uint64_t kPage = 256;
+  struct Tier {
+    CudaMemory base, ids, ring;
+  };
+  auto make = [&](Tier* t, uint64_t pages, uint64_t first_id) {
+    ASSERT_CUDA_OK(t->base.Allocate(pages * kPage, false));
+    std::vector<uint64_t> ids(pages);
+    std::iota(ids.begin(), ids.end(), first_id % pages);
+    ASSERT_CUDA_OK(t->ids.Allocate(pages * 8, false));
+    ASSERT_NO_FATAL_FAILURE(Upload(t->ids, 0, ids.data(), pages * 8));
+    ASSERT_CUDA_OK(t->ring.Allocate(sizeof(PageRing), false));
+    const PageRing ring{t->ids.as<uint64_t>(), pages, 0, pages};
+    ASSERT_NO_FATAL_FAILURE(Upload(t->ring, 0, &ring, sizeof(ring)));
+  };
+  Tier device, peer;
+  ASSERT_NO_FATAL_FAILURE(make(&device, 2, 0));
+  ASSERT_NO_FATAL_FAILURE(make(&peer, 4, 0));
+  const uint64_t row_bytes = 64, max_rows = 24;  // 6 pages at most
+  std::vector<uint8_t> src(max_rows * row_bytes);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 1);
+  CudaMemory d_src, d_dst, d_plan, d_record;
+  ASSERT_CUDA_OK(d_src.Allocate(src.size(), false));
+  ASSERT_NO_FATAL_FAILURE(Upload(d_src, 0, src.data(), src.size()));
+  ASSERT_CUDA_OK(d_dst.Allocate(src.size(), false));
+  ASSERT_CUDA_OK(d_plan.Allocate(sizeof(StashPlan), false));
+  ASSERT_CUDA_OK(d_record.Allocate(6 * 8, false));
+  for (const auto& [rows, want] : {std::pair<int64_t, Placement>{12, Placement::kPeer},
+                                   std::pair<int64_t, Placement>{24, Placement::kOverflow}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " rows");
+    StashLaunch stash;
+    stash.d_src = d_src.d();
+    stash.count = rows;
+    stash.max_rows = max_rows;
+    stash.row_bytes = row_bytes;
+    stash.page_bytes = kPage;
+    stash.device = CudaTier{device.ring.as<PageRing>(), device.base.d()};
+    stash.peer = CudaTier{peer.ring.as<PageRing>(), peer.base.d()};
+    stash.d_page_record = d_record.as<uint64_t>();
+    stash.d_plan = d_plan.as<StashPlan>();
+    const LaunchResult s = LaunchStash(stash, stream_);
+    ASSERT_TRUE(s.ok()) << s.message;
+    std::vector<uint8_t> poison(src.size(), 0xEE);
+    ASSERT_NO_FATAL_FAILURE(Upload(d_dst, 0, poison.data(), poison.size()));
+    ReloadLaunch reload;
+    reload.d_dst = d_dst.d();
+    reload.d_kept_src = d_src.d();
+    reload.d_plan = d_plan.as<StashPlan>();
+    reload.d_page_record = d_record.as<uint64_t>();
+    reload.max_rows = max_rows;
+    reload.row_bytes = row_bytes;
+    reload.page_bytes = kPage;
+    reload.zero_tail = true;
+    reload.device = stash.device;
+    reload.peer = stash.peer;
+    const LaunchResult r = LaunchReload(reload, stream_);
+    ASSERT_TRUE(r.ok()) << r.message;
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+    StashPlan plan{};
+    ASSERT_CUDA_OK(cudaMemcpy(&plan, d_plan.d(), sizeof(plan), cudaMemcpyDefault));
+    EXPECT_EQ(plan.placement, want);
+    std::vector<uint8_t> back;
+    ASSERT_NO_FATAL_FAILURE(Download(&back, d_dst.d(), src.size()));
+    const uint64_t valid = static_cast<uint64_t>(rows) * row_bytes;
+    for (uint64_t i = 0; i < back.size(); ++i) {
+      ASSERT_EQ(back[i], i < valid ? src[i] : 0) << "byte " << i;
+    }
+    PageRing ring{};
+    ASSERT_CUDA_OK(cudaMemcpy(&ring, peer.ring.d(), sizeof(ring), cudaMemcpyDefault));
+    EXPECT_EQ(ring.tail - ring.head, 4u);  // every peer page came back
+  }
 }
 
 // ---- Argument checks: no GPU needed (nothing is dereferenced or launched). ----
