@@ -11,13 +11,17 @@
 //   3. Capture in global and thread-local modes while another thread maps and unmaps other
 //      slots of the same reservation, then 1,000 replays during that churn, bytes checked
 //      (MappedCheck/Churn.CaptureAndReplaysSurviveMappingChurn).
-// Step 4 (in-stream paging under capture with changing counts, spills and overflows) is
-// stream_copier_gpu_test; steps 5 and 6 are benchmarks (stash-bench-gpu).
+//   4. The control block a replayed graph publishes at each step is read whole by another
+//      process the whole time (MappedCheck.AnotherProcessReadsThePublishedBlockWhole); paging
+//      under capture with changing counts, spills and overflows is stream_copier_gpu_test's.
+// Steps 5 and 6 are benchmarks (stash-bench-gpu).
 //
 // The exporter of step 1 is this binary run again (STASH_MAPPED_CHECK_EXPORTER): a process that
 // forked after CUDA started cannot use CUDA, so it must exec.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -337,6 +341,119 @@ TEST_F(MappedCheck, RenewingAfterTheHolderUnmappedTakesNoMoreMemory) {
       static_cast<unsigned long long>(chunk_));
   // A renew releases before it creates: it never holds a second chunk's memory.
   EXPECT_LT(worst_growth, chunk_);
+}
+
+// Step 4.
+TEST_F(MappedCheck, AnotherProcessReadsThePublishedBlockWhole) {
+  constexpr int kReplays = 1000;
+  auto pool = VmmChunkMemory::Create(driver_, 0, "check-publish", chunk_, chunk_);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  ASSERT_TRUE((*pool)->Ensure(0).ok());
+  auto lease = CudaLeaseMemory::Create(driver_, 0, chunk_, {chunk_, chunk_, chunk_});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  auto fd = (*pool)->ExportFd(0);
+  ASSERT_TRUE(fd.ok());
+  ASSERT_TRUE((*lease)->Map(kLeaseDevice, 0, std::move(*fd), chunk_, 0).ok());
+
+  // The shared block: shared memory this process and the reader map, registered for the GPU.
+  const size_t block_bytes = kernels::kControlBlockBytes;
+  void* block =
+      mmap(nullptr, block_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(block, MAP_FAILED);
+  auto* shared = new (block) kernels::SessionControl{};
+  shared->magic = kernels::kControlMagic;
+  shared->version = kernels::kControlVersion;
+  ASSERT_EQ(driver_->MemHostRegister(block, block_bytes, CU_MEMHOSTREGISTER_DEVICEMAP),
+            CUDA_SUCCESS);
+  CUdeviceptr d_shared = 0;
+  ASSERT_EQ(driver_->MemHostGetDevicePointer(&d_shared, block, 0), CUDA_SUCCESS);
+
+  const uint64_t row_bytes = 4096, rows = 64;
+  const uint64_t bytes = row_bytes * rows;
+  // The reader: takes snapshots until told to stop; every whole one must agree with itself
+  // (one stash, one reload and one step a replay, all placed).
+  int to_reader[2], from_reader[2];
+  ASSERT_EQ(pipe(to_reader), 0);
+  ASSERT_EQ(pipe(from_reader), 0);
+  const pid_t reader = fork();
+  ASSERT_GE(reader, 0);
+  if (reader == 0) {
+    close(to_reader[1]);
+    close(from_reader[0]);
+    fcntl(to_reader[0], F_SETFL, O_NONBLOCK);
+    uint64_t whole = 0, torn = 0, seen_steps = 0;
+    char byte = 0;
+    kernels::SessionControl snapshot{};
+    while (read(to_reader[0], &byte, 1) < 0) {
+      if (!kernels::ReadPublishedControl(*shared, &snapshot)) continue;
+      ++whole;
+      seen_steps = std::max(seen_steps, snapshot.steps);
+      torn += snapshot.stashes != snapshot.steps || snapshot.reloads != snapshot.steps ||
+                      snapshot.bytes_stashed != snapshot.steps * bytes
+                  ? 1
+                  : 0;
+    }
+    const uint64_t out[3] = {whole, torn, seen_steps};
+    _exit(write(from_reader[1], out, sizeof(out)) == sizeof(out) ? 0 : 1);
+  }
+  close(to_reader[0]);
+  close(from_reader[1]);
+
+  StreamCopier::Geometry g;
+  g.page_bytes = 64 << 10;
+  g.chunk_bytes = chunk_;
+  g.tier_base[kLeaseDevice] = reinterpret_cast<CUdeviceptr>((*lease)->base(kLeaseDevice));
+  g.tier_slots[kLeaseDevice] = 1;
+  g.allow_host = false;
+  g.max_stashes = 4;
+  g.record_pages = 64;
+  auto copier = StreamCopier::Create(driver_, g, Fatbin());
+  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  ASSERT_TRUE((*copier)->AddChunk(stream_, kLeaseDevice, 0, chunk_).ok());
+  ASSERT_TRUE(
+      (*copier)->AttachControl(stream_, reinterpret_cast<kernels::SessionControl*>(d_shared)).ok());
+  const CUdeviceptr src = Alloc(bytes), dst = Alloc(bytes);
+  Write(reinterpret_cast<void*>(src), Pattern(bytes, 9));
+  StreamCopier::StashRequest request;
+  request.src = reinterpret_cast<const void*>(src);
+  request.count = static_cast<int64_t>(rows);
+  request.max_rows = rows;
+  request.row_bytes = row_bytes;
+  ASSERT_EQ(driver_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            CUDA_SUCCESS);
+  auto ticket = (*copier)->Stash(stream_, request);
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE((*copier)->Reload(stream_, *ticket, reinterpret_cast<void*>(dst), false).ok());
+  ASSERT_TRUE((*copier)->BeginStep(stream_, 1).ok());
+  CUgraph graph = nullptr;
+  ASSERT_EQ(driver_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(driver_->GraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+  for (int i = 0; i < kReplays; ++i) ASSERT_EQ(driver_->GraphLaunch(exec, stream_), CUDA_SUCCESS);
+  ASSERT_EQ(driver_->StreamSynchronize(stream_), CUDA_SUCCESS);
+
+  ASSERT_EQ(write(to_reader[1], "x", 1), 1);
+  uint64_t result[3] = {};
+  EXPECT_EQ(read(from_reader[0], result, sizeof(result)), static_cast<ssize_t>(sizeof(result)));
+  int status = 0;
+  waitpid(reader, &status, 0);
+  close(to_reader[1]);
+  close(from_reader[0]);
+  std::printf(
+      "check: step 4 %d replays each publishing the control block; the reader process "
+      "took %llu whole snapshots (up to step %llu), %llu of them inconsistent\n",
+      kReplays, static_cast<unsigned long long>(result[0]),
+      static_cast<unsigned long long>(result[2]), static_cast<unsigned long long>(result[1]));
+  EXPECT_EQ(result[1], 0u) << "torn snapshots";
+  EXPECT_GT(result[0], 0u);
+  EXPECT_EQ(shared->steps, static_cast<uint64_t>(kReplays));
+  EXPECT_EQ(shared->stashes, static_cast<uint64_t>(kReplays));
+  EXPECT_EQ(shared->publish_seq, 2u * kReplays);
+  EXPECT_EQ(driver_->GraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(driver_->GraphDestroy(graph), CUDA_SUCCESS);
+  copier->reset();
+  EXPECT_EQ(driver_->MemHostUnregister(block), CUDA_SUCCESS);
+  munmap(block, block_bytes);
 }
 
 // Step 3.

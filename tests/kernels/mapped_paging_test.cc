@@ -6,12 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <map>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace stash::kernels {
@@ -263,6 +266,58 @@ TEST(MappedPaging, AStepPublishesTheRankFieldsAndTakesTheDaemonsLineBack) {
   EXPECT_EQ(s.control.return_request, 3u);
   EXPECT_EQ(s.control.return_target_pages[kLeaseHost], 12u);
   EXPECT_EQ(s.control.step_flags, 0u);
+}
+
+TEST(MappedPaging, APublishedBlockKeepsTheHostSidesFieldsAndIsReadWholeOrNotAtAll) {
+  Session s(1);
+  SessionControl shared{};
+  shared.attached = kControlMagic;
+  shared.return_done = 5;
+  s.control.stashes = 3;
+  s.control.attached = 0;
+  PublishControl(s.control, shared);
+  EXPECT_EQ(shared.stashes, 3u);
+  EXPECT_EQ(shared.attached, kControlMagic);  // the rank's host side set these
+  EXPECT_EQ(shared.return_done, 5u);
+  EXPECT_EQ(shared.publish_seq, 2u);  // even: stable
+  SessionControl snapshot{};
+  EXPECT_TRUE(ReadPublishedControl(shared, &snapshot));
+  EXPECT_EQ(snapshot.stashes, 3u);
+  shared.publish_seq = 3;  // mid-write
+  EXPECT_FALSE(ReadPublishedControl(shared, &snapshot));
+  PublishControl(s.control, shared);  // from an odd count (a writer that died mid-write)
+  EXPECT_EQ(shared.publish_seq, 6u);
+
+  // A writer publishing blocks whose fields agree with each other, a reader checking every
+  // snapshot it takes: never a mix of two blocks.
+  PublishControl(SessionControl{}, shared);  // k = 0: every field agrees
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    SessionControl c{};
+    for (uint64_t k = 1; !stop.load(std::memory_order_relaxed); ++k) {
+      c.stashes = k;
+      c.reloads = k;
+      c.bytes_stashed = 3 * k;
+      c.tiers[kLeaseHost].pages_used = k;
+      PublishControl(c, shared);
+      if (k % 4 == 0) std::this_thread::yield();  // now and then a stable block
+    }
+  });
+  uint64_t whole = 0, torn = 0;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (whole < 20000 && std::chrono::steady_clock::now() < give_up) {
+    if (!ReadPublishedControl(shared, &snapshot)) continue;
+    ++whole;
+    torn += snapshot.reloads != snapshot.stashes ||
+                    snapshot.bytes_stashed != 3 * snapshot.stashes ||
+                    snapshot.tiers[kLeaseHost].pages_used != snapshot.stashes
+                ? 1
+                : 0;
+  }
+  stop = true;
+  writer.join();
+  EXPECT_EQ(torn, 0u) << "of " << whole << " snapshots";
+  EXPECT_GT(whole, 0u);
 }
 
 // A random stream over three tiers with chunks coming and going: every reload is byte-exact,

@@ -75,7 +75,12 @@ struct alignas(64) SessionControl {
   uint64_t attached;
   // The last return_request (below) the rank acted on.
   uint64_t return_done;
-  uint64_t rank_reserved[2];
+  // A GPU rank's publish count: its step kernel copies the device copy of this block in whole,
+  // once per step, with publish_seq odd while it writes (PublishControl in mapped_paging.h), so
+  // a reader can take a snapshot that is not torn (ReadPublishedControl). 0 for a host rank,
+  // whose copier updates the fields in place as it goes.
+  uint64_t publish_seq;
+  uint64_t rank_reserved;
 
   // Written by the daemon, read by the rank at each BeginStep. Its own cache line: the rank's
   // counters above change at every stash.

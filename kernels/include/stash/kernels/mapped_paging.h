@@ -200,12 +200,14 @@ STASH_HOST_DEVICE void PublishMappedReload(const MappedReloadArgs& a) {
   }
 }
 
-// The fields of a control block the rank owns, copied from `from` to `to` (the daemon's cache
-// line, magic and version stay): how the device copy reaches the shared block.
+// The counters of a control block the rank keeps on the device, copied from `from` to `to` (the
+// daemon's cache line, magic and version stay, and so do the fields the rank's host side
+// writes: attached, return_done, publish_seq): how the device copy reaches the shared block.
 STASH_HOST_DEVICE void CopyRankFields(const SessionControl& from, SessionControl& to) {
+  // The counters [step, attached): attached, return_done and publish_seq are the host side's.
   const uint64_t* src = &from.step;
   uint64_t* dst = &to.step;
-  const uint64_t n = (reinterpret_cast<const uint8_t*>(&from.daemon_flags) -
+  const uint64_t n = (reinterpret_cast<const uint8_t*>(&from.attached) -
                       reinterpret_cast<const uint8_t*>(&from.step)) /
                      sizeof(uint64_t);
   for (uint64_t i = 0; i < n; ++i) ControlStore(dst[i], ControlLoad(src[i]));
@@ -218,8 +220,47 @@ STASH_HOST_DEVICE void CopyRankFields(const SessionControl& from, SessionControl
   }
 }
 
+// Orders this thread's earlier writes before its later ones for every observer, the host and
+// other processes included (the GPU's system-scope fence; a full fence on the host).
+STASH_HOST_DEVICE void SystemFence() {
+#if defined(__CUDA_ARCH__)
+  __threadfence_system();
+#else
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+// Copies the rank's fields of the device block into the shared one under publish_seq: odd while
+// it writes, two more once done, so a reader never takes a half-written block for a whole one.
+STASH_HOST_DEVICE void PublishControl(const SessionControl& from, SessionControl& to) {
+  const uint64_t seq = ControlLoad(to.publish_seq);
+  const uint64_t odd = (seq | 1) == seq ? seq + 2 : seq + 1;
+  ControlStore(to.publish_seq, odd);
+  SystemFence();
+  CopyRankFields(from, to);
+  SystemFence();
+  ControlStore(to.publish_seq, odd + 1);
+}
+
+#if !defined(__CUDA_ARCH__)
+// A snapshot of a GPU rank's published control block (PublishControl), for a reader in another
+// process (the daemon): false when the rank was writing it meanwhile (try again). Fields the
+// rank does not publish are copied as they are.
+inline bool ReadPublishedControl(const SessionControl& shared, SessionControl* out) {
+  const uint64_t before = __atomic_load_n(&shared.publish_seq, __ATOMIC_ACQUIRE);
+  if ((before & 1) != 0) return false;
+  const uint64_t* src = reinterpret_cast<const uint64_t*>(&shared);
+  uint64_t* dst = reinterpret_cast<uint64_t*>(out);
+  for (uint64_t i = 0; i < sizeof(SessionControl) / sizeof(uint64_t); ++i) {
+    dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+  }
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  return __atomic_load_n(&shared.publish_seq, __ATOMIC_RELAXED) == before;
+}
+#endif
+
 // A step boundary on the stream: the step's books (RecordBeginStep), the ended step's flags to
-// the host, the device block to the shared one, and the daemon's line back.
+// the host, the device block to the shared one (PublishControl), and the daemon's line back.
 STASH_HOST_DEVICE void MappedStep(const MappedStepArgs& a) {
   SessionControl& c = *a.session.d_control;
   SessionControl* shared =
@@ -232,12 +273,10 @@ STASH_HOST_DEVICE void MappedStep(const MappedStepArgs& a) {
     }
   }
   const uint64_t ended = RecordBeginStep(c, *a.session.d_state, a.step);
-  if (shared != nullptr) CopyRankFields(c, *shared);
+  if (shared != nullptr) PublishControl(c, *shared);
   if (a.d_report != nullptr) {
     ControlStore(a.d_report->flags, ended);
-#if defined(__CUDA_ARCH__)
-    __threadfence_system();  // a host that reads the step reads its flags
-#endif
+    SystemFence();  // a host that reads the step reads its flags
     ControlStore(a.d_report->step, a.step);
   }
 }
