@@ -249,8 +249,8 @@ STASH_HOST_DEVICE void PublishControl(const SessionControl& from, SessionControl
 inline bool ReadPublishedControl(const SessionControl& shared, SessionControl* out) {
   const uint64_t before = __atomic_load_n(&shared.publish_seq, __ATOMIC_ACQUIRE);
   if ((before & 1) != 0) return false;
-  const uint64_t* src = reinterpret_cast<const uint64_t*>(&shared);
-  uint64_t* dst = reinterpret_cast<uint64_t*>(out);
+  const auto* src = reinterpret_cast<const uint64_t*>(&shared);
+  auto* dst = reinterpret_cast<uint64_t*>(out);
   for (uint64_t i = 0; i < sizeof(SessionControl) / sizeof(uint64_t); ++i) {
     dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
   }
