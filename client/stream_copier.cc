@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "common/cuda_vmm.h"
 #include "common/macros.h"
 
 namespace stash {
@@ -54,10 +55,11 @@ uint64_t CopyBlocks(uint64_t max_bytes, uint64_t page_bytes) {
   return chunks < kMaxBlocks ? chunks : kMaxBlocks;
 }
 
-// The pinned host block: the shared block's device address, the step report, removal answers.
+// The pinned host block: the shared block's device address, the step report, the lease-short
+// count, removal answers.
 struct HostBlock {
   SessionControl* shared;  // read by the step kernel
-  uint64_t reserved;
+  uint64_t lease_short;    // written by the stash publish kernel
   StepReport report;
   uint64_t answers[kMaxRemovals];
 };
@@ -97,8 +99,16 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
                                   " has slots but no base address");
     }
   }
+  const RelaxedCaptureMode relaxed(driver);
   std::unique_ptr<StreamCopier> c(new StreamCopier(driver, g));
-  STASH_CU_RETURN_IF_ERROR(driver, ModuleLoadData(&c->module_, fatbin));
+  const CUresult loaded = driver->ModuleLoadData(&c->module_, fatbin);
+  if (loaded == CUDA_ERROR_NO_BINARY_FOR_GPU) {
+    return FailedPreconditionError(
+        "this GPU cannot run the client library's paging kernels (built for sm_90, H100/H200, "
+        "with PTX for newer GPUs): use mode daemon-copy (Options.mode, "
+        "stashd.connect(mode=\"daemon-copy\"))");
+  }
+  STASH_RETURN_IF_ERROR(driver->Check(loaded, "cuModuleLoadData(the paging kernels' fatbin)"));
   for (uint32_t k = 0; k < c->functions_.size(); ++k) {
     STASH_CU_RETURN_IF_ERROR(driver,
                              ModuleGetFunction(&c->functions_[k], c->module_, kKernelNames[k]));
@@ -130,8 +140,9 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   c->d_plans_ = c->block_ + plans_at;
   c->d_records_ = c->block_ + records_at;
 
-  // Control, state and rings start as zeros and empty rings over each tier's ids.
-  std::vector<uint8_t> image(plans_at, 0);
+  // Control, state and rings start as zeros and empty rings over each tier's ids; every plan
+  // slot as consumed (device memory starts as anything).
+  std::vector<uint8_t> image(records_at, 0);
   for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
     PageRing ring{};
     if (g.tier_slots[t] > 0) {
@@ -140,7 +151,15 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
     }
     std::memcpy(image.data() + rings_at + t * sizeof(PageRing), &ring, sizeof(ring));
   }
+  const StashPlan consumed = kernels::ConsumedPlan();
+  for (uint32_t i = 0; i < g.max_stashes; ++i) {
+    std::memcpy(image.data() + plans_at + i * sizeof(StashPlan), &consumed, sizeof(consumed));
+  }
   STASH_CU_RETURN_IF_ERROR(driver, MemcpyHtoD(c->block_, image.data(), image.size()));
+  STASH_CU_RETURN_IF_ERROR(driver, EventCreate(&c->attach_event_, CU_EVENT_DISABLE_TIMING));
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    c->slots_[t].assign(g.tier_slots[t], SlotState::kAbsent);
+  }
 
   STASH_CU_RETURN_IF_ERROR(driver,
                            MemHostAlloc(&c->host_block_, sizeof(HostBlock),
@@ -156,8 +175,10 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
 }
 
 StreamCopier::~StreamCopier() {
-  // Kernels on the session's stream may still use the state: let them finish first.
-  if (has_stream_) (void)driver_->StreamSynchronize(stream_);
+  const RelaxedCaptureMode relaxed(driver_);
+  // Kernels (on whichever streams the caller used) may still use the state: let them finish.
+  if (block_ != 0) (void)driver_->CtxSynchronize();
+  if (attach_event_ != nullptr) (void)driver_->EventDestroy(attach_event_);
   if (block_ != 0) (void)driver_->MemFree(block_);
   if (host_block_ != nullptr) (void)driver_->MemFreeHost(host_block_);
   if (module_ != nullptr) (void)driver_->ModuleUnload(module_);
@@ -174,20 +195,8 @@ kernels::MappedSessionView StreamCopier::View() const {
   }
   v.page_bytes = geometry_.page_bytes;
   v.allow_host = geometry_.allow_host ? 1 : 0;
+  v.d_lease_short = At<uint64_t>(host_block_device_ + offsetof(HostBlock, lease_short));
   return v;
-}
-
-Status StreamCopier::CheckStream(CUstream stream) {
-  if (!has_stream_) {
-    stream_ = stream;
-    has_stream_ = true;
-    return Status::Ok();
-  }
-  if (stream == stream_) return Status::Ok();
-  return InvalidArgumentError(
-      "a mapped session pages on one stream, the stream of its first operation: enqueue every "
-      "stash, reload, release and step of the session on that stream (its rings have one "
-      "writer); order work of other streams before it with an event");
 }
 
 bool StreamCopier::Capturing(CUstream stream) const {
@@ -196,10 +205,10 @@ bool StreamCopier::Capturing(CUstream stream) const {
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-Status StreamCopier::Launch(CUfunction function, uint64_t blocks, CUstream stream, void* args,
-                            const char* what) {
+Status StreamCopier::Launch(CUfunction function, uint64_t blocks, bool one_thread, CUstream stream,
+                            void* args, const char* what) {
   void* params[] = {args};
-  const unsigned threads = blocks > 1 ? kThreadsPerBlock : 1;
+  const unsigned threads = one_thread ? 1 : kThreadsPerBlock;
   const CUresult r = driver_->LaunchKernel(function, static_cast<unsigned>(blocks), 1, 1, threads,
                                            1, 1, 0, stream, params, nullptr);
   return driver_->Check(r, what);
@@ -215,10 +224,16 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   if ((reinterpret_cast<uintptr_t>(r.d_count) & 7u) != 0) {
     return InvalidArgumentError("the device count is not 8-byte aligned");
   }
-  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  const RelaxedCaptureMode relaxed(driver_);
   const uint64_t max_bytes = r.max_rows * r.row_bytes;
   const uint64_t record_pages =
       std::max<uint64_t>(1, kernels::PagesFor(max_bytes, geometry_.page_bytes));
+  if (record_pages > records_.capacity()) {
+    return InvalidArgumentError(
+        "a stash of up to " + std::to_string(max_bytes) + " bytes needs a page record of " +
+        std::to_string(record_pages) + " pages, more than the session's whole arena (" +
+        std::to_string(records_.capacity()) + "): raise Geometry.record_pages or the page size");
+  }
   if (free_plans_.empty()) {
     return ResourceExhaustedError("this session has " + std::to_string(geometry_.max_stashes) +
                                   " stashes live on its stream: reload or release some first");
@@ -239,14 +254,17 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   a.max_rows = r.max_rows;
   a.row_bytes = r.row_bytes;
   a.divisor = r.divisor;
+  a.keep_source = r.keep_source ? 1 : 0;
   a.d_plan = At<StashPlan>(d_plans_ + plan_slot * sizeof(StashPlan));
   a.d_page_record = At<uint64_t>(d_records_ + *record * sizeof(uint64_t));
-  Status s = Launch(functions_[kPlan], 1, stream, &a, "cuLaunchKernel(stash plan)");
+  Status s = Launch(functions_[kPlan], 1, true, stream, &a, "cuLaunchKernel(stash plan)");
   if (s.ok()) {
-    s = Launch(functions_[kCopy], CopyBlocks(max_bytes, geometry_.page_bytes), stream, &a,
+    s = Launch(functions_[kCopy], CopyBlocks(max_bytes, geometry_.page_bytes), false, stream, &a,
                "cuLaunchKernel(stash copy)");
   }
-  if (s.ok()) s = Launch(functions_[kPublish], 1, stream, &a, "cuLaunchKernel(stash publish)");
+  if (s.ok()) {
+    s = Launch(functions_[kPublish], 1, true, stream, &a, "cuLaunchKernel(stash publish)");
+  }
   if (!s.ok()) {
     // The plan may be enqueued without its publish: it took nothing (heads move only there).
     records_.Free(*record, record_pages);
@@ -282,26 +300,39 @@ Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool
                          " is not a live stash of this session (never stashed here, or already "
                          "reloaded or released)");
   }
-  STASH_RETURN_IF_ERROR(CheckStream(stream));
   const Ticket& t = it->second;
+  const uint64_t len = t.max_rows * t.row_bytes;
+  if (dst != nullptr && t.src != nullptr && dst != t.src) {
+    const auto d = reinterpret_cast<uintptr_t>(dst);
+    const auto k = reinterpret_cast<uintptr_t>(t.src);
+    if (d < k + len && k < d + len) {
+      return InvalidArgumentError(
+          "the reload destination overlaps the stash's kept source without being it: reload into "
+          "the source itself or into a buffer apart from it; the stash is kept");
+    }
+  }
+  const RelaxedCaptureMode relaxed(driver_);
   MappedReloadArgs a{};
   a.session = View();
   a.d_dst = static_cast<uint8_t*>(dst);
   a.d_kept_src = t.src;
-  a.d_plan = At<const StashPlan>(d_plans_ + t.plan_slot * sizeof(StashPlan));
+  a.d_plan = At<StashPlan>(d_plans_ + t.plan_slot * sizeof(StashPlan));
   a.d_page_record = At<const uint64_t>(d_records_ + t.record_offset * sizeof(uint64_t));
   a.max_rows = t.max_rows;
   a.row_bytes = t.row_bytes;
   a.zero_tail = zero_tail ? 1 : 0;
   const uint64_t blocks =
-      dst != nullptr ? CopyBlocks(t.max_rows * t.row_bytes, geometry_.page_bytes)
+      dst != nullptr ? CopyBlocks(len, geometry_.page_bytes)
                      : CopyBlocks(t.record_pages * geometry_.page_bytes, geometry_.page_bytes);
-  STASH_RETURN_IF_ERROR(Launch(functions_[kPop], blocks, stream, &a, "cuLaunchKernel(reload pop)"));
   STASH_RETURN_IF_ERROR(
-      Launch(functions_[kReloadPublish], 1, stream, &a, "cuLaunchKernel(reload publish)"));
-  // Later operations run after these on the same stream, so the slots may serve them; a
-  // captured stash's slots stay with the graph that replays it.
-  if (!t.captured && !Capturing(stream)) {
+      Launch(functions_[kPop], blocks, false, stream, &a, "cuLaunchKernel(reload pop)"));
+  STASH_RETURN_IF_ERROR(
+      Launch(functions_[kReloadPublish], 1, true, stream, &a, "cuLaunchKernel(reload publish)"));
+  // Later operations run after these, so the slots may serve them; a captured stash's slots
+  // stay with the graph that replays it until ReleaseCapturedSlots.
+  if (t.captured || Capturing(stream)) {
+    captured_ended_.push_back(t);
+  } else {
     free_plans_.push_back(t.plan_slot);
     records_.Free(t.record_offset, t.record_pages);
   }
@@ -309,32 +340,56 @@ Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool
   return Status::Ok();
 }
 
+void StreamCopier::ReleaseCapturedSlots() {
+  for (const Ticket& t : captured_ended_) {
+    free_plans_.push_back(t.plan_slot);
+    records_.Free(t.record_offset, t.record_pages);
+  }
+  captured_ended_.clear();
+}
+
 Status StreamCopier::AttachControl(CUstream stream, SessionControl* d_shared) {
-  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  const RelaxedCaptureMode relaxed(driver_);
   if (Capturing(stream)) {
     return FailedPreconditionError("a control block cannot be attached while the stream captures");
   }
   __atomic_store_n(&static_cast<HostBlock*>(host_block_)->shared, d_shared, __ATOMIC_RELEASE);
-  d_shared_ = d_shared;
+  // A step kernel already enqueued may have read the old address: the old block stays in use
+  // until the work enqueued so far is done.
+  STASH_CU_RETURN_IF_ERROR(driver_, EventRecord(attach_event_, stream));
+  attach_recorded_ = true;
   return Status::Ok();
 }
 
+bool StreamCopier::OldControlReleasable() const {
+  if (!attach_recorded_) return true;
+  const RelaxedCaptureMode relaxed(driver_);
+  return driver_->EventQuery(attach_event_) == CUDA_SUCCESS;
+}
+
 Status StreamCopier::BeginStep(CUstream stream, uint64_t step) {
-  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  if (step >= (uint64_t{1} << 62)) {
+    return InvalidArgumentError("step " + std::to_string(step) + " is not below 2^62");
+  }
+  const RelaxedCaptureMode relaxed(driver_);
   MappedStepArgs a{};
   a.session = View();
   a.step = step;
   a.d_shared = At<SessionControl* const>(host_block_device_ + offsetof(HostBlock, shared));
   a.d_report = At<StepReport>(host_block_device_ + offsetof(HostBlock, report));
-  return Launch(functions_[kStep], 1, stream, &a, "cuLaunchKernel(step)");
+  return Launch(functions_[kStep], 1, true, stream, &a, "cuLaunchKernel(step)");
 }
 
-kernels::StepReport StreamCopier::LastStep() const {
-  const auto* host = static_cast<const HostBlock*>(host_block_);
-  StepReport r{};
-  r.step = Load(host->report.step);
-  r.flags = Load(host->report.flags);
+StreamCopier::StepFlagsReport StreamCopier::LastStep() const {
+  const uint64_t word = Load(static_cast<const HostBlock*>(host_block_)->report.step_and_flags);
+  StepFlagsReport r;
+  r.step = kernels::ReportedStep(word);
+  r.flags = kernels::ReportedFlags(word);
   return r;
+}
+
+uint64_t StreamCopier::LeaseShortReports() const {
+  return Load(static_cast<const HostBlock*>(host_block_)->lease_short);
 }
 
 Status StreamCopier::CheckChunk(uint32_t tier, uint64_t slot, uint64_t bytes) const {
@@ -351,7 +406,12 @@ Status StreamCopier::CheckChunk(uint32_t tier, uint64_t slot, uint64_t bytes) co
 
 Status StreamCopier::AddChunk(CUstream stream, uint32_t tier, uint64_t slot, uint64_t bytes) {
   STASH_RETURN_IF_ERROR(CheckChunk(tier, slot, bytes));
-  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  if (slots_[tier][slot] != SlotState::kAbsent) {
+    return FailedPreconditionError("chunk slot " + std::to_string(slot) + " of lease tier " +
+                                   std::to_string(tier) +
+                                   " is in the ring already (or its removal is pending)");
+  }
+  const RelaxedCaptureMode relaxed(driver_);
   if (Capturing(stream)) {
     return FailedPreconditionError(
         "lease changes happen between steps, outside capture: the stream captures");
@@ -361,21 +421,26 @@ Status StreamCopier::AddChunk(CUstream stream, uint32_t tier, uint64_t slot, uin
   a.tier = tier;
   a.first_id = slot * (geometry_.chunk_bytes / geometry_.page_bytes);
   a.pages = bytes / geometry_.page_bytes;
-  return Launch(functions_[kAddPages], 1, stream, &a, "cuLaunchKernel(add pages)");
+  STASH_RETURN_IF_ERROR(
+      Launch(functions_[kAddPages], 1, true, stream, &a, "cuLaunchKernel(add pages)"));
+  slots_[tier][slot] = SlotState::kInRing;
+  return Status::Ok();
 }
 
 Status StreamCopier::RemoveChunk(CUstream stream, uint32_t tier, uint64_t slot, uint64_t bytes) {
   STASH_RETURN_IF_ERROR(CheckChunk(tier, slot, bytes));
   const uint64_t key = (uint64_t{tier} << 48) | slot;
-  if (removals_.count(key) != 0) {
-    return FailedPreconditionError("slot " + std::to_string(slot) +
-                                   " already has a removal pending");
+  if (slots_[tier][slot] != SlotState::kInRing) {
+    return FailedPreconditionError(
+        "chunk slot " + std::to_string(slot) + " of lease tier " + std::to_string(tier) +
+        (slots_[tier][slot] == SlotState::kRemoving ? " already has a removal pending"
+                                                    : " is not in the ring"));
   }
   if (free_answers_.empty()) {
     return ResourceExhaustedError(std::to_string(kMaxRemovals) +
                                   " chunk removals are pending: collect their answers first");
   }
-  STASH_RETURN_IF_ERROR(CheckStream(stream));
+  const RelaxedCaptureMode relaxed(driver_);
   if (Capturing(stream)) {
     return FailedPreconditionError(
         "lease changes happen between steps, outside capture: the stream captures");
@@ -391,9 +456,10 @@ Status StreamCopier::RemoveChunk(CUstream stream, uint32_t tier, uint64_t slot, 
   a.d_result =
       At<uint64_t>(host_block_device_ + offsetof(HostBlock, answers) + answer * sizeof(uint64_t));
   STASH_RETURN_IF_ERROR(
-      Launch(functions_[kRemoveChunk], 1, stream, &a, "cuLaunchKernel(remove chunk)"));
+      Launch(functions_[kRemoveChunk], 1, true, stream, &a, "cuLaunchKernel(remove chunk)"));
   free_answers_.pop_back();
   removals_.emplace(key, answer);
+  slots_[tier][slot] = SlotState::kRemoving;
   return Status::Ok();
 }
 
@@ -404,6 +470,7 @@ std::optional<bool> StreamCopier::RemovalDone(uint32_t tier, uint64_t slot) {
   if (value == kPending) return std::nullopt;
   free_answers_.push_back(static_cast<uint32_t>(it->second));
   removals_.erase(it);
+  slots_[tier][slot] = value == 1 ? SlotState::kAbsent : SlotState::kInRing;
   return value == 1;
 }
 

@@ -15,20 +15,28 @@
 // slot and page-record range, and placement, rows and the step's flags are known on the device.
 // The step kernel (BeginStep) publishes the device control block to the shared one the daemon
 // reads, takes the daemon's line (drain, return requests) back, and leaves the ended step's
-// flags in host memory (LastStep) once the stream gets there.
+// flags in host memory (LastStep) once the stream gets there; the lease being short reaches
+// host memory at once (LeaseShortReports).
 //
-// Lease changes (AddChunk, RemoveChunk) are kernels on the same stream too, refused while the
-// stream captures: the chunk's memory must be mapped (CudaLeaseMemory) before AddChunk is
-// enqueued and stay mapped until RemoveChunk's result says it left the ring and the work before
-// it completed.
+// Lease changes (AddChunk, RemoveChunk) are kernels too, refused while the stream captures:
+// the chunk's memory must be mapped (CudaLeaseMemory) before AddChunk is enqueued and stay
+// mapped until RemoveChunk's answer says it left the ring and the work before it completed.
 //
-// One stream per session: the rings have one writer, so every operation must be enqueued on the
-// stream of the first one (another stream is INVALID_ARGUMENT: order the work on one stream).
-// Tickets reloaded or released free their plan slot and page-record range at once, which is
-// safe because later operations run after them on the same stream; slots taken while the stream
-// captures stay reserved for the copier's life, since the graph's replays still use them.
+// Order: the rings have one writer, so the session's operations (and the graphs that replay
+// them) must run one after another on the GPU: on one stream, or on streams the caller orders
+// with events (as PyTorch's side-stream capture does after its warm-up). Graphs that replay
+// them must not run after the copier is destroyed (its module and state are gone).
 //
-// Thread-compatible: the caller serialises calls (the trainer's thread, like its stream).
+// Plan slots: a ticket names a slot holding its plan and a page-record range. A reload or
+// release frees them on the host at once (later operations run after it) and consumes the plan
+// on the device; so a reload replayed twice, or a stash replayed again before its reload ran,
+// flags the step instead of returning or leaking pages twice. Slots of stashes enqueued while
+// the stream captures stay reserved, because the graph's replays use them, until the caller
+// says its graphs are gone (ReleaseCapturedSlots).
+//
+// Thread-compatible: the caller serialises calls (the trainer's thread, like its stream). Every
+// driver call runs with the thread's capture interaction mode relaxed, so none of them breaks a
+// capture another thread runs.
 #ifndef STASH_CLIENT_STREAM_COPIER_H_
 #define STASH_CLIENT_STREAM_COPIER_H_
 
@@ -73,7 +81,7 @@ class StreamCopier {
                                                         const void* fatbin);
   StreamCopier(const StreamCopier&) = delete;
   StreamCopier& operator=(const StreamCopier&) = delete;
-  // Synchronizes the session's stream (no kernel may still use the state), then frees it.
+  // Synchronizes the context (no kernel may still use the state), then frees it.
   ~StreamCopier();
 
   struct StashRequest {
@@ -92,36 +100,54 @@ class StreamCopier {
   };
   // Enqueues plan, copy and publish on `stream`; returns the ticket. RESOURCE_EXHAUSTED when
   // max_stashes stashes are live or the page-record arena is full (nothing enqueued);
-  // INVALID_ARGUMENT for bad arguments or another stream.
+  // INVALID_ARGUMENT for bad arguments (a stash larger than the whole arena included).
   StatusOr<uint64_t> Stash(CUstream stream, const StashRequest& request);
   // Enqueues pop and publish: the stash's rows into `dst` (device-accessible, max_rows *
   // row_bytes bytes), zeros past them when `zero_tail`, its pages back to its ring; a stash that
-  // overflowed copies from its source instead. NOT_FOUND for a ticket that is not live.
+  // overflowed copies from its kept source instead. NOT_FOUND for a ticket that is not live;
+  // INVALID_ARGUMENT when `dst` partly overlaps the kept source.
   Status Reload(CUstream stream, uint64_t ticket, void* dst, bool zero_tail);
   // Enqueues the pages' return without a copy.
   Status Release(CUstream stream, uint64_t ticket);
 
-  // Maps the shared control block for the step kernel: `d_shared` is its device address (the
-  // memfd the daemon created, registered for the device by the caller), and its counters are
-  // carried into the device copy once (a block that arrives mid-session). Not while capturing.
+  // Points the step kernel at a new shared control block: `d_shared` is its device address (the
+  // memfd the daemon created, registered for the device by the caller, who also marks it
+  // attached from the host as LeaseTable::SetControlBlock does). Later steps, graph replays
+  // included, publish into it. A step kernel already running may still write the previous
+  // block: keep it mapped and registered until OldControlReleasable(). Not while capturing.
   Status AttachControl(CUstream stream, kernels::SessionControl* d_shared);
+  // Whether the work enqueued before the last AttachControl has completed.
+  bool OldControlReleasable() const;
 
   // Enqueues a step boundary (kernels::MappedStep). May be captured.
   Status BeginStep(CUstream stream, uint64_t step);
-  // What the last step kernel that ran left: the step and the flags of the step before it.
-  kernels::StepReport LastStep() const;
+  // What the last step kernel that ran left.
+  struct StepFlagsReport {
+    uint64_t step = 0;   // its step
+    uint64_t flags = 0;  // kStepOverflow | kStepSpilled of the step that ended there
+  };
+  StepFlagsReport LastStep() const;
+  // How many times a stash found the lease short so far (a spill, an overflow, the own device
+  // under an eighth free; once per eighth of growth in a step): ask the daemon for more chunks
+  // when it moves.
+  uint64_t LeaseShortReports() const;
 
   // Enqueues the pages of chunk slot `slot` of `tier` (its memory mapped already) into the
-  // tier's ring. FAILED_PRECONDITION while the stream captures.
+  // tier's ring. FAILED_PRECONDITION while the stream captures or when the slot is in the ring
+  // already (or its removal is pending).
   Status AddChunk(CUstream stream, uint32_t tier, uint64_t slot, uint64_t bytes);
   // Enqueues taking slot `slot`'s pages (`bytes`, as added) out of the ring when no stash holds
-  // one. The answer
-  // arrives in host memory: RemovalDone says whether it ran and whether the chunk left. At most
-  // one removal is pending per slot. FAILED_PRECONDITION while the stream captures.
+  // one. The answer arrives in host memory: RemovalDone says whether it ran and whether the
+  // chunk left. FAILED_PRECONDITION while the stream captures, or when the slot is not in the
+  // ring (never added, or its removal is pending).
   Status RemoveChunk(CUstream stream, uint32_t tier, uint64_t slot, uint64_t bytes);
   // nullopt while slot's removal has not run yet; else whether the chunk left the ring (the
   // slot may then be unmapped after the stream's work; false: a stash holds its pages).
   std::optional<bool> RemovalDone(uint32_t tier, uint64_t slot);
+
+  // The caller destroyed every graph captured so far: the plan slots and page-record ranges of
+  // their stashes that were reloaded or released go back to the free lists.
+  void ReleaseCapturedSlots();
 
   // Live stashes the host knows of (enqueued, not yet reloaded or released).
   uint64_t live() const { return tickets_.size(); }
@@ -135,13 +161,14 @@ class StreamCopier {
     uint64_t max_rows = 0, row_bytes = 0;
     bool captured = false;  // taken while capturing: its slots stay reserved
   };
-  struct DeviceState;  // offsets of the device block's parts
+  // Where a chunk slot stands, as far as the host enqueued.
+  enum class SlotState : uint8_t { kAbsent, kInRing, kRemoving };
 
   StreamCopier(const CudaDriver* driver, const Geometry& geometry);
-  Status CheckStream(CUstream stream);
   Status CheckChunk(uint32_t tier, uint64_t slot, uint64_t bytes) const;
   bool Capturing(CUstream stream) const;
-  Status Launch(CUfunction function, uint64_t blocks, CUstream stream, void* args,
+  // One thread for the one-thread kernels, else kThreadsPerBlock threads a block.
+  Status Launch(CUfunction function, uint64_t blocks, bool one_thread, CUstream stream, void* args,
                 const char* what);
   kernels::MappedSessionView View() const;
   Status EndTicket(CUstream stream, uint64_t ticket, void* dst, bool zero_tail);
@@ -156,13 +183,14 @@ class StreamCopier {
   CUdeviceptr host_block_device_ = 0;
   // Device addresses of the parts of block_.
   CUdeviceptr d_control_ = 0, d_state_ = 0, d_rings_ = 0, d_plans_ = 0, d_records_ = 0;
-  kernels::SessionControl* d_shared_ = nullptr;
-  CUstream stream_ = nullptr;
-  bool has_stream_ = false;
+  CUevent attach_event_ = nullptr;  // recorded by AttachControl
+  bool attach_recorded_ = false;
   uint64_t next_ticket_ = 0;
   std::vector<uint32_t> free_plans_;
   RangeAllocator records_;
   std::unordered_map<uint64_t, Ticket> tickets_;
+  std::vector<Ticket> captured_ended_;  // slots kept for graphs (ReleaseCapturedSlots)
+  std::array<std::vector<SlotState>, kernels::kLeaseTiers> slots_;
   std::unordered_map<uint64_t, uint64_t> removals_;  // (tier << 48 | slot) -> answer index
   std::vector<uint32_t> free_answers_;
 };

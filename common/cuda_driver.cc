@@ -72,6 +72,7 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(MemGetInfo, cuMemGetInfo);
   STASH_CU_RESOLVE(DeviceCanAccessPeer, cuDeviceCanAccessPeer);
   STASH_CU_RESOLVE(CtxSetCurrent, cuCtxSetCurrent);
+  STASH_CU_RESOLVE(CtxSynchronize, cuCtxSynchronize);
   STASH_CU_RESOLVE(StreamCreate, cuStreamCreate);
   STASH_CU_RESOLVE(StreamDestroy, cuStreamDestroy);
   STASH_CU_RESOLVE(StreamSynchronize, cuStreamSynchronize);

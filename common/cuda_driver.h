@@ -73,6 +73,7 @@ struct CudaDriver {
   decltype(&::cuMemGetInfo) MemGetInfo = nullptr;
   decltype(&::cuDeviceCanAccessPeer) DeviceCanAccessPeer = nullptr;
   decltype(&::cuCtxSetCurrent) CtxSetCurrent = nullptr;
+  decltype(&::cuCtxSynchronize) CtxSynchronize = nullptr;
 
   // Streams, events, capture and graphs: the rank's paging runs on the trainer's stream.
   decltype(&::cuStreamCreate) StreamCreate = nullptr;

@@ -81,25 +81,27 @@ PrimaryContext::~PrimaryContext() {
   if (context_ != nullptr) driver_->DevicePrimaryCtxRelease(device_);
 }
 
-PrimaryContext::Scope::Scope(const PrimaryContext& context) : driver_(context.driver_) {
-  status_ = driver_->Check(driver_->CtxPushCurrent(context.context_), "cuCtxPushCurrent");
-  if (!status_.ok()) return;
-  // Relaxed: none of our calls (an event query at a step boundary, a map on the lease thread)
-  // is then prohibited by, or invalidates, a capture another thread of the trainer runs in
-  // global mode (PyTorch's default). Restored when the scope ends.
+RelaxedCaptureMode::RelaxedCaptureMode(const CudaDriver* driver) : driver_(driver) {
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   if (driver_->ThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS) {
-    previous_mode_ = mode;
-    relaxed_ = true;
+    previous_ = mode;
+    exchanged_ = true;
   }
+}
+
+RelaxedCaptureMode::~RelaxedCaptureMode() {
+  if (!exchanged_) return;
+  CUstreamCaptureMode mode = previous_;
+  driver_->ThreadExchangeStreamCaptureMode(&mode);
+}
+
+PrimaryContext::Scope::Scope(const PrimaryContext& context)
+    : driver_(context.driver_), relaxed_(context.driver_) {
+  status_ = driver_->Check(driver_->CtxPushCurrent(context.context_), "cuCtxPushCurrent");
 }
 
 PrimaryContext::Scope::~Scope() {
   if (!status_.ok()) return;
-  if (relaxed_) {
-    CUstreamCaptureMode mode = previous_mode_;
-    driver_->ThreadExchangeStreamCaptureMode(&mode);
-  }
   CUcontext popped = nullptr;
   driver_->CtxPopCurrent(&popped);
 }

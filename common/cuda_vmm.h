@@ -33,11 +33,28 @@ CUmemAllocationProp ChunkAllocationProp(int device);
 // Read and write access for ordinal `device`, for cuMemSetAccess.
 CUmemAccessDesc ReadWriteAccess(int device);
 
+// Sets the calling thread's capture interaction mode to relaxed (cuThreadExchangeStreamCapture
+// Mode) for the guard's life and restores the previous mode after, so the library's driver calls
+// (an event query at a step boundary, a map on the lease thread, an allocation when a session
+// starts) are never prohibited by, and never invalidate, a capture the trainer runs on another
+// thread in global mode (PyTorch's default); PyTorch's allocator does the same around its own
+// calls. Guards nest (each restores what it found).
+class RelaxedCaptureMode {
+ public:
+  explicit RelaxedCaptureMode(const CudaDriver* driver);
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+  ~RelaxedCaptureMode();
+
+ private:
+  const CudaDriver* driver_;
+  bool exchanged_ = false;
+  CUstreamCaptureMode previous_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
+};
+
 // The primary context of one device, retained for the object's life and made current on the
 // calling thread by each Scope (the thread's own current context, e.g. the trainer's, is
-// restored after). A Scope also sets the thread's capture interaction mode to relaxed
-// (cuThreadExchangeStreamCaptureMode) for its life, so the library's own calls never break a
-// capture the trainer runs on another thread.
+// restored after). A Scope is also a RelaxedCaptureMode.
 class PrimaryContext {
  public:
   // Retains ordinal `device`'s primary context.
@@ -62,9 +79,8 @@ class PrimaryContext {
 
    private:
     const CudaDriver* driver_;
+    RelaxedCaptureMode relaxed_;
     Status status_;
-    bool relaxed_ = false;
-    CUstreamCaptureMode previous_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
   };
 
  private:

@@ -43,7 +43,7 @@ using stash::kernels::StashPlan;
 
 // One thread: where the stash goes.
 extern "C" __global__ void stash_mapped_stash_plan(MappedStashArgs a) {
-  *a.d_plan = stash::kernels::PlanMappedStash(a);
+  stash::kernels::PlanMappedStashSlot(a);
 }
 
 // A block per chunk of the plan's pages (grid-stride over chunks).
@@ -58,7 +58,7 @@ extern "C" __global__ void stash_mapped_stash_copy(MappedStashArgs a) {
   const ChunkShape shape = ChunkShapeOf(page_bytes);
   const uint64_t chunks = ChunksFor(plan.pages, shape);
   const uint64_t chunk_vectors = uint64_t{1} << (shape.chunk_shift - 4);
-  const uint64_t head_index = threadIdx.x == 0 ? plan.head % ring.capacity : 0;
+  const uint64_t head_index = threadIdx.x == 0 && ring.capacity > 0 ? plan.head % ring.capacity : 0;
   for (uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     if (threadIdx.x == 0) {
       const uint64_t slot = chunk >> shape.chunks_shift;
@@ -87,7 +87,8 @@ extern "C" __global__ void stash_mapped_reload_pop(MappedReloadArgs a) {
   const LeaseTierView tier = stash::kernels::PlacedLeaseTier(a.session, plan);
   const uint64_t max_bytes = a.max_rows * a.row_bytes;
   if (tier.d_ring == nullptr) {
-    if (plan.placement != Placement::kOverflow || a.d_kept_src == nullptr || a.d_dst == nullptr) {
+    if (plan.placement != Placement::kOverflow || plan.tier == stash::kernels::kConsumedTier ||
+        a.d_kept_src == nullptr || a.d_dst == nullptr) {
       return;
     }
     const uint64_t kept = stash::kernels::KeptBytes(plan, a.max_rows, a.row_bytes);
@@ -110,7 +111,7 @@ extern "C" __global__ void stash_mapped_reload_pop(MappedReloadArgs a) {
   const ChunkShape shape = ChunkShapeOf(page_bytes);
   const uint64_t chunks = ChunksFor(plan.pages, shape);
   const uint64_t chunk_vectors = uint64_t{1} << (shape.chunk_shift - 4);
-  const uint64_t tail_index = threadIdx.x == 0 ? ring.tail % ring.capacity : 0;
+  const uint64_t tail_index = threadIdx.x == 0 && ring.capacity > 0 ? ring.tail % ring.capacity : 0;
   for (uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     if (threadIdx.x == 0) {
       const uint64_t slot = chunk >> shape.chunks_shift;

@@ -153,7 +153,8 @@ __global__ void StashCopyKernel(StashLaunch args) {
   const ChunkShape shape = ChunkShapeOf(args.page_bytes);
   const uint64_t chunks = ChunksFor(plan.pages, shape);
   const uint64_t chunk_vectors = uint64_t{1} << (shape.chunk_shift - 4);
-  const uint64_t head_index = threadIdx.x == 0 ? plan.head % ring.capacity : 0;  // thread 0's
+  const uint64_t head_index =
+      threadIdx.x == 0 && ring.capacity > 0 ? plan.head % ring.capacity : 0;  // thread 0's
   for (uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     if (threadIdx.x == 0) {
       const uint64_t slot = chunk >> shape.chunks_shift;
@@ -210,7 +211,8 @@ __global__ void ReloadPopKernel(ReloadLaunch args) {
   const ChunkShape shape = ChunkShapeOf(args.page_bytes);
   const uint64_t chunks = ChunksFor(plan.pages, shape);
   const uint64_t chunk_vectors = uint64_t{1} << (shape.chunk_shift - 4);
-  const uint64_t tail_index = threadIdx.x == 0 ? ring.tail % ring.capacity : 0;  // thread 0's
+  const uint64_t tail_index =
+      threadIdx.x == 0 && ring.capacity > 0 ? ring.tail % ring.capacity : 0;  // thread 0's
   for (uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     if (threadIdx.x == 0) {
       const uint64_t slot = chunk >> shape.chunks_shift;
@@ -265,6 +267,8 @@ const char* LaunchStatusName(LaunchStatus status) {
       return "kTooLarge";
     case LaunchStatus::kCudaError:
       return "kCudaError";
+    case LaunchStatus::kOverlap:
+      return "kOverlap";
   }
   return "unknown";
 }
@@ -306,6 +310,16 @@ LaunchResult CanImplementReload(const ReloadLaunch& args) {
   }
   if (args.d_kept_src != nullptr && args.d_dst == nullptr) {
     return Fail(LaunchStatus::kNullPointer, "d_kept_src is set but d_dst is null");
+  }
+  if (args.d_kept_src != nullptr && args.d_kept_src != args.d_dst && args.row_bytes != 0 &&
+      args.max_rows <= UINT64_MAX / args.row_bytes) {
+    const uint64_t bytes = args.max_rows * args.row_bytes;
+    const auto src = reinterpret_cast<uintptr_t>(args.d_kept_src);
+    const auto dst = reinterpret_cast<uintptr_t>(args.d_dst);
+    if (src < dst + bytes && dst < src + bytes) {
+      return Fail(LaunchStatus::kOverlap,
+                  "d_kept_src and d_dst overlap without being the same buffer");
+    }
   }
   LaunchResult result = CheckGeometryAndTiers(args.max_rows, args.row_bytes, args.page_bytes,
                                               args.device, args.peer, args.host);

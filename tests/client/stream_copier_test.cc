@@ -216,7 +216,7 @@ TEST_F(StreamCopierTest, StashesFillDevicePeerAndHostChunksThenOverflowAndReload
   }
   ASSERT_TRUE(copier_->BeginStep(stream_, 7).ok());
   Sync();
-  const kernels::StepReport report = copier_->LastStep();
+  const StreamCopier::StepFlagsReport report = copier_->LastStep();
   EXPECT_EQ(report.step, 7u);
   EXPECT_EQ(report.flags, kernels::kStepOverflow | kernels::kStepSpilled);
   for (int i = 0; i < 4; ++i) {
@@ -403,25 +403,103 @@ TEST_F(StreamCopierTest, AChunkLeavesTheRingOnlyOnceNoStashHoldsItAndTheHostLear
   EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 0), std::optional<bool>(true));
 }
 
-TEST_F(StreamCopierTest, ASessionPagesOnOneStreamAndBadArgumentsAreRefusedBeforeAnyLaunch) {
+// Work on another stream is the caller's to order (an event); what the host can check is
+// refused before anything is launched.
+TEST_F(StreamCopierTest, BadArgumentsAndLeaseChangesOutOfTurnAreRefusedBeforeAnyLaunch) {
   MakeCopier(1);
   const CUdeviceptr src = Alloc(kPageBytes);
-  ASSERT_TRUE(copier_->Stash(stream_, Request(src, 1, 1, kPageBytes)).ok());
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
   CUstream other = nullptr;
   ASSERT_EQ(driver_->StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  const Status s = copier_->Stash(other, Request(src, 1, 1, kPageBytes)).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("one stream"), std::string::npos) << s.message();
+  Sync();  // orders the other stream after this one's work
+  auto ticket = copier_->Stash(other, Request(src, 1, 1, kPageBytes));
+  ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+  ASSERT_EQ(driver_->StreamSynchronize(other), CUDA_SUCCESS);
   EXPECT_EQ(copier_->Stash(stream_, Request(src, 1, 1, 0)).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(copier_->Stash(stream_, Request(0, 1, 1, 64)).status().code(),
             StatusCode::kInvalidArgument);
+  // More than the whole page-record arena (1024 pages) can never fit.
+  const Status huge = copier_->Stash(stream_, Request(src, 2048, 2048, kPageBytes)).status();
+  EXPECT_EQ(huge.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.message().find("record_pages"), std::string::npos) << huge.message();
   EXPECT_EQ(copier_->AddChunk(stream_, 3, 0, kChunkBytes).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(copier_->AddChunk(stream_, kLeaseDevice, 1, kChunkBytes).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(copier_->AddChunk(stream_, kLeaseDevice, 0, 100).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(copier_->AddChunk(stream_, kLeasePeer, 0, 100).code(), StatusCode::kInvalidArgument);
+  // A chunk added twice would put its page ids in the ring twice; one never added cannot go.
+  EXPECT_EQ(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(copier_->RemoveChunk(stream_, kLeasePeer, 0, kChunkBytes).code(),
+            StatusCode::kFailedPrecondition);
+  // A reload into a buffer that partly overlaps the kept source.
+  const CUdeviceptr two = Alloc(2 * kPageBytes);
+  auto kept = copier_->Stash(stream_, Request(two, 1, 1, kPageBytes));
+  ASSERT_TRUE(kept.ok());
+  const Status overlap =
+      copier_->Reload(stream_, *kept, reinterpret_cast<void*>(two + kPageBytes / 2), false);
+  EXPECT_EQ(overlap.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(copier_->Reload(stream_, *kept, reinterpret_cast<void*>(two), false).ok());
+  ASSERT_TRUE(copier_->Release(stream_, *ticket).ok());
   Sync();
   (void)driver_->StreamDestroy(other);
+}
+
+TEST_F(StreamCopierTest,
+       ALeaseFoundShortReachesTheHostWithoutAStepAndAnOldBlockIsFreedAfterItsWork) {
+  MakeCopier(1, /*allow_host=*/false);
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  const CUdeviceptr src = Alloc(2 * kChunkBytes);
+  EXPECT_EQ(copier_->LeaseShortReports(), 0u);
+  auto ticket = copier_->Stash(stream_, Request(src, 2 * kPagesPerChunk, 2 * kPagesPerChunk,
+                                                kPageBytes));  // overflows
+  ASSERT_TRUE(ticket.ok());
+  Sync();
+  EXPECT_EQ(copier_->LeaseShortReports(), 1u);  // the host asks the daemon for more
+
+  void* block = nullptr;
+  ASSERT_EQ(
+      driver_->MemHostAlloc(&block, sizeof(kernels::SessionControl), CU_MEMHOSTALLOC_DEVICEMAP),
+      CUDA_SUCCESS);
+  new (block) kernels::SessionControl{};
+  CUdeviceptr d_block = 0;
+  ASSERT_EQ(driver_->MemHostGetDevicePointer(&d_block, block, 0), CUDA_SUCCESS);
+  EXPECT_TRUE(copier_->OldControlReleasable());
+  ASSERT_TRUE(copier_->BeginStep(stream_, 1).ok());
+  ASSERT_TRUE(
+      copier_->AttachControl(stream_, reinterpret_cast<kernels::SessionControl*>(d_block)).ok());
+  Sync();
+  EXPECT_TRUE(copier_->OldControlReleasable());
+  ASSERT_TRUE(copier_->BeginStep(stream_, 2).ok());
+  Sync();
+  EXPECT_EQ(static_cast<kernels::SessionControl*>(block)->overflows, 1u);
+  ASSERT_TRUE(copier_->Release(stream_, *ticket).ok());
+  Sync();
+  (void)driver_->MemFreeHost(block);
+}
+
+TEST_F(StreamCopierTest, SlotsOfCapturedStashesComeBackWhenTheCallerSaysItsGraphsAreGone) {
+  MakeCopier(1);  // 64 plan slots
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  const CUdeviceptr src = Alloc(64), dst = Alloc(64);
+  ASSERT_EQ(driver_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  for (int i = 0; i < 64; ++i) {
+    auto ticket = copier_->Stash(stream_, Request(src, 1, 1, 64));
+    ASSERT_TRUE(ticket.ok()) << i;
+    ASSERT_TRUE(copier_->Reload(stream_, *ticket, reinterpret_cast<void*>(dst), false).ok());
+  }
+  CUgraph graph = nullptr;
+  ASSERT_EQ(driver_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+  EXPECT_EQ(copier_->live(), 0u);
+  // The graph may still replay those stashes: their slots stay taken.
+  EXPECT_EQ(copier_->Stash(stream_, Request(src, 1, 1, 64)).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(driver_->GraphDestroy(graph), CUDA_SUCCESS);
+  copier_->ReleaseCapturedSlots();
+  auto ticket = copier_->Stash(stream_, Request(src, 1, 1, 64));
+  ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+  ASSERT_TRUE(copier_->Release(stream_, *ticket).ok());
+  Sync();
 }
 
 TEST_F(StreamCopierTest, LiveStashesAreBoundedAndTheLimitSaysWhatToDo) {

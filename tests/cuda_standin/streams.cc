@@ -501,6 +501,27 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   return CUDA_SUCCESS;
 }
 
+// cuCtxSynchronize: "Blocks until the device has completed all preceding requested tasks" of
+// the current context: here every stream of its device, the default stream included. A
+// synchronous call: prohibited while a capture forbids potentially unsafe calls (cudaDevice
+// Synchronize during capture is the Programming Guide's example of an unsafe call).
+CUresult CUDAAPI cuCtxSynchronize(void) {
+  STANDIN_TRY(standin::RequireInit(__func__));
+  int device = 0;
+  STANDIN_TRY(standin::CurrentDevice(__func__, &device));
+  STANDIN_TRY(standin::CheckUnsafeCall(__func__));
+  std::vector<std::shared_ptr<standin::Queue>> queues;
+  {
+    std::lock_guard<std::mutex> lock(standin::g_mu);
+    for (const CUstream_st* stream : standin::Live<CUstream_st>()) {
+      if (stream->device == device) queues.push_back(stream->queue);
+    }
+    queues.push_back(standin::DefaultStream(device)->queue);
+  }
+  for (const auto& queue : queues) queue->WaitIdle();
+  return CUDA_SUCCESS;
+}
+
 // cuThreadExchangeStreamCaptureMode: "Sets the calling thread's stream capture interaction mode
 // to the value contained in *mode, and overwrites *mode with the previous mode for the thread."
 CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {

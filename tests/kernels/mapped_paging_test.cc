@@ -72,7 +72,7 @@ struct Stashed {
 };
 
 Stashed Stash(Session& s, std::vector<uint8_t> data, uint64_t rows, uint64_t max_rows,
-              uint64_t row_bytes) {
+              uint64_t row_bytes, bool keep_source = true) {
   Stashed st;
   st.data = std::move(data);
   st.max_rows = max_rows;
@@ -85,17 +85,18 @@ Stashed Stash(Session& s, std::vector<uint8_t> data, uint64_t rows, uint64_t max
   a.max_rows = max_rows;
   a.row_bytes = row_bytes;
   a.divisor = 1;
+  a.keep_source = keep_source ? 1 : 0;
   a.d_plan = &st.plan;
   a.d_page_record = st.record.data();
-  st.plan = PlanMappedStash(a);  // the plan kernel
-  MappedStashCopySerial(a);      // the copy kernel
-  PublishMappedStash(a);         // the publish kernel
+  st.plan = ConsumedPlan();  // a fresh plan slot
+  PlanMappedStashSlot(a);    // the plan kernel
+  MappedStashCopySerial(a);  // the copy kernel
+  PublishMappedStash(a);     // the publish kernel
   return st;
 }
 
 // Reloads (dst non-null) or releases `st`; `kept` is the source the rank kept.
-void Reload(Session& s, const Stashed& st, uint8_t* dst, bool zero_tail,
-            const uint8_t* kept = nullptr) {
+void Reload(Session& s, Stashed& st, uint8_t* dst, bool zero_tail, const uint8_t* kept = nullptr) {
   MappedReloadArgs a{};
   a.session = s.view;
   a.d_dst = dst;
@@ -150,7 +151,7 @@ TEST(MappedPaging, WithoutHostSpillAFullLeaseOverflows) {
   std::mt19937_64 rng(2);
   Session s(1, /*allow_host=*/false);
   s.AddChunk(kLeaseHost, 0);
-  const Stashed st = Stash(s, Random(rng, 64), 1, 1, 64);
+  Stashed st = Stash(s, Random(rng, 64), 1, 1, 64);
   EXPECT_EQ(st.plan.placement, Placement::kOverflow);
 }
 
@@ -159,7 +160,7 @@ TEST(MappedPaging, AReloadOfAnOverflowedStashCopiesTheKeptSourceAndZeroesTheTail
   Session s(1);  // nothing leased: every stash overflows
   const uint64_t row_bytes = 10, max_rows = 9;
   const std::vector<uint8_t> src = Random(rng, max_rows * row_bytes);
-  const Stashed st = Stash(s, src, 5, max_rows, row_bytes);
+  Stashed st = Stash(s, src, 5, max_rows, row_bytes);
   ASSERT_EQ(st.plan.placement, Placement::kOverflow);
   std::vector<uint8_t> dst(max_rows * row_bytes, 0xEE);
   Reload(s, st, dst.data(), /*zero_tail=*/true, src.data());
@@ -179,7 +180,7 @@ TEST(MappedPaging, WhileTheDaemonDrainsAStashIsUntriedUnflaggedAndReloadsFromThe
   s.AddChunk(kLeaseDevice, 0);
   s.control.daemon_flags = kDaemonDraining;
   const std::vector<uint8_t> src = Random(rng, 64);
-  const Stashed st = Stash(s, src, 2, 2, 32);
+  Stashed st = Stash(s, src, 2, 2, 32);
   EXPECT_EQ(st.plan.placement, Placement::kOverflow);
   EXPECT_EQ(st.plan.tier, kUntriedTier);
   EXPECT_EQ(s.control.overflows, 0u);
@@ -188,6 +189,11 @@ TEST(MappedPaging, WhileTheDaemonDrainsAStashIsUntriedUnflaggedAndReloadsFromThe
   std::vector<uint8_t> dst(64, 0);
   Reload(s, st, dst.data(), false, src.data());
   EXPECT_EQ(dst, src);
+  // A caller that freed its source lost the activation: the step is flagged.
+  Stashed gone = Stash(s, src, 2, 2, 32, /*keep_source=*/false);
+  EXPECT_EQ(gone.plan.tier, kUntriedTier);
+  EXPECT_EQ(s.control.step_flags, kStepOverflow);
+  EXPECT_EQ(s.control.overflows, 0u);
 }
 
 TEST(MappedPaging, ANegativeCountTakesNothingAndFlagsTheStep) {
@@ -213,12 +219,56 @@ TEST(MappedPaging, ANegativeCountTakesNothingAndFlagsTheStep) {
   EXPECT_EQ(RingFree(s.tiers[kLeaseDevice].ring), kPagesPerChunk);
 }
 
+// A graph replays a stash and its reload as they were captured. A reload replayed twice (its
+// stash not replayed in between) returns no page twice; a stash replayed before its reload
+// ran returns the pages its slot held instead of leaking them. Both flag the step.
+TEST(MappedPaging, APlanSlotIsConsumedOnceSoReplaysOutOfTurnNeitherLeakNorDuplicatePages) {
+  std::mt19937_64 rng(8);
+  Session s(1);
+  s.AddChunk(kLeaseDevice, 0);
+  Stashed st = Stash(s, Random(rng, 128), 2, 2, 64);  // 2 pages
+  ASSERT_EQ(st.plan.placement, Placement::kDevice);
+  std::vector<uint8_t> dst(128, 0);
+  Reload(s, st, dst.data(), false);
+  EXPECT_EQ(dst, st.data);
+  EXPECT_EQ(RingFree(s.tiers[kLeaseDevice].ring), kPagesPerChunk);
+  EXPECT_EQ(s.control.step_flags, 0u);
+  std::vector<uint8_t> again(128, 0xEE);
+  Reload(s, st, again.data(), false);  // the reload replayed without its stash
+  EXPECT_EQ(again, std::vector<uint8_t>(128, 0xEE));
+  EXPECT_EQ(RingFree(s.tiers[kLeaseDevice].ring), kPagesPerChunk);  // no page twice
+  EXPECT_EQ(s.control.step_flags, kStepOverflow);
+  EXPECT_EQ(s.control.rejected, 1u);
+
+  // The stash replayed twice before its reload: the first replay's pages come back.
+  MappedStashArgs a{};
+  a.session = s.view;
+  a.d_src = st.data.data();
+  a.count = 2;
+  a.max_rows = 2;
+  a.row_bytes = 64;
+  a.keep_source = 1;
+  a.d_plan = &st.plan;
+  a.d_page_record = st.record.data();
+  for (int replay = 0; replay < 3; ++replay) {
+    PlanMappedStashSlot(a);
+    MappedStashCopySerial(a);
+    PublishMappedStash(a);
+    EXPECT_EQ(RingFree(s.tiers[kLeaseDevice].ring), kPagesPerChunk - 2) << "replay " << replay;
+  }
+  EXPECT_EQ(s.control.tiers[kLeaseDevice].pages_used, 2u);
+  EXPECT_EQ(s.control.tiers[kLeaseDevice].stashes_live, 1u);
+  Reload(s, st, dst.data(), false);
+  EXPECT_EQ(dst, st.data);
+  EXPECT_EQ(RingFree(s.tiers[kLeaseDevice].ring), kPagesPerChunk);
+}
+
 TEST(MappedPaging, AChunkLeavesItsRingOnlyWhenNoStashHoldsItsPages) {
   std::mt19937_64 rng(5);
   Session s(3);
   s.AddChunk(kLeaseDevice, 0);
   s.AddChunk(kLeaseDevice, 2);
-  const Stashed st = Stash(s, Random(rng, 64), 1, 1, 64);  // takes page 0 (chunk 0)
+  Stashed st = Stash(s, Random(rng, 64), 1, 1, 64);  // takes page 0 (chunk 0)
   EXPECT_FALSE(s.RemoveChunk(kLeaseDevice, 0));
   EXPECT_EQ(s.control.tiers[kLeaseDevice].pages_leased, 2 * kPagesPerChunk);
   EXPECT_TRUE(s.RemoveChunk(kLeaseDevice, 2));
@@ -241,7 +291,7 @@ TEST(MappedPaging, AStepPublishesTheRankFieldsAndTakesTheDaemonsLineBack) {
   std::mt19937_64 rng(6);
   Session s(1);
   s.AddChunk(kLeaseDevice, 0);
-  const Stashed st = Stash(s, Random(rng, 512), 8, 8, 64);  // 8 pages: overflows
+  Stashed st = Stash(s, Random(rng, 512), 8, 8, 64);  // 8 pages: overflows
   ASSERT_EQ(st.plan.placement, Placement::kOverflow);
   SessionControl shared{};
   shared.magic = kControlMagic;
@@ -253,8 +303,8 @@ TEST(MappedPaging, AStepPublishesTheRankFieldsAndTakesTheDaemonsLineBack) {
   SessionControl* const shared_cell = &shared;
   MappedStepArgs a{s.view, 41, &shared_cell, &report};
   MappedStep(a);
-  EXPECT_EQ(report.step, 41u);
-  EXPECT_EQ(report.flags, kStepOverflow);
+  EXPECT_EQ(ReportedStep(report.step_and_flags), 41u);
+  EXPECT_EQ(ReportedFlags(report.step_and_flags), kStepOverflow);
   EXPECT_EQ(shared.magic, kControlMagic);  // the daemon's fields stay
   EXPECT_EQ(shared.daemon_flags, kDaemonDraining);
   EXPECT_EQ(shared.step, 41u);  // the rank's come over
@@ -344,15 +394,17 @@ TEST(MappedPaging, ARandomStreamWithLeaseChangesIsByteExactAndLosesNoPage) {
       live.emplace(next++, Stash(s, Random(rng, max_rows * row_bytes), rows, max_rows, row_bytes));
     } else if (what < 9 && !live.empty()) {
       auto it = std::next(live.begin(), static_cast<std::ptrdiff_t>(rng() % live.size()));
-      const Stashed& st = it->second;
+      Stashed& st = it->second;
+      const StashPlan plan = st.plan;  // the reload consumes it
       const uint64_t bytes = st.max_rows * st.row_bytes;
       std::vector<uint8_t> dst(bytes, 0xEE);
       const bool release = what == 8;
       Reload(s, st, release ? nullptr : dst.data(), !release, st.data.data());
-      if (!release && st.plan.placement != Placement::kInvalidCount) {
-        const uint64_t valid = st.plan.placement == Placement::kOverflow
-                                   ? KeptBytes(st.plan, st.max_rows, st.row_bytes)
-                                   : st.plan.bytes;
+      EXPECT_EQ(st.plan.tier, kConsumedTier);
+      if (!release && plan.placement != Placement::kInvalidCount) {
+        const uint64_t valid = plan.placement == Placement::kOverflow
+                                   ? KeptBytes(plan, st.max_rows, st.row_bytes)
+                                   : plan.bytes;
         for (uint64_t i = 0; i < bytes; ++i) {
           ASSERT_EQ(dst[i], i < valid ? st.data[i] : 0) << "byte " << i;
         }

@@ -29,8 +29,8 @@ struct alignas(16) CopierState {
   // The step's demand when the lease was last found short (0: not this step).
   uint64_t outgrown_at;
   // How many times the lease was found short so far: whoever asks the daemon for more chunks
-  // (the copier's hook on the host; the host side polling a device copy on a GPU) acts when it
-  // moves.
+  // acts when it moves (the host copier calls its hook; on a GPU the publish kernel writes it
+  // to host memory, MappedSessionView.d_lease_short).
   uint64_t outgrown;
 };
 static_assert(sizeof(CopierState) == 32, "CopierState is shared with device code");

@@ -39,8 +39,20 @@ inline constexpr const char* kAddPagesKernel = "stash_mapped_add_pages";
 inline constexpr const char* kRemoveChunkKernel = "stash_mapped_remove_chunk";
 
 // StashPlan.tier of a stash the session did not try because the daemon drains: placed nowhere
-// (kOverflow, so a reload copies the kept source), counted nowhere, no step flag.
+// (kOverflow, so a reload copies the kept source), counted nowhere, no step flag unless the
+// caller did not keep the source.
 inline constexpr uint32_t kUntriedTier = 0xffffffffu;
+// StashPlan.tier of a plan slot whose stash was reloaded or released (or never ran): its
+// pages are back, and another reload of it copies nothing and flags the step. Plan slots start
+// so (ConsumedPlan), and the reload's publish kernel leaves them so.
+inline constexpr uint32_t kConsumedTier = 0xfffffffeu;
+
+STASH_HOST_DEVICE StashPlan ConsumedPlan() {
+  StashPlan plan{};
+  plan.placement = Placement::kOverflow;
+  plan.tier = kConsumedTier;
+  return plan;
+}
 
 // One lease tier as the kernels see it. Non-owning; d_ring null = the session holds no chunk of
 // this tier (it is skipped).
@@ -57,6 +69,9 @@ struct alignas(16) MappedSessionView {
   uint64_t page_bytes;               // a power of two >= 16
   uint32_t allow_host;               // 0: stashes never go to the host tier
   uint32_t reserved;
+  // Host-visible: CopierState.outgrown each time the lease was found short, so the host asks
+  // the daemon for more chunks without reading device memory. Null = none.
+  uint64_t* d_lease_short;
 };
 
 struct alignas(16) MappedStashArgs {
@@ -65,10 +80,11 @@ struct alignas(16) MappedStashArgs {
   const int64_t* d_count;  // read when the plan kernel runs; null = `count`
   int64_t count;
   uint64_t max_rows;
-  uint64_t row_bytes;  // > 0
-  uint32_t divisor;    // 0 = 1
-  uint32_t reserved;
-  StashPlan* d_plan;        // this stash's plan (16-byte aligned)
+  uint64_t row_bytes;       // > 0
+  uint32_t divisor;         // 0 = 1
+  uint32_t keep_source;     // 1: d_src stays valid until the reload (an overflowed stash reloads
+                            // from it); 0: an overflowed or untried stash flags the step
+  StashPlan* d_plan;        // this stash's plan slot (16-byte aligned)
   uint64_t* d_page_record;  // PagesFor(max_rows * row_bytes) entries
 };
 
@@ -76,7 +92,7 @@ struct alignas(16) MappedReloadArgs {
   MappedSessionView session;
   uint8_t* d_dst;             // null = a release: the pages go back, nothing is copied
   const uint8_t* d_kept_src;  // the stash's source, for a reload of a stash that overflowed
-  const StashPlan* d_plan;
+  StashPlan* d_plan;          // the stash's plan slot: consumed (ConsumedPlan) by the publish
   const uint64_t* d_page_record;
   uint64_t max_rows;
   uint64_t row_bytes;
@@ -84,12 +100,16 @@ struct alignas(16) MappedReloadArgs {
   uint32_t reserved;
 };
 
-// What kStepKernel leaves for the host, in host-visible memory: the flags of the step that
-// ended, and the step they belong to (written last, so a reader that sees the step sees them).
+// What kStepKernel leaves for the host, in host-visible memory: one word, so a reader never pairs
+// a step with another step's flags: step << 2 | the flags of the step that ended before it.
 struct alignas(16) StepReport {
-  uint64_t flags;  // kStepOverflow | kStepSpilled
-  uint64_t step;
+  uint64_t step_and_flags;
+  uint64_t reserved;
 };
+STASH_HOST_DEVICE uint64_t ReportedStep(uint64_t word) { return word >> 2; }
+STASH_HOST_DEVICE uint64_t ReportedFlags(uint64_t word) {
+  return word & (kStepOverflow | kStepSpilled);
+}
 
 struct alignas(16) MappedStepArgs {
   MappedSessionView session;
@@ -150,6 +170,23 @@ STASH_HOST_DEVICE LeaseTierView PlacedLeaseTier(const MappedSessionView& s, cons
   return TierAt(s, p.tier);
 }
 
+// The plan kernel: the slot's previous stash, if it still holds pages (a stash replayed again
+// before its reload ran: its activation is gone, so the step is flagged and the pages come
+// back instead of leaking), then the new plan.
+STASH_HOST_DEVICE void PlanMappedStashSlot(const MappedStashArgs& a) {
+  const StashPlan old = *a.d_plan;
+  const LeaseTierView held = PlacedLeaseTier(a.session, old);
+  if (held.d_ring != nullptr) {
+    ReturnPages(*held.d_ring, held.d_ring->tail, a.d_page_record, 0, old.pages);
+    held.d_ring->tail += old.pages;
+    SessionControl& c = *a.session.d_control;
+    RecordReturned(c, old.tier, held.d_ring->tail, old.pages, old.bytes);
+    RecordRejected(c);
+    RaiseStepFlags(c, *a.session.d_state, kStepOverflow);
+  }
+  *a.d_plan = PlanMappedStash(a);
+}
+
 // After the copy: publishes the new head and keeps the books. A bad count is counted as
 // rejected and flags the step as an overflow (nothing was taken, and no host is there to answer
 // the operation with an error: a guarded trainer reruns the step with the stash off).
@@ -163,11 +200,17 @@ STASH_HOST_DEVICE void PublishMappedStash(const MappedStashArgs& a) {
     RaiseStepFlags(c, state, kStepOverflow);
     return;
   }
-  if (plan.tier == kUntriedTier) return;
+  if (plan.tier == kUntriedTier) {
+    // Nothing was tried (the daemon drains): only a caller that freed its source lost anything.
+    if (a.keep_source == 0) RaiseStepFlags(c, state, kStepOverflow);
+    return;
+  }
   if (plan.placement == Placement::kOverflow) {
     const uint64_t demand =
         RecordOverflow(c, state, OverflowPages(plan, a.max_rows, a.row_bytes, s.page_bytes));
-    ReportOutgrown(state, demand);
+    if (ReportOutgrown(state, demand) && s.d_lease_short != nullptr) {
+      ControlStore(*s.d_lease_short, state.outgrown);
+    }
     return;
   }
   const LeaseTierView tier = PlacedLeaseTier(s, plan);
@@ -178,20 +221,29 @@ STASH_HOST_DEVICE void PublishMappedStash(const MappedStashArgs& a) {
   const PageRing* device = s.tiers[kLeaseDevice].d_ring;
   const uint64_t device_free = device != nullptr ? RingFree(*device) : 0;
   const uint64_t device_leased = ControlLoad(c.tiers[kLeaseDevice].pages_leased);
-  if (LeaseShort(plan.tier != kLeaseDevice, device_free, device_leased)) {
-    ReportOutgrown(state, demand);
+  if (LeaseShort(plan.tier != kLeaseDevice, device_free, device_leased) &&
+      ReportOutgrown(state, demand) && s.d_lease_short != nullptr) {
+    ControlStore(*s.d_lease_short, state.outgrown);
   }
 }
 
 // After the pop: publishes the new tail and keeps the books (a reload or a release of a placed
-// stash; nothing for one that overflowed or was not tried).
+// stash; nothing for one that overflowed or was not tried), then consumes the plan slot. A slot
+// already consumed (reloaded twice, say by a graph replayed twice without its stash) returns
+// nothing: the destination was left as it was, so the step is flagged.
 STASH_HOST_DEVICE void PublishMappedReload(const MappedReloadArgs& a) {
   const MappedSessionView& s = a.session;
   const StashPlan plan = *a.d_plan;
+  SessionControl& c = *s.d_control;
+  *a.d_plan = ConsumedPlan();
+  if (plan.tier == kConsumedTier) {
+    RecordRejected(c);
+    if (a.d_dst != nullptr) RaiseStepFlags(c, *s.d_state, kStepOverflow);
+    return;
+  }
   const LeaseTierView tier = PlacedLeaseTier(s, plan);
   if (tier.d_ring == nullptr) return;
   tier.d_ring->tail += plan.pages;
-  SessionControl& c = *s.d_control;
   RecordReturned(c, plan.tier, tier.d_ring->tail, plan.pages, plan.bytes);
   if (a.d_dst != nullptr) {
     RecordReloaded(c, plan.bytes);
@@ -274,20 +326,19 @@ STASH_HOST_DEVICE void MappedStep(const MappedStepArgs& a) {
   }
   const uint64_t ended = RecordBeginStep(c, *a.session.d_state, a.step);
   if (shared != nullptr) PublishControl(c, *shared);
-  if (a.d_report != nullptr) {
-    ControlStore(a.d_report->flags, ended);
-    SystemFence();  // a host that reads the step reads its flags
-    ControlStore(a.d_report->step, a.step);
-  }
+  if (a.d_report != nullptr) ControlStore(a.d_report->step_and_flags, a.step << 2 | ended);
 }
 
 // Appends a chunk's page ids to its tier's ring and counts them as leased.
 STASH_HOST_DEVICE void AddMappedPages(const MappedRingArgs& a) {
   PageRing* ring = TierAt(a.session, a.tier).d_ring;
-  if (ring == nullptr || RingFree(*ring) + a.pages > ring->capacity) return;
+  if (ring == nullptr) return;
+  TierControl& t = a.session.d_control->tiers[a.tier];
+  // Pages already leased (free or held by stashes) plus these must fit the ring: a chunk added
+  // twice would put its ids in the ring twice.
+  if (ControlLoad(t.pages_leased) + a.pages > ring->capacity) return;
   for (uint64_t i = 0; i < a.pages; ++i) RingReturnAt(*ring, ring->tail, i, a.first_id + i);
   ring->tail += a.pages;
-  TierControl& t = a.session.d_control->tiers[a.tier];
   ControlStore(t.pages_leased, ControlLoad(t.pages_leased) + a.pages);
   ControlStore(t.ring_tail, ring->tail);
 }
@@ -340,7 +391,8 @@ STASH_HOST_DEVICE void MappedReloadPopSerial(const MappedReloadArgs& a) {
   const LeaseTierView tier = PlacedLeaseTier(a.session, plan);
   const uint64_t max_bytes = a.max_rows * a.row_bytes;
   if (tier.d_ring == nullptr) {
-    if (plan.placement != Placement::kOverflow || a.d_kept_src == nullptr || a.d_dst == nullptr) {
+    if (plan.placement != Placement::kOverflow || plan.tier == kConsumedTier ||
+        a.d_kept_src == nullptr || a.d_dst == nullptr) {
       return;
     }
     const uint64_t kept = KeptBytes(plan, a.max_rows, a.row_bytes);

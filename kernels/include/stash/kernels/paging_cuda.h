@@ -54,6 +54,7 @@ enum class LaunchStatus : uint32_t {
   kMisaligned = 5,    // a ring or plan not 16-byte aligned, or a page record not 8-byte aligned
   kTooLarge = 6,      // max_rows * row_bytes does not fit in 64 bits
   kCudaError = 7,     // a CUDA call failed; `cuda_error` and the message say which
+  kOverlap = 8,       // d_kept_src and d_dst overlap without being the same buffer
 };
 
 // The name of a status, e.g. "kBadPageBytes".
@@ -117,7 +118,8 @@ struct ReloadLaunch {
                                             // [plan.bytes, max_rows * row_bytes) of d_dst
   // The stash's source, which the rank keeps when the stash overflows (mapped mode). When the
   // plan says kOverflow, its first min(rows, max_rows) rows are copied to d_dst (nothing when
-  // they are the same buffer) and zero_tail zeroes past them. nullptr: an overflowed stash's
+  // they are the same buffer; buffers that partly overlap are refused: kOverlap) and zero_tail
+  // zeroes past them. nullptr: an overflowed stash's
   // reload leaves d_dst as it is (daemon-copy, where an overflowed ticket is never reloaded).
   const uint8_t* d_kept_src = nullptr;
   CudaTier device;  // the same tiers as at stash time
