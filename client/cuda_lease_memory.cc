@@ -35,7 +35,8 @@ Status Annotate(const Status& status, const std::string& context) {
 }
 
 // Where a free host slot goes back to: an inaccessible reservation, never a hole another
-// mapping could take, and never inherited by a forked child.
+// mapping could take, and never inherited by a forked child. Also after a failed mmap(MAP_FIXED)
+// over the slot: Linux may have removed the old mapping (the reservation) before it failed.
 void ReserveHostRange(uint8_t* at, uint64_t bytes) {
   void* p =
       mmap(at, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
@@ -137,19 +138,21 @@ CudaLeaseMemory::~CudaLeaseMemory() {
       Slot& slot = slots_[tier][s];
       if (slot.state == SlotState::kFree) continue;
       if (slot.state == SlotState::kUnmapping) {
-        // A capture that never ended leaves no point in the stream to wait for: its graph may
-        // not be replayed after this anyway (the owner's contract).
-        if (slot.event == nullptr && !Capturing(slot.stream)) {
-          auto event = TakeEvent();
-          if (event.ok() && driver_->EventRecord(*event, slot.stream) == CUDA_SUCCESS) {
-            slot.event = *event;
-          } else if (event.ok()) {
+        bool waited = false;
+        if (slot.event != nullptr) {
+          waited = driver_->EventSynchronize(slot.event) == CUDA_SUCCESS;
+          GiveEvent(slot.event);  // destroyed below with the spares
+          slot.event = nullptr;
+        }
+        // No event, or one that cannot be waited for (captured): a fresh one, unless the stream
+        // captures. A capture that never ended leaves no point in the stream to wait for: its
+        // graph may not be replayed after this anyway (the owner's contract).
+        if (!waited) {
+          auto event = RecordUnlessCapturing(slot.stream);
+          if (event.ok() && *event != nullptr) {
+            driver_->EventSynchronize(*event);
             GiveEvent(*event);
           }
-        }
-        if (slot.event != nullptr) {
-          driver_->EventSynchronize(slot.event);
-          GiveEvent(slot.event);
         }
       }
       (void)UnmapNow(tier, s, slot.bytes);
@@ -300,7 +303,13 @@ Status CudaLeaseMemory::MapHost(uint64_t slot, int fd, uint64_t bytes) {
   uint8_t* const at = ranges_[kernels::kLeaseHost].base + slot * chunk_bytes_;
   // Populated: registration pins every page anyway, and the holder pays for its lease's pages.
   void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) return ErrnoStatus("mapping a leased host chunk");
+  if (p == MAP_FAILED) {
+    Status failed = ErrnoStatus("mapping a leased host chunk");
+    // The kernel may have unmapped the reservation before the new mapping failed: a hole that an
+    // unrelated mmap could take, which the next Map of this slot would then overwrite.
+    ReserveHostRange(at, bytes);
+    return failed;
+  }
   madvise(p, bytes, MADV_DONTFORK);
   // Once per lease, never per operation: page-locks the chunk and maps it for every context
   // (PORTABLE) of every GPU (DEVICEMAP).
@@ -361,6 +370,25 @@ StatusOr<CUevent> CudaLeaseMemory::TakeEvent() {
 
 void CudaLeaseMemory::GiveEvent(CUevent event) { spare_events_.push_back(event); }
 
+StatusOr<CUevent> CudaLeaseMemory::RecordUnlessCapturing(CUstream stream) {
+  if (Capturing(stream)) return CUevent{};
+  STASH_ASSIGN_OR_RETURN(CUevent event, TakeEvent());
+  const Status recorded = driver_->Check(driver_->EventRecord(event, stream), "cuEventRecord");
+  if (!recorded.ok()) {
+    GiveEvent(event);
+    return recorded;
+  }
+  // Another thread (the trainer's) may have begun a capture on the stream between the check and
+  // the record: then the record may be part of the capture, marking no point in the stream (and
+  // an event last recorded in a capture answers every query with CUDA_ERROR_CAPTURED_EVENT).
+  // Dropped: a spare is recorded again outside capture before any use.
+  if (Capturing(stream)) {
+    GiveEvent(event);
+    return CUevent{};
+  }
+  return event;
+}
+
 Status CudaLeaseMemory::Unmap(uint32_t tier, uint64_t slot, CUstream stream) {
   STASH_RETURN_IF_ERROR(CheckSlot(tier, slot));
   const PrimaryContext::Scope scope(context_);
@@ -371,17 +399,9 @@ Status CudaLeaseMemory::Unmap(uint32_t tier, uint64_t slot, CUstream stream) {
     return FailedPreconditionError(std::string("slot ") + std::to_string(slot) + " of the " +
                                    TierName(tier) + " lease range is not mapped");
   }
-  CUevent event = nullptr;
   // During capture an event record would become a node of the graph, not a point in the
   // stream; Reap records one once the capture ended.
-  if (!Capturing(stream)) {
-    STASH_ASSIGN_OR_RETURN(event, TakeEvent());
-    Status recorded = driver_->Check(driver_->EventRecord(event, stream), "cuEventRecord");
-    if (!recorded.ok()) {
-      GiveEvent(event);
-      return recorded;
-    }
-  }
+  STASH_ASSIGN_OR_RETURN(CUevent event, RecordUnlessCapturing(stream));
   s.state = SlotState::kUnmapping;
   s.stream = stream;
   s.event = event;
@@ -404,26 +424,35 @@ CudaLeaseMemory::Reaped CudaLeaseMemory::Reap() {
       Slot& s = slots_[tier][slot];
       if (s.state != SlotState::kUnmapping || Capturing(s.stream)) continue;
       if (s.event == nullptr) {
-        // Unmapped during a capture that has ended: the stream's work from now on is ordered
-        // after every use of the chunk that was enqueued.
-        auto event = TakeEvent();
+        // Unmapped during a capture that has ended (or its event was dropped): the stream's work
+        // from now on is ordered after every use of the chunk that was enqueued.
+        auto event = RecordUnlessCapturing(s.stream);
         if (!event.ok()) {
-          fail(event.status());
+          fail(Annotate(event.status(), std::string("recording the unmap of slot ") +
+                                            std::to_string(slot) + " of the " + TierName(tier) +
+                                            " lease range"));
           continue;
         }
-        const Status recorded =
-            driver_->Check(driver_->EventRecord(*event, s.stream), "cuEventRecord");
-        if (!recorded.ok()) {
-          GiveEvent(*event);
-          fail(recorded);
-          continue;
-        }
+        if (*event == nullptr) continue;  // a capture began: after it ends
         s.event = *event;
       }
       const CUresult done = driver_->EventQuery(s.event);
       if (done == CUDA_ERROR_NOT_READY) continue;
       if (done != CUDA_SUCCESS) {
-        fail(driver_->Check(done, "cuEventQuery"));
+        // This event can never say that the work completed: recorded in a capture that began and
+        // ended around Unmap's record (CUDA_ERROR_CAPTURED_EVENT until it is recorded again), or
+        // broken. Kept, it would fail every Reap and the slot would stay unmapping forever: it is
+        // dropped, and the next Reap records a fresh one while the stream is not capturing
+        // (behind the old record in the stream, so behind every use of the chunk too).
+        fail(Annotate(driver_->Check(done, "cuEventQuery"),
+                      std::string("the unmap of slot ") + std::to_string(slot) + " of the " +
+                          TierName(tier) + " lease range (a fresh event is recorded next time)"));
+        if (done == CUDA_ERROR_CAPTURED_EVENT) {
+          GiveEvent(s.event);  // sound: recorded again outside capture before any use
+        } else {
+          driver_->EventDestroy(s.event);
+        }
+        s.event = nullptr;
         continue;
       }
       const Status unmapped = UnmapNow(tier, slot, s.bytes);

@@ -34,8 +34,10 @@
 // the stream is capturing: an event recorded during capture becomes a graph node, not a point
 // in the stream; then it records nothing and Reap records one once the capture ended), and
 // Reap, called by the owner at step boundaries outside capture, unmaps the slots whose event
-// completed. A graph captured with a chunk's address must not be replayed after that chunk's
-// Unmap: lease changes happen between replays, which the owner keeps in order.
+// completed. The stream must live until Reap (or the destructor) freed the slot: Reap may record
+// on it again (after a capture, or when an event can no longer be queried). A graph captured
+// with a chunk's address must not be replayed after that chunk's Unmap: lease changes happen
+// between replays, which the owner keeps in order.
 //
 // Thread-safe: Map (the lease thread) may run while Unmap and Reap run on the copier; the lock
 // is not held while a chunk is imported, mapped or page-locked.
@@ -98,7 +100,8 @@ class CudaLeaseMemory {
 
   // Starts unmapping mapped slot `slot` of `tier` (see the unmap contract above): every work
   // that uses it was enqueued on `stream` (nullptr: the legacy default stream) before this
-  // call. Returns at once; Reap unmaps it once that work completed. INVALID_ARGUMENT for a bad
+  // call, and `stream` lives until the slot is free again. Returns at once; Reap unmaps it once
+  // that work completed. INVALID_ARGUMENT for a bad
   // tier or slot, FAILED_PRECONDITION when the slot is not mapped; an error recording the event
   // leaves the slot mapped.
   Status Unmap(uint32_t tier, uint64_t slot, CUstream stream);
@@ -106,7 +109,9 @@ class CudaLeaseMemory {
   // Unmaps every unmapping slot whose work completed and whose stream is not capturing. Never
   // blocks on the GPU. Call it at step boundaries, outside capture. `freed` lists the slots now
   // free (the owner tells the daemon); a slot whose unmap failed stays unmapping, retried at the
-  // next Reap, and `status` is the first such error.
+  // next Reap, and `status` is the first such error. An event whose query fails (one a capture
+  // took: CUDA_ERROR_CAPTURED_EVENT) is reported once and replaced by a fresh record at the next
+  // Reap, so no slot stays unmapping for it.
   struct Reaped {
     std::vector<SlotRef> freed;
     Status status;
@@ -130,7 +135,8 @@ class CudaLeaseMemory {
     SlotState state = SlotState::kFree;
     uint64_t bytes = 0;         // mapped bytes (mapped or unmapping)
     CUstream stream = nullptr;  // unmapping: the stream its work was on
-    CUevent event = nullptr;    // unmapping: recorded after that work; null while capturing
+    CUevent event = nullptr;    // unmapping: recorded after that work; null until Reap records
+                                // one (the stream captured, or a useless event was dropped)
   };
   struct Range {
     uint8_t* base = nullptr;  // device tiers: a device address
@@ -152,6 +158,10 @@ class CudaLeaseMemory {
   Status CheckSlot(uint32_t tier, uint64_t slot) const;
   StatusOr<CUevent> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GiveEvent(CUevent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An event recorded on `stream` behind all its work so far; null when the stream captures,
+  // before the record or right after it (a capture another thread began in between may have
+  // taken the record). Context current.
+  StatusOr<CUevent> RecordUnlessCapturing(CUstream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Never change after Create returned.
   const CudaDriver* const driver_;  // not owned

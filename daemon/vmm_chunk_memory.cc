@@ -22,15 +22,22 @@ Status Annotate(const Status& status, const std::string& context) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<VmmChunkMemory>> VmmChunkMemory::Create(const CudaDriver* driver,
-                                                                 int device,
-                                                                 const std::string& label,
-                                                                 uint64_t bytes,
-                                                                 uint64_t chunk_bytes) {
+StatusOr<std::unique_ptr<VmmChunkMemory>> VmmChunkMemory::Create(
+    const CudaDriver* driver, int device, const std::string& label, uint64_t bytes,
+    uint64_t chunk_bytes, uint64_t page_bytes) {
   if (driver == nullptr) return InvalidArgumentError("VMM pool " + label + " needs a CUDA driver");
   if (bytes == 0 || chunk_bytes == 0 || chunk_bytes > kMaxChunkBytes) {
     return InvalidArgumentError("VMM pool " + label + " needs bytes > 0 and chunk bytes in (0, " +
                                 FormatBytes(kMaxChunkBytes) + "]");
+  }
+  if (page_bytes == 0 || (page_bytes & (page_bytes - 1)) != 0 || page_bytes > kMaxChunkBytes) {
+    return InvalidArgumentError("VMM pool " + label + ": pages of " + std::to_string(page_bytes) +
+                                " bytes are not a power of two up to " +
+                                FormatBytes(kMaxChunkBytes));
+  }
+  if (chunk_bytes % page_bytes != 0) {
+    return InvalidArgumentError("VMM pool " + label + ": chunks of " + FormatBytes(chunk_bytes) +
+                                " are not a whole number of " + FormatBytes(page_bytes) + " pages");
   }
   CUdevice dev = 0;
   STASH_CU_RETURN_IF_ERROR(driver, DeviceGet(&dev, device));
@@ -74,23 +81,25 @@ StatusOr<std::unique_ptr<VmmChunkMemory>> VmmChunkMemory::Create(const CudaDrive
   size_t granularity = 0;
   STASH_CU_RETURN_IF_ERROR(driver, MemGetAllocationGranularity(
                                        &granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-  // A power of two (2 MiB on every GPU so far): chunk bytes, a whole number of pages (a power
-  // of two), rounded up to it stay a whole number of pages, so the tier's page ids (chunk x
-  // pages per chunk + page) stay valid and the daemon-copy ring is unchanged.
+  // A power of two (2 MiB on every GPU so far), like the page size: the larger of the two is a
+  // whole number of both. Every chunk, the last one too, is whole granularity units (cuMemCreate
+  // and cuMemMap take nothing else) and whole pages (the tier's page ids, chunk x pages per
+  // chunk + page, stay valid and no page straddles the pool's end), so the daemon-copy ring is
+  // unchanged.
   if (granularity == 0 || (granularity & (granularity - 1)) != 0) {
     return FailedPreconditionError(gpu + " reports an allocation granularity of " +
                                    std::to_string(granularity) +
                                    " bytes, not a power of two: chunks cannot be whole pages");
   }
   const uint64_t g = granularity;
-  const uint64_t rounded_chunk = (chunk_bytes + g - 1) / g * g;
-  // Down, never up: the pool takes at most what it was given (and it stays whole pages: a
-  // multiple of the page size, a power of two, rounded down to a power of two).
-  const uint64_t rounded_bytes = bytes / g * g;
+  const uint64_t unit = std::max<uint64_t>(g, page_bytes);
+  const uint64_t rounded_chunk = (chunk_bytes + unit - 1) / unit * unit;
+  // Down, never up: the pool takes at most what it was given.
+  const uint64_t rounded_bytes = bytes / unit * unit;
   if (rounded_bytes == 0) {
     return InvalidArgumentError("VMM pool " + label + " of " + FormatBytes(bytes) +
                                 " is less than one allocation granularity of " + gpu + " (" +
-                                FormatBytes(g) + ")");
+                                FormatBytes(g) + ") or one page (" + FormatBytes(page_bytes) + ")");
   }
   // One range for the whole pool, reserved once and never moved: the daemon-copy ring and
   // every page id address it.

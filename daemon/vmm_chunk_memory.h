@@ -46,13 +46,17 @@ class VmmChunkMemory {
  public:
   // Checks that GPU `device` (an ordinal of this process) supports VMM and POSIX-fd handles
   // (FAILED_PRECONDITION naming the GPU, what is missing and what to do otherwise), rounds
-  // `chunk_bytes` (> 0, a whole number of pages) up to the GPU's recommended allocation
-  // granularity and `bytes` (> 0) down to whole granularity units (INVALID_ARGUMENT when that
-  // leaves nothing), and reserves the pool's address range. Creates no chunk (all absent).
-  // `driver` is borrowed and must outlive the object. `label` names the pool in messages.
+  // `chunk_bytes` (> 0, a whole number of `page_bytes`, a power of two: the pool's --page-bytes)
+  // up, and `bytes` (> 0) down, to whole units of max(the GPU's recommended allocation
+  // granularity, page_bytes), so every chunk, the last one too, is whole granularity units and
+  // whole pages (INVALID_ARGUMENT for a bad page size, a chunk that is not whole pages, or a
+  // pool that rounds to nothing), and reserves the pool's address range. Creates no chunk (all
+  // absent). `driver` is borrowed and must outlive the object. `label` names the pool in
+  // messages.
   static StatusOr<std::unique_ptr<VmmChunkMemory>> Create(const CudaDriver* driver, int device,
                                                           const std::string& label, uint64_t bytes,
-                                                          uint64_t chunk_bytes);
+                                                          uint64_t chunk_bytes,
+                                                          uint64_t page_bytes);
   VmmChunkMemory(const VmmChunkMemory&) = delete;
   VmmChunkMemory& operator=(const VmmChunkMemory&) = delete;
   // Unmaps and releases every present chunk and frees the range. Holders' mappings stay valid.
@@ -60,13 +64,15 @@ class VmmChunkMemory {
 
   // The pool's device address; never moves.
   uint8_t* base() const { return base_; }
-  // The pool's size: the bytes asked for, rounded down to whole granularity units.
+  // The pool's size: the bytes asked for, rounded down to whole units of max(granularity,
+  // page size).
   uint64_t bytes() const { return bytes_; }
-  // The chunk size: the size asked for, rounded up to the allocation granularity.
+  // The chunk size: the size asked for, rounded up to whole units of max(granularity, page
+  // size).
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   uint64_t chunks() const { return chunks_; }
-  // The size of chunk `chunk` (< chunks()): chunk_bytes(), or less (whole granularity units)
-  // for the last one.
+  // The size of chunk `chunk` (< chunks()): chunk_bytes(), or less (still whole granularity
+  // units and whole pages) for the last one.
   uint64_t ChunkBytes(uint64_t chunk) const;
   // cuMemGetAllocationGranularity(RECOMMENDED) for this pool's allocations.
   uint64_t granularity() const { return granularity_; }

@@ -5,12 +5,19 @@
 // the work runs, so an unmap that came too early crashes these tests.
 #include "client/cuda_lease_memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/shm.h"
 #include "daemon/vmm_chunk_memory.h"
@@ -29,6 +36,7 @@ using SlotState = CudaLeaseMemory::SlotState;
 
 constexpr uint64_t kMiB = 1ULL << 20;
 constexpr uint64_t kChunk = 4 * kMiB;
+constexpr uint64_t kPage = 64 << 10;
 constexpr std::array<uint64_t, kernels::kLeaseTiers> kQuota = {3 * kChunk, 2 * kChunk, 2 * kChunk};
 
 uint8_t* At(const CudaLeaseMemory& m, uint32_t tier, uint64_t slot) {
@@ -92,7 +100,7 @@ class StreamRig {
 std::unique_ptr<VmmChunkMemory> Pool(const CudaDriver* d, int device, uint64_t chunk,
                                      uint8_t seed) {
   auto pool =
-      VmmChunkMemory::Create(d, device, "pool" + std::to_string(device), 4 * kChunk, kChunk);
+      VmmChunkMemory::Create(d, device, "pool" + std::to_string(device), 4 * kChunk, kChunk, kPage);
   EXPECT_TRUE(pool.ok()) << pool.status().ToString();
   if (!pool.ok()) return nullptr;
   EXPECT_TRUE((*pool)->Ensure(chunk).ok());
@@ -318,6 +326,243 @@ TEST(CudaLeaseMemory, HostChunksAreRegisteredForTheGpuAtLeaseTime) {
   UniqueFd again(fcntl(memfd->get(), F_DUPFD_CLOEXEC, 0));
   EXPECT_TRUE(lease->Map(kLeaseHost, 1, std::move(again), kChunk, -1).ok());
   munmap(view, kChunk);
+}
+
+// Another thread of the trainer, played by a driver table over the stand-in's: it begins a
+// capture on `stream` exactly where CudaLeaseMemory cannot see it coming. Every call comes from
+// the test's one thread.
+struct Race {
+  const CudaDriver* real = nullptr;
+  CUstream stream = nullptr;
+  // A capture begins on `stream` right after the next cuStreamIsCapturing said "none" (between
+  // Unmap's check and its record).
+  bool begin_after_check = false;
+  // A capture begins before the next cuEventRecord on `stream` and ends right after it (both
+  // between Unmap's check and its second look).
+  bool capture_around_record = false;
+  // Events last recorded inside a capture. cuEventQuery and cuEventSynchronize refuse them with
+  // CUDA_ERROR_CAPTURED_EVENT ("an event that was last recorded inside a capture sequence",
+  // cuThreadExchangeStreamCaptureMode) until they are recorded again; the stand-in forgets the
+  // mark when the capture ends, so this table keeps it.
+  std::set<CUevent> captured;
+  std::vector<CUgraph> graphs;  // of the captures begun here, destroyed by the test
+};
+Race g_race;
+
+CUresult RacingIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  const CUresult r = g_race.real->StreamIsCapturing(stream, status);
+  if (r == CUDA_SUCCESS && stream == g_race.stream && g_race.begin_after_check &&
+      *status == CU_STREAM_CAPTURE_STATUS_NONE) {
+    g_race.begin_after_check = false;
+    EXPECT_EQ(g_race.real->StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  }
+  return r;
+}
+
+CUresult RacingEventRecord(CUevent event, CUstream stream) {
+  const bool around = stream == g_race.stream && g_race.capture_around_record;
+  if (around) {
+    g_race.capture_around_record = false;
+    EXPECT_EQ(g_race.real->StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  }
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  EXPECT_EQ(g_race.real->StreamIsCapturing(stream, &status), CUDA_SUCCESS);
+  const CUresult r = g_race.real->EventRecord(event, stream);
+  if (r == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    g_race.captured.insert(event);
+  } else if (r == CUDA_SUCCESS) {
+    g_race.captured.erase(event);
+  }
+  if (around) {
+    CUgraph graph = nullptr;
+    EXPECT_EQ(g_race.real->StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+    g_race.graphs.push_back(graph);
+  }
+  return r;
+}
+
+CUresult RacingEventQuery(CUevent event) {
+  if (g_race.captured.count(event) != 0) return CUDA_ERROR_CAPTURED_EVENT;
+  return g_race.real->EventQuery(event);
+}
+
+CUresult RacingEventSynchronize(CUevent event) {
+  if (g_race.captured.count(event) != 0) return CUDA_ERROR_CAPTURED_EVENT;
+  return g_race.real->EventSynchronize(event);
+}
+
+CUresult RacingEventDestroy(CUevent event) {
+  g_race.captured.erase(event);
+  return g_race.real->EventDestroy(event);
+}
+
+// The stand-in's table with the racing calls in place, for a race on `stream`.
+const CudaDriver* RacingDriver(const CudaDriver* real, CUstream stream) {
+  static CudaDriver table;
+  table = *real;
+  table.StreamIsCapturing = RacingIsCapturing;
+  table.EventRecord = RacingEventRecord;
+  table.EventQuery = RacingEventQuery;
+  table.EventSynchronize = RacingEventSynchronize;
+  table.EventDestroy = RacingEventDestroy;
+  g_race = Race{};
+  g_race.real = real;
+  g_race.stream = stream;
+  return &table;
+}
+
+// Ends the capture the race began on the rig's stream and destroys every graph it made.
+void EndRacingCaptures(const CudaDriver* d, StreamRig& rig) {
+  const PrimaryContext::Scope scope(rig.context());
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  ASSERT_EQ(d->StreamIsCapturing(rig.stream(), &status), CUDA_SUCCESS);
+  if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    CUgraph graph = nullptr;
+    ASSERT_EQ(d->StreamEndCapture(rig.stream(), &graph), CUDA_SUCCESS);
+    g_race.graphs.push_back(graph);
+  }
+  for (CUgraph graph : g_race.graphs) EXPECT_EQ(d->GraphDestroy(graph), CUDA_SUCCESS);
+  g_race.graphs.clear();
+}
+
+// A capture begins between Unmap's "not capturing" and its event record, so the record may be
+// part of the capture and mark no point in the stream (the stand-in then calls the event
+// complete at once; the driver refuses to query it). Unmap sees the capture afterwards, drops
+// the event, and Reap records one after the capture: the chunk stays mapped until the work
+// queued before the Unmap ran (an early unmap faults when the gate opens).
+TEST(CudaLeaseMemory, AnUnmapThatACaptureOvertakesWaitsForTheWorkAfterTheCapture) {
+  const CudaDriver* real = Standin::Reset();
+  auto pool = Pool(real, 0, 1, 2);
+  StreamRig rig(real);
+  const CudaDriver* d = RacingDriver(real, rig.stream());
+  auto lease = Lease(d);
+  ASSERT_TRUE(pool && lease);
+  ASSERT_TRUE(lease->Map(kLeaseDevice, 0, Export(*pool, 1), kChunk, 0).ok());
+  rig.Close();
+  rig.Memset(At(*lease, kLeaseDevice, 0), 0x5e, kChunk);
+  g_race.begin_after_check = true;
+  ASSERT_TRUE(lease->Unmap(kLeaseDevice, 0, rig.stream()).ok());
+  EXPECT_FALSE(g_race.begin_after_check) << "the race did not happen";
+  auto reaped = lease->Reap();  // the stream captures: nothing
+  EXPECT_TRUE(reaped.status.ok()) << reaped.status.ToString();
+  EXPECT_TRUE(reaped.freed.empty());
+  ASSERT_NO_FATAL_FAILURE(EndRacingCaptures(real, rig));
+
+  reaped = lease->Reap();  // records behind the memset, which the gate holds back
+  EXPECT_TRUE(reaped.status.ok()) << reaped.status.ToString();
+  EXPECT_TRUE(reaped.freed.empty());
+  EXPECT_EQ(lease->slot_state(kLeaseDevice, 0), SlotState::kUnmapping);
+  rig.Open();
+  rig.Synchronize();
+  reaped = lease->Reap();
+  EXPECT_TRUE(reaped.status.ok()) << reaped.status.ToString();
+  EXPECT_EQ(reaped.freed.size(), 1u);
+  EXPECT_EQ(pool->base()[kChunk], 0x5e);
+  EXPECT_EQ(pool->base()[2 * kChunk - 1], 0x5e);
+}
+
+// A capture begins and ends around Unmap's record: Unmap cannot tell, and keeps an event that
+// the driver will never query again (CUDA_ERROR_CAPTURED_EVENT). Reap reports it once, drops
+// it, records a fresh one, and the slot is freed once the work ran; it never stays unmapping.
+TEST(CudaLeaseMemory, AReapWhoseEventACaptureTookRecordsAFreshOne) {
+  const CudaDriver* real = Standin::Reset();
+  auto pool = Pool(real, 0, 2, 2);
+  StreamRig rig(real);
+  const CudaDriver* d = RacingDriver(real, rig.stream());
+  auto lease = Lease(d);
+  ASSERT_TRUE(pool && lease);
+  ASSERT_TRUE(lease->Map(kLeaseDevice, 1, Export(*pool, 2), kChunk, 0).ok());
+  rig.Close();
+  rig.Memset(At(*lease, kLeaseDevice, 1), 0x6f, kChunk);
+  g_race.capture_around_record = true;
+  ASSERT_TRUE(lease->Unmap(kLeaseDevice, 1, rig.stream()).ok());
+  ASSERT_FALSE(g_race.capture_around_record) << "the race did not happen";
+  ASSERT_EQ(g_race.captured.size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(EndRacingCaptures(real, rig));
+
+  auto reaped = lease->Reap();
+  EXPECT_EQ(reaped.status.code(), StatusCode::kFailedPrecondition) << reaped.status.ToString();
+  EXPECT_NE(reaped.status.message().find("CUDA_ERROR_CAPTURED_EVENT"), std::string::npos)
+      << reaped.status.ToString();
+  EXPECT_TRUE(reaped.freed.empty());
+  reaped = lease->Reap();  // a fresh event, behind the memset the gate holds back
+  EXPECT_TRUE(reaped.status.ok()) << reaped.status.ToString();
+  EXPECT_TRUE(reaped.freed.empty());
+  EXPECT_EQ(lease->slot_state(kLeaseDevice, 1), SlotState::kUnmapping);
+  rig.Open();
+  rig.Synchronize();
+  reaped = lease->Reap();
+  EXPECT_TRUE(reaped.status.ok()) << reaped.status.ToString();
+  EXPECT_EQ(reaped.freed.size(), 1u);
+  EXPECT_EQ(pool->base()[2 * kChunk], 0x6f);
+  EXPECT_EQ(pool->base()[3 * kChunk - 1], 0x6f);
+}
+
+// The same captured event in the destructor: it cannot be waited for, so the destructor records
+// a fresh one and waits for that before it unmaps.
+TEST(CudaLeaseMemory, TheDestructorWaitsPastAnEventACaptureTook) {
+  const CudaDriver* real = Standin::Reset();
+  auto pool = Pool(real, 0, 3, 2);
+  StreamRig rig(real);
+  const CudaDriver* d = RacingDriver(real, rig.stream());
+  auto lease = Lease(d);
+  ASSERT_TRUE(pool && lease);
+  ASSERT_TRUE(lease->Map(kLeaseDevice, 2, Export(*pool, 3), kChunk, 0).ok());
+  rig.Close();
+  rig.Memset(At(*lease, kLeaseDevice, 2), 0x7a, kChunk);
+  g_race.capture_around_record = true;
+  ASSERT_TRUE(lease->Unmap(kLeaseDevice, 2, rig.stream()).ok());
+  ASSERT_EQ(g_race.captured.size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(EndRacingCaptures(real, rig));
+  std::thread opener([&rig] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    rig.Open();
+  });
+  lease.reset();  // waits for the memset, then unmaps
+  opener.join();
+  EXPECT_EQ(pool->base()[3 * kChunk], 0x7a);
+  EXPECT_EQ(pool->base()[4 * kChunk - 1], 0x7a);
+}
+
+// Whether [at, at + bytes) is wholly PROT_NONE mappings (a reservation), per /proc/self/maps.
+bool Reserved(const uint8_t* at, uint64_t bytes) {
+  std::ifstream maps("/proc/self/maps");
+  const auto begin = reinterpret_cast<uintptr_t>(at);
+  const uintptr_t end = begin + bytes;
+  uintptr_t covered = begin;
+  std::string line;
+  while (std::getline(maps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) != 3) continue;
+    if (hi <= covered || lo > covered || covered >= end) continue;
+    if (std::string(perms).substr(0, 3) != "---") return false;
+    covered = hi;
+  }
+  return covered >= end;
+}
+
+// A host chunk whose mapping fails (a memfd sealed against writable shared mappings: on kernels
+// where the file's own mmap refuses it, the old mapping, our reservation, is gone by then)
+// leaves the slot free and reserved: never a hole another mapping could take.
+TEST(CudaLeaseMemory, AHostChunkThatFailsToMapLeavesItsSlotReserved) {
+  const CudaDriver* d = Standin::Reset();
+  auto lease = Lease(d);
+  ASSERT_TRUE(lease);
+  UniqueFd sealed(memfd_create("sealed-host-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(sealed.valid());
+  ASSERT_EQ(ftruncate(sealed.get(), static_cast<off_t>(kChunk)), 0);
+  ASSERT_EQ(fcntl(sealed.get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE), 0);
+  uint8_t* slot = At(*lease, kLeaseHost, 0);
+  ASSERT_TRUE(Reserved(slot, kChunk));
+  const Status refused = lease->Map(kLeaseHost, 0, std::move(sealed), kChunk, -1);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(lease->slot_state(kLeaseHost, 0), SlotState::kFree);
+  EXPECT_TRUE(Reserved(slot, kChunk));
+  // And a good chunk maps there after.
+  auto memfd = CreateSealedMemfd("host-chunk", kChunk, false);
+  ASSERT_TRUE(memfd.ok());
+  EXPECT_TRUE(lease->Map(kLeaseHost, 0, std::move(*memfd), kChunk, -1).ok());
 }
 
 // The exporter (a daemon) is SIGKILLed: the rank's mapping keeps the chunk, bytes intact, and

@@ -19,10 +19,11 @@ using stash::testing::Standin;
 
 constexpr uint64_t kMiB = 1ULL << 20;
 constexpr uint64_t kGranularity = 2 * kMiB;  // the stand-in's, an H100's
+constexpr uint64_t kPage = 64 << 10;         // --page-bytes below the granularity
 
 TEST(VmmChunkMemory, RoundsChunksUpAndThePoolDownToTheGranularity) {
   const CudaDriver* d = Standin::Reset();
-  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 17 * kMiB, 3 * kMiB);
+  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 17 * kMiB, 3 * kMiB, kPage);
   ASSERT_TRUE(memory.ok()) << memory.status().ToString();
   const VmmChunkMemory& m = **memory;
   EXPECT_EQ(m.granularity(), kGranularity);
@@ -34,21 +35,67 @@ TEST(VmmChunkMemory, RoundsChunksUpAndThePoolDownToTheGranularity) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(m.base()) % kGranularity, 0u);
 
   // A last chunk shorter than the others, still whole granularity units.
-  auto odd = VmmChunkMemory::Create(d, 0, "pool0-odd", 10 * kMiB, 4 * kMiB);
+  auto odd = VmmChunkMemory::Create(d, 0, "pool0-odd", 10 * kMiB, 4 * kMiB, kPage);
   ASSERT_TRUE(odd.ok()) << odd.status().ToString();
   EXPECT_EQ((*odd)->chunks(), 3u);
   EXPECT_EQ((*odd)->ChunkBytes(2), 2 * kMiB);
   ASSERT_TRUE((*odd)->Ensure(2).ok());
 
   // Less than one granularity unit is no pool.
-  auto tiny = VmmChunkMemory::Create(d, 0, "tiny", kMiB, kMiB);
+  auto tiny = VmmChunkMemory::Create(d, 0, "tiny", kMiB, kMiB, kPage);
   EXPECT_EQ(tiny.status().code(), StatusCode::kInvalidArgument);
+}
+
+// --page-bytes above the granularity (4 MiB pages, 2 MiB granularity): the chunk and the pool
+// round to whole pages, so the last chunk never ends mid-page; a chunk that is not whole pages,
+// or a page size that is not a power of two, is refused.
+TEST(VmmChunkMemory, RoundsToWholePagesWhenAPageIsLargerThanTheGranularity) {
+  const CudaDriver* d = Standin::Reset();
+  const uint64_t page = 4 * kMiB;
+  auto memory = VmmChunkMemory::Create(d, 0, "big-pages", 18 * kMiB, 8 * kMiB, page);
+  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+  const VmmChunkMemory& m = **memory;
+  EXPECT_EQ(m.chunk_bytes(), 8 * kMiB);
+  EXPECT_EQ(m.bytes(), 16 * kMiB);  // 18 MiB down to whole 4 MiB pages, not to 2 MiB units
+  EXPECT_EQ(m.chunks(), 2u);
+
+  // A last chunk shorter than the others is still whole pages (and granularity units).
+  auto odd = VmmChunkMemory::Create(d, 0, "big-pages-odd", 14 * kMiB, 8 * kMiB, page);
+  ASSERT_TRUE(odd.ok()) << odd.status().ToString();
+  EXPECT_EQ((*odd)->bytes(), 12 * kMiB);
+  ASSERT_EQ((*odd)->chunks(), 2u);
+  EXPECT_EQ((*odd)->ChunkBytes(1), 4 * kMiB);
+  for (uint64_t c = 0; c < (*odd)->chunks(); ++c) {
+    EXPECT_EQ((*odd)->ChunkBytes(c) % page, 0u) << "chunk " << c;
+    EXPECT_EQ((*odd)->ChunkBytes(c) % kGranularity, 0u) << "chunk " << c;
+    ASSERT_TRUE((*odd)->Ensure(c).ok()) << "chunk " << c;
+  }
+
+  // A chunk rounds up to whole pages where the page is the larger unit: 1 MiB pages, 3 MiB
+  // chunks -> 4 MiB (the granularity's round-up is whole pages too).
+  auto up = VmmChunkMemory::Create(d, 0, "mib-pages", 9 * kMiB, 3 * kMiB, kMiB);
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  EXPECT_EQ((*up)->chunk_bytes(), 4 * kMiB);
+  EXPECT_EQ((*up)->bytes(), 8 * kMiB);
+
+  // Refused: a chunk that is not whole pages, a page size that is not a power of two (or 0),
+  // a pool of less than one page.
+  EXPECT_EQ(VmmChunkMemory::Create(d, 0, "p", 16 * kMiB, 6 * kMiB, page).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(VmmChunkMemory::Create(d, 0, "p", 16 * kMiB, 2 * kMiB, page).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(VmmChunkMemory::Create(d, 0, "p", 16 * kMiB, 6 * kMiB, 3 * kMiB).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(VmmChunkMemory::Create(d, 0, "p", 16 * kMiB, 4 * kMiB, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(VmmChunkMemory::Create(d, 0, "p", 2 * kMiB, 4 * kMiB, page).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(VmmChunkMemory, NamesItsGpuByUuidTheWayNvidiaSmiDoes) {
   const CudaDriver* d = Standin::Reset();
-  auto zero = VmmChunkMemory::Create(d, 0, "pool0", 8 * kMiB, 2 * kMiB);
-  auto one = VmmChunkMemory::Create(d, 1, "pool1", 8 * kMiB, 2 * kMiB);
+  auto zero = VmmChunkMemory::Create(d, 0, "pool0", 8 * kMiB, 2 * kMiB, kPage);
+  auto one = VmmChunkMemory::Create(d, 1, "pool1", 8 * kMiB, 2 * kMiB, kPage);
   ASSERT_TRUE(zero.ok() && one.ok());
   const std::regex spelled("GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}");
   EXPECT_TRUE(std::regex_match((*zero)->uuid(), spelled)) << (*zero)->uuid();
@@ -64,7 +111,7 @@ TEST(VmmChunkMemory, RefusesAGpuWithoutVmmNamingItAndDaemonCopyMode) {
   const CudaDriver* d = Standin::Reset({{"STASH_STANDIN_NO_VMM", "1"}});
   auto uuid = GpuUuid(d, 0);
   ASSERT_TRUE(uuid.ok());
-  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 8 * kMiB, 2 * kMiB);
+  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 8 * kMiB, 2 * kMiB, kPage);
   ASSERT_EQ(memory.status().code(), StatusCode::kFailedPrecondition);
   const std::string& why = memory.status().message();
   EXPECT_NE(why.find("GPU 0 (" + *uuid + ")"), std::string::npos) << why;
@@ -74,7 +121,7 @@ TEST(VmmChunkMemory, RefusesAGpuWithoutVmmNamingItAndDaemonCopyMode) {
 
 TEST(VmmChunkMemory, RefusesAGpuWithoutPosixFdHandles) {
   const CudaDriver* d = Standin::Reset({{"STASH_STANDIN_NO_POSIX_FD", "1"}});
-  auto memory = VmmChunkMemory::Create(d, 1, "pool1", 8 * kMiB, 2 * kMiB);
+  auto memory = VmmChunkMemory::Create(d, 1, "pool1", 8 * kMiB, 2 * kMiB, kPage);
   ASSERT_EQ(memory.status().code(), StatusCode::kFailedPrecondition);
   const std::string& why = memory.status().message();
   EXPECT_NE(why.find("GPU 1 ("), std::string::npos) << why;
@@ -85,7 +132,7 @@ TEST(VmmChunkMemory, RefusesAGpuWithoutPosixFdHandles) {
 
 TEST(VmmChunkMemory, CreatesChunksOnlyWhenEnsured) {
   const CudaDriver* d = Standin::Reset({{"STASH_STANDIN_VRAM_BYTES", std::to_string(64 * kMiB)}});
-  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 16 * kMiB, 4 * kMiB);
+  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 16 * kMiB, 4 * kMiB, kPage);
   ASSERT_TRUE(memory.ok()) << memory.status().ToString();
   VmmChunkMemory& m = **memory;
   EXPECT_EQ(Standin::DeviceBytesInUse(0), 0);
@@ -114,12 +161,12 @@ TEST(VmmChunkMemory, CreatesChunksOnlyWhenEnsured) {
 // at start, and a chunk that does not fit yet says so and fits once the old memory is gone.
 TEST(VmmChunkMemory, ARestartedPoolStartsWhileTheOldPoolsMemoryIsStillHeld) {
   const CudaDriver* d = Standin::Reset({{"STASH_STANDIN_VRAM_BYTES", std::to_string(8 * kMiB)}});
-  auto old_pool = VmmChunkMemory::Create(d, 0, "old", 8 * kMiB, 4 * kMiB);
+  auto old_pool = VmmChunkMemory::Create(d, 0, "old", 8 * kMiB, 4 * kMiB, kPage);
   ASSERT_TRUE(old_pool.ok());
   ASSERT_TRUE((*old_pool)->Ensure(0).ok());
   ASSERT_TRUE((*old_pool)->Ensure(1).ok());
 
-  auto new_pool = VmmChunkMemory::Create(d, 0, "new", 8 * kMiB, 4 * kMiB);
+  auto new_pool = VmmChunkMemory::Create(d, 0, "new", 8 * kMiB, 4 * kMiB, kPage);
   ASSERT_TRUE(new_pool.ok()) << new_pool.status().ToString();
   const Status full = (*new_pool)->Ensure(0);
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full.ToString();
@@ -156,7 +203,7 @@ TEST(VmmChunkMemory, AnExportedChunkSharesItsBytesWithAnotherProcess) {
   // Forked before the pool exists, so the child inherits none of its references.
   auto child = Child::Start([&](int s) { return HoldInChild(d, s, bytes, 3, 9); });
   ASSERT_NE(child, nullptr);
-  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 8 * kMiB, bytes);
+  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 8 * kMiB, bytes, kPage);
   ASSERT_TRUE(memory.ok());
   VmmChunkMemory& m = **memory;
   ASSERT_TRUE(m.Ensure(1).ok());
@@ -177,7 +224,7 @@ TEST(VmmChunkMemory, AnExportedChunkSharesItsBytesWithAnotherProcess) {
 
 TEST(VmmChunkMemory, RenewGivesZeroedMemoryAtTheSameAddress) {
   const CudaDriver* d = Standin::Reset();
-  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 8 * kMiB, 4 * kMiB);
+  auto memory = VmmChunkMemory::Create(d, 0, "pool0", 8 * kMiB, 4 * kMiB, kPage);
   ASSERT_TRUE(memory.ok());
   VmmChunkMemory& m = **memory;
   ASSERT_TRUE(m.Ensure(0).ok());
@@ -206,7 +253,7 @@ TEST(VmmChunkMemory, RenewReleasesTheOldMemoryBeforeCreatingTheNew) {
   // keeps old memory alive below is its mapping alone.
   auto child = Child::Start([&](int s) { return HoldInChild(d, s, bytes, 5, 6); });
   ASSERT_NE(child, nullptr);
-  auto memory = VmmChunkMemory::Create(d, 0, "pool0", pool, bytes);
+  auto memory = VmmChunkMemory::Create(d, 0, "pool0", pool, bytes, kPage);
   ASSERT_TRUE(memory.ok());
   VmmChunkMemory& m = **memory;
   ASSERT_TRUE(m.Ensure(0).ok());

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -585,14 +586,20 @@ TEST_F(PagingGpu, CapturedGraphReplaysWithEachNewCount) {
 
 // Three tiers: what the own pool cannot hold goes to the peer tier, then the host tier; a stash
 // no tier holds overflows, and its reload copies the source the caller kept (d_kept_src), zeros
-// past it, and returns no pages.
+// past it (when fewer rows than max_rows came), and returns no pages: an overflowed stash and its
+// reload leave both rings and both tiers' bytes as they were.
 TEST_F(PagingGpu, APeerTierTakesWhatTheDeviceCannotAndAKeptSourceReloadsAnOverflow) {
   constexpr uint64_t kPage = 256;
   struct Tier {
     CudaMemory base, ids, ring;
+    uint64_t pages = 0;
   };
   auto make = [&](Tier* t, uint64_t pages, uint64_t first_id) {
+    t->pages = pages;
     ASSERT_CUDA_OK(t->base.Allocate(pages * kPage, false));
+    std::vector<uint8_t> bytes(pages * kPage);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 13 + pages);
+    ASSERT_NO_FATAL_FAILURE(Upload(t->base, 0, bytes.data(), bytes.size()));
     std::vector<uint64_t> ids(pages);
     std::iota(ids.begin(), ids.end(), first_id % pages);
     ASSERT_CUDA_OK(t->ids.Allocate(pages * 8, false));
@@ -601,10 +608,23 @@ TEST_F(PagingGpu, APeerTierTakesWhatTheDeviceCannotAndAKeptSourceReloadsAnOverfl
     const PageRing ring{t->ids.as<uint64_t>(), pages, 0, pages};
     ASSERT_NO_FATAL_FAILURE(Upload(t->ring, 0, &ring, sizeof(ring)));
   };
+  // A tier as the GPU holds it: its ring, ids and bytes.
+  struct Snapshot {
+    PageRing ring{};
+    std::vector<uint64_t> ids;
+    std::vector<uint8_t> bytes;
+  };
+  auto snapshot = [](const Tier& t, Snapshot* out) {
+    ASSERT_CUDA_OK(cudaMemcpy(&out->ring, t.ring.d(), sizeof(out->ring), cudaMemcpyDefault));
+    ASSERT_NO_FATAL_FAILURE(Download(&out->ids, t.ids.d(), t.pages));
+    ASSERT_NO_FATAL_FAILURE(Download(&out->bytes, t.base.d(), t.pages * kPage));
+  };
   Tier device, peer;
   ASSERT_NO_FATAL_FAILURE(make(&device, 2, 0));
   ASSERT_NO_FATAL_FAILURE(make(&peer, 4, 0));
-  const uint64_t row_bytes = 64, max_rows = 24;  // 6 pages at most
+  // 8 pages at most; the tiers hold 2 and 4, and a stash goes whole into one tier.
+  const uint64_t row_bytes = 64, max_rows = 32;
+  const uint64_t max_pages = max_rows * row_bytes / kPage;
   std::vector<uint8_t> src(max_rows * row_bytes);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 1);
   CudaMemory d_src, d_dst, d_plan, d_record;
@@ -612,10 +632,18 @@ TEST_F(PagingGpu, APeerTierTakesWhatTheDeviceCannotAndAKeptSourceReloadsAnOverfl
   ASSERT_NO_FATAL_FAILURE(Upload(d_src, 0, src.data(), src.size()));
   ASSERT_CUDA_OK(d_dst.Allocate(src.size(), false));
   ASSERT_CUDA_OK(d_plan.Allocate(sizeof(StashPlan), false));
-  ASSERT_CUDA_OK(d_record.Allocate(6 * 8, false));
+  ASSERT_CUDA_OK(d_record.Allocate(max_pages * 8, false));
+  // 12 rows: 3 pages, on the peer. 28 rows: 7 pages, more than any tier has: an overflow with
+  // a zero tail of 4 rows. 32 rows: the whole buffer overflows. 40 rows: more than max_rows,
+  // an overflow whose kept copy stops at max_rows.
   for (const auto& [rows, want] : {std::pair<int64_t, Placement>{12, Placement::kPeer},
-                                   std::pair<int64_t, Placement>{24, Placement::kOverflow}}) {
+                                   std::pair<int64_t, Placement>{28, Placement::kOverflow},
+                                   std::pair<int64_t, Placement>{32, Placement::kOverflow},
+                                   std::pair<int64_t, Placement>{40, Placement::kOverflow}}) {
     SCOPED_TRACE(::testing::Message() << rows << " rows");
+    Snapshot device_before, peer_before;
+    ASSERT_NO_FATAL_FAILURE(snapshot(device, &device_before));
+    ASSERT_NO_FATAL_FAILURE(snapshot(peer, &peer_before));
     StashLaunch stash;
     stash.d_src = d_src.d();
     stash.count = rows;
@@ -649,13 +677,27 @@ TEST_F(PagingGpu, APeerTierTakesWhatTheDeviceCannotAndAKeptSourceReloadsAnOverfl
     EXPECT_EQ(plan.placement, want);
     std::vector<uint8_t> back;
     ASSERT_NO_FATAL_FAILURE(Download(&back, d_dst.d(), src.size()));
-    const uint64_t valid = static_cast<uint64_t>(rows) * row_bytes;
+    const uint64_t valid = std::min<uint64_t>(static_cast<uint64_t>(rows), max_rows) * row_bytes;
     for (uint64_t i = 0; i < back.size(); ++i) {
       ASSERT_EQ(back[i], i < valid ? src[i] : 0) << "byte " << i;
     }
     PageRing ring{};
     ASSERT_CUDA_OK(cudaMemcpy(&ring, peer.ring.d(), sizeof(ring), cudaMemcpyDefault));
     EXPECT_EQ(ring.tail - ring.head, 4u);  // every peer page came back
+    if (want == Placement::kOverflow) {
+      // Nothing taken, nothing returned, nothing written: both tiers as they were.
+      for (const auto& [tier, before, name] : {std::make_tuple(&device, &device_before, "device"),
+                                               std::make_tuple(&peer, &peer_before, "peer")}) {
+        SCOPED_TRACE(name);
+        Snapshot after;
+        ASSERT_NO_FATAL_FAILURE(snapshot(*tier, &after));
+        EXPECT_EQ(after.ring.head, before->ring.head);
+        EXPECT_EQ(after.ring.tail, before->ring.tail);
+        EXPECT_EQ(after.ring.capacity, before->ring.capacity);
+        EXPECT_EQ(after.ids, before->ids);
+        EXPECT_TRUE(after.bytes == before->bytes);
+      }
+    }
   }
 }
 
