@@ -4,11 +4,12 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
 
-#include "bench/gpu/common.h"
 #include "common/macros.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/kernels/mapped_paging_fatbin.h"
@@ -16,20 +17,24 @@
 namespace stash::bench_gpu {
 namespace {
 
-constexpr uint64_t kRowBytes = 8 * kKiB;
+constexpr uint64_t kRowBytes = 8 << 10;
 
 // A device address as the driver API spells it.
 CUdeviceptr Address(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
 }  // namespace
 
+// Like Die (bench/gpu/common.h), without the CUDA runtime: the rig is tested on the driver
+// stand-in.
 void MappedRig::Fail(const Status& status, const char* what) {
-  Die(1, std::string("mapped rig: ") + what + ": " + status.ToString());
+  std::fprintf(stderr, "stash-bench-gpu: mapped rig: %s: %s\n", what, status.ToString().c_str());
+  std::fflush(stderr);
+  std::exit(1);
 }
 
 StatusOr<std::unique_ptr<MappedRig>> MappedRig::Create(const CudaDriver* driver,
                                                        const MappedRigConfig& config,
-                                                       cudaStream_t stream) {
+                                                       CUstream stream) {
   if (config.pool_bytes == 0 || config.max_stash_bytes == 0 ||
       config.max_stash_bytes % kRowBytes != 0) {
     return InvalidArgumentError("the rig needs a pool and a largest stash of whole 8 KiB rows");
@@ -41,30 +46,24 @@ StatusOr<std::unique_ptr<MappedRig>> MappedRig::Create(const CudaDriver* driver,
   const PrimaryContext::Scope scope(*rig->context_);
   STASH_RETURN_IF_ERROR(scope.status());
 
-  // The pool: whole chunks of the pool GPU's recommended granularity (what VmmChunkMemory
-  // rounds to), every chunk present.
-  const CUmemAllocationProp prop = ChunkAllocationProp(config.pool_device);
-  size_t granularity = 0;
-  STASH_RETURN_IF_ERROR(driver->Check(
-      driver->MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
-      "cuMemGetAllocationGranularity"));
-  if (granularity == 0) return FailedPreconditionError("the pool GPU reports no granularity");
-  const uint64_t chunk =
-      (std::max<uint64_t>(config.chunk_bytes, granularity) + granularity - 1) / granularity * granularity;
-  if (chunk % config.page_bytes != 0) {
+  // The pool: whole chunks, every chunk present. VmmChunkMemory checks VMM and POSIX-fd support
+  // first (FAILED_PRECONDITION naming the GPU) and rounds the chunk up to the GPU's granularity:
+  // a chunk size that is not a whole number of it is refused here rather than measured.
+  const uint64_t chunk = config.chunk_bytes;
+  if (chunk == 0 || chunk % config.page_bytes != 0) {
     return InvalidArgumentError("a chunk of " + std::to_string(chunk) + " bytes is not whole " +
                                 std::to_string(config.page_bytes) + "-byte pages");
   }
-  const uint64_t chunks =
-      (std::max(config.pool_bytes, config.max_stash_bytes) + chunk - 1) / chunk;
+  const uint64_t chunks = (std::max(config.pool_bytes, config.max_stash_bytes) + chunk - 1) / chunk;
   STASH_ASSIGN_OR_RETURN(rig->pool_,
                          daemon::VmmChunkMemory::Create(driver, config.pool_device, "bench pool",
                                                         chunks * chunk, chunk));
   daemon::VmmChunkMemory& pool = *rig->pool_;
   if (pool.chunk_bytes() != chunk || pool.chunks() != chunks) {
-    return InternalError("the pool came out as " + std::to_string(pool.chunks()) + " chunks of " +
-                         std::to_string(pool.chunk_bytes()) + " bytes, not " +
-                         std::to_string(chunks) + " of " + std::to_string(chunk));
+    return InvalidArgumentError("chunks of " + std::to_string(chunk) +
+                                " bytes are not a whole number of the pool GPU's "
+                                "allocation granularity (" +
+                                std::to_string(pool.granularity()) + " bytes)");
   }
   for (uint64_t c = 0; c < chunks; ++c) STASH_RETURN_IF_ERROR(pool.Ensure(c));
   rig->chunk_bytes_ = chunk;
@@ -94,8 +93,7 @@ StatusOr<std::unique_ptr<MappedRig>> MappedRig::Create(const CudaDriver* driver,
   g.allow_host = false;
   g.max_stashes = 8;
   g.record_pages = 2 * kernels::PagesFor(config.max_stash_bytes, config.page_bytes);
-  STASH_ASSIGN_OR_RETURN(rig->copier_,
-                         StreamCopier::Create(driver, g, stash_mapped_paging_fatbin));
+  STASH_ASSIGN_OR_RETURN(rig->copier_, StreamCopier::Create(driver, g, stash_mapped_paging_fatbin));
   for (uint64_t c = 0; c < chunks; ++c) {
     STASH_RETURN_IF_ERROR(rig->copier_->AddChunk(stream, rig->tier_, c, pool.ChunkBytes(c)));
   }
@@ -143,13 +141,13 @@ uint64_t MappedRig::EndStep() {
   if (!scope.status().ok()) Fail(scope.status(), "making the GPU's context current");
   const Status stepped = copier_->BeginStep(stream_, ++step_);
   if (!stepped.ok()) Fail(stepped, "StreamCopier::BeginStep");
-  const Status synced =
-      driver_->Check(driver_->StreamSynchronize(stream_), "cuStreamSynchronize");
+  const Status synced = driver_->Check(driver_->StreamSynchronize(stream_), "cuStreamSynchronize");
   if (!synced.ok()) Fail(synced, "waiting for the step kernel");
   const kernels::StepReport report = copier_->LastStep();
   if (report.step != step_) {
-    Die(1, "mapped rig: the step kernel reported step " + std::to_string(report.step) +
-               " after the stream completed step " + std::to_string(step_));
+    Fail(InternalError("it reported step " + std::to_string(report.step) +
+                       " after the stream completed step " + std::to_string(step_)),
+         "the step kernel");
   }
   return report.flags;
 }

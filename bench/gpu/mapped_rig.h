@@ -7,11 +7,13 @@
 // StreamCopier whose only tier is that one, paging on one stream with the library's own fatbin.
 //
 // The driver API comes from CudaDriver::Get (dlopen of libcuda.so.1: the binary still links no
-// libcuda). Every call that fails is a Status; benchmark code turns it into Die.
+// libcuda), so the rig runs on the driver stand-in too (tests/bench/gpu/mapped_rig_test.cc).
+// Create returns a Status; the Enqueue calls and EndStep exit the process (status 1, the error on
+// stderr) when a call fails, as the benchmarks' Die does.
 #ifndef STASH_BENCH_GPU_MAPPED_RIG_H_
 #define STASH_BENCH_GPU_MAPPED_RIG_H_
 
-#include <cuda_runtime_api.h>
+#include <cuda.h>
 
 #include <cstdint>
 #include <memory>
@@ -27,9 +29,9 @@
 namespace stash::bench_gpu {
 
 struct MappedRigConfig {
-  int device = 0;       // the rank's GPU (an ordinal of this process): the copier runs there
-  int pool_device = 0;  // where the chunks live: `device` (device tier) or a peer (peer tier)
-  uint64_t pool_bytes = 0;        // > 0; rounded up to whole chunks
+  int device = 0;           // the rank's GPU (an ordinal of this process): the copier runs there
+  int pool_device = 0;      // where the chunks live: `device` (device tier) or a peer (peer tier)
+  uint64_t pool_bytes = 0;  // > 0; rounded up to whole chunks
   uint64_t chunk_bytes = 64 << 20;  // rounded up to the pool GPU's allocation granularity
   uint64_t page_bytes = 256 << 10;  // a power of two; divides the chunk size
   uint64_t max_stash_bytes = 0;     // the largest stash (> 0, at most the pool)
@@ -44,7 +46,7 @@ class MappedRig {
   // POSIX-fd handles; a peer it cannot access); another error for a failed driver call.
   static StatusOr<std::unique_ptr<MappedRig>> Create(const CudaDriver* driver,
                                                      const MappedRigConfig& config,
-                                                     cudaStream_t stream);
+                                                     CUstream stream);
   MappedRig(const MappedRig&) = delete;
   MappedRig& operator=(const MappedRig&) = delete;
   // With the rank's context current: the copier synchronizes the stream first, then the lease
@@ -72,13 +74,13 @@ class MappedRig {
   const std::string& pool_uuid() const { return pool_uuid_; }
 
  private:
-  MappedRig(const CudaDriver* driver, const MappedRigConfig& config, cudaStream_t stream)
+  MappedRig(const CudaDriver* driver, const MappedRigConfig& config, CUstream stream)
       : driver_(driver), config_(config), stream_(stream) {}
   [[noreturn]] static void Fail(const Status& status, const char* what);
 
   const CudaDriver* const driver_;  // not owned
   const MappedRigConfig config_;
-  const cudaStream_t stream_;  // not owned
+  const CUstream stream_;  // not owned
   uint32_t tier_ = 0;
   void* tier_base_ = nullptr;
   uint64_t tier_bytes_ = 0;

@@ -400,8 +400,8 @@ class Burner {
   // "launch_ms=.. iterations=.. blocks=..", for the ready line.
   std::string ReadyFields() const {
     char text[128];
-    std::snprintf(text, sizeof(text), "launch_ms=%.4f iterations=%" PRId64 " blocks=%d",
-                  launch_ms_, iterations_, blocks_);
+    std::snprintf(text, sizeof(text), "launch_ms=%.4f iterations=%" PRId64 " blocks=%d", launch_ms_,
+                  iterations_, blocks_);
     return text;
   }
 
@@ -760,7 +760,8 @@ void PrintVariant(const MappedVariant& v) {
 
 std::string VariantJson(const MappedVariant& v) {
   return json::Object({
-      {"cuda_device_max_connections", v.connections.empty() ? json::Null() : json::Str(v.connections)},
+      {"cuda_device_max_connections",
+       v.connections.empty() ? json::Null() : json::Str(v.connections)},
       {"trainer_launch_ms", json::Num(v.launch_ms)},
       {"trainer_alone_ms", json::Num(v.alone.trainer_ms)},
       {"trainer_with_mapped_copier_ms", json::Num(v.mapped.trainer_ms)},
@@ -865,9 +866,10 @@ int RunMappedTrainer(const Options& options) {
       stop = true;
       copier.join();
       const bool overflowed = (rig.EndStep() & kernels::kStepOverflow) != 0;
-      std::printf("done loop_ms=%.3f gpu_ms=%.3f launches=%d copier_gbps=%.3f copier_rounds=%" PRId64
-                  " overflowed=%d\n",
-                  loop_ms, gpu_ms, launches, gbps, rounds, overflowed ? 1 : 0);
+      std::printf(
+          "done loop_ms=%.3f gpu_ms=%.3f launches=%d copier_gbps=%.3f copier_rounds=%" PRId64
+          " overflowed=%d\n",
+          loop_ms, gpu_ms, launches, gbps, rounds, overflowed ? 1 : 0);
     } else if (verb == "copier-alone") {
       gbps = rounds_of_copier(StopAfter(argument), 0, &rounds);
       const bool overflowed = (rig.EndStep() & kernels::kStepOverflow) != 0;
@@ -902,9 +904,11 @@ int RunMappedOverlap(const Options& options) {
     std::fprintf(stderr, "stash-bench-gpu: mapped-overlap: VERIFY FAILED (kernel copier)\n");
   }
   int64_t rounds = 0;
-  const double alone_kernel_gbps = copier.Run(false, StopAfter(kCopierAloneSeconds), &rounds, nullptr);
+  const double alone_kernel_gbps =
+      copier.Run(false, StopAfter(kCopierAloneSeconds), &rounds, nullptr);
   double paced_gbps = 0;
-  const MappedVariant standard = RunMappedVariant(options, "", copier, alone_kernel_gbps, &paced_gbps);
+  const MappedVariant standard =
+      RunMappedVariant(options, "", copier, alone_kernel_gbps, &paced_gbps);
   const MappedVariant one = RunMappedVariant(options, "1", copier, alone_kernel_gbps, &paced_gbps);
 
   std::printf(

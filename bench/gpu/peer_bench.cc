@@ -79,8 +79,9 @@ int RunPeer(const Options& options) {
   const int own = options.device;
   const int peer = options.peer_device >= 0 ? options.peer_device : own + 1;
   if (count < 2) {
-    return Skip(options, "one CUDA device visible: the peer tier needs a second GPU (the check "
-                         "passes one with STASH_CHECK_PEER_GPU)");
+    return Skip(options,
+                "one CUDA device visible: the peer tier needs a second GPU (the check "
+                "passes one with STASH_CHECK_PEER_GPU)");
   }
   if (peer >= count || peer == own) {
     return Skip(options, "no peer device " + std::to_string(peer) + " for device " +
@@ -157,18 +158,20 @@ int RunPeer(const Options& options) {
   const cudaError_t enabled = cudaDeviceEnablePeerAccess(peer, 0);
   if (enabled != cudaSuccess && enabled != cudaErrorPeerAccessAlreadyEnabled) {
     peer_access = false;
-    std::printf("note: cudaDeviceEnablePeerAccess(%d) failed (%s): cudaMemcpyPeerAsync may be "
-                "staged\n",
-                peer, cudaGetErrorString(enabled));
+    std::printf(
+        "note: cudaDeviceEnablePeerAccess(%d) failed (%s): cudaMemcpyPeerAsync may be "
+        "staged\n",
+        peer, cudaGetErrorString(enabled));
   }
   (void)cudaGetLastError();  // the already-enabled answer is sticky in the runtime's last error
 
-  std::printf(
-      "peer tier: %" PRIu64 " chunks of %" PRIu64 " MiB on device %d (%s), mapped into device %d's "
-      "peer lease range; %" PRIu64 " KiB pages, 8 KiB rows; P2P performance rank %d; GPU time "
-      "behind a gate, median of %d\n\n",
-      rig.chunks(), rig.chunk_bytes() / kMiB, peer, rig.pool_uuid().c_str(), own,
-      rig.page_bytes() / kKiB, performance_rank, iters);
+  std::printf("peer tier: %" PRIu64 " chunks of %" PRIu64
+              " MiB on device %d (%s), mapped into device %d's "
+              "peer lease range; %" PRIu64
+              " KiB pages, 8 KiB rows; P2P performance rank %d; GPU time "
+              "behind a gate, median of %d\n\n",
+              rig.chunks(), rig.chunk_bytes() / kMiB, peer, rig.pool_uuid().c_str(), own,
+              rig.page_bytes() / kKiB, performance_rank, iters);
 
   Gate gate;
   std::vector<SizeResult> results;
@@ -198,7 +201,8 @@ int RunPeer(const Options& options) {
                        " words of the reloaded buffer differ from the source";
     }
     r.verified = r.verify_error.empty();
-    if (!r.verified) std::printf("VERIFY FAILED at %" PRId64 " MiB: %s\n", mib, r.verify_error.c_str());
+    if (!r.verified)
+      std::printf("VERIFY FAILED at %" PRId64 " MiB: %s\n", mib, r.verify_error.c_str());
 
     uint64_t ticket = 0;
     const auto paging = TimeGated(gate, stream, iters, 2, [&](int phase) {
@@ -296,20 +300,19 @@ int RunPeer(const Options& options) {
       {"sizes", json::Array(rows)},
       {"gate_timeouts", json::Int(gate.timeouts())},
       {"summary",
-       json::Object({{"skipped", json::Bool(false)},
-                     {"smallest_mib", json::Int(smallest->size_mib)},
-                     {"largest_mib", json::Int(biggest->size_mib)},
-                     {"stash_gbps_smallest", json::Num(gbps(*smallest, smallest->stash_us))},
-                     {"reload_gbps_smallest", json::Num(gbps(*smallest, smallest->reload_us))},
-                     {"stash_gbps_largest", json::Num(gbps(*biggest, biggest->stash_us))},
-                     {"reload_gbps_largest", json::Num(gbps(*biggest, biggest->reload_us))},
-                     {"sm_write_gbps_largest", json::Num(gbps(*biggest, biggest->sm_write_us))},
-                     {"sm_read_gbps_largest", json::Num(gbps(*biggest, biggest->sm_read_us))},
-                     {"memcpy_peer_write_gbps_largest",
-                      json::Num(gbps(*biggest, biggest->memcpy_write_us))},
-                     {"memcpy_peer_read_gbps_largest",
-                      json::Num(gbps(*biggest, biggest->memcpy_read_us))},
-                     {"verified", json::Bool(all_verified)}})},
+       json::Object(
+           {{"skipped", json::Bool(false)},
+            {"smallest_mib", json::Int(smallest->size_mib)},
+            {"largest_mib", json::Int(biggest->size_mib)},
+            {"stash_gbps_smallest", json::Num(gbps(*smallest, smallest->stash_us))},
+            {"reload_gbps_smallest", json::Num(gbps(*smallest, smallest->reload_us))},
+            {"stash_gbps_largest", json::Num(gbps(*biggest, biggest->stash_us))},
+            {"reload_gbps_largest", json::Num(gbps(*biggest, biggest->reload_us))},
+            {"sm_write_gbps_largest", json::Num(gbps(*biggest, biggest->sm_write_us))},
+            {"sm_read_gbps_largest", json::Num(gbps(*biggest, biggest->sm_read_us))},
+            {"memcpy_peer_write_gbps_largest", json::Num(gbps(*biggest, biggest->memcpy_write_us))},
+            {"memcpy_peer_read_gbps_largest", json::Num(gbps(*biggest, biggest->memcpy_read_us))},
+            {"verified", json::Bool(all_verified)}})},
       {"ok", json::Bool(all_verified)},
   });
   WriteJsonFile(options.json_path, report);
