@@ -176,7 +176,7 @@ template <typename Enqueue>
 std::vector<std::vector<double>> TimeGated(Gate& gate, cudaStream_t stream, int iters, int phases,
                                            Enqueue enqueue) {
   constexpr int kPerGate = 16;
-  const auto stride = static_cast<size_t>(phases + 1);
+  const auto stride = static_cast<size_t>(phases) + 1;
   std::vector<std::vector<double>> ms(static_cast<size_t>(phases));
   std::vector<cudaEvent_t> events(kPerGate * stride);
   for (cudaEvent_t& e : events) BENCH_CUDA(cudaEventCreate(&e));

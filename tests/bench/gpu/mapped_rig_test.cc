@@ -113,7 +113,9 @@ class MappedRigTest : public ::testing::Test {
     EXPECT_EQ(d_->MemcpyDtoH(out.data(), at, bytes), CUDA_SUCCESS);
     return out;
   }
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address
   const void* src() const { return reinterpret_cast<const void*>(src_); }
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address
   void* dst() const { return reinterpret_cast<void*>(dst_); }
 
   const CudaDriver* d_ = nullptr;
