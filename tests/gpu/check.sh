@@ -7,7 +7,8 @@
 #
 # The GPU: STASH_CHECK_GPU (default 0), the index nvidia-smi -L gives it. Every step sees that GPU
 # only (CUDA_VISIBLE_DEVICES=<its UUID>), so the daemon never opens a context on another job's
-# GPU. The preflight prints its compute mode and stops when two processes cannot hold contexts
+# GPU; bench_peer alone also sees a second one, STASH_CHECK_PEER_GPU (default the next index),
+# and skips without it. The preflight prints its compute mode and stops when two processes cannot hold contexts
 # on it at once (EXCLUSIVE_PROCESS, PROHIBITED), when MIG is on, or when too little memory is free.
 #
 # Layout: run from a bundle (./scripts/bundle), i.e. <bundle>/check.sh next to bin/ (stashd,

@@ -12,7 +12,8 @@
 //      slots of the same reservation, then 1,000 replays during that churn, bytes checked
 //      (MappedCheck/Churn.CaptureAndReplaysSurviveMappingChurn).
 // Step 4 (in-stream paging under capture with changing counts, spills and overflows) is
-// stream_copier_gpu_test; steps 5 and 6 are benchmarks (stash-bench-gpu).
+// stream_copier_gpu_test; steps 5 and 6 are benchmarks (stash-bench-gpu mapped-overlap and peer,
+// check.sh's bench_mapped_overlap and bench_peer).
 //
 // The exporter of step 1 is this binary run again (STASH_MAPPED_CHECK_EXPORTER): a process that
 // forked after CUDA started cannot use CUDA, so it must exec.
