@@ -19,6 +19,9 @@
 // Also each copier alone, flat out (no trainer). Reported: T's round time in each, the slowdowns
 // against T alone, the trainer ms lost per GB moved, and the copier's GB/s (stash plus reload
 // payload per second).
+//
+// stash-bench-gpu mapped-overlap (the second half of this file) runs the same experiment with
+// mapped mode's copier inside the trainer, beside these kernel copier rounds.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
