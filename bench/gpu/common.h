@@ -24,8 +24,10 @@ inline constexpr int64_t kKiB = int64_t{1} << 10;
 struct Options {
   std::string command;                                   // copy, ipc, overlap (or a child role)
   int device = 0;                                        // --device: CUDA device index
+  int peer_device = -1;                                  // --peer-device (peer): -1 = device + 1
   int iters = 0;                                         // --iters: 0 = the subcommand's default
-  std::vector<int64_t> sizes_mib{1, 16, 64, 256, 1024};  // --sizes (copy), MiB each
+  std::vector<int64_t> sizes_mib{1, 16, 64, 256, 1024};  // --sizes (copy, peer), MiB each
+  bool sizes_given = false;                              // --sizes was on the command line
   int64_t copy_mib = 256;                                // --copy-mib (overlap): one stash, MiB
   double launch_ms = 1.5;                                // --launch-ms (overlap): trainer kernel
   std::string json_path;                                 // --json: also write JSON there; "" = no
@@ -37,6 +39,9 @@ int RunIpc(const Options& options);
 int RunIpcChild(const Options& options);
 int RunOverlap(const Options& options);
 int RunOverlapTrainer(const Options& options);
+int RunMappedOverlap(const Options& options);
+int RunMappedTrainer(const Options& options);
+int RunPeer(const Options& options);
 int RunWait(const Options& options);
 int RunWaitChild(const Options& options);
 
@@ -163,6 +168,41 @@ class Gate {
 
 // Elapsed milliseconds between two recorded, completed events.
 double ElapsedMs(cudaEvent_t start, cudaEvent_t end);
+
+// Times `iters` iterations of `phases` operations that `enqueue(phase)` enqueues on `stream`,
+// 16 iterations behind each gate, with an event before the first phase and after each. Returns
+// each phase's per-iteration milliseconds (GPU time).
+template <typename Enqueue>
+std::vector<std::vector<double>> TimeGated(Gate& gate, cudaStream_t stream, int iters, int phases,
+                                           Enqueue enqueue) {
+  constexpr int kPerGate = 16;
+  const auto stride = static_cast<size_t>(phases) + 1;
+  std::vector<std::vector<double>> ms(static_cast<size_t>(phases));
+  std::vector<cudaEvent_t> events(kPerGate * stride);
+  for (cudaEvent_t& e : events) BENCH_CUDA(cudaEventCreate(&e));
+  for (int done = 0; done < iters;) {
+    const int n = iters - done < kPerGate ? iters - done : kPerGate;
+    gate.Block(stream);
+    for (int i = 0; i < n; ++i) {
+      cudaEvent_t* ev = &events[static_cast<size_t>(i) * stride];
+      BENCH_CUDA(cudaEventRecord(ev[0], stream));
+      for (int p = 0; p < phases; ++p) {
+        enqueue(p);
+        BENCH_CUDA(cudaEventRecord(ev[p + 1], stream));
+      }
+    }
+    gate.Release();
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    gate.Check();
+    for (int i = 0; i < n; ++i) {
+      const cudaEvent_t* ev = &events[static_cast<size_t>(i) * stride];
+      for (int p = 0; p < phases; ++p) ms[p].push_back(ElapsedMs(ev[p], ev[p + 1]));
+    }
+    done += n;
+  }
+  for (cudaEvent_t e : events) BENCH_CUDA(cudaEventDestroy(e));
+  return ms;
+}
 
 }  // namespace stash::bench_gpu
 

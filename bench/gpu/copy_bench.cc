@@ -186,38 +186,6 @@ std::string Verify(const Rig& rig, uint64_t bytes) {
   return "";
 }
 
-// Times `iters` iterations of `phases` enqueued operations, kChunk iterations per gate. Returns
-// each phase's per-iteration milliseconds.
-template <typename Enqueue>
-std::vector<std::vector<double>> TimeGated(Gate& gate, cudaStream_t stream, int iters, int phases,
-                                           Enqueue enqueue) {
-  std::vector<std::vector<double>> ms(static_cast<size_t>(phases));
-  std::vector<cudaEvent_t> events(static_cast<size_t>(kChunk * (phases + 1)));
-  for (cudaEvent_t& e : events) BENCH_CUDA(cudaEventCreate(&e));
-  for (int done = 0; done < iters;) {
-    const int n = std::min(kChunk, iters - done);
-    gate.Block(stream);
-    for (int i = 0; i < n; ++i) {
-      cudaEvent_t* ev = &events[static_cast<size_t>(i) * static_cast<size_t>(phases + 1)];
-      BENCH_CUDA(cudaEventRecord(ev[0], stream));
-      for (int p = 0; p < phases; ++p) {
-        enqueue(p);
-        BENCH_CUDA(cudaEventRecord(ev[p + 1], stream));
-      }
-    }
-    gate.Release();
-    BENCH_CUDA(cudaStreamSynchronize(stream));
-    gate.Check();
-    for (int i = 0; i < n; ++i) {
-      const cudaEvent_t* ev = &events[static_cast<size_t>(i) * static_cast<size_t>(phases + 1)];
-      for (int p = 0; p < phases; ++p) ms[p].push_back(ElapsedMs(ev[p], ev[p + 1]));
-    }
-    done += n;
-  }
-  for (cudaEvent_t e : events) BENCH_CUDA(cudaEventDestroy(e));
-  return ms;
-}
-
 double GBps(uint64_t bytes, double ms) { return static_cast<double>(bytes) / (ms * 1e6); }
 
 struct SizeResult {

@@ -18,7 +18,8 @@ const char kUsage[] =
     "stash-bench-gpu: GPU benchmarks of stashd's CUDA data path (CUDA runtime only: no daemon,\n"
     "no gRPC). Each subcommand prints a table; --json FILE also writes the figures as JSON.\n"
     "\n"
-    "Usage: stash-bench-gpu <copy|ipc|overlap|wait> [--flag=value ...]   (or --flag value)\n"
+    "Usage: stash-bench-gpu <copy|ipc|overlap|mapped-overlap|wait|peer> [--flag=value ...]\n"
+    "       (or --flag value)\n"
     "\n"
     "Subcommands:\n"
     "  copy     Stash (LaunchStash) and reload (LaunchReload) of the paging kernels into a\n"
@@ -42,19 +43,36 @@ const char kUsage[] =
     "           memcpy calls (copy engine), each flat out and paced to the same GB/s, and\n"
     "           alone again: the trainer's time, its slowdown, the trainer ms lost per GB\n"
     "           moved and the copier's GB/s. About 15-25 s.\n"
+    "  mapped-overlap\n"
+    "           The overlap experiment with mapped mode: the trainer child runs the\n"
+    "           product's StreamCopier itself, on a side stream, into VMM chunks leased\n"
+    "           to it (VmmChunkMemory + CudaLeaseMemory), against the daemon-copy kernels\n"
+    "           from this process and against nothing, flat out and paced to one GB/s;\n"
+    "           once with CUDA_DEVICE_MAX_CONNECTIONS unset and once with it set to 1 in\n"
+    "           the trainer. About 30-45 s.\n"
     "  wait     With CUDA_DEVICE_MAX_CONNECTIONS=1 and without: how long another stream\n"
     "           of a trainer is held while one stream waits (cuStreamWaitValue64) for a\n"
     "           counter raised an SM copy of --copy-mib MiB later; two child processes,\n"
     "           --iters trials each (default 20), in us.\n"
+    "  peer     Mapped mode's peer tier (needs 2 GPUs): a VMM pool on --peer-device, its\n"
+    "           chunks mapped into the peer tier of --device, StreamCopier stash and\n"
+    "           reload at each --sizes size (default 256,1024 MiB) against an SM copy\n"
+    "           kernel through the same mapping and cudaMemcpyPeerAsync: GB/s, median of\n"
+    "           --iters (default 10). With one GPU, or no peer access, reports skipped.\n"
     "\n"
     "Flags:\n"
     "  --device=N       CUDA device (default 0)\n"
-    "  --iters=N        iterations per size (copy), allocations (ipc), trainer launches per\n"
-    "                   round (overlap); 1..100000, default per subcommand as above\n"
-    "  --sizes=LIST     copy: comma-separated sizes in MiB, 1..65536 each\n"
-    "                   (default 1,16,64,256,1024); the pool is twice the largest\n"
-    "  --copy-mib=N     overlap, wait: bytes of one stash, MiB, 1..65536 (default 256)\n"
-    "  --launch-ms=F    overlap: the trainer kernel's time per launch, ms, 0.05..100\n"
+    "  --peer-device=N  peer: the GPU whose chunks are leased (default --device + 1)\n"
+    "  --iters=N        iterations per size (copy, peer), allocations (ipc), trainer launches\n"
+    "                   per round (overlap, mapped-overlap); 1..100000, default per\n"
+    "                   subcommand as above\n"
+    "  --sizes=LIST     copy, peer: comma-separated sizes in MiB, 1..65536 each\n"
+    "                   (copy: default 1,16,64,256,1024, the pool twice the largest;\n"
+    "                   peer: default 256,1024, the peer pool the largest)\n"
+    "  --copy-mib=N     overlap, mapped-overlap, wait: bytes of one stash, MiB, 1..65536\n"
+    "                   (default 256)\n"
+    "  --launch-ms=F    overlap, mapped-overlap: the trainer kernel's time per launch, ms,\n"
+    "                   0.05..100\n"
     "                   (default 1.5)\n"
     "  --json=FILE      also write the results as JSON to FILE\n"
     "  --help           this text\n"
@@ -77,10 +95,14 @@ std::string ApplyFlag(const std::string& name, const std::string& value, Options
   if (name == "device") {
     if (!ParseInt(value, 0, 1023, &v)) return "must be a device index from 0 to 1023";
     options->device = static_cast<int>(v);
+  } else if (name == "peer-device") {
+    if (!ParseInt(value, 0, 1023, &v)) return "must be a device index from 0 to 1023";
+    options->peer_device = static_cast<int>(v);
   } else if (name == "iters") {
     if (!ParseInt(value, 1, 100000, &v)) return "must be a whole number from 1 to 100000";
     options->iters = static_cast<int>(v);
   } else if (name == "sizes") {
+    options->sizes_given = true;
     options->sizes_mib.clear();
     size_t start = 0;
     while (start <= value.size()) {
@@ -143,7 +165,7 @@ Parsed ParseCommandLine(int argc, char** argv, Options* options, std::string* er
     }
   }
   if (options->command.empty()) {
-    *error = "no subcommand: say copy, ipc, overlap or wait";
+    *error = "no subcommand: say copy, ipc, overlap, mapped-overlap, wait or peer";
     return Parsed::kError;
   }
   return Parsed::kRun;
@@ -164,15 +186,18 @@ int Main(int argc, char** argv) {
     case Parsed::kRun:
       break;
   }
-  // The child roles: started by ipc, overlap and wait, which checked the device already.
+  // The child roles: started by ipc, overlap, mapped-overlap and wait, which checked the device
+  // already.
   if (options.command == "ipc-child") return RunIpcChild(options);
   if (options.command == "overlap-trainer") return RunOverlapTrainer(options);
+  if (options.command == "mapped-trainer") return RunMappedTrainer(options);
   if (options.command == "wait-child") return RunWaitChild(options);
   if (options.command != "copy" && options.command != "ipc" && options.command != "overlap" &&
-      options.command != "wait") {
+      options.command != "mapped-overlap" && options.command != "wait" &&
+      options.command != "peer") {
     std::fprintf(stderr,
-                 "stash-bench-gpu: unknown subcommand '%s': say copy, ipc, overlap or wait (see "
-                 "--help)\n",
+                 "stash-bench-gpu: unknown subcommand '%s': say copy, ipc, overlap, "
+                 "mapped-overlap, wait or peer (see --help)\n",
                  options.command.c_str());
     return 2;
   }
@@ -197,6 +222,8 @@ int Main(int argc, char** argv) {
   if (options.command == "copy") return RunCopy(options);
   if (options.command == "ipc") return RunIpc(options);
   if (options.command == "wait") return RunWait(options);
+  if (options.command == "mapped-overlap") return RunMappedOverlap(options);
+  if (options.command == "peer") return RunPeer(options);
   return RunOverlap(options);
 }
 

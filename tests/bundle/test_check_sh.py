@@ -19,7 +19,8 @@ UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
 # One fake for every binary of the bundle: writes "<name> <CUDA_VISIBLE_DEVICES> <args>" to
 # $FAKE_LOG; answers --help and --version; stashd sleeps until check.sh stops it; the
-# benchmarks write a JSON whose first size did not verify while the summary did.
+# benchmarks write a JSON whose first size did not verify while the summary did (with
+# $FAKE_PEER_SKIP set, `peer` writes a skipped one with that reason).
 FAKE_BINARY = r"""#!/bin/bash
 name="$(basename "$0")"
 echo "$name ${CUDA_VISIBLE_DEVICES:-unset} $*" >>"$FAKE_LOG"
@@ -31,6 +32,10 @@ case "$name" in
   stashd) exec sleep 60 ;;
   stash-bench-gpu | stash-bench-request)
     for a in "$@"; do case "$a" in --json=*) json="${a#--json=}" ;; esac; done
+    if [ "$1" = peer ] && [ -n "${FAKE_PEER_SKIP:-}" ]; then
+      printf '{\n  "bench": "peer",\n  "skipped": true,\n  "summary": {"skipped": true, "reason": "%s"},\n  "ok": true\n}\n' "$FAKE_PEER_SKIP" >"$json"
+      exit 0
+    fi
     cat >"$json" <<'EOF'
 {
   "sizes": [{"size_mib": 1, "verified": false}, {"size_mib": 64, "verified": true}],
@@ -46,7 +51,9 @@ exit 0
 
 
 def fake_nvidia_smi(compute_mode="Default", mig="[N/A]", free_mib=80000, gpus=2,
-                    knows_mig=True):
+                    knows_mig=True, others_free_mib=None):
+    """GPUs 0 to gpus - 1, all alike; others_free_mib: the free memory of every GPU but 0."""
+    others = free_mib if others_free_mib is None else others_free_mib
     lines = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {UUID[:-1]}{i})" for i in range(gpus))
     old_driver = "" if knows_mig else """
   *mig.mode.current*) echo 'Field "mig.mode.current" is not a valid field to query.'; exit 2 ;;
@@ -61,7 +68,8 @@ case "$*" in
     index="$2"
     if [ "$index" -ge {gpus} ]; then echo "No devices were found"; exit 6; fi
     echo "index, uuid, name, driver_version, memory.total [MiB], memory.used [MiB], memory.free [MiB], compute_mode, mig.mode.current"
-    echo "$index, {UUID[:-1]}$index, NVIDIA H100 80GB HBM3, 580.65.06, 81559 MiB, 1 MiB, {free_mib} MiB, {compute_mode}, {mig}" ;;
+    free={free_mib}; if [ "$index" != 0 ]; then free={others}; fi
+    echo "$index, {UUID[:-1]}$index, NVIDIA H100 80GB HBM3, 580.65.06, 81559 MiB, 1 MiB, $free MiB, {compute_mode}, {mig}" ;;
   *) exit 1 ;;
 esac
 """
@@ -167,6 +175,8 @@ def test_every_step_sees_only_the_chosen_gpu(tmp_path, bundle):
             "stash-bench-request"} <= names, log
     for line in step_lines:
         assert line.split()[1] == chosen, line
+    # GPU 1 is the last of two: the peer step has no second GPU and skips.
+    assert "== bench peer: skip (needs a second GPU" in run.stdout, run.stdout
     # Every gtest and the demo ran with lazy and with eager module loading.
     assert "== paging_gpu_test-eager: pass" in run.stdout, run.stdout
     assert "== stash-demo-eager: pass" in run.stdout, run.stdout
@@ -178,3 +188,64 @@ def test_the_copy_row_reads_verified_from_the_summary_not_the_first_size(tmp_pat
     row = next(line for line in run.stdout.splitlines() if line.startswith("== bench copy:"))
     assert "verified true" in row, row
     assert "stash 0.95x" in row, row
+
+
+def test_only_the_peer_step_sees_a_second_gpu_the_next_one_by_default(tmp_path, bundle):
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(gpus=3))
+    assert run.returncode == 0, run.stdout + run.stderr
+    first, second = UUID[:-1] + "0", UUID[:-1] + "1"
+    step_lines = [line for line in log.splitlines()
+                  if "--help" not in line and "--version" not in line]
+    peer = [line for line in step_lines if line.split()[:3:2] == ["stash-bench-gpu", "peer"]]
+    assert len(peer) == 1, log
+    assert peer[0].split()[1] == f"{first},{second}", peer[0]
+    for line in step_lines:
+        if line not in peer:
+            assert line.split()[1] == first, line
+    assert "== bench peer: pass" in run.stdout, run.stdout
+    assert "== bench mapped-overlap: pass" in run.stdout, run.stdout
+    assert f"stash-bench-gpu {first} mapped-overlap" in log, log
+
+
+def test_stash_check_peer_gpu_picks_the_peer(tmp_path, bundle):
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(gpus=3), STASH_CHECK_PEER_GPU="2")
+    assert f"{UUID[:-1]}0,{UUID[:-1]}2 peer" in log, log
+    assert "== bench peer: pass" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("value, row", [
+    ("0", "== bench peer: skip (STASH_CHECK_PEER_GPU=0 is the check's own GPU"),
+    ("5", "== bench peer: skip (needs a second GPU: nvidia-smi lists 2, none is GPU 5"),
+    ("x", "== bench peer: fail (STASH_CHECK_PEER_GPU=x is not a GPU index"),
+])
+def test_a_peer_gpu_that_cannot_be_used_skips_or_fails_only_that_step(tmp_path, bundle, value,
+                                                                        row):
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(), STASH_CHECK_PEER_GPU=value)
+    assert row in run.stdout, run.stdout
+    assert " peer " not in log, log
+    assert "== bench mapped-overlap: pass" in run.stdout, run.stdout
+    assert run.returncode == (1 if value == "x" else 0), run.stdout
+
+
+def test_with_one_gpu_the_peer_step_skips_and_the_check_passes(tmp_path, bundle):
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(gpus=1))
+    assert "== bench peer: skip (needs a second GPU: nvidia-smi lists 1" in run.stdout, run.stdout
+    assert " peer " not in log, log
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert any(line.startswith("bench peer") and "| skip" in line
+               for line in summary.splitlines()), summary
+
+
+def test_a_busy_peer_gpu_is_skipped(tmp_path, bundle):
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(others_free_mib=1000))
+    assert "== bench peer: skip (peer GPU 1 has 1000 MiB free" in run.stdout, run.stdout
+    assert " peer " not in log, log
+
+
+def test_a_peer_benchmark_that_skips_gives_a_skip_row_with_its_reason(tmp_path, bundle):
+    run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi(),
+                       FAKE_PEER_SKIP="cuDeviceCanAccessPeer says device 0 cannot access device 1")
+    assert ("== bench peer: skip (cuDeviceCanAccessPeer says device 0 cannot access device 1)"
+            in run.stdout), run.stdout
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -20,6 +20,7 @@ extern "C" {
 // captured; every replay of a graph sees the same copy, as on a GPU). grid_x and block_x are the
 // launch's x dimensions (the stand-in refuses y or z dimensions other than 1). It runs on the
 // stream's worker thread, in stream order.
+// NOLINTNEXTLINE(modernize-use-using): a C header
 typedef void (*StashStandinKernel)(void** kernel_params, unsigned grid_x, unsigned block_x);
 
 // Registers (or replaces) the host twin of the kernel `name`, with `param_count` parameters of

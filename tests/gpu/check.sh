@@ -7,7 +7,8 @@
 #
 # The GPU: STASH_CHECK_GPU (default 0), the index nvidia-smi -L gives it. Every step sees that GPU
 # only (CUDA_VISIBLE_DEVICES=<its UUID>), so the daemon never opens a context on another job's
-# GPU. The preflight prints its compute mode and stops when two processes cannot hold contexts
+# GPU; bench_peer alone also sees a second one, STASH_CHECK_PEER_GPU (default the next index),
+# and skips without it. The preflight prints its compute mode and stops when two processes cannot hold contexts
 # on it at once (EXCLUSIVE_PROCESS, PROHIBITED), when MIG is on, or when too little memory is free.
 #
 # Layout: run from a bundle (./scripts/bundle), i.e. <bundle>/check.sh next to bin/ (stashd,
@@ -207,21 +208,25 @@ if [ "$gpus" = 0 ]; then
 fi
 # index, uuid, name, driver, total MiB, used MiB, free MiB, compute mode, MIG mode.
 query=index,uuid,name,driver_version,memory.total,memory.used,memory.free,compute_mode,mig.mode.current
-{
-  echo "\$ nvidia-smi -i $gpu --query-gpu=$query --format=csv"
-  timeout 15 nvidia-smi -i "$gpu" --query-gpu="$query" --format=csv
-} >>"$out/nvidia-smi.log" 2>&1
-row="$(sed -n "/^index, uuid/{n;p;q}" "$out/nvidia-smi.log")"
-if [ -z "$row" ] && grep -q "mig.mode.current" "$out/nvidia-smi.log" &&
-  grep -qi "not a valid field" "$out/nvidia-smi.log"; then
-  # A driver too old to know MIG: ask again without that field.
-  {
-    echo "\$ nvidia-smi -i $gpu --query-gpu=${query%,mig.mode.current} --format=csv"
-    timeout 15 nvidia-smi -i "$gpu" --query-gpu="${query%,mig.mode.current}" --format=csv
-  } >>"$out/nvidia-smi.log" 2>&1
-  row="$(sed -n "/^index, uuid/{n;p;q}" "$out/nvidia-smi.log")"
-  if [ -n "$row" ]; then row="$row, [N/A]"; fi
-fi
+# The CSV row of GPU $1 for $query, "" when nvidia-smi has no such GPU; a driver too old to know
+# MIG is asked again without that field ("[N/A]" in its place). The commands and their answers
+# go to nvidia-smi.log.
+gpu_row() {
+  local idx="$1" answer row
+  answer="$(timeout 15 nvidia-smi -i "$idx" --query-gpu="$query" --format=csv 2>&1)"
+  printf '$ nvidia-smi -i %s --query-gpu=%s --format=csv\n%s\n' "$idx" "$query" "$answer" \
+    >>"$out/nvidia-smi.log"
+  row="$(sed -n "/^index, uuid/{n;p;q}" <<<"$answer")"
+  if [ -z "$row" ] && grep -qi "not a valid field" <<<"$answer"; then
+    answer="$(timeout 15 nvidia-smi -i "$idx" --query-gpu="${query%,mig.mode.current}" --format=csv 2>&1)"
+    printf '$ nvidia-smi -i %s --query-gpu=%s --format=csv\n%s\n' "$idx" \
+      "${query%,mig.mode.current}" "$answer" >>"$out/nvidia-smi.log"
+    row="$(sed -n "/^index, uuid/{n;p;q}" <<<"$answer")"
+    if [ -n "$row" ]; then row="$row, [N/A]"; fi
+  fi
+  echo "$row"
+}
+row="$(gpu_row "$gpu")"
 if [ -z "$row" ] || ! [[ "$row" =~ ^$gpu, ]]; then
   stop "STASH_CHECK_GPU=$gpu: nvidia-smi has no GPU $gpu (it lists $gpus, 0 to $((gpus - 1)))"
 fi
@@ -259,7 +264,8 @@ record nvidia-smi pass "GPU $gpu: $gpu_name, driver $gpu_driver, $mem_total, com
 
 # ---- Steps --------------------------------------------------------------------------------------
 # The order they run in. Each step_<name> records one or more summary rows.
-STEPS=(gtests demo bench_copy bench_request bench_ipc bench_overlap bench_wait)
+STEPS=(gtests demo bench_copy bench_request bench_ipc bench_overlap bench_mapped_overlap bench_wait
+  bench_peer)
 # How many steps come after the running one (for step_budget).
 steps_after=0
 
@@ -409,6 +415,16 @@ step_bench_overlap() {
   record "bench overlap" "$status" "trainer ms lost per GB the copier moved (flat out): kernel $(json_num "$j" trainer_ms_per_gb_kernel_copier summary), copy engine ($(json_num "$j" copy_engine_call summary)) $(json_num "$j" trainer_ms_per_gb_copy_engine_copier summary); both paced to $(json_num "$j" paced_gbps summary) GB/s: slowdown kernel $(json_num "$j" slowdown_kernel_copier summary)x, copy engine $(json_num "$j" slowdown_copy_engine_copier summary)x" "$out/bench-overlap.log"
 }
 
+# The overlap experiment with mapped mode (issue 23, step 5): the trainer's slowdown and the
+# copier's GB/s with mapped mode's StreamCopier in the trainer (a side stream, VMM chunks), with
+# daemon-copy's kernels from another process, and with none; each with CUDA_DEVICE_MAX_CONNECTIONS
+# unset and set to 1 (the benchmark runs both trainers as child processes).
+step_bench_mapped_overlap() {
+  local status j="$out/mapped-overlap.json"
+  status="$(run_bench stash-bench-gpu mapped-overlap 120)"
+  record "bench mapped-overlap" "$status" "both copiers paced to $(json_num "$j" paced_gbps summary) GB/s, trainer slowdown: mapped $(json_num "$j" slowdown_mapped summary)x, daemon-copy $(json_num "$j" slowdown_daemon_copy summary)x; with CUDA_DEVICE_MAX_CONNECTIONS=1: mapped $(json_num "$j" slowdown_mapped_one_connection summary)x, daemon-copy $(json_num "$j" slowdown_daemon_copy_one_connection summary)x; flat out, copier GB/s and trainer ms lost per GB: mapped $(json_num "$j" mapped_gbps summary) GB/s $(json_num "$j" trainer_ms_per_gb_mapped summary) ms/GB, daemon-copy $(json_num "$j" daemon_copy_gbps summary) GB/s $(json_num "$j" trainer_ms_per_gb_daemon_copy summary) ms/GB; with one connection: mapped $(json_num "$j" mapped_gbps_one_connection summary) GB/s $(json_num "$j" trainer_ms_per_gb_mapped_one_connection summary) ms/GB, daemon-copy $(json_num "$j" daemon_copy_gbps_one_connection summary) GB/s $(json_num "$j" trainer_ms_per_gb_daemon_copy_one_connection summary) ms/GB; verified $(json_num "$j" verified summary)" "$out/bench-mapped-overlap.log"
+}
+
 # How long a trainer stream that waits on a daemon copy's done counter holds the trainer's other
 # streams, with CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's setting: one hardware queue) against
 # the default; the benchmark runs both as child processes.
@@ -416,6 +432,61 @@ step_bench_wait() {
   local status j="$out/wait.json"
   status="$(run_bench stash-bench-gpu wait 60)"
   record "bench wait" "$status" "another trainer stream held while one waits $(json_num "$j" copy_wait_us summary) us for a daemon copy: $(json_num "$j" held_us_one_connection summary) us with CUDA_DEVICE_MAX_CONNECTIONS=1, $(json_num "$j" held_us_default_connections summary) us with the default" "$out/bench-wait.log"
+}
+
+# Mapped mode's peer tier over NVLink (issue 23, step 6): needs a second GPU,
+# STASH_CHECK_PEER_GPU (an index as nvidia-smi -L lists it; default the one after
+# STASH_CHECK_GPU). Only this step sees two GPUs: CUDA_VISIBLE_DEVICES=<the check's GPU>,<the
+# peer>, so the check's GPU is device 0 and the peer device 1. It skips, saying why, without a
+# second GPU or when that one cannot be used (a compute mode that refuses a second context, MIG,
+# too little free memory), and the benchmark itself skips where device 0 cannot access device 1.
+step_bench_peer() {
+  local peer="${STASH_CHECK_PEER_GPU:-$((gpu + 1))}" prow status reason j="$out/peer.json"
+  local p_uuid p_name p_free p_mode p_mig p_free_mib small large
+  case "$peer" in
+    '' | *[!0-9]*)
+      record "bench peer" "fail (STASH_CHECK_PEER_GPU=$peer is not a GPU index: give one index as nvidia-smi -L lists it)" ""
+      return ;;
+  esac
+  if [ "$peer" = "$gpu" ]; then
+    record "bench peer" "skip (STASH_CHECK_PEER_GPU=$peer is the check's own GPU: the peer tier needs another one)" ""
+    return
+  fi
+  if [ "$peer" -ge "$gpus" ]; then
+    record "bench peer" "skip (needs a second GPU: nvidia-smi lists $gpus, none is GPU $peer; STASH_CHECK_PEER_GPU picks it)" ""
+    return
+  fi
+  prow="$(gpu_row "$peer")"
+  if [ -z "$prow" ] || ! [[ "$prow" =~ ^$peer, ]]; then
+    record "bench peer" "skip (nvidia-smi answers nothing for GPU $peer: see nvidia-smi.log)" ""
+    return
+  fi
+  IFS=',' read -r _ p_uuid p_name _ _ _ p_free p_mode p_mig <<<"$prow"
+  p_uuid="$(trim "$p_uuid")" p_name="$(trim "$p_name")" p_free="$(trim "$p_free")"
+  p_mode="$(trim "$p_mode")" p_mig="$(trim "$p_mig")"
+  case "$p_mode" in
+    Exclusive_Process | Exclusive_Thread | Prohibited)
+      record "bench peer" "skip (peer GPU $peer is in compute mode $p_mode: this check cannot hold a context on it beside its owner's; pick another with STASH_CHECK_PEER_GPU)" ""
+      return ;;
+  esac
+  if [ "$p_mig" = Enabled ]; then
+    record "bench peer" "skip (peer GPU $peer has MIG enabled: pick another with STASH_CHECK_PEER_GPU)" ""
+    return
+  fi
+  # The peer holds a 1 GiB pool and a 1 GiB cudaMemcpyPeerAsync buffer.
+  p_free_mib="${p_free%% *}"
+  if [ -n "$p_free_mib" ] && [ "$p_free_mib" -eq "$p_free_mib" ] 2>/dev/null && [ "$p_free_mib" -lt 4096 ]; then
+    record "bench peer" "skip (peer GPU $peer has $p_free free: the step needs 4096 MiB; pick an idle one with STASH_CHECK_PEER_GPU)" ""
+    return
+  fi
+  status="$(run_bench stash-bench-gpu peer 60 CUDA_VISIBLE_DEVICES="$gpu_uuid,$p_uuid")"
+  if [ "$status" = pass ] && [ "$(json_num "$j" skipped summary)" = true ]; then
+    reason="$(grep '"summary": {' "$j" | head -n 1 | sed -n 's/.*"reason": "\([^"]*\)".*/\1/p')"
+    record "bench peer" "skip (${reason:-the benchmark skipped: see bench-peer.log})" ""
+    return
+  fi
+  small="$(json_num "$j" smallest_mib summary)" large="$(json_num "$j" largest_mib summary)"
+  record "bench peer" "$status" "GPU $gpu's StreamCopier into chunks of GPU $peer ($p_name): stash/reload ${small%.00} MiB $(json_num "$j" stash_gbps_smallest summary)/$(json_num "$j" reload_gbps_smallest summary) GB/s, ${large%.00} MiB $(json_num "$j" stash_gbps_largest summary)/$(json_num "$j" reload_gbps_largest summary) GB/s; plain SM copy through the same mapping ${large%.00} MiB write/read $(json_num "$j" sm_write_gbps_largest summary)/$(json_num "$j" sm_read_gbps_largest summary) GB/s; cudaMemcpyPeerAsync $(json_num "$j" memcpy_peer_write_gbps_largest summary)/$(json_num "$j" memcpy_peer_read_gbps_largest summary) GB/s; verified $(json_num "$j" verified summary)" "$out/bench-peer.log"
 }
 
 total_steps=${#STEPS[@]}

@@ -14,7 +14,8 @@
 //   4. The control block a replayed graph publishes at each step is read whole by another
 //      process the whole time (MappedCheck.AnotherProcessReadsThePublishedBlockWhole); paging
 //      under capture with changing counts, spills and overflows is stream_copier_gpu_test's.
-// Steps 5 and 6 are benchmarks (stash-bench-gpu).
+// Steps 5 and 6 are benchmarks (stash-bench-gpu mapped-overlap and peer, check.sh's
+// bench_mapped_overlap and bench_peer).
 //
 // The exporter of step 1 is this binary run again (STASH_MAPPED_CHECK_EXPORTER): a process that
 // forked after CUDA started cannot use CUDA, so it must exec. It dies with the test (its socket's
