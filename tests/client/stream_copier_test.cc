@@ -25,7 +25,7 @@
 #if defined(STASH_STREAM_COPIER_ON_GPU)
 #include "stash/kernels/mapped_paging_fatbin.h"
 #else
-#include "standin.h"
+#include "mapped_twins.h"
 #endif
 
 namespace stash {
@@ -38,17 +38,6 @@ using kernels::kLeasePeer;
 constexpr uint64_t kChunkBytes = 2 << 20;  // the stand-in's granularity
 constexpr uint64_t kPageBytes = 64 << 10;
 constexpr uint64_t kPagesPerChunk = kChunkBytes / kPageBytes;
-
-#if !defined(STASH_STREAM_COPIER_ON_GPU)
-template <typename Args, void (*Body)(const Args&)>
-void Twin(void** params, unsigned, unsigned) {
-  Body(*static_cast<const Args*>(params[0]));
-}
-void PlanTwin(void** params, unsigned, unsigned) {
-  const auto& a = *static_cast<const kernels::MappedStashArgs*>(params[0]);
-  *a.d_plan = kernels::PlanMappedStash(a);
-}
-#endif
 
 // The driver loaded, a context current, a stream (and on the stand-in, the kernels' twins
 // registered).
@@ -71,7 +60,7 @@ class StreamCopierTest : public ::testing::Test {
     owned_driver_ = std::move(*loaded);
     driver_ = owned_driver_.get();
     ASSERT_EQ(driver_->Init(0), CUDA_SUCCESS);
-    RegisterTwins();
+    ASSERT_TRUE(testing::RegisterMappedTwins(driver_));
 #endif
     CUdevice device = 0;
     ASSERT_EQ(driver_->DeviceGet(&device, 0), CUDA_SUCCESS);
@@ -79,38 +68,6 @@ class StreamCopierTest : public ::testing::Test {
     ASSERT_EQ(driver_->CtxSetCurrent(context_), CUDA_SUCCESS);
     ASSERT_EQ(driver_->StreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   }
-#if !defined(STASH_STREAM_COPIER_ON_GPU)
-  void RegisterTwins() {
-    auto reg = reinterpret_cast<decltype(&stash_standin_register_kernel)>(
-        dlsym(driver_->library, "stash_standin_register_kernel"));
-    ASSERT_NE(reg, nullptr);
-    const size_t stash = sizeof(kernels::MappedStashArgs);
-    const size_t reload = sizeof(kernels::MappedReloadArgs);
-    const size_t step = sizeof(kernels::MappedStepArgs);
-    const size_t ring = sizeof(kernels::MappedRingArgs);
-    ASSERT_EQ(reg(kernels::kStashPlanKernel, PlanTwin, 1, &stash), 0);
-    ASSERT_EQ(reg(kernels::kStashCopyKernel,
-                  Twin<kernels::MappedStashArgs, kernels::MappedStashCopySerial>, 1, &stash),
-              0);
-    ASSERT_EQ(reg(kernels::kStashPublishKernel,
-                  Twin<kernels::MappedStashArgs, kernels::PublishMappedStash>, 1, &stash),
-              0);
-    ASSERT_EQ(reg(kernels::kReloadPopKernel,
-                  Twin<kernels::MappedReloadArgs, kernels::MappedReloadPopSerial>, 1, &reload),
-              0);
-    ASSERT_EQ(reg(kernels::kReloadPublishKernel,
-                  Twin<kernels::MappedReloadArgs, kernels::PublishMappedReload>, 1, &reload),
-              0);
-    ASSERT_EQ(
-        reg(kernels::kStepKernel, Twin<kernels::MappedStepArgs, kernels::MappedStep>, 1, &step), 0);
-    ASSERT_EQ(reg(kernels::kAddPagesKernel, Twin<kernels::MappedRingArgs, kernels::AddMappedPages>,
-                  1, &ring),
-              0);
-    ASSERT_EQ(reg(kernels::kRemoveChunkKernel,
-                  Twin<kernels::MappedRingArgs, kernels::RemoveMappedChunk>, 1, &ring),
-              0);
-  }
-#endif
   void TearDown() override {
     if (driver_ == nullptr || stream_ == nullptr) return;
     copier_.reset();

@@ -61,9 +61,7 @@
 #if defined(STASH_MAPPED_CHECK_ON_GPU)
 #include "stash/kernels/mapped_paging_fatbin.h"
 #else
-#include <dlfcn.h>
-
-#include "standin.h"
+#include "mapped_twins.h"
 #endif
 
 extern char** environ;
@@ -80,17 +78,6 @@ constexpr uint64_t kPage = 64 << 10;  // the pools' page size (the copiers' page
 // Step 1's chunk, at least this (whole granularity units): a chunk's return must stand out from
 // what other users of a shared GPU do to its free memory meanwhile.
 constexpr uint64_t kStep1ChunkBytes = uint64_t{64} << 20;
-
-#if !defined(STASH_MAPPED_CHECK_ON_GPU)
-template <typename Args, void (*Body)(const Args&)>
-void Twin(void** params, unsigned, unsigned) {
-  Body(*static_cast<const Args*>(params[0]));
-}
-void PlanTwin(void** params, unsigned, unsigned) {
-  const auto& a = *static_cast<const kernels::MappedStashArgs*>(params[0]);
-  *a.d_plan = kernels::PlanMappedStash(a);
-}
-#endif
 
 // The driver this build checks, initialised; null with `why` when there is none (no GPU).
 const CudaDriver* Driver(std::string* why) {
@@ -116,29 +103,7 @@ const CudaDriver* Driver(std::string* why) {
     }
     auto loaded = CudaDriver::Load(STASH_CUDA_STANDIN_LIBRARY);
     if (!loaded.ok() || (*loaded)->Init(0) != CUDA_SUCCESS) std::abort();
-    auto reg = reinterpret_cast<decltype(&stash_standin_register_kernel)>(
-        dlsym((*loaded)->library, "stash_standin_register_kernel"));
-    const size_t stash = sizeof(kernels::MappedStashArgs);
-    const size_t reload = sizeof(kernels::MappedReloadArgs);
-    const size_t step = sizeof(kernels::MappedStepArgs);
-    const size_t ring = sizeof(kernels::MappedRingArgs);
-    if (reg == nullptr || reg(kernels::kStashPlanKernel, PlanTwin, 1, &stash) != 0 ||
-        reg(kernels::kStashCopyKernel,
-            Twin<kernels::MappedStashArgs, kernels::MappedStashCopySerial>, 1, &stash) != 0 ||
-        reg(kernels::kStashPublishKernel,
-            Twin<kernels::MappedStashArgs, kernels::PublishMappedStash>, 1, &stash) != 0 ||
-        reg(kernels::kReloadPopKernel,
-            Twin<kernels::MappedReloadArgs, kernels::MappedReloadPopSerial>, 1, &reload) != 0 ||
-        reg(kernels::kReloadPublishKernel,
-            Twin<kernels::MappedReloadArgs, kernels::PublishMappedReload>, 1, &reload) != 0 ||
-        reg(kernels::kStepKernel, Twin<kernels::MappedStepArgs, kernels::MappedStep>, 1, &step) !=
-            0 ||
-        reg(kernels::kAddPagesKernel, Twin<kernels::MappedRingArgs, kernels::AddMappedPages>, 1,
-            &ring) != 0 ||
-        reg(kernels::kRemoveChunkKernel, Twin<kernels::MappedRingArgs, kernels::RemoveMappedChunk>,
-            1, &ring) != 0) {
-      std::abort();
-    }
+    if (!testing::RegisterMappedTwins(loaded->get())) std::abort();
     return loaded->release();
   }();
   return driver;

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/cuda_vmm.h"
-#include "standin.h"
+#include "mapped_twins.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/kernels/mapped_paging.h"
 #include "tests/vmm_standin.h"
@@ -29,39 +29,8 @@ using stash::testing::Standin;
 constexpr uint64_t kChunk = 2 << 20;  // the stand-in's granularity
 constexpr uint64_t kStash = 4 << 20;  // 512 rows of 8 KiB
 
-template <typename Args, void (*Body)(const Args&)>
-void Twin(void** params, unsigned, unsigned) {
-  Body(*static_cast<const Args*>(params[0]));
-}
-void PlanTwin(void** params, unsigned, unsigned) {
-  const auto& a = *static_cast<const kernels::MappedStashArgs*>(params[0]);
-  *a.d_plan = kernels::PlanMappedStash(a);
-}
-
 void RegisterTwins(const CudaDriver* d) {
-  static const bool registered = [d] {
-    auto reg = reinterpret_cast<decltype(&stash_standin_register_kernel)>(
-        dlsym(d->library, "stash_standin_register_kernel"));
-    const size_t stash = sizeof(kernels::MappedStashArgs);
-    const size_t reload = sizeof(kernels::MappedReloadArgs);
-    const size_t step = sizeof(kernels::MappedStepArgs);
-    const size_t ring = sizeof(kernels::MappedRingArgs);
-    return reg != nullptr && reg(kernels::kStashPlanKernel, PlanTwin, 1, &stash) == 0 &&
-           reg(kernels::kStashCopyKernel,
-               Twin<kernels::MappedStashArgs, kernels::MappedStashCopySerial>, 1, &stash) == 0 &&
-           reg(kernels::kStashPublishKernel,
-               Twin<kernels::MappedStashArgs, kernels::PublishMappedStash>, 1, &stash) == 0 &&
-           reg(kernels::kReloadPopKernel,
-               Twin<kernels::MappedReloadArgs, kernels::MappedReloadPopSerial>, 1, &reload) == 0 &&
-           reg(kernels::kReloadPublishKernel,
-               Twin<kernels::MappedReloadArgs, kernels::PublishMappedReload>, 1, &reload) == 0 &&
-           reg(kernels::kStepKernel, Twin<kernels::MappedStepArgs, kernels::MappedStep>, 1,
-               &step) == 0 &&
-           reg(kernels::kAddPagesKernel, Twin<kernels::MappedRingArgs, kernels::AddMappedPages>, 1,
-               &ring) == 0 &&
-           reg(kernels::kRemoveChunkKernel,
-               Twin<kernels::MappedRingArgs, kernels::RemoveMappedChunk>, 1, &ring) == 0;
-  }();
+  static const bool registered = testing::RegisterMappedTwins(d);
   ASSERT_TRUE(registered);
 }
 
