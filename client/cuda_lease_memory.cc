@@ -49,22 +49,11 @@ StatusOr<std::unique_ptr<CudaLeaseMemory>> CudaLeaseMemory::Create(
     const CudaDriver* driver, int device, uint64_t chunk_bytes,
     const std::array<uint64_t, kernels::kLeaseTiers>& tier_bytes) {
   if (driver == nullptr) return InvalidArgumentError("CudaLeaseMemory needs a CUDA driver");
-  CUdevice dev = 0;
-  STASH_CU_RETURN_IF_ERROR(driver, DeviceGet(&dev, device));
-  STASH_ASSIGN_OR_RETURN(const std::string uuid, GpuUuid(driver, device));
-  const std::string gpu = "GPU " + std::to_string(device) + " (" + uuid + ")";
-  int vmm = 0;
-  int posix_fd = 0;
-  STASH_CU_RETURN_IF_ERROR(
-      driver,
-      DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev));
-  STASH_CU_RETURN_IF_ERROR(
-      driver, DeviceGetAttribute(
-                  &posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev));
-  if (vmm == 0 || posix_fd == 0) {
+  STASH_ASSIGN_OR_RETURN(const std::string gpu, GpuName(driver, device));
+  STASH_ASSIGN_OR_RETURN(const std::string missing, MissingChunkSupport(driver, device));
+  if (!missing.empty()) {
     return FailedPreconditionError(
-        gpu + " cannot map stashd's chunks (" +
-        (vmm == 0 ? "no virtual memory management" : "no POSIX file descriptor handles") +
+        gpu + " cannot map stashd's chunks (it supports no " + missing +
         "): use mode daemon-copy (Options.mode, stashd.connect(mode=\"daemon-copy\"))");
   }
   STASH_ASSIGN_OR_RETURN(PrimaryContext context, PrimaryContext::Retain(driver, device));

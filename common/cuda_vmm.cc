@@ -37,6 +37,36 @@ StatusOr<int> GpuOrdinalOfUuid(const CudaDriver* driver, const std::string& uuid
                        "; CUDA_VISIBLE_DEVICES narrows the list)");
 }
 
+StatusOr<std::string> GpuName(const CudaDriver* driver, int device) {
+  STASH_ASSIGN_OR_RETURN(const std::string uuid, GpuUuid(driver, device));
+  return "GPU " + std::to_string(device) + " (" + uuid + ")";
+}
+
+StatusOr<std::string> MissingChunkSupport(const CudaDriver* driver, int device) {
+  CUdevice dev = 0;
+  STASH_CU_RETURN_IF_ERROR(driver, DeviceGet(&dev, device));
+  int vmm = 0;
+  int posix_fd = 0;
+  STASH_CU_RETURN_IF_ERROR(
+      driver,
+      DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev));
+  STASH_CU_RETURN_IF_ERROR(
+      driver, DeviceGetAttribute(
+                  &posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev));
+  std::string missing;
+  if (vmm == 0) {
+    missing =
+        "virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)";
+  }
+  if (posix_fd == 0) {
+    if (!missing.empty()) missing += " nor ";
+    missing +=
+        "exporting memory as POSIX file descriptors "
+        "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0)";
+  }
+  return missing;
+}
+
 CUmemAllocationProp ChunkAllocationProp(int device) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;

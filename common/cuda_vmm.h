@@ -26,6 +26,13 @@ StatusOr<std::string> GpuUuid(const CudaDriver* driver, int device);
 // NOT_FOUND when this process does not see it (CUDA_VISIBLE_DEVICES leaves it out).
 StatusOr<int> GpuOrdinalOfUuid(const CudaDriver* driver, const std::string& uuid);
 
+// "GPU <ordinal> (<UUID>)": how messages name ordinal `device` of this process.
+StatusOr<std::string> GpuName(const CudaDriver* driver, int device);
+
+// What mapped mode's chunks need that ordinal `device` lacks, in words for a message: virtual
+// memory management, and exporting memory as POSIX file descriptors ("" when it has both).
+StatusOr<std::string> MissingChunkSupport(const CudaDriver* driver, int device);
+
 // The properties of a mapped-mode chunk on ordinal `device`: pinned device memory that can be
 // exported as a POSIX file descriptor (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).
 CUmemAllocationProp ChunkAllocationProp(int device);

@@ -39,34 +39,12 @@ StatusOr<std::unique_ptr<VmmChunkMemory>> VmmChunkMemory::Create(
     return InvalidArgumentError("VMM pool " + label + ": chunks of " + FormatBytes(chunk_bytes) +
                                 " are not a whole number of " + FormatBytes(page_bytes) + " pages");
   }
-  CUdevice dev = 0;
-  STASH_CU_RETURN_IF_ERROR(driver, DeviceGet(&dev, device));
   STASH_ASSIGN_OR_RETURN(std::string uuid, GpuUuid(driver, device));
   const std::string gpu = "GPU " + std::to_string(device) + " (" + uuid + ")";
-
   // Mapped mode's chunks are VMM allocations handed to ranks as POSIX file descriptors: a GPU
   // (or a driver, or a virtualized setup) without either cannot lease chunks at all.
-  int vmm = 0;
-  int posix_fd = 0;
-  STASH_CU_RETURN_IF_ERROR(
-      driver,
-      DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev));
-  STASH_CU_RETURN_IF_ERROR(
-      driver, DeviceGetAttribute(
-                  &posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev));
-  if (vmm == 0 || posix_fd == 0) {
-    std::string missing;
-    if (vmm == 0) {
-      missing =
-          "virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
-          " is 0)";
-    }
-    if (posix_fd == 0) {
-      if (!missing.empty()) missing += " nor ";
-      missing +=
-          "exporting memory as POSIX file descriptors "
-          "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0)";
-    }
+  STASH_ASSIGN_OR_RETURN(const std::string missing, MissingChunkSupport(driver, device));
+  if (!missing.empty()) {
     return FailedPreconditionError(
         gpu + " supports no " + missing + ", which mapped mode's chunks of pool " + label +
         " need (VMM allocations handed to ranks as file descriptors): run the ranks on this GPU "
