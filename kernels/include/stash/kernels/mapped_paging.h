@@ -272,26 +272,24 @@ STASH_HOST_DEVICE void CopyRankFields(const SessionControl& from, SessionControl
   }
 }
 
-// Orders this thread's earlier writes before its later ones for every observer, the host and
-// other processes included (the GPU's system-scope fence; a full fence on the host).
-STASH_HOST_DEVICE void SystemFence() {
-#if defined(__CUDA_ARCH__)
-  __threadfence_system();
-#else
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-#endif
-}
-
 // Copies the rank's fields of the device block into the shared one under publish_seq: odd while
 // it writes, two more once done, so a reader never takes a half-written block for a whole one.
 STASH_HOST_DEVICE void PublishControl(const SessionControl& from, SessionControl& to) {
   const uint64_t seq = ControlLoad(to.publish_seq);
   const uint64_t odd = (seq | 1) == seq ? seq + 2 : seq + 1;
+#if defined(__CUDA_ARCH__)
   ControlStore(to.publish_seq, odd);
-  SystemFence();
+  __threadfence_system();  // every observer sees the odd count before any field change
   CopyRankFields(from, to);
-  SystemFence();
+  __threadfence_system();  // and every field change before the even count
   ControlStore(to.publish_seq, odd + 1);
+#else
+  // No fences on the host (TSan models none): the odd count is an acquire exchange, which no
+  // later store moves before, and the even count a release store, which no earlier one passes.
+  __atomic_exchange_n(&to.publish_seq, odd, __ATOMIC_ACQ_REL);
+  CopyRankFields(from, to);
+  __atomic_store_n(&to.publish_seq, odd + 1, __ATOMIC_RELEASE);
+#endif
 }
 
 #if !defined(__CUDA_ARCH__)
@@ -303,10 +301,10 @@ inline bool ReadPublishedControl(const SessionControl& shared, SessionControl* o
   if ((before & 1) != 0) return false;
   const auto* src = reinterpret_cast<const uint64_t*>(&shared);
   auto* dst = reinterpret_cast<uint64_t*>(out);
+  // Acquire loads: the count read last cannot be read before any of them.
   for (uint64_t i = 0; i < sizeof(SessionControl) / sizeof(uint64_t); ++i) {
-    dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+    dst[i] = __atomic_load_n(&src[i], __ATOMIC_ACQUIRE);
   }
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);
   return __atomic_load_n(&shared.publish_seq, __ATOMIC_RELAXED) == before;
 }
 #endif
