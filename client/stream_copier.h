@@ -81,7 +81,8 @@ class StreamCopier {
                                                         const void* fatbin);
   StreamCopier(const StreamCopier&) = delete;
   StreamCopier& operator=(const StreamCopier&) = delete;
-  // Synchronizes the context (no kernel may still use the state), then frees it.
+  // Synchronizes the context (no kernel may still use the state), then frees it. Destroy it
+  // with the context it was created in current on the thread.
   ~StreamCopier();
 
   struct StashRequest {
