@@ -258,19 +258,23 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   a.d_plan = At<StashPlan>(d_plans_ + plan_slot * sizeof(StashPlan));
   a.d_page_record = At<uint64_t>(d_records_ + *record * sizeof(uint64_t));
   Status s = Launch(functions_[kPlan], 1, true, stream, &a, "cuLaunchKernel(stash plan)");
-  if (s.ok()) {
-    s = Launch(functions_[kCopy], CopyBlocks(max_bytes, geometry_.page_bytes), false, stream, &a,
-               "cuLaunchKernel(stash copy)");
-  }
-  if (s.ok()) {
-    s = Launch(functions_[kPublish], 1, true, stream, &a, "cuLaunchKernel(stash publish)");
-  }
   if (!s.ok()) {
-    // The plan may be enqueued without its publish: it took nothing (heads move only there).
     records_.Free(*record, record_pages);
     return s;
   }
   free_plans_.pop_back();
+  s = Launch(functions_[kCopy], CopyBlocks(max_bytes, geometry_.page_bytes), false, stream, &a,
+             "cuLaunchKernel(stash copy)");
+  if (s.ok()) {
+    s = Launch(functions_[kPublish], 1, true, stream, &a, "cuLaunchKernel(stash publish)");
+  }
+  if (!s.ok()) {
+    // The plan ran without its publish: it took no page (heads move only there), but its slot
+    // may now hold a plan that looks placed, which a later stash in the slot would give back.
+    // The slot is never used again; the page-record range may be.
+    records_.Free(*record, record_pages);
+    return s;
+  }
   Ticket t;
   t.plan_slot = plan_slot;
   t.record_offset = *record;
