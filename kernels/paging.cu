@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "stash/kernels/paging.h"
+#include "stash/kernels/paging_blocks.cuh"
 #include "stash/kernels/paging_cuda.h"
 
 namespace stash::kernels {
@@ -121,14 +122,6 @@ __device__ __forceinline__ CudaTier PlacedTier(const StashPlan& plan, const Laun
   }
 }
 
-__device__ __forceinline__ uint64_t GlobalThread() {
-  return static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-
-__device__ __forceinline__ uint64_t GridThreads() {
-  return static_cast<uint64_t>(gridDim.x) * blockDim.x;
-}
-
 // (a) One thread: decide where the stash goes.
 __global__ void StashPlanKernel(StashLaunch args) {
   const int64_t count = args.d_count != nullptr ? *args.d_count : args.count;
@@ -139,35 +132,12 @@ __global__ void StashPlanKernel(StashLaunch args) {
                                   args.page_bytes, tiers, 3);
 }
 
-// (b) A block per chunk (grid-stride): the block's first thread reads the chunk's page id from
-// the ring at slot plan.head + slot once (and the first chunk of a page writes the page record);
-// every thread then copies 16-byte vectors of the chunk. The ring's head index is one modulo per
-// block; slots wrap with a subtract.
+// (b) A block per chunk of the placed stash's page slots (StashChunks, paging_blocks.cuh).
 __global__ void StashCopyKernel(StashLaunch args) {
-  __shared__ uint64_t id;
   const StashPlan plan = *args.d_plan;
   const CudaTier tier = PlacedTier(plan, args);
   if (tier.d_ring == nullptr) return;
-  const PageRing ring = *tier.d_ring;  // the ids pointer and capacity; the head is plan.head
-  const PagedSpan span{tier.d_base, args.page_bytes, args.d_page_record, plan.bytes};
-  const ChunkShape shape = ChunkShapeOf(args.page_bytes);
-  const uint64_t chunks = ChunksFor(plan.pages, shape);
-  const uint64_t chunk_vectors = uint64_t{1} << (shape.chunk_shift - 4);
-  const uint64_t head_index =
-      threadIdx.x == 0 && ring.capacity > 0 ? plan.head % ring.capacity : 0;  // thread 0's
-  for (uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    if (threadIdx.x == 0) {
-      const uint64_t slot = chunk >> shape.chunks_shift;
-      id = ring.ids[RingIndexAfter(head_index, slot, ring.capacity)];
-      if ((chunk & ((uint64_t{1} << shape.chunks_shift) - 1)) == 0) args.d_page_record[slot] = id;
-    }
-    __syncthreads();
-    const uint64_t begin = ChunkBegin(chunk, shape);
-    for (uint64_t v = threadIdx.x; v < chunk_vectors; v += blockDim.x) {
-      StashChunkVector(args.d_src, span, shape, begin, id, v);
-    }
-    __syncthreads();  // nobody still reads `id` when thread 0 writes the next one
-  }
+  StashChunks(args.d_src, *tier.d_ring, tier.d_base, args.page_bytes, plan, args.d_page_record);
 }
 
 // (c) One thread, after the copy kernel: publish the new head.
@@ -178,65 +148,20 @@ __global__ void StashPublishKernel(StashLaunch args) {
   tier.d_ring->head = plan.head + plan.pages;
 }
 
-// (d) A block per chunk (grid-stride): the block's first thread reads the chunk's page id from
-// the page record once (and the first chunk of a page returns it to the ring at slot
-// tail + slot); every thread copies vectors of the chunk back. Then every thread zeroes its
-// share of the tail when asked. The tail is read here and published by the next kernel, so
-// every block returns pages relative to the same old tail.
+// (d) A block per chunk of the placed stash's page slots: copy back, return the page ids at
+// the old tail, zero the tail (PopChunks, paging_blocks.cuh); for a stash that overflowed, the
+// kept source instead when given (ReloadKeptSource).
 __global__ void ReloadPopKernel(ReloadLaunch args) {
-  __shared__ uint64_t id;
   const StashPlan plan = *args.d_plan;
   const CudaTier tier = PlacedTier(plan, args);
   if (tier.d_ring == nullptr) {
-    // Nothing placed. An overflowed stash whose source the rank kept: copy that instead.
     if (plan.placement != Placement::kOverflow || args.d_kept_src == nullptr) return;
-    const uint64_t kept = KeptBytes(plan, args.max_rows, args.row_bytes);
-    if (args.d_kept_src != args.d_dst) {
-      for (uint64_t v = GlobalThread(); v < VectorsFor(kept); v += GridThreads()) {
-        KeptVector(args.d_dst, args.d_kept_src, kept, v);
-      }
-    }
-    if (args.zero_tail) {
-      const uint64_t max_bytes = args.max_rows * args.row_bytes;
-      for (uint64_t v = (kept >> 4) + GlobalThread(); v < VectorsFor(max_bytes);
-           v += GridThreads()) {
-        ZeroTailVector(args.d_dst, kept, max_bytes, v);
-      }
-    }
+    ReloadKeptSource(args.d_dst, args.d_kept_src, plan, args.max_rows, args.row_bytes,
+                     args.zero_tail);
     return;
   }
-  const PageRing ring = *tier.d_ring;  // a copy: pages go back through ring.ids only
-  const PagedSpan span{tier.d_base, args.page_bytes, const_cast<uint64_t*>(args.d_page_record),
-                       plan.bytes};
-  const ChunkShape shape = ChunkShapeOf(args.page_bytes);
-  const uint64_t chunks = ChunksFor(plan.pages, shape);
-  const uint64_t chunk_vectors = uint64_t{1} << (shape.chunk_shift - 4);
-  const uint64_t tail_index =
-      threadIdx.x == 0 && ring.capacity > 0 ? ring.tail % ring.capacity : 0;  // thread 0's
-  for (uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    if (threadIdx.x == 0) {
-      const uint64_t slot = chunk >> shape.chunks_shift;
-      id = args.d_page_record[slot];
-      if ((chunk & ((uint64_t{1} << shape.chunks_shift) - 1)) == 0) {
-        ring.ids[RingIndexAfter(tail_index, slot, ring.capacity)] = id;
-      }
-    }
-    __syncthreads();
-    if (args.d_dst != nullptr) {
-      const uint64_t begin = ChunkBegin(chunk, shape);
-      for (uint64_t v = threadIdx.x; v < chunk_vectors; v += blockDim.x) {
-        PopChunkVector(args.d_dst, span, shape, begin, id, v);
-      }
-    }
-    __syncthreads();
-  }
-  if (args.zero_tail && args.d_dst != nullptr) {
-    const uint64_t max_bytes = args.max_rows * args.row_bytes;
-    const uint64_t end = VectorsFor(max_bytes);
-    for (uint64_t v = (plan.bytes >> 4) + GlobalThread(); v < end; v += GridThreads()) {
-      ZeroTailVector(args.d_dst, plan.bytes, max_bytes, v);
-    }
-  }
+  PopChunks(args.d_dst, *tier.d_ring, tier.d_base, args.page_bytes, plan, args.d_page_record,
+            args.max_rows * args.row_bytes, args.zero_tail);
 }
 
 // (d) One thread, after the pop kernel: publish the new tail.
