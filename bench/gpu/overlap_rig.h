@@ -423,7 +423,7 @@ class Burner {
 // The device of an overlap experiment, announced ("stash-bench-gpu <name>: <device>"), with a
 // note when its compute mode may refuse the trainer's second process a context.
 inline DeviceInfo SelectOverlapDevice(const char* name, const Options& options) {
-  const DeviceInfo device = SelectDevice(options.device);
+  DeviceInfo device = SelectDevice(options.device);
   std::printf("stash-bench-gpu %s: %s\n", name, DeviceLine(device).c_str());
   if (device.compute_mode != cudaComputeModeDefault) {
     std::printf(
