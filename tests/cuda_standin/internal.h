@@ -38,6 +38,13 @@ void LoadConfig();
 
 // Writes "cuda-standin: <fn>: <why>" to stderr and returns `code`: every refusal goes through it.
 CUresult Fail(CUresult code, const char* fn, const std::string& why);
+// Returns the CUresult of `expr` from the enclosing entry point when it is not CUDA_SUCCESS.
+#define STANDIN_TRY(expr)                                        \
+  do {                                                           \
+    const CUresult standin_result_ = (expr);                     \
+    if (standin_result_ != CUDA_SUCCESS) return standin_result_; \
+  } while (0)
+
 // Writes the message and aborts: for what would hang or corrupt on a GPU.
 [[noreturn]] void Die(const std::string& why);
 

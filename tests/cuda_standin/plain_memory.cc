@@ -40,14 +40,14 @@ extern "C" {
 // not cleared. Here: a VMM allocation of the current device, mapped read/write.
 CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   int device = 0;
-  if (const CUresult r = standin::RequireInit(__func__); r != CUDA_SUCCESS) return r;
-  if (const CUresult r = standin::CurrentDevice(__func__, &device); r != CUDA_SUCCESS) return r;
+  STANDIN_TRY(standin::RequireInit(__func__));
+  STANDIN_TRY(standin::CurrentDevice(__func__, &device));
   if (dptr == nullptr || bytesize == 0) {
     return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "dptr is NULL or bytesize is 0");
   }
   const size_t size = standin::RoundUp(bytesize);
   CUdeviceptr base = 0;
-  if (const CUresult r = cuMemAddressReserve(&base, size, 0, 0, 0); r != CUDA_SUCCESS) return r;
+  STANDIN_TRY(cuMemAddressReserve(&base, size, 0, 0, 0));
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -79,7 +79,7 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 // previous call to cuMemAlloc"; others are CUDA_ERROR_INVALID_VALUE. Work still queued that uses
 // it faults when it runs.
 CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
-  if (const CUresult r = standin::RequireInit(__func__); r != CUDA_SUCCESS) return r;
+  STANDIN_TRY(standin::RequireInit(__func__));
   size_t size = 0;
   {
     std::lock_guard<std::mutex> lock(standin::g_plain_mu);
@@ -90,7 +90,7 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
     size = it->second;
     standin::Allocations().erase(it);
   }
-  if (const CUresult r = cuMemUnmap(dptr, size); r != CUDA_SUCCESS) return r;
+  STANDIN_TRY(cuMemUnmap(dptr, size));
   return cuMemAddressFree(dptr, size);
 }
 
@@ -98,7 +98,7 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
 // (cuMemHostGetDevicePointer); bytesize 0 is CUDA_ERROR_INVALID_VALUE. Here: anonymous memory,
 // registered.
 CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
-  if (const CUresult r = standin::RequireInit(__func__); r != CUDA_SUCCESS) return r;
+  STANDIN_TRY(standin::RequireInit(__func__));
   (void)Flags;
   if (pp == nullptr || bytesize == 0) {
     return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "pp is NULL or bytesize is 0");
@@ -118,7 +118,7 @@ CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) 
 // cuMemFreeHost: p must come from cuMemHostAlloc (else CUDA_ERROR_INVALID_VALUE). The range stays
 // reserved and inaccessible, so late work that touches it faults.
 CUresult CUDAAPI cuMemFreeHost(void* p) {
-  if (const CUresult r = standin::RequireInit(__func__); r != CUDA_SUCCESS) return r;
+  STANDIN_TRY(standin::RequireInit(__func__));
   size_t size = 0;
   {
     std::lock_guard<std::mutex> lock(standin::g_plain_mu);
@@ -137,7 +137,7 @@ CUresult CUDAAPI cuMemFreeHost(void* p) {
 // cuMemcpyHtoD / cuMemcpyDtoH: synchronous copies between host memory and device memory (or
 // registered host memory): the device side must be addressable, else CUDA_ERROR_INVALID_VALUE.
 CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
-  if (const CUresult r = standin::RequireInit(__func__); r != CUDA_SUCCESS) return r;
+  STANDIN_TRY(standin::RequireInit(__func__));
   if (ByteCount == 0) return CUDA_SUCCESS;
   if (srcHost == nullptr || !standin::DeviceAddressable(dstDevice, ByteCount)) {
     return Fail(CUDA_ERROR_INVALID_VALUE, __func__,
@@ -148,7 +148,7 @@ CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, siz
 }
 
 CUresult CUDAAPI cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-  if (const CUresult r = standin::RequireInit(__func__); r != CUDA_SUCCESS) return r;
+  STANDIN_TRY(standin::RequireInit(__func__));
   if (ByteCount == 0) return CUDA_SUCCESS;
   if (dstHost == nullptr || !standin::DeviceAddressable(srcDevice, ByteCount)) {
     return Fail(CUDA_ERROR_INVALID_VALUE, __func__,

@@ -431,12 +431,6 @@ CUresult Enqueue(const char* fn, CUstream stream, Op op) {
 
 using standin::Fail;
 
-#define STANDIN_TRY(expr)                                        \
-  do {                                                           \
-    const CUresult standin_result_ = (expr);                     \
-    if (standin_result_ != CUDA_SUCCESS) return standin_result_; \
-  } while (0)
-
 // ---- Streams ---------------------------------------------------------------------------------
 
 CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned int Flags) {

@@ -246,12 +246,6 @@ bool DeviceAddressable(uintptr_t address, size_t bytes) {
 
 using standin::Fail;
 
-#define STANDIN_TRY(expr)                                        \
-  do {                                                           \
-    const CUresult standin_result_ = (expr);                     \
-    if (standin_result_ != CUDA_SUCCESS) return standin_result_; \
-  } while (0)
-
 extern "C" __attribute__((visibility("default"))) long long stash_standin_device_bytes_in_use(
     int device) {
   if (!standin::Initialized() || !standin::ValidDevice(device)) return -1;
