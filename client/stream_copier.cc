@@ -134,9 +134,6 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   offset += g.record_pages * sizeof(uint64_t);
   c->block_bytes_ = offset;
   STASH_CU_RETURN_IF_ERROR(driver, MemAlloc(&c->block_, c->block_bytes_));
-  c->d_control_ = c->block_ + control_at;
-  c->d_state_ = c->block_ + state_at;
-  c->d_rings_ = c->block_ + rings_at;
   c->d_plans_ = c->block_ + plans_at;
   c->d_records_ = c->block_ + records_at;
 
@@ -168,6 +165,19 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   STASH_CU_RETURN_IF_ERROR(driver,
                            MemHostGetDevicePointer(&c->host_block_device_, c->host_block_, 0));
 
+  // What every kernel's arguments carry: fixed for the copier's life.
+  kernels::MappedSessionView& v = c->view_;
+  v.d_control = At<SessionControl>(c->block_ + control_at);
+  v.d_state = At<kernels::CopierState>(c->block_ + state_at);
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    if (g.tier_slots[t] == 0) continue;
+    v.tiers[t].d_ring = At<PageRing>(c->block_ + rings_at + t * sizeof(PageRing));
+    v.tiers[t].d_base = At<uint8_t>(g.tier_base[t]);
+  }
+  v.page_bytes = g.page_bytes;
+  v.allow_host = g.allow_host ? 1 : 0;
+  v.d_lease_short = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, lease_short));
+
   c->free_plans_.reserve(g.max_stashes);
   for (uint32_t i = g.max_stashes; i > 0; --i) c->free_plans_.push_back(i - 1);
   for (uint32_t i = kMaxRemovals; i > 0; --i) c->free_answers_.push_back(i - 1);
@@ -182,21 +192,6 @@ StreamCopier::~StreamCopier() {
   if (block_ != 0) (void)driver_->MemFree(block_);
   if (host_block_ != nullptr) (void)driver_->MemFreeHost(host_block_);
   if (module_ != nullptr) (void)driver_->ModuleUnload(module_);
-}
-
-kernels::MappedSessionView StreamCopier::View() const {
-  kernels::MappedSessionView v{};
-  v.d_control = At<SessionControl>(d_control_);
-  v.d_state = At<kernels::CopierState>(d_state_);
-  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
-    if (geometry_.tier_slots[t] == 0) continue;
-    v.tiers[t].d_ring = At<PageRing>(d_rings_ + t * sizeof(PageRing));
-    v.tiers[t].d_base = At<uint8_t>(geometry_.tier_base[t]);
-  }
-  v.page_bytes = geometry_.page_bytes;
-  v.allow_host = geometry_.allow_host ? 1 : 0;
-  v.d_lease_short = At<uint64_t>(host_block_device_ + offsetof(HostBlock, lease_short));
-  return v;
 }
 
 bool StreamCopier::Capturing(CUstream stream) const {
@@ -247,7 +242,7 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   }
   const uint32_t plan_slot = free_plans_.back();
   MappedStashArgs a{};
-  a.session = View();
+  a.session = view_;
   a.d_src = static_cast<const uint8_t*>(r.src);
   a.d_count = r.d_count;
   a.count = r.count;
@@ -317,7 +312,7 @@ Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool
   }
   const RelaxedCaptureMode relaxed(driver_);
   MappedReloadArgs a{};
-  a.session = View();
+  a.session = view_;
   a.d_dst = static_cast<uint8_t*>(dst);
   a.d_kept_src = t.src;
   a.d_plan = At<StashPlan>(d_plans_ + t.plan_slot * sizeof(StashPlan));
@@ -377,7 +372,7 @@ Status StreamCopier::BeginStep(CUstream stream, uint64_t step) {
   }
   const RelaxedCaptureMode relaxed(driver_);
   MappedStepArgs a{};
-  a.session = View();
+  a.session = view_;
   a.step = step;
   a.d_shared = At<SessionControl* const>(host_block_device_ + offsetof(HostBlock, shared));
   a.d_report = At<StepReport>(host_block_device_ + offsetof(HostBlock, report));
@@ -421,7 +416,7 @@ Status StreamCopier::AddChunk(CUstream stream, uint32_t tier, uint64_t slot, uin
         "lease changes happen between steps, outside capture: the stream captures");
   }
   MappedRingArgs a{};
-  a.session = View();
+  a.session = view_;
   a.tier = tier;
   a.first_id = slot * (geometry_.chunk_bytes / geometry_.page_bytes);
   a.pages = bytes / geometry_.page_bytes;
@@ -453,7 +448,7 @@ Status StreamCopier::RemoveChunk(CUstream stream, uint32_t tier, uint64_t slot, 
   auto* host = static_cast<HostBlock*>(host_block_);
   __atomic_store_n(&host->answers[answer], kPending, __ATOMIC_RELEASE);
   MappedRingArgs a{};
-  a.session = View();
+  a.session = view_;
   a.tier = tier;
   a.first_id = slot * (geometry_.chunk_bytes / geometry_.page_bytes);
   a.pages = bytes / geometry_.page_bytes;

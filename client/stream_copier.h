@@ -171,7 +171,6 @@ class StreamCopier {
   // One thread for the one-thread kernels, else kThreadsPerBlock threads a block.
   Status Launch(CUfunction function, uint64_t blocks, bool one_thread, CUstream stream, void* args,
                 const char* what);
-  kernels::MappedSessionView View() const;
   Status EndTicket(CUstream stream, uint64_t ticket, void* dst, bool zero_tail);
 
   const CudaDriver* const driver_;
@@ -182,9 +181,10 @@ class StreamCopier {
   uint64_t block_bytes_ = 0;
   void* host_block_ = nullptr;  // pinned, device-mapped: the step report and removal answers
   CUdeviceptr host_block_device_ = 0;
-  // Device addresses of the parts of block_.
-  CUdeviceptr d_control_ = 0, d_state_ = 0, d_rings_ = 0, d_plans_ = 0, d_records_ = 0;
-  CUevent attach_event_ = nullptr;  // recorded by AttachControl
+  // Device addresses of the plan slots and page records in block_.
+  CUdeviceptr d_plans_ = 0, d_records_ = 0;
+  kernels::MappedSessionView view_{};  // every kernel's view of the session (set in Create)
+  CUevent attach_event_ = nullptr;     // recorded by AttachControl
   bool attach_recorded_ = false;
   uint64_t next_ticket_ = 0;
   std::vector<uint32_t> free_plans_;
