@@ -138,21 +138,33 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   c->d_records_ = c->block_ + records_at;
 
   // Control, state and rings start as zeros and empty rings over each tier's ids; every plan
-  // slot as consumed (device memory starts as anything).
-  std::vector<uint8_t> image(records_at, 0);
+  // slot as consumed (device memory starts as anything). The image is written in page-locked
+  // memory: cuMemcpyHtoD from pageable memory "will return once the pageable buffer has been
+  // copied to the staging memory ..., but the DMA to final destination may not have completed"
+  // (Driver API, "API synchronization behavior"), and the kernels run on the trainer's streams,
+  // which need not wait for the legacy stream that copy runs on. From page-locked memory the
+  // copy is complete when the call returns. (Both calls come after the GPU work queued before
+  // them on the legacy stream: Create waits for that once, at session start.)
+  void* image = nullptr;
+  STASH_CU_RETURN_IF_ERROR(driver, MemHostAlloc(&image, records_at, 0));
+  auto* bytes = static_cast<uint8_t*>(image);
+  std::memset(bytes, 0, records_at);
   for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
     PageRing ring{};
     if (g.tier_slots[t] > 0) {
       ring.ids = At<uint64_t>(c->block_ + ids_at[t]);
       ring.capacity = g.tier_slots[t] * pages_per_chunk;
     }
-    std::memcpy(image.data() + rings_at + t * sizeof(PageRing), &ring, sizeof(ring));
+    std::memcpy(bytes + rings_at + t * sizeof(PageRing), &ring, sizeof(ring));
   }
   const StashPlan consumed = kernels::ConsumedPlan();
   for (uint32_t i = 0; i < g.max_stashes; ++i) {
-    std::memcpy(image.data() + plans_at + i * sizeof(StashPlan), &consumed, sizeof(consumed));
+    std::memcpy(bytes + plans_at + i * sizeof(StashPlan), &consumed, sizeof(consumed));
   }
-  STASH_CU_RETURN_IF_ERROR(driver, MemcpyHtoD(c->block_, image.data(), image.size()));
+  const CUresult copied = driver->MemcpyHtoD(c->block_, image, records_at);
+  const CUresult freed = driver->MemFreeHost(image);
+  STASH_RETURN_IF_ERROR(driver->Check(copied, "cuMemcpyHtoD(the copier's first block image)"));
+  STASH_RETURN_IF_ERROR(driver->Check(freed, "cuMemFreeHost(the copier's first block image)"));
   STASH_CU_RETURN_IF_ERROR(driver, EventCreate(&c->attach_event_, CU_EVENT_DISABLE_TIMING));
   for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
     c->slots_[t].assign(g.tier_slots[t], SlotState::kAbsent);

@@ -21,12 +21,16 @@ namespace stash::bench_gpu {
 // every launch queued at once, a side stream's work under CUDA_DEVICE_MAX_CONNECTIONS=1 would
 // sit behind the whole round). The daemon-copy rounds are this process's kernel copier
 // (LaunchStash / LaunchReload, what the daemon's CudaExecutor launches), as in `overlap`.
-// Everything runs twice: a trainer child with CUDA_DEVICE_MAX_CONNECTIONS unset, and one with
-// it set to 1 (Megatron's setting; read when the child's context is created).
+// Everything runs three times: a trainer child with CUDA_DEVICE_MAX_CONNECTIONS unset, one with
+// it set to 1 (Megatron's setting; read when the child's context is created), and one with it
+// unset whose side stream has the device's greatest priority (the block scheduler then gives
+// the copier's blocks the SMs the trainer's blocks free first).
 namespace {
 
 constexpr int kTrainerAhead = 8;
 constexpr const char* kConnectionsVariable = "CUDA_DEVICE_MAX_CONNECTIONS";
+// Set (to anything) in the trainer child: its side stream gets the greatest priority.
+constexpr const char* kPriorityVariable = "STASH_BENCH_SIDE_STREAM_PRIORITY_GREATEST";
 
 // Sets `name` to `value` ("" = unsets it) for the object's life, then restores it.
 class ScopedEnv {
@@ -89,7 +93,8 @@ Round RunMappedRound(Child& trainer, double pace_gbps) {
 }
 
 struct MappedVariant {
-  std::string connections;  // CUDA_DEVICE_MAX_CONNECTIONS in the trainer; "" = unset
+  std::string connections;     // CUDA_DEVICE_MAX_CONNECTIONS in the trainer; "" = unset
+  bool high_priority = false;  // the side stream has the device's greatest priority
   double launch_ms = 0;
   bool verified = false;  // the trainer's verify round, and no overflow in any mapped round
   int trainer_status = -1;
@@ -98,13 +103,16 @@ struct MappedVariant {
 };
 
 MappedVariant RunMappedVariant(const Options& options, const std::string& connections,
-                               Copier& copier, double alone_kernel_gbps, double* paced_gbps) {
+                               bool high_priority, Copier& copier, double alone_kernel_gbps,
+                               double* paced_gbps) {
   MappedVariant v;
   v.connections = connections;
+  v.high_priority = high_priority;
   const int launches = options.iters > 0 ? options.iters : kDefaultLaunches;
   std::unique_ptr<Child> trainer;
   {
     const ScopedEnv env(kConnectionsVariable, connections);
+    const ScopedEnv priority(kPriorityVariable, high_priority ? "1" : "");
     trainer = std::make_unique<Child>(std::vector<std::string>{
         "mapped-trainer", "--device", std::to_string(options.device), "--iters",
         std::to_string(launches), "--launch-ms", std::to_string(options.launch_ms), "--copy-mib",
@@ -144,8 +152,9 @@ MappedVariant RunMappedVariant(const Options& options, const std::string& connec
 }
 
 void PrintVariant(const MappedVariant& v) {
-  std::printf("\nCUDA_DEVICE_MAX_CONNECTIONS %s in the trainer; its kernel %.3f ms per launch\n",
+  std::printf("\nCUDA_DEVICE_MAX_CONNECTIONS %s in the trainer%s; its kernel %.3f ms per launch\n",
               v.connections.empty() ? "unset (the driver's default)" : v.connections.c_str(),
+              v.high_priority ? ", the copier's side stream at the greatest priority" : "",
               v.launch_ms);
   std::printf("%-48s | %10s | %9s | %11s | %14s\n", "round", "trainer ms", "slowdown",
               "copier GB/s", "trainer ms/GB");
@@ -175,6 +184,7 @@ void PrintVariant(const MappedVariant& v) {
 
 std::string VariantJson(const MappedVariant& v) {
   return json::Object({
+      {"side_stream_greatest_priority", json::Bool(v.high_priority)},
       {"cuda_device_max_connections",
        v.connections.empty() ? json::Null() : json::Str(v.connections)},
       {"trainer_launch_ms", json::Num(v.launch_ms)},
@@ -211,7 +221,13 @@ int RunMappedTrainer(const Options& options) {
   auto loaded = CudaDriver::Get();
   if (!loaded.ok()) Die(1, "mapped trainer: the CUDA driver API: " + loaded.status().ToString());
   cudaStream_t side = nullptr;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  if (std::getenv(kPriorityVariable) != nullptr) {
+    int least = 0, greatest = 0;
+    BENCH_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    BENCH_CUDA(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, greatest));
+  } else {
+    BENCH_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  }
   MappedRigConfig config;
   config.device = options.device;
   config.pool_device = options.device;
@@ -316,8 +332,11 @@ int RunMappedOverlap(const Options& options) {
       copier.Run(false, StopAfter(kCopierAloneSeconds), &rounds, nullptr);
   double paced_gbps = 0;
   const MappedVariant standard =
-      RunMappedVariant(options, "", copier, alone_kernel_gbps, &paced_gbps);
-  const MappedVariant one = RunMappedVariant(options, "1", copier, alone_kernel_gbps, &paced_gbps);
+      RunMappedVariant(options, "", false, copier, alone_kernel_gbps, &paced_gbps);
+  const MappedVariant one =
+      RunMappedVariant(options, "1", false, copier, alone_kernel_gbps, &paced_gbps);
+  const MappedVariant priority =
+      RunMappedVariant(options, "", true, copier, alone_kernel_gbps, &paced_gbps);
 
   std::printf(
       "trainer: %d launches of an FMA kernel on every SM per round, at most %d queued;\n"
@@ -329,8 +348,10 @@ int RunMappedOverlap(const Options& options) {
       launches, kTrainerAhead, bytes / kMiB, paced_gbps, alone_kernel_gbps);
   PrintVariant(standard);
   PrintVariant(one);
-  const bool verified = kernel_verified && standard.verified && one.verified;
-  const bool ok = verified && standard.trainer_status == 0 && one.trainer_status == 0;
+  PrintVariant(priority);
+  const bool verified = kernel_verified && standard.verified && one.verified && priority.verified;
+  const bool ok = verified && standard.trainer_status == 0 && one.trainer_status == 0 &&
+                  priority.trainer_status == 0;
   if (!verified) std::printf("\nVERIFY FAILED (see above)\n");
 
   const std::string report = json::PrettyObject({
@@ -345,6 +366,7 @@ int RunMappedOverlap(const Options& options) {
       {"copier_alone_kernel_gbps", json::Num(alone_kernel_gbps)},
       {"default_connections", VariantJson(standard)},
       {"one_connection", VariantJson(one)},
+      {"greatest_priority", VariantJson(priority)},
       {"verified", json::Bool(verified)},
       {"summary",
        json::Object({
@@ -363,6 +385,11 @@ int RunMappedOverlap(const Options& options) {
            {"trainer_ms_per_gb_mapped_one_connection", json::Num(MsPerGb(one.mapped, one.alone))},
            {"trainer_ms_per_gb_daemon_copy_one_connection",
             json::Num(MsPerGb(one.kernel, one.alone))},
+           {"slowdown_mapped_greatest_priority",
+            json::Num(Slowdown(priority.paced_mapped, priority.alone))},
+           {"mapped_gbps_greatest_priority", json::Num(priority.mapped.copier_gbps)},
+           {"trainer_ms_per_gb_mapped_greatest_priority",
+            json::Num(MsPerGb(priority.mapped, priority.alone))},
            {"verified", json::Bool(verified)},
        })},
       {"ok", json::Bool(ok)},

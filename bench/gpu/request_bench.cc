@@ -127,6 +127,9 @@ int Run(int requests, const std::string& json_path) {
   std::vector<uint8_t> pattern(kStashBytes);
   for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 7 + i / 4096);
   BENCH_CUDA(cudaMemcpy(source, pattern.data(), kStashBytes, cudaMemcpyHostToDevice));
+  // From pageable memory these copies may land after the calls return, on the legacy stream,
+  // which the executor's non-blocking stream does not wait for.
+  BENCH_CUDA(cudaDeviceSynchronize());
   auto fd = CreateSealedMemfd("stash-bench-request-events", 4096);
   if (!fd.ok()) Die(1, "request: memfd: " + fd.status().ToString());
   v1::RegisterMemory reg;

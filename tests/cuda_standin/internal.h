@@ -69,7 +69,23 @@ bool DeviceAddressable(uintptr_t address, size_t bytes);
 using Op = std::function<void()>;
 // Enqueues `op` on `stream`, or appends it to the stream's capture. CUDA_SUCCESS or the error
 // (with its message): bad handle, no context for the null stream, invalidated capture, ...
+// Work on a blocking stream also waits for the legacy stream's earlier work, and work on the
+// legacy stream for every blocking stream's (the implicit synchronization of the legacy stream).
 CUresult Enqueue(const char* fn, CUstream stream, Op op);
+// Enqueue, but the work runs no earlier than kLateFactor stream delays from now: a copy the
+// driver has started but "may not have completed" when the call returns (cuMemcpyHtoD from
+// pageable memory), so that work queued after it on a stream that does not wait for it runs
+// first, as it may on a GPU.
+constexpr int kLateFactor = 3;
+CUresult EnqueueLate(const char* fn, CUstream stream, Op op);
+// A synchronous call (cuMemcpyHtoD, cuMemcpyDtoH) is one of the "potentially unsafe API calls"
+// a capture may prohibit (cuThreadExchangeStreamCaptureMode): CUDA_SUCCESS, or the refusal, which
+// invalidates the captures that prohibit it.
+CUresult CheckSynchronousCall(const char* fn);
+
+// vmm.cc: true when every byte of [address, address + bytes) is registered (page-locked) host
+// memory (cuMemHostRegister, cuMemHostAlloc).
+bool PinnedHost(uintptr_t address, size_t bytes);
 
 }  // namespace standin
 

@@ -1,5 +1,5 @@
 // TEST AID, NEVER A BACKEND (see standin.h): plain device memory (cuMemAlloc / cuMemFree), pinned
-// host memory (cuMemHostAlloc / cuMemFreeHost) and the synchronous copies (cuMemcpyHtoD /
+// host memory (cuMemHostAlloc / cuMemFreeHost) and the copies on the legacy stream (cuMemcpyHtoD /
 // cuMemcpyDtoH), built on the stand-in's own VMM and host registration, so plain device memory
 // counts against the same VRAM budget and faults the same way once freed.
 #include <sys/mman.h>
@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 #include "internal.h"
 
@@ -134,8 +136,20 @@ CUresult CUDAAPI cuMemFreeHost(void* p) {
   return CUDA_SUCCESS;
 }
 
-// cuMemcpyHtoD / cuMemcpyDtoH: synchronous copies between host memory and device memory (or
-// registered host memory): the device side must be addressable, else CUDA_ERROR_INVALID_VALUE.
+// cuMemcpyHtoD / cuMemcpyDtoH, by the Driver API's "API synchronization behavior", Memcpy,
+// "Synchronous": both run on the legacy stream, so they come after its earlier work (and so
+// after every blocking stream's: see Enqueue), and their device side must be addressable, else
+// CUDA_ERROR_INVALID_VALUE. Both are calls a capture may prohibit, and legacy-stream work while a
+// blocking stream captures.
+//  - "For transfers from pageable host memory to device memory, a stream sync is performed before
+//    the copy is initiated. The function will return once the pageable buffer has been copied to
+//    the staging memory for DMA transfer to device memory, but the DMA to final destination may
+//    not have completed." Here the bytes land kLateFactor stream delays later: work on a
+//    non-blocking stream queued after the call can read the old bytes, as on a GPU.
+//  - "For transfers from pinned host memory to device memory, the function is synchronous with
+//    respect to the host."
+//  - "For transfers from device to either pageable or pinned host memory, the function returns
+//    only once the copy has completed."
 CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
   STANDIN_TRY(standin::RequireInit(__func__));
   if (ByteCount == 0) return CUDA_SUCCESS;
@@ -143,8 +157,19 @@ CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, siz
     return Fail(CUDA_ERROR_INVALID_VALUE, __func__,
                 "the destination is not device memory (or the source is NULL)");
   }
-  std::memcpy(reinterpret_cast<void*>(dstDevice), srcHost, ByteCount);
-  return CUDA_SUCCESS;
+  STANDIN_TRY(standin::CheckSynchronousCall(__func__));
+  auto* dst = standin::HostPointer(dstDevice);
+  if (standin::PinnedHost(reinterpret_cast<uintptr_t>(srcHost), ByteCount)) {
+    STANDIN_TRY(standin::Enqueue(__func__, CU_STREAM_LEGACY, [dst, srcHost, ByteCount] {
+      std::memcpy(dst, srcHost, ByteCount);
+    }));
+    return cuStreamSynchronize(CU_STREAM_LEGACY);
+  }
+  STANDIN_TRY(cuStreamSynchronize(CU_STREAM_LEGACY));
+  const auto* src = static_cast<const uint8_t*>(srcHost);
+  auto staged = std::make_shared<std::vector<uint8_t>>(src, src + ByteCount);
+  return standin::EnqueueLate(__func__, CU_STREAM_LEGACY,
+                              [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
 }
 
 CUresult CUDAAPI cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
@@ -154,8 +179,12 @@ CUresult CUDAAPI cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t By
     return Fail(CUDA_ERROR_INVALID_VALUE, __func__,
                 "the source is not device memory (or the destination is NULL)");
   }
-  std::memcpy(dstHost, reinterpret_cast<const void*>(srcDevice), ByteCount);
-  return CUDA_SUCCESS;
+  STANDIN_TRY(standin::CheckSynchronousCall(__func__));
+  const auto* src = standin::HostPointer<const void>(srcDevice);
+  STANDIN_TRY(standin::Enqueue(__func__, CU_STREAM_LEGACY, [dstHost, src, ByteCount] {
+    std::memcpy(dstHost, src, ByteCount);
+  }));
+  return cuStreamSynchronize(CU_STREAM_LEGACY);
 }
 
 }  // extern "C"

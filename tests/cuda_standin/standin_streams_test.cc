@@ -31,6 +31,15 @@ void AddTwin(void** params, unsigned /*grid_x*/, unsigned /*block_x*/) {
   __atomic_fetch_add(counter, value, __ATOMIC_SEQ_CST);
 }
 
+// Twin of a kernel `load(const uint64_t* from, uint64_t* to)`: what `from` holds when it runs.
+void LoadTwin(void** params, unsigned /*grid_x*/, unsigned /*block_x*/) {
+  const uint64_t* from = nullptr;
+  uint64_t* to = nullptr;
+  std::memcpy(&from, params[0], sizeof(from));
+  std::memcpy(&to, params[1], sizeof(to));
+  __atomic_store_n(to, __atomic_load_n(from, __ATOMIC_SEQ_CST), __ATOMIC_SEQ_CST);
+}
+
 std::vector<int> AppendedSoFar() {
   std::lock_guard<std::mutex> lock(g_appended_mu);
   return Appended();
@@ -42,10 +51,12 @@ class Streams : public Standin {
     Standin::SetUp();
     RegisterKernel("append", &AppendTwin, {sizeof(int)});
     RegisterKernel("add", &AddTwin, {sizeof(uint64_t*), sizeof(uint64_t)});
+    RegisterKernel("load", &LoadTwin, {sizeof(uint64_t*), sizeof(uint64_t*)});
     static const unsigned char kImage[16] = {};
     ASSERT_CU(CUDA_SUCCESS, d().ModuleLoadData(&module_, kImage));
     ASSERT_CU(CUDA_SUCCESS, d().ModuleGetFunction(&append_, module_, "append"));
     ASSERT_CU(CUDA_SUCCESS, d().ModuleGetFunction(&add_, module_, "add"));
+    ASSERT_CU(CUDA_SUCCESS, d().ModuleGetFunction(&load_, module_, "load"));
     ASSERT_CU(CUDA_SUCCESS, d().StreamCreate(&stream_, CU_STREAM_NON_BLOCKING));
     ASSERT_CU(CUDA_SUCCESS, d().MemHostRegister(words_, sizeof(words_), 0));
     std::lock_guard<std::mutex> lock(g_appended_mu);
@@ -67,6 +78,10 @@ class Streams : public Standin {
     void* params[] = {&counter, &value};
     return d().LaunchKernel(add_, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr);
   }
+  CUresult Load(CUdeviceptr from, uint64_t* to, CUstream stream) {
+    void* params[] = {&from, &to};
+    return d().LaunchKernel(load_, 1, 1, 1, 32, 1, 1, 0, stream, params, nullptr);
+  }
   // A gate the stream waits on: work after it runs once the test opens it.
   CUresult WaitForGate(CUstream stream) {
     return d().StreamWaitValue64(stream, Device(&words_[0]), 1, CU_STREAM_WAIT_VALUE_GEQ);
@@ -81,6 +96,7 @@ class Streams : public Standin {
   CUmodule module_ = nullptr;
   CUfunction append_ = nullptr;
   CUfunction add_ = nullptr;
+  CUfunction load_ = nullptr;
   CUstream stream_ = nullptr;
   alignas(8) uint64_t words_[4] = {};  // [0] the gate, [1] a counter the stream writes
 };
@@ -114,6 +130,45 @@ TEST_F(Streams, WorkIsDeferredByDefaultAndRunsAtEnqueueWhenImmediate) {
   ASSERT_CU(CUDA_SUCCESS, Append(2, stream_));
   EXPECT_EQ(AppendedSoFar(), (std::vector<int>{1, 2}));  // before any synchronization
   unsetenv("STASH_STANDIN_STREAMS");
+  ASSERT_CU(CUDA_SUCCESS, d().Init(0));
+}
+
+// The Driver API's "API synchronization behavior": cuMemcpyHtoD from pageable memory may return
+// before its bytes land, on the legacy stream; a non-blocking stream does not wait for it, a
+// blocking stream and cuMemcpyDtoH do. From page-locked memory the copy is done at return.
+TEST_F(Streams, APageableCopyLandsLateAndOnlyTheLegacyStreamAndBlockingStreamsWaitForIt) {
+  // Long delays, so that the order below holds on a loaded machine: stream work runs 200 ms after
+  // its enqueue, the pageable copy's bytes land 600 ms after the call.
+  setenv("STASH_STANDIN_STREAM_DELAY_US", "200000", 1);
+  ASSERT_CU(CUDA_SUCCESS, d().Init(0));
+  CUdeviceptr word = 0;
+  ASSERT_CU(CUDA_SUCCESS, d().MemAlloc(&word, sizeof(uint64_t)));
+  *At<uint64_t>(word) = 0;
+  CUstream blocking = nullptr;
+  ASSERT_CU(CUDA_SUCCESS, d().StreamCreate(&blocking, 0));
+
+  const uint64_t seven = 7;  // pageable: on this thread's stack
+  ASSERT_CU(CUDA_SUCCESS, d().MemcpyHtoD(word, &seven, sizeof(seven)));
+  ASSERT_CU(CUDA_SUCCESS, Load(word, &words_[1], stream_));    // non-blocking: reads 0
+  ASSERT_CU(CUDA_SUCCESS, Load(word, &words_[2], blocking));   // blocking: after the copy
+  ASSERT_CU(CUDA_SUCCESS, d().StreamSynchronize(stream_));
+  EXPECT_EQ(__atomic_load_n(&words_[1], __ATOMIC_SEQ_CST), 0U);
+  ASSERT_CU(CUDA_SUCCESS, d().StreamSynchronize(blocking));
+  EXPECT_EQ(__atomic_load_n(&words_[2], __ATOMIC_SEQ_CST), 7U);
+
+  const uint64_t nine = 9;
+  ASSERT_CU(CUDA_SUCCESS, d().MemcpyHtoD(word, &nine, sizeof(nine)));
+  uint64_t back = 0;
+  ASSERT_CU(CUDA_SUCCESS, d().MemcpyDtoH(&back, word, sizeof(back)));  // after it, in order
+  EXPECT_EQ(back, 9U);
+
+  __atomic_store_n(&words_[3], uint64_t{11}, __ATOMIC_SEQ_CST);  // words_ is registered
+  ASSERT_CU(CUDA_SUCCESS, d().MemcpyHtoD(word, &words_[3], sizeof(uint64_t)));
+  EXPECT_EQ(__atomic_load_n(At<uint64_t>(word), __ATOMIC_SEQ_CST), 11U);  // landed at return
+
+  EXPECT_CU(CUDA_SUCCESS, d().StreamDestroy(blocking));
+  EXPECT_CU(CUDA_SUCCESS, d().MemFree(word));
+  unsetenv("STASH_STANDIN_STREAM_DELAY_US");
   ASSERT_CU(CUDA_SUCCESS, d().Init(0));
 }
 

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -59,12 +60,20 @@ class Queue {
     op();
   }
 
-  // Waits until every operation enqueued before the call has run. A stream wait dies after the
-  // wait timeout, so this ends; if it does not (no worker: a forked child using its parent's
-  // stream), it dies rather than hang the test.
-  void WaitIdle() {
+  // How many operations were ever enqueued: WaitFor(Enqueued()) waits for all of them.
+  uint64_t Enqueued() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return enqueued_;
+  }
+
+  // Waits until every operation enqueued before the call has run.
+  void WaitIdle() { WaitFor(Enqueued()); }
+
+  // Waits until the first `target` operations have run. A stream wait dies after the wait
+  // timeout, so this ends; if it does not (no worker: a forked child using its parent's stream),
+  // it dies rather than hang the test.
+  void WaitFor(uint64_t target) {
     std::unique_lock<std::mutex> lock(mu_);
-    const uint64_t target = enqueued_;
     const auto limit = std::chrono::milliseconds(2 * config().wait_timeout_ms + 1000);
     if (!cv_.wait_for(lock, limit, [&] { return completed_ >= target; })) {
       Die("a stream did not finish its work within " + std::to_string(limit.count()) +
@@ -289,10 +298,35 @@ Clock::duration Delay() {
                             : std::chrono::microseconds(config().stream_delay_us);
 }
 
+// The implicit synchronization of the legacy stream (CUDA Driver API, "Stream synchronization
+// behavior", "Legacy default stream"): "The legacy default stream is an implicit stream which
+// synchronizes with all other streams in the same CUcontext except for non-blocking streams":
+// work on a blocking stream runs after the legacy stream's earlier work, and work on the legacy
+// stream after every blocking stream's earlier work; a CU_STREAM_NON_BLOCKING stream waits for
+// neither. Under g_mu: the queues `s`'s next operation must wait for, with their counts now.
+std::vector<std::pair<std::shared_ptr<Queue>, uint64_t>> ImplicitlyAfter(CUstream h,
+                                                                         const CUstream_st* s) {
+  std::vector<std::pair<std::shared_ptr<Queue>, uint64_t>> after;
+  if (s->legacy) {
+    if (h == CU_STREAM_PER_THREAD) return after;  // the stand-in's per-thread stream is the legacy
+    for (const CUstream_st* other : Live<CUstream_st>()) {
+      if (other->device == s->device && (other->flags & CU_STREAM_NON_BLOCKING) == 0) {
+        after.emplace_back(other->queue, other->queue->Enqueued());
+      }
+    }
+  } else if ((s->flags & CU_STREAM_NON_BLOCKING) == 0) {
+    const std::shared_ptr<Queue>& legacy = DefaultStream(s->device)->queue;
+    after.emplace_back(legacy, legacy->Enqueued());
+  }
+  return after;
+}
+
 // `captured` runs under g_mu instead of recording `op` when the stream captures (for event
-// records, which add no node).
+// records, which add no node). `delay`: how long after now the work may run at the earliest
+// (the knob's stream delay when not given).
 CUresult Submit(const char* fn, CUstream h, Op op,
-                const std::function<void(CUstream_st*)>& captured = nullptr) {
+                const std::function<void(CUstream_st*)>& captured = nullptr,
+                std::optional<Clock::duration> delay = std::nullopt) {
   std::shared_ptr<Queue> queue;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -322,11 +356,21 @@ CUresult Submit(const char* fn, CUstream h, Op op,
       return CUDA_SUCCESS;
     }
     queue = s->queue;
+    // Immediate mode runs every operation at its enqueue, so earlier work is done already.
+    if (!config().immediate) {
+      auto after = ImplicitlyAfter(h, s);
+      if (!after.empty()) {
+        op = [after = std::move(after), op = std::move(op)] {
+          for (const auto& [earlier, count] : after) earlier->WaitFor(count);
+          op();
+        };
+      }
+    }
   }
   if (config().immediate) {
     queue->RunNow(op);
   } else {
-    queue->Push(std::move(op), Delay());
+    queue->Push(std::move(op), delay.value_or(Delay()));
   }
   return CUDA_SUCCESS;
 }
@@ -426,6 +470,12 @@ CUresult WriteOp(const char* fn, CUdeviceptr address, uint64_t value, unsigned f
 CUresult Enqueue(const char* fn, CUstream stream, Op op) {
   return Submit(fn, stream, std::move(op));
 }
+
+CUresult EnqueueLate(const char* fn, CUstream stream, Op op) {
+  return Submit(fn, stream, std::move(op), nullptr, Delay() * kLateFactor);
+}
+
+CUresult CheckSynchronousCall(const char* fn) { return CheckUnsafeCall(fn); }
 
 }  // namespace standin
 

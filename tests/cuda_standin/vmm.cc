@@ -222,22 +222,37 @@ CUresult RequireVmm(const char* fn) {
 
 }  // namespace
 
+namespace {
+
+// Under g_mu: where the registered host range holding `at` ends, or 0 when none holds it.
+uintptr_t HostRangeEnd(uintptr_t at) {
+  auto& hosts = HostRanges();
+  auto h = hosts.upper_bound(at);
+  if (h == hosts.begin()) return 0;
+  --h;
+  return at < h->first + h->second ? h->first + h->second : 0;
+}
+
+}  // namespace
+
 bool DeviceAddressable(uintptr_t address, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_mu);
   const uintptr_t end = address + bytes;
   uintptr_t at = address;
   while (at < end) {
     auto m = MappingAt(at);
-    if (m != Mappings().end()) {
-      at = m->first + m->second.size;
-      continue;
-    }
-    auto& hosts = HostRanges();
-    auto h = hosts.upper_bound(at);
-    if (h == hosts.begin()) return false;
-    --h;
-    if (at >= h->first + h->second) return false;
-    at = h->first + h->second;
+    const uintptr_t next = m != Mappings().end() ? m->first + m->second.size : HostRangeEnd(at);
+    if (next == 0) return false;
+    at = next;
+  }
+  return bytes > 0;
+}
+
+bool PinnedHost(uintptr_t address, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const uintptr_t end = address + bytes;
+  for (uintptr_t at = address; at < end; at = HostRangeEnd(at)) {
+    if (HostRangeEnd(at) == 0) return false;
   }
   return bytes > 0;
 }

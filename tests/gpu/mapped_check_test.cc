@@ -184,8 +184,11 @@ int RunExporter(int socket) {
   {
     const PrimaryContext::Scope scope(*context);
     const std::vector<uint8_t> bytes = Pattern(chunk, kSeed);
+    // From pageable memory the copy may land after the call returns: wait for it before the
+    // chunk leaves this process.
     if (d->MemcpyHtoD(reinterpret_cast<CUdeviceptr>((*pool)->base()), bytes.data(), bytes.size()) !=
-        CUDA_SUCCESS) {
+            CUDA_SUCCESS ||
+        d->StreamSynchronize(CU_STREAM_LEGACY) != CUDA_SUCCESS) {
       return 6;
     }
   }
@@ -240,9 +243,12 @@ class MappedCheck : public ::testing::Test {
               CUDA_SUCCESS);
     return out;
   }
+  // From pageable memory the copy may land after the call returns, on the legacy stream, which
+  // the test's non-blocking stream does not wait for: Write waits for it.
   void Write(void* at, const std::vector<uint8_t>& bytes) {
     ASSERT_EQ(driver_->MemcpyHtoD(reinterpret_cast<CUdeviceptr>(at), bytes.data(), bytes.size()),
               CUDA_SUCCESS);
+    ASSERT_EQ(driver_->StreamSynchronize(CU_STREAM_LEGACY), CUDA_SUCCESS);
   }
   CUdeviceptr Alloc(uint64_t bytes) {
     CUdeviceptr p = 0;

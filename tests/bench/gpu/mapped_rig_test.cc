@@ -59,6 +59,8 @@ class MappedRigTest : public ::testing::Test {
     ASSERT_EQ(d_->MemAlloc(&dst_, kStash), CUDA_SUCCESS);
     ASSERT_EQ(d_->MemcpyHtoD(src_, Pattern(kStash, 5).data(), kStash), CUDA_SUCCESS);
     ASSERT_EQ(d_->MemcpyHtoD(dst_, std::vector<uint8_t>(kStash, 0).data(), kStash), CUDA_SUCCESS);
+    // From pageable memory both may land after the calls return; stream_ does not wait for them.
+    ASSERT_EQ(d_->StreamSynchronize(CU_STREAM_LEGACY), CUDA_SUCCESS);
   }
   void TearDown() override {
     rig_.reset();
@@ -135,7 +137,7 @@ TEST_F(MappedRigTest, TheTiersMappingIsOneRangeThatDeviceZeroReachesWhole) {
   const auto base = reinterpret_cast<CUdeviceptr>(rig_->tier_base());
   const std::vector<uint8_t> bytes = Pattern(rig_->tier_bytes(), 9);
   ASSERT_EQ(d_->MemcpyHtoD(base, bytes.data(), bytes.size()), CUDA_SUCCESS);
-  EXPECT_EQ(Read(base, bytes.size()), bytes);
+  EXPECT_EQ(Read(base, bytes.size()), bytes);  // cuMemcpyDtoH runs after it on the legacy stream
 }
 
 TEST_F(MappedRigTest, AStashThePoolCannotHoldOverflowsAndEndStepSaysSo) {
