@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -464,6 +465,11 @@ int RunDaemon(const DaemonConfig& config) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // The last grpc_shutdown (in ~Server, after Shutdown has ended every call) joins gRPC's executor
+  // threads, and with gRPC 1.51 one of them can sit in a poll for up to 10 s: a stop then took
+  // 10 s instead of milliseconds. The daemon holds a library reference for its whole life, so no
+  // ~Server shuts the library down; the process exit ends those threads.
+  grpc_init();
 
   auto daemon = Daemon::Start(config);
   if (!daemon.ok()) {
