@@ -149,8 +149,8 @@ TEST_F(Streams, APageableCopyLandsLateAndOnlyTheLegacyStreamAndBlockingStreamsWa
 
   const uint64_t seven = 7;  // pageable: on this thread's stack
   ASSERT_CU(CUDA_SUCCESS, d().MemcpyHtoD(word, &seven, sizeof(seven)));
-  ASSERT_CU(CUDA_SUCCESS, Load(word, &words_[1], stream_));    // non-blocking: reads 0
-  ASSERT_CU(CUDA_SUCCESS, Load(word, &words_[2], blocking));   // blocking: after the copy
+  ASSERT_CU(CUDA_SUCCESS, Load(word, &words_[1], stream_));   // non-blocking: reads 0
+  ASSERT_CU(CUDA_SUCCESS, Load(word, &words_[2], blocking));  // blocking: after the copy
   ASSERT_CU(CUDA_SUCCESS, d().StreamSynchronize(stream_));
   EXPECT_EQ(__atomic_load_n(&words_[1], __ATOMIC_SEQ_CST), 0U);
   ASSERT_CU(CUDA_SUCCESS, d().StreamSynchronize(blocking));
