@@ -67,6 +67,9 @@ StatusOr<std::unique_ptr<CudaTrainer>> CudaTrainer::Create(
     DEMO_CUDA(cudaMalloc(&p, weight_bytes));
     t->weight_grads_.push_back(static_cast<float*>(p));
   }
+  // The weights went up with cudaMemcpy from pageable memory, on the legacy stream: the call may
+  // return before they land, and the trainer's stream (non-blocking) does not wait for it.
+  DEMO_CUDA(cudaDeviceSynchronize());
   auto control = HostBuffer::Allocate(layers * kCounters * sizeof(uint64_t));
   if (!control.ok()) return control.status();
   t->control_ = std::move(control).value();

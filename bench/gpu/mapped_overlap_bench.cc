@@ -135,13 +135,20 @@ MappedVariant RunMappedVariant(const Options& options, const std::string& connec
   const auto alone_fields = Fields(line);
   v.copier_alone_mapped_gbps = Field(alone_fields, "copier_gbps");
   v.verified = v.verified && Field(alone_fields, "overflowed") == 0;
-  // Every copier, in both variants, paced to the same offered load: half the slower one's speed
-  // alone (as `overlap` does), fixed by the first variant.
-  if (*paced_gbps <= 0) *paced_gbps = 0.5 * std::min(alone_kernel_gbps, v.copier_alone_mapped_gbps);
 
   v.alone = RunRound(*trainer, nullptr, false);
   v.mapped = RunMappedRound(*trainer, 0);
   v.kernel = RunRound(*trainer, &copier, false);
+  // Every copier, in every variant, paced to the same offered load, fixed by the first variant:
+  // half the slower one's flat-out rate beside the trainer. (Half its rate alone, as `overlap`
+  // paces, is more than either reaches beside a compute-bound trainer on an H200: such "paced"
+  // rounds only repeat the flat-out ones.) Without a rate (a copier that moved nothing), half
+  // the slower one alone.
+  if (*paced_gbps <= 0) {
+    const double beside = std::min(v.mapped.copier_gbps, v.kernel.copier_gbps);
+    *paced_gbps =
+        0.5 * (beside > 0 ? beside : std::min(alone_kernel_gbps, v.copier_alone_mapped_gbps));
+  }
   v.paced_mapped = RunMappedRound(*trainer, *paced_gbps);
   v.paced_kernel = RunRound(*trainer, &copier, false, *paced_gbps);
   v.alone_again = RunRound(*trainer, nullptr, false);

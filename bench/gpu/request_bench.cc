@@ -157,7 +157,10 @@ int Run(int requests, const std::string& json_path) {
     const double t1 = NowSeconds();
     const double stash_then = RunNext(worker, "stash");
     if (i == 0) {
+      // On the legacy stream: it may not have landed when the call returns, and the executor's
+      // non-blocking stream does not wait for it before the reload writes the destination.
       BENCH_CUDA(cudaMemset(destination, 0, kStashBytes));
+      BENCH_CUDA(cudaDeviceSynchronize());
       if (!record.error.ok())
         verify_error = "the stash failed: " + record.error.ToString();
       else if (record.plan.placement != kernels::Placement::kDevice) {

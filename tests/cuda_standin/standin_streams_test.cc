@@ -139,12 +139,26 @@ TEST_F(Streams, WorkIsDeferredByDefaultAndRunsAtEnqueueWhenImmediate) {
 TEST_F(Streams, APageableCopyLandsLateAndOnlyTheLegacyStreamAndBlockingStreamsWaitForIt) {
   // Long delays, so that the order below holds on a loaded machine: stream work runs 200 ms after
   // its enqueue, the pageable copy's bytes land 600 ms after the call.
+  CUdeviceptr word = 0;
+  CUstream blocking = nullptr;
+  struct Restore {  // however the test ends: the default delay back, the memory and stream freed
+    CUdeviceptr* word;
+    CUstream* blocking;
+    ~Restore() {
+      if (*blocking != nullptr) {
+        EXPECT_CU(CUDA_SUCCESS, d().StreamDestroy(*blocking));
+      }
+      if (*word != 0) {
+        EXPECT_CU(CUDA_SUCCESS, d().MemFree(*word));
+      }
+      unsetenv("STASH_STANDIN_STREAM_DELAY_US");
+      EXPECT_CU(CUDA_SUCCESS, d().Init(0));
+    }
+  } restore{&word, &blocking};
   setenv("STASH_STANDIN_STREAM_DELAY_US", "200000", 1);
   ASSERT_CU(CUDA_SUCCESS, d().Init(0));
-  CUdeviceptr word = 0;
   ASSERT_CU(CUDA_SUCCESS, d().MemAlloc(&word, sizeof(uint64_t)));
   *At<uint64_t>(word) = 0;
-  CUstream blocking = nullptr;
   ASSERT_CU(CUDA_SUCCESS, d().StreamCreate(&blocking, 0));
 
   const uint64_t seven = 7;  // pageable: on this thread's stack
@@ -165,11 +179,6 @@ TEST_F(Streams, APageableCopyLandsLateAndOnlyTheLegacyStreamAndBlockingStreamsWa
   __atomic_store_n(&words_[3], uint64_t{11}, __ATOMIC_SEQ_CST);  // words_ is registered
   ASSERT_CU(CUDA_SUCCESS, d().MemcpyHtoD(word, &words_[3], sizeof(uint64_t)));
   EXPECT_EQ(__atomic_load_n(At<uint64_t>(word), __ATOMIC_SEQ_CST), 11U);  // landed at return
-
-  EXPECT_CU(CUDA_SUCCESS, d().StreamDestroy(blocking));
-  EXPECT_CU(CUDA_SUCCESS, d().MemFree(word));
-  unsetenv("STASH_STANDIN_STREAM_DELAY_US");
-  ASSERT_CU(CUDA_SUCCESS, d().Init(0));
 }
 
 TEST_F(Streams, MemoryUnmappedBeforeItsQueuedWorkRanFaults) {
