@@ -75,7 +75,9 @@ class StreamCopier {
   // Allocates and initialises the device state in the current context (the caller's: the
   // trainer's primary context) and loads the kernels from `fatbin` (the library's own, or a
   // test's). `driver` is borrowed and outlives the object. INVALID_ARGUMENT for a bad geometry;
-  // the driver's error (RESOURCE_EXHAUSTED when out of memory) otherwise.
+  // the driver's error (RESOURCE_EXHAUSTED when out of memory) otherwise. The first state is in
+  // device memory when it returns, whatever stream the kernels run on later: it waits once for
+  // the GPU work queued before it on the legacy stream (and so on blocking streams).
   static StatusOr<std::unique_ptr<StreamCopier>> Create(const CudaDriver* driver,
                                                         const Geometry& geometry,
                                                         const void* fatbin);
