@@ -249,3 +249,26 @@ def test_a_peer_benchmark_that_skips_gives_a_skip_row_with_its_reason(tmp_path, 
     assert ("== bench peer: skip (cuDeviceCanAccessPeer says device 0 cannot access device 1)"
             in run.stdout), run.stdout
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_stash_check_steps_runs_only_the_steps_it_names(tmp_path, bundle):
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(),
+                         STASH_CHECK_STEPS="bench_copy, gtests")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "steps (STASH_CHECK_STEPS): gtests bench_copy" in run.stdout, run.stdout
+    step_lines = [line for line in log.splitlines()
+                  if "--help" not in line and "--version" not in line]
+    assert {line.split()[0] for line in step_lines} == {"paging_gpu_test", "stash-bench-gpu"}, log
+    assert [line.split()[2] for line in step_lines if line.startswith("stash-bench-gpu")] == \
+        ["copy"], log
+    rows = [line for line in run.stdout.splitlines()
+            if line.startswith("== ") and not line.startswith("== summary")]
+    assert [row.split(":")[0] for row in rows] == [
+        "== nvidia-smi", "== paging_gpu_test", "== paging_gpu_test-eager", "== bench copy"], rows
+
+
+def test_a_stash_check_steps_name_that_is_no_step_stops_before_any_step(tmp_path, bundle):
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(), STASH_CHECK_STEPS="gtests,copy")
+    assert_stopped(tmp_path, run, 'STASH_CHECK_STEPS names "copy", which is not a step',
+                   "bench_copy")
+    assert all(("--help" in line or "--version" in line) for line in log.splitlines()), log

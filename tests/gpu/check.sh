@@ -21,9 +21,17 @@
 # summary.txt there too. Exit status 0 when every step passed, else 1 (also when the preflight
 # stopped: then summary.txt holds its one message).
 #
+# Some steps only: STASH_CHECK_STEPS="gtests bench_copy" (names of STEPS below, separated by
+# spaces or commas; they run in STEPS's order). A name that is no step stops the check before
+# any step runs, listing the names.
+#
 # Adding a step: write a function step_<name> that ends with `record`, and add <name> to STEPS
 # below (the order they run in; each step_* may read $gpu, $out, $tmp and the helpers here).
 set -uo pipefail
+
+# Every step, in the order they run. Each step_<name> records one or more summary rows.
+STEPS=(gtests demo bench_copy bench_request bench_ipc bench_overlap bench_mapped_overlap bench_wait
+  bench_peer)
 
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -d "$here/bin" ]; then
@@ -187,6 +195,28 @@ for b in stashd stash-bench-gpu; do
 done
 echo "binaries load: $("$(find_bin stashd)" --version 2>&1 | head -n 1)"
 
+# ---- The steps asked for (STASH_CHECK_STEPS), before anything looks for a GPU --------------------
+if [ -n "${STASH_CHECK_STEPS:-}" ]; then
+  picked=()
+  for name in ${STASH_CHECK_STEPS//,/ }; do
+    known=0
+    for s in "${STEPS[@]}"; do [ "$s" = "$name" ] && known=1; done
+    if [ "$known" = 0 ]; then
+      stop "STASH_CHECK_STEPS names \"$name\", which is not a step: pick from ${STEPS[*]}"
+    fi
+  done
+  for s in "${STEPS[@]}"; do
+    for name in ${STASH_CHECK_STEPS//,/ }; do
+      if [ "$s" = "$name" ]; then
+        picked+=("$s")
+        break
+      fi
+    done
+  done
+  STEPS=("${picked[@]}")
+  echo "steps (STASH_CHECK_STEPS): ${STEPS[*]}"
+fi
+
 # ---- Preflight 2: the one GPU the check uses -----------------------------------------------------
 gpu="${STASH_CHECK_GPU:-0}"
 case "$gpu" in
@@ -263,9 +293,7 @@ export CUDA_VISIBLE_DEVICES="$gpu_uuid"
 record nvidia-smi pass "GPU $gpu: $gpu_name, driver $gpu_driver, $mem_total, compute mode $compute_mode; CUDA_VISIBLE_DEVICES=$gpu_uuid"
 
 # ---- Steps --------------------------------------------------------------------------------------
-# The order they run in. Each step_<name> records one or more summary rows.
-STEPS=(gtests demo bench_copy bench_request bench_ipc bench_overlap bench_mapped_overlap bench_wait
-  bench_peer)
+# STEPS (at the top), or those STASH_CHECK_STEPS picked (the preflight checked the names).
 # How many steps come after the running one (for step_budget).
 steps_after=0
 
