@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/cuda_driver.h"
+#include "common/descriptor_socket.h"
 #include "standin.h"
 
 namespace stash::standin_test {
@@ -168,39 +169,17 @@ class Standin : public ::testing::Test {
 };
 
 // ---- Descriptor passing for the cross-process tests -------------------------------------------
+// The project's descriptor socket (common/descriptor_socket.h), one descriptor per packet.
 
 inline void SendFd(int socket, int fd) {
-  char byte = 'f';
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  if (sendmsg(socket, &msg, 0) != 1) _exit(90);
+  if (!SendPacket(socket, "f", {fd}).ok()) _exit(90);
 }
 
+// The descriptor of the next packet (the caller closes it), or -1.
 inline int ReceiveFd(int socket) {
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  if (recvmsg(socket, &msg, 0) != 1) return -1;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return -1;
-  int fd = -1;
-  std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-  return fd;
+  auto packet = ReceivePacket(socket);
+  if (!packet.ok() || packet->fds.size() != 1) return -1;
+  return packet->fds[0].release();
 }
 
 inline int WaitExitCode(pid_t pid) {
