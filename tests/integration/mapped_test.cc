@@ -369,8 +369,14 @@ TEST_F(Mapped, AnAutoLeaseGrowsToTheHostAfterAnOverflow) {
   ASSERT_EQ(first.size(), 3u);
   EXPECT_EQ(first[0].tier, Tier::kDevice);  // 8 of the 17 pages: one stash
   EXPECT_EQ(first[1].tier, Tier::kOverflow);
-  EXPECT_EQ(first[2].tier, Tier::kOverflow);
-  ASSERT_TRUE(client->Wait(*client->Release(first[0].ticket)).ok());
+  // The second stash's overflow asks for more; when the answer comes before the third stash
+  // (a fast daemon), the third already lands in the grown lease.
+  EXPECT_NE(first[2].tier, Tier::kPeer);  // this daemon lends no peer chunks
+  for (const Completion& c : first) {
+    if (c.tier != Tier::kOverflow) {
+      ASSERT_TRUE(client->Wait(*client->Release(c.ticket)).ok());
+    }
+  }
   std::vector<Completion> grown;
   for (uint64_t step = 1; step < 20 && grown.empty(); ++step) {
     std::vector<Completion> got = step_of_three(step);
