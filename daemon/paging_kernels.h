@@ -1,0 +1,51 @@
+// Daemon-copy's kernels (stash/kernels/paging_cuda.h's contract) as the cuda backend launches
+// them: loaded from the fatbin stashd carries (kernels/daemon_paging.cu) and launched through
+// the driver API (cuModuleLoadData, cuLaunchKernel), so stashd needs no CUDA runtime, and the
+// driver stand-in (tests/cuda_standin) runs the same launches as host twins on a machine
+// without a GPU. Built only with STASH_ENABLE_CUDA.
+#ifndef STASH_DAEMON_PAGING_KERNELS_H_
+#define STASH_DAEMON_PAGING_KERNELS_H_
+
+#include <cuda.h>
+
+#include <memory>
+
+#include "common/cuda_driver.h"
+#include "stash/kernels/paging_cuda.h"
+#include "stash/status.h"
+
+namespace stash::daemon {
+
+// The loaded module of one context. Thread-compatible; launches from one thread at a time (the
+// pool worker). Create and destroy it with its context current.
+class PagingKernels {
+ public:
+  // Loads the kernels from `fatbin` (stash_daemon_paging_fatbin, or a test's image) into the
+  // current context. `driver` is borrowed and outlives the object.
+  static StatusOr<std::unique_ptr<PagingKernels>> Load(const CudaDriver* driver,
+                                                       const void* fatbin);
+  PagingKernels(const PagingKernels&) = delete;
+  PagingKernels& operator=(const PagingKernels&) = delete;
+  ~PagingKernels();
+
+  // As kernels::LaunchStash / LaunchReload: the same checks (kernels::CanImplementStash /
+  // CanImplementReload), then the same kernels on `stream`. A driver failure is kCudaError with
+  // the CUresult in cuda_error and the call named in the message.
+  kernels::LaunchResult Stash(const kernels::StashLaunch& args, CUstream stream) const;
+  kernels::LaunchResult Reload(const kernels::ReloadLaunch& args, CUstream stream) const;
+
+ private:
+  enum Function { kPlan, kCopy, kPublish, kPop, kReloadPublish, kFunctions };
+  explicit PagingKernels(const CudaDriver* driver) : driver_(driver) {}
+  // One launch of `function` with `args` (a StashLaunch or ReloadLaunch) as its one parameter.
+  kernels::LaunchResult Launch(Function function, unsigned blocks, unsigned threads,
+                               CUstream stream, const void* args, const char* what) const;
+
+  const CudaDriver* const driver_;
+  CUmodule module_ = nullptr;
+  CUfunction functions_[kFunctions] = {};
+};
+
+}  // namespace stash::daemon
+
+#endif  // STASH_DAEMON_PAGING_KERNELS_H_

@@ -1,0 +1,52 @@
+// Daemon-copy's kernels (paging_cuda.h's contract; bodies in daemon_paging.h), compiled to a
+// fatbin that stashd carries and launches through the driver API on each GPU's copy stream
+// (daemon/paging_kernels.h): the daemon needs no CUDA runtime, and the driver stand-in runs
+// the same launches on a machine without a GPU (as host twins). kernels/paging.cu launches the
+// same bodies through the runtime for the GPU tests and benchmarks.
+#include "stash/kernels/daemon_paging.h"
+#include "stash/kernels/paging_blocks.cuh"
+
+using stash::kernels::CudaTier;
+using stash::kernels::Placement;
+using stash::kernels::ReloadLaunch;
+using stash::kernels::StashLaunch;
+using stash::kernels::StashPlan;
+
+// One thread: where the stash goes.
+extern "C" __global__ void stash_daemon_stash_plan(StashLaunch a) {
+  stash::kernels::PlanStashLaunch(a);
+}
+
+// A block per chunk of the placed stash's page slots (StashChunks, paging_blocks.cuh).
+extern "C" __global__ void stash_daemon_stash_copy(StashLaunch a) {
+  const StashPlan plan = *a.d_plan;
+  const CudaTier tier = stash::kernels::PlacedTier(plan, a);
+  if (tier.d_ring == nullptr) return;
+  stash::kernels::StashChunks(a.d_src, *tier.d_ring, tier.d_base, a.page_bytes, plan,
+                              a.d_page_record);
+}
+
+// One thread, after the copy: the new head.
+extern "C" __global__ void stash_daemon_stash_publish(StashLaunch a) {
+  stash::kernels::PublishStashLaunch(a);
+}
+
+// A block per chunk: copy back, return the page ids at the old tail, zero the tail (PopChunks);
+// for a stash that overflowed, the kept source instead when given (ReloadKeptSource).
+extern "C" __global__ void stash_daemon_reload_pop(ReloadLaunch a) {
+  const StashPlan plan = *a.d_plan;
+  const CudaTier tier = stash::kernels::PlacedTier(plan, a);
+  if (tier.d_ring == nullptr) {
+    if (plan.placement != Placement::kOverflow || a.d_kept_src == nullptr) return;
+    stash::kernels::ReloadKeptSource(a.d_dst, a.d_kept_src, plan, a.max_rows, a.row_bytes,
+                                     a.zero_tail);
+    return;
+  }
+  stash::kernels::PopChunks(a.d_dst, *tier.d_ring, tier.d_base, a.page_bytes, plan,
+                            a.d_page_record, a.max_rows * a.row_bytes, a.zero_tail);
+}
+
+// One thread, after the pop: the new tail.
+extern "C" __global__ void stash_daemon_reload_publish(ReloadLaunch a) {
+  stash::kernels::PublishReloadLaunch(a);
+}
