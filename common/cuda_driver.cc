@@ -53,6 +53,8 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(PointerGetAttributes, cuPointerGetAttributes);
   STASH_CU_RESOLVE(MemGetAddressRange, cuMemGetAddressRange);
   STASH_CU_RESOLVE(IpcGetMemHandle, cuIpcGetMemHandle);
+  STASH_CU_RESOLVE(IpcOpenMemHandle, cuIpcOpenMemHandle);
+  STASH_CU_RESOLVE(IpcCloseMemHandle, cuIpcCloseMemHandle);
   STASH_CU_RESOLVE(MemHostRegister, cuMemHostRegister);
   STASH_CU_RESOLVE(MemHostUnregister, cuMemHostUnregister);
   STASH_CU_RESOLVE(MemHostGetDevicePointer, cuMemHostGetDevicePointer);
@@ -76,6 +78,8 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(StreamCreate, cuStreamCreate);
   STASH_CU_RESOLVE(StreamDestroy, cuStreamDestroy);
   STASH_CU_RESOLVE(StreamSynchronize, cuStreamSynchronize);
+  STASH_CU_RESOLVE(StreamQuery, cuStreamQuery);
+  STASH_CU_RESOLVE(LaunchHostFunc, cuLaunchHostFunc);
   STASH_CU_RESOLVE(StreamIsCapturing, cuStreamIsCapturing);
   STASH_CU_RESOLVE(ThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode);
   STASH_CU_RESOLVE(StreamBeginCapture, cuStreamBeginCapture);
@@ -95,6 +99,7 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& path) 
   STASH_CU_RESOLVE(MemFreeHost, cuMemFreeHost);
   STASH_CU_RESOLVE(MemcpyHtoD, cuMemcpyHtoD);
   STASH_CU_RESOLVE(MemcpyDtoH, cuMemcpyDtoH);
+  STASH_CU_RESOLVE(MemcpyDtoHAsync, cuMemcpyDtoHAsync);
   STASH_CU_RESOLVE(ModuleLoadData, cuModuleLoadData);
   STASH_CU_RESOLVE(ModuleUnload, cuModuleUnload);
   STASH_CU_RESOLVE(ModuleGetFunction, cuModuleGetFunction);

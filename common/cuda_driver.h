@@ -52,6 +52,8 @@ struct CudaDriver {
   decltype(&::cuPointerGetAttributes) PointerGetAttributes = nullptr;
   decltype(&::cuMemGetAddressRange) MemGetAddressRange = nullptr;
   decltype(&::cuIpcGetMemHandle) IpcGetMemHandle = nullptr;
+  decltype(&::cuIpcOpenMemHandle) IpcOpenMemHandle = nullptr;
+  decltype(&::cuIpcCloseMemHandle) IpcCloseMemHandle = nullptr;
   decltype(&::cuMemHostRegister) MemHostRegister = nullptr;
   decltype(&::cuMemHostUnregister) MemHostUnregister = nullptr;
   decltype(&::cuMemHostGetDevicePointer) MemHostGetDevicePointer = nullptr;
@@ -79,6 +81,8 @@ struct CudaDriver {
   decltype(&::cuStreamCreate) StreamCreate = nullptr;
   decltype(&::cuStreamDestroy) StreamDestroy = nullptr;
   decltype(&::cuStreamSynchronize) StreamSynchronize = nullptr;
+  decltype(&::cuStreamQuery) StreamQuery = nullptr;
+  decltype(&::cuLaunchHostFunc) LaunchHostFunc = nullptr;
   decltype(&::cuStreamIsCapturing) StreamIsCapturing = nullptr;
   decltype(&::cuThreadExchangeStreamCaptureMode) ThreadExchangeStreamCaptureMode = nullptr;
   decltype(&::cuStreamBeginCapture) StreamBeginCapture = nullptr;
@@ -101,6 +105,7 @@ struct CudaDriver {
   decltype(&::cuMemFreeHost) MemFreeHost = nullptr;
   decltype(&::cuMemcpyHtoD) MemcpyHtoD = nullptr;
   decltype(&::cuMemcpyDtoH) MemcpyDtoH = nullptr;
+  decltype(&::cuMemcpyDtoHAsync) MemcpyDtoHAsync = nullptr;
 
   // Modules: the client library's paging kernels, from the fatbin it carries.
   decltype(&::cuModuleLoadData) ModuleLoadData = nullptr;

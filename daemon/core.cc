@@ -153,7 +153,7 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
   std::vector<std::unique_ptr<CopyExecutor>> executors;
   if (backend == v1::BACKEND_CUDA) {
 #if defined(STASH_HAVE_CUDA)
-    STASH_ASSIGN_OR_RETURN(executors, CreateCudaExecutors(config, &core->pool_uuids_));
+    STASH_ASSIGN_OR_RETURN(executors, CreateCudaExecutors(config, nullptr, &core->pool_uuids_));
 #else
     return UnimplementedError(
         "this stashd was built without CUDA (STASH_ENABLE_CUDA=OFF): run with --backend=host");

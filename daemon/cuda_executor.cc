@@ -1,6 +1,6 @@
 #include "daemon/cuda_executor.h"
 
-#include <cuda_runtime_api.h>
+#include <cuda.h>
 
 #include <algorithm>
 #include <cstring>
@@ -8,12 +8,15 @@
 
 #include "common/bytes.h"
 #include "common/cuda_driver.h"
+#include "common/cuda_vmm.h"
 #include "common/host_event.h"
 #include "common/logging.h"
 #include "common/macros.h"
 #include "common/range_allocator.h"
 #include "common/shm.h"
+#include "daemon/paging_kernels.h"
 #include "daemon/tier.h"
+#include "stash/kernels/daemon_paging_fatbin.h"
 #include "stash/kernels/paging_cuda.h"
 
 namespace stash::daemon {
@@ -21,45 +24,10 @@ namespace {
 
 namespace v1 = stash::v1;
 
-// Every handled CUDA failure of the executor goes through here. It also clears the thread's
-// last error: a non-sticky failure (a refused cudaIpcOpenMemHandle, a failed cudaHostRegister)
-// stays in it otherwise, and everything of a pool runs on its one worker thread.
-Status CudaError(cudaError_t error, const char* expression, const char* file, int line) {
-  (void)cudaGetLastError();
-  return Status(
-      error == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal,
-      std::string(expression) + " failed: " + cudaGetErrorName(error) + " (" +
-          cudaGetErrorString(error) + ") at " + file + ":" + std::to_string(line));
-}
-
-// Every CUDA runtime call of the executor.
-#define STASH_CUDA_RETURN_IF_ERROR(expr)                              \
-  do {                                                                \
-    const cudaError_t stash_cuda_error_ = (expr);                     \
-    if (stash_cuda_error_ != cudaSuccess) {                           \
-      return CudaError(stash_cuda_error_, #expr, __FILE__, __LINE__); \
-    }                                                                 \
-  } while (0)
-
 // Logs a failed clean-up call (destructors cannot return a Status).
-#define STASH_CUDA_LOG_IF_ERROR(expr)                                                            \
-  do {                                                                                           \
-    const cudaError_t stash_cuda_error_ = (expr);                                                \
-    if (stash_cuda_error_ != cudaSuccess) {                                                      \
-      Log("ipc")->warn("{}", CudaError(stash_cuda_error_, #expr, __FILE__, __LINE__).message()); \
-    }                                                                                            \
-  } while (0)
-
-std::string UuidText(const cudaUUID_t& uuid) {
-  static const char* const kHex = "0123456789abcdef";
-  std::string out = "GPU-";
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    const auto b = static_cast<uint8_t>(uuid.bytes[i]);
-    out += kHex[b >> 4];
-    out += kHex[b & 15];
-  }
-  return out;
+void LogIfError(const CudaDriver* driver, CUresult result, const char* expression) {
+  const Status st = driver->Check(result, expression);
+  if (!st.ok()) Log("ipc")->warn("{}", st.message());
 }
 
 // The exit status of a daemon whose GPU context failed (see DeviceLost).
@@ -80,7 +48,8 @@ constexpr int kExitDeviceLost = 3;
   std::_Exit(kExitDeviceLost);
 }
 
-// Device memory (cudaMalloc) or pinned mapped host memory (cudaHostAlloc), freed on destruction.
+// Device memory (cuMemAlloc) or pinned device-mapped host memory (cuMemHostAlloc) of one
+// context, freed on destruction with that context current.
 class CudaBuffer {
  public:
   enum class Kind { kDevice, kPinnedMapped };
@@ -88,25 +57,35 @@ class CudaBuffer {
   CudaBuffer(const CudaBuffer&) = delete;
   CudaBuffer& operator=(const CudaBuffer&) = delete;
   ~CudaBuffer() {
-    if (host_ != nullptr) STASH_CUDA_LOG_IF_ERROR(cudaFreeHost(host_));
-    if (kind_ == Kind::kDevice && device_ != nullptr) STASH_CUDA_LOG_IF_ERROR(cudaFree(device_));
+    if (driver_ == nullptr) return;
+    if (driver_->CtxPushCurrent(context_) != CUDA_SUCCESS) return;  // the context is gone
+    if (host_ != nullptr) LogIfError(driver_, driver_->MemFreeHost(host_), "cuMemFreeHost");
+    if (kind_ == Kind::kDevice && device_ != 0) {
+      LogIfError(driver_, driver_->MemFree(device_), "cuMemFree");
+    }
+    CUcontext popped = nullptr;
+    (void)driver_->CtxPopCurrent(&popped);
   }
 
-  Status Allocate(Kind kind, uint64_t bytes) {
+  // With `context` current.
+  Status Allocate(const CudaDriver* driver, CUcontext context, Kind kind, uint64_t bytes) {
+    driver_ = driver;
+    context_ = context;
     kind_ = kind;
     if (kind == Kind::kDevice) {
-      STASH_CUDA_RETURN_IF_ERROR(cudaMalloc(&device_, bytes));
+      STASH_CU_RETURN_IF_ERROR(driver, MemAlloc(&device_, bytes));
     } else {
-      STASH_CUDA_RETURN_IF_ERROR(
-          cudaHostAlloc(&host_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-      STASH_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&device_, host_, 0));
+      STASH_CU_RETURN_IF_ERROR(
+          driver,
+          MemHostAlloc(&host_, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+      STASH_CU_RETURN_IF_ERROR(driver, MemHostGetDevicePointer(&device_, host_, 0));
     }
     return Status::Ok();
   }
 
   template <typename T>
   T* device() const {
-    return static_cast<T*>(device_);
+    return reinterpret_cast<T*>(device_);  // NOLINT(performance-no-int-to-ptr): a device address
   }
   template <typename T>
   T* host() const {
@@ -114,33 +93,50 @@ class CudaBuffer {
   }
 
  private:
+  const CudaDriver* driver_ = nullptr;
+  CUcontext context_ = nullptr;
   Kind kind_ = Kind::kDevice;
-  void* device_ = nullptr;
+  CUdeviceptr device_ = 0;
   void* host_ = nullptr;
 };
 
 // A client's cudaMalloc allocation, opened through its IPC handle.
 class IpcMemory final : public MappedMemory {
  public:
-  IpcMemory(int device, void* base, uint64_t bytes)
-      : MappedMemory(static_cast<uint8_t*>(base), nullptr, bytes), device_(device) {}
+  IpcMemory(const PrimaryContext& context, const CudaDriver* driver, CUdeviceptr base,
+            uint64_t bytes)
+      // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address, copies take pointers
+      : MappedMemory(reinterpret_cast<uint8_t*>(base), nullptr, bytes),
+        context_(context),
+        driver_(driver) {}
   ~IpcMemory() override {
-    STASH_CUDA_LOG_IF_ERROR(cudaSetDevice(device_));
-    STASH_CUDA_LOG_IF_ERROR(cudaIpcCloseMemHandle(data()));
+    const PrimaryContext::Scope scope(context_);
+    LogIfError(driver_, driver_->IpcCloseMemHandle(reinterpret_cast<CUdeviceptr>(data())),
+               "cuIpcCloseMemHandle");
   }
 
  private:
-  const int device_;
+  const PrimaryContext& context_;  // the executor's, which outlives its sessions' memory
+  const CudaDriver* const driver_;
 };
 
 // A client's shared memory (event counters), registered with CUDA so the stream can write it.
 class RegisteredShm final : public MappedMemory {
  public:
-  RegisteredShm(std::unique_ptr<SharedMemory> shm, uint8_t* device_address)
-      : MappedMemory(device_address, shm->data(), shm->size()), shm_(std::move(shm)) {}
-  ~RegisteredShm() override { STASH_CUDA_LOG_IF_ERROR(cudaHostUnregister(shm_->data())); }
+  RegisteredShm(const PrimaryContext& context, const CudaDriver* driver,
+                std::unique_ptr<SharedMemory> shm, uint8_t* device_address)
+      : MappedMemory(device_address, shm->data(), shm->size()),
+        context_(context),
+        driver_(driver),
+        shm_(std::move(shm)) {}
+  ~RegisteredShm() override {
+    const PrimaryContext::Scope scope(context_);
+    LogIfError(driver_, driver_->MemHostUnregister(shm_->data()), "cuMemHostUnregister");
+  }
 
  private:
+  const PrimaryContext& context_;
+  const CudaDriver* const driver_;
   std::unique_ptr<SharedMemory> shm_;
 };
 
@@ -152,16 +148,16 @@ struct Wake {
 
 class CudaExecutor final : public CopyExecutor {
  public:
-  static StatusOr<std::unique_ptr<CudaExecutor>> Create(int device, const cudaUUID_t& uuid,
-                                                        const DaemonConfig& config,
+  static StatusOr<std::unique_ptr<CudaExecutor>> Create(int device, const DaemonConfig& config,
                                                         uint64_t host_pages,
                                                         const CudaDriver* driver);
   ~CudaExecutor() override {
-    if (stream_ != nullptr) {
-      STASH_CUDA_LOG_IF_ERROR(cudaSetDevice(device_));
-      STASH_CUDA_LOG_IF_ERROR(cudaStreamSynchronize(stream_));
-      STASH_CUDA_LOG_IF_ERROR(cudaStreamDestroy(stream_));
-    }
+    if (stream_ == nullptr) return;
+    const PrimaryContext::Scope scope(context_);
+    if (!scope.status().ok()) return;
+    LogIfError(driver_, driver_->StreamSynchronize(stream_), "cuStreamSynchronize");
+    kernels_.reset();
+    LogIfError(driver_, driver_->StreamDestroy(stream_), "cuStreamDestroy");
   }
 
   Tier* device_tier() const override { return device_tier_.get(); }
@@ -175,12 +171,19 @@ class CudaExecutor final : public CopyExecutor {
   void Fence(Then then) override;
   void CheckHealth() override;
 
- private:
-  CudaExecutor(int device, const cudaUUID_t& uuid, const CudaDriver* driver)
-      : device_(device), uuid_(uuid), driver_(driver) {}
+  // The GPU's 16-byte UUID (cuDeviceGetUuid), as RegisterMemory.device_uuid carries it.
+  const CUuuid& raw_uuid() const { return raw_uuid_; }
 
-  // Enqueues a host function that posts `then` to the pool worker.
+ private:
+  CudaExecutor(int device, const CudaDriver* driver, PrimaryContext context, std::string uuid)
+      : device_(device), driver_(driver), context_(std::move(context)), uuid_(std::move(uuid)) {}
+
+  // Enqueues a host function that posts `then` to the pool worker. Context current.
   void After(Then then);
+  // On the copy path, a context that cannot be made current is the device lost.
+  void MustBeCurrent(const PrimaryContext::Scope& scope) const {
+    if (!scope.status().ok()) DeviceLost(device_, scope.status().message());
+  }
   kernels::CudaTier DeviceTier() const { return {d_device_ring_, pool_.device<uint8_t>()}; }
   kernels::CudaTier HostTier() const {
     if (host_tier_ == nullptr) return {};
@@ -188,13 +191,17 @@ class CudaExecutor final : public CopyExecutor {
   }
   // Gives a record's slot and page-record range back (worker thread).
   void FreeSlot(StashRecord& record);
+  std::string Name() const { return "gpu" + std::to_string(device_) + " (" + uuid_ + ")"; }
 
-  // Never change after Create().
+  // Never change after Create(). The context first: it outlives every buffer below.
   const int device_;
-  const cudaUUID_t uuid_;
   const CudaDriver* const driver_;
+  const PrimaryContext context_;
+  const std::string uuid_;  // "GPU-...", as nvidia-smi spells it
+  CUuuid raw_uuid_{};
   uint64_t page_bytes_ = 0;
-  cudaStream_t stream_ = nullptr;
+  CUstream stream_ = nullptr;
+  std::unique_ptr<PagingKernels> kernels_;
   std::unique_ptr<Tier> device_tier_;
   std::unique_ptr<Tier> host_tier_;  // null = no spill tier on this GPU
   CudaBuffer pool_;                  // device pages
@@ -214,71 +221,77 @@ class CudaExecutor final : public CopyExecutor {
   std::unique_ptr<RangeAllocator> record_space_;
 };
 
-StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const cudaUUID_t& uuid,
-                                                             const DaemonConfig& config,
+StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const DaemonConfig& config,
                                                              uint64_t host_pages,
                                                              const CudaDriver* driver) {
-  std::unique_ptr<CudaExecutor> e(new CudaExecutor(device, uuid, driver));
-  const std::string name = "gpu" + std::to_string(device);
+  STASH_ASSIGN_OR_RETURN(PrimaryContext context, PrimaryContext::Retain(driver, device));
+  STASH_ASSIGN_OR_RETURN(std::string uuid, GpuUuid(driver, device));
+  std::unique_ptr<CudaExecutor> e(
+      new CudaExecutor(device, driver, std::move(context), std::move(uuid)));
+  const PrimaryContext::Scope scope(e->context_);
+  STASH_RETURN_IF_ERROR(scope.status());
+  const CUcontext ctx = e->context_.get();
+  CUdevice cu_device = 0;
+  STASH_CU_RETURN_IF_ERROR(driver, DeviceGet(&cu_device, device));
+  STASH_CU_RETURN_IF_ERROR(driver, DeviceGetUuid(&e->raw_uuid_, cu_device));
+  const std::string name = e->Name();
   const uint64_t page = config.page_bytes;
   const uint64_t pages = config.pool_bytes / page;
   e->page_bytes_ = page;
-  STASH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
 
-  // The driver's device handle, not the ordinal: cuDeviceGetAttribute takes a CUdevice.
-  CUdevice cu_device = 0;
-  STASH_CU_RETURN_IF_ERROR(driver, DeviceGet(&cu_device, device));
   int mem_ops = 0;
   STASH_CU_RETURN_IF_ERROR(
       driver,
       DeviceGetAttribute(&mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, cu_device));
   if (mem_ops == 0) {
     return FailedPreconditionError(
-        name + " (" + UuidText(uuid) +
-        ") does not support 64-bit stream memory operations (cuStreamBatchMemOp), which "
+        name +
+        " does not support 64-bit stream memory operations (cuStreamBatchMemOp), which "
         "stashd uses for done events: drivers for CUDA 12 and newer (R525+) offer them by "
         "default; an older driver needs the nvidia kernel module loaded with "
         "NVreg_EnableStreamMemOPs=1");
   }
 
   size_t free_bytes = 0, total_bytes = 0;
-  STASH_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  STASH_CU_RETURN_IF_ERROR(driver, MemGetInfo(&free_bytes, &total_bytes));
   if (pages * page > free_bytes) {
-    return ResourceExhaustedError(name + " (" + UuidText(uuid) + ") has " +
-                                  FormatBytes(free_bytes) + " free of " + FormatBytes(total_bytes) +
-                                  ", less than --pool-bytes " + FormatBytes(pages * page) +
-                                  ": lower --pool-bytes");
+    return ResourceExhaustedError(name + " has " + FormatBytes(free_bytes) + " free of " +
+                                  FormatBytes(total_bytes) + ", less than --pool-bytes " +
+                                  FormatBytes(pages * page) + ": lower --pool-bytes");
   }
-  STASH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking));
+  STASH_CU_RETURN_IF_ERROR(driver, StreamCreate(&e->stream_, CU_STREAM_NON_BLOCKING));
+  STASH_ASSIGN_OR_RETURN(e->kernels_, PagingKernels::Load(driver, stash_daemon_paging_fatbin));
 
-  // The pool and its ring: ids 0..pages-1, all free.
-  STASH_RETURN_IF_ERROR(e->pool_.Allocate(CudaBuffer::Kind::kDevice, pages * page));
+  // The pool and its ring: ids 0..pages-1, all free. The first state goes up with synchronous
+  // copies; cuCtxSynchronize below waits until they landed (a pageable copy may return first).
+  STASH_RETURN_IF_ERROR(e->pool_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice, pages * page));
   std::vector<uint64_t> ids(std::max(pages, host_pages));
   std::iota(ids.begin(), ids.end(), uint64_t{0});
-  STASH_RETURN_IF_ERROR(
-      e->device_ring_.Allocate(CudaBuffer::Kind::kDevice, sizeof(kernels::PageRing) + pages * 8));
+  STASH_RETURN_IF_ERROR(e->device_ring_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
+                                                 sizeof(kernels::PageRing) + pages * 8));
   e->d_device_ring_ = e->device_ring_.device<kernels::PageRing>();
   auto* d_ids = reinterpret_cast<uint64_t*>(e->d_device_ring_ + 1);
   const kernels::PageRing ring{d_ids, pages, 0, pages};
-  STASH_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(e->d_device_ring_, &ring, sizeof(ring), cudaMemcpyHostToDevice));
-  STASH_CUDA_RETURN_IF_ERROR(cudaMemcpy(d_ids, ids.data(), pages * 8, cudaMemcpyHostToDevice));
-  e->device_tier_ = Tier::CreateAccounting(name, device, page, pages);
+  STASH_CU_RETURN_IF_ERROR(
+      driver, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(e->d_device_ring_), &ring, sizeof(ring)));
+  STASH_CU_RETURN_IF_ERROR(driver,
+                           MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_ids), ids.data(), pages * 8));
+  e->device_tier_ = Tier::CreateAccounting("gpu" + std::to_string(device), device, page, pages);
 
   // This GPU's share of the host tier: pinned, mapped pages. Its ring lives in device memory:
   // the copy kernels read a page id per chunk and would otherwise read them across PCIe.
   if (host_pages > 0) {
     STASH_RETURN_IF_ERROR(
-        e->host_pages_.Allocate(CudaBuffer::Kind::kPinnedMapped, host_pages * page));
-    STASH_RETURN_IF_ERROR(e->host_ring_.Allocate(CudaBuffer::Kind::kDevice,
+        e->host_pages_.Allocate(driver, ctx, CudaBuffer::Kind::kPinnedMapped, host_pages * page));
+    STASH_RETURN_IF_ERROR(e->host_ring_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
                                                  sizeof(kernels::PageRing) + host_pages * 8));
     auto* d_host_ring = e->host_ring_.device<kernels::PageRing>();
     auto* d_host_ids = reinterpret_cast<uint64_t*>(d_host_ring + 1);
     const kernels::PageRing host_ring{d_host_ids, host_pages, 0, host_pages};
-    STASH_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(d_host_ring, &host_ring, sizeof(host_ring), cudaMemcpyHostToDevice));
-    STASH_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(d_host_ids, ids.data(), host_pages * 8, cudaMemcpyHostToDevice));
+    STASH_CU_RETURN_IF_ERROR(driver, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_host_ring),
+                                                &host_ring, sizeof(host_ring)));
+    STASH_CU_RETURN_IF_ERROR(
+        driver, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_host_ids), ids.data(), host_pages * 8));
     e->host_tier_ =
         Tier::CreateAccounting("host" + std::to_string(device), device, page, host_pages);
   }
@@ -288,71 +301,75 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const c
   const uint64_t slots = pages + host_pages + 4096;
   e->max_record_entries_ = std::max(pages, host_pages);
   const uint64_t arena = 2 * (pages + host_pages) + 65536;
-  STASH_RETURN_IF_ERROR(
-      e->plans_.Allocate(CudaBuffer::Kind::kDevice, slots * sizeof(kernels::StashPlan)));
-  STASH_RETURN_IF_ERROR(e->plan_copies_.Allocate(CudaBuffer::Kind::kPinnedMapped,
+  STASH_RETURN_IF_ERROR(e->plans_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
+                                           slots * sizeof(kernels::StashPlan)));
+  STASH_RETURN_IF_ERROR(e->plan_copies_.Allocate(driver, ctx, CudaBuffer::Kind::kPinnedMapped,
                                                  slots * sizeof(kernels::StashPlan)));
-  STASH_RETURN_IF_ERROR(e->records_.Allocate(CudaBuffer::Kind::kDevice, arena * 8));
+  STASH_RETURN_IF_ERROR(e->records_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice, arena * 8));
   e->free_slots_.resize(slots);
   for (uint64_t i = 0; i < slots; ++i) e->free_slots_[i] = static_cast<int64_t>(slots - 1 - i);
   e->record_space_ = std::make_unique<RangeAllocator>(arena);
-  STASH_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  Log("pool")->info("{} ({}): pool {} in {} pages, host tier share {}", name, UuidText(uuid),
-                    FormatBytes(pages * page), pages, FormatBytes(host_pages * page));
+  STASH_CU_RETURN_IF_ERROR(driver, CtxSynchronize());
+  Log("pool")->info("{}: pool {} in {} pages, host tier share {}", name, FormatBytes(pages * page),
+                    pages, FormatBytes(host_pages * page));
   return e;
 }
 
 StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMemory& reg,
                                                            UniqueFd fd) {
-  STASH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  const PrimaryContext::Scope scope(context_);
+  STASH_RETURN_IF_ERROR(scope.status());
   if (reg.kind() == v1::MEMORY_KIND_HOST_FD) {
     STASH_ASSIGN_OR_RETURN(auto shm, SharedMemory::MapClientFd(std::move(fd), reg.bytes()));
-    STASH_CUDA_RETURN_IF_ERROR(cudaHostRegister(shm->data(), shm->size(),
-                                                cudaHostRegisterMapped | cudaHostRegisterPortable));
-    void* device_address = nullptr;
-    const cudaError_t mapped = cudaHostGetDevicePointer(&device_address, shm->data(), 0);
-    if (mapped != cudaSuccess) {
-      STASH_CUDA_LOG_IF_ERROR(cudaHostUnregister(shm->data()));
-      return CudaError(mapped, "cudaHostGetDevicePointer", __FILE__, __LINE__);
+    STASH_CU_RETURN_IF_ERROR(
+        driver_, MemHostRegister(shm->data(), shm->size(),
+                                 CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+    CUdeviceptr device_address = 0;
+    const Status mapped =
+        driver_->Check(driver_->MemHostGetDevicePointer(&device_address, shm->data(), 0),
+                       "cuMemHostGetDevicePointer");
+    if (!mapped.ok()) {
+      LogIfError(driver_, driver_->MemHostUnregister(shm->data()), "cuMemHostUnregister");
+      return mapped;
     }
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address, copies take pointers
+    auto* device_bytes = reinterpret_cast<uint8_t*>(device_address);
     return std::unique_ptr<MappedMemory>(
-        std::make_unique<RegisteredShm>(std::move(shm), static_cast<uint8_t*>(device_address)));
+        std::make_unique<RegisteredShm>(context_, driver_, std::move(shm), device_bytes));
   }
   if (reg.kind() != v1::MEMORY_KIND_CUDA_IPC) {
     return InvalidArgumentError(
         "the cuda backend opens MEMORY_KIND_CUDA_IPC and "
         "MEMORY_KIND_HOST_FD memory only");
   }
-  if (reg.handle().size() != sizeof(cudaIpcMemHandle_t)) {
-    return InvalidArgumentError("a CUDA IPC memory handle is " +
-                                std::to_string(sizeof(cudaIpcMemHandle_t)) + " bytes, not " +
-                                std::to_string(reg.handle().size()));
+  CUipcMemHandle handle;
+  if (reg.handle().size() != sizeof(handle)) {
+    return InvalidArgumentError("a CUDA IPC memory handle is " + std::to_string(sizeof(handle)) +
+                                " bytes, not " + std::to_string(reg.handle().size()));
   }
-  if (!reg.device_uuid().empty() && (reg.device_uuid().size() != 16 ||
-                                     std::memcmp(reg.device_uuid().data(), uuid_.bytes, 16) != 0)) {
+  if (!reg.device_uuid().empty() &&
+      (reg.device_uuid().size() != 16 ||
+       std::memcmp(reg.device_uuid().data(), raw_uuid_.bytes, 16) != 0)) {
     return FailedPreconditionError(
-        "the memory lives on another GPU than this session's pool " + UuidText(uuid_) +
+        "the memory lives on another GPU than this session's pool " + uuid_ +
         ": open the session on the GPU that holds the buffers (Options.device)");
   }
-  cudaIpcMemHandle_t handle;
   std::memcpy(&handle, reg.handle().data(), sizeof(handle));
-  void* base = nullptr;
-  const cudaError_t opened = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
-  if (opened != cudaSuccess) {
-    (void)cudaGetLastError();  // handled here: must not fail the pool's next launch
+  CUdeviceptr base = 0;
+  const CUresult opened =
+      driver_->IpcOpenMemHandle(&base, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (opened != CUDA_SUCCESS) {
     return FailedPreconditionError(
-        std::string("cudaIpcOpenMemHandle failed: ") + cudaGetErrorName(opened) + " (" +
-        cudaGetErrorString(opened) +
-        "): the client and stashd must see the same GPU and run in distinct PID namespaces or "
+        driver_->Check(opened, "cuIpcOpenMemHandle").message() +
+        ": the client and stashd must see the same GPU and run in distinct PID namespaces or "
         "share one (containers: --pid=host or a shared pid namespace, and a shared /dev/shm)");
   }
-  auto memory = std::make_unique<IpcMemory>(device_, base, reg.bytes());
+  auto memory = std::make_unique<IpcMemory>(context_, driver_, base, reg.bytes());
   // Copies trust the registered size: it must not run past the allocation the handle names.
   CUdeviceptr range_base = 0;
   size_t range_bytes = 0;
-  STASH_CU_RETURN_IF_ERROR(
-      driver_, MemGetAddressRange(&range_base, &range_bytes, reinterpret_cast<CUdeviceptr>(base)));
-  if (reg.bytes() > range_bytes - (reinterpret_cast<CUdeviceptr>(base) - range_base)) {
+  STASH_CU_RETURN_IF_ERROR(driver_, MemGetAddressRange(&range_base, &range_bytes, base));
+  if (reg.bytes() > range_bytes - (base - range_base)) {
     return InvalidArgumentError(
         "memory declares " + std::to_string(reg.bytes()) + " bytes but its CUDA allocation holds " +
         std::to_string(range_bytes) + ": register the allocation's real size");
@@ -361,11 +378,6 @@ StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMem
 }
 
 void CudaExecutor::After(Then then) {
-  // The pool worker serves one GPU, but a host function launched with another device current
-  // would go to that device's context: set it before every enqueue.
-  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
-    DeviceLost(device_, CudaError(e, "cudaSetDevice", __FILE__, __LINE__).message());
-  }
   // One host function per continuation: it also raises, from the CPU, the done counters whose
   // GPU writes were enqueued since the last one (a second host function per operation would
   // serialize the copy stream twice as often: the stream waits for each to return).
@@ -376,7 +388,7 @@ void CudaExecutor::After(Then then) {
   };
   auto* context = new Context{this, std::move(then), std::move(wakes_)};
   wakes_.clear();
-  const cudaError_t error = cudaLaunchHostFunc(
+  const CUresult error = driver_->LaunchHostFunc(
       stream_,
       [](void* raw) {
         auto* c = static_cast<Context*>(raw);
@@ -385,14 +397,13 @@ void CudaExecutor::After(Then then) {
         delete c;
       },
       context);
-  if (error != cudaSuccess) {
-    const Status failed = CudaError(error, "cudaLaunchHostFunc", __FILE__, __LINE__);
+  if (error != CUDA_SUCCESS) {
+    const Status failed = driver_->Check(error, "cuLaunchHostFunc");
     // Work queued before may still be running: `then` (and the wakes) may only run once it
     // finished.
-    const cudaError_t drained = cudaStreamSynchronize(stream_);
-    if (drained != cudaSuccess) {
-      DeviceLost(device_,
-                 CudaError(drained, "cudaStreamSynchronize", __FILE__, __LINE__).message());
+    const CUresult drained = driver_->StreamSynchronize(stream_);
+    if (drained != CUDA_SUCCESS) {
+      DeviceLost(device_, driver_->Check(drained, "cuStreamSynchronize").message());
     }
     Log("copy")->warn("gpu{}: {}; ran the continuation after draining the stream", device_,
                       failed.message());
@@ -403,24 +414,22 @@ void CudaExecutor::After(Then then) {
 }
 
 void CudaExecutor::CheckHealth() {
-  if (cudaSetDevice(device_) != cudaSuccess) return;  // reported by the next copy
-  const cudaError_t state = cudaStreamQuery(stream_);
-  if (state != cudaSuccess && state != cudaErrorNotReady) {
-    DeviceLost(device_,
-               CudaError(state, "cudaStreamQuery(copy stream)", __FILE__, __LINE__).message());
+  const PrimaryContext::Scope scope(context_);
+  if (!scope.status().ok()) return;  // reported by the next copy
+  const CUresult state = driver_->StreamQuery(stream_);
+  if (state != CUDA_SUCCESS && state != CUDA_ERROR_NOT_READY) {
+    DeviceLost(device_, driver_->Check(state, "cuStreamQuery(copy stream)").message());
   }
 }
 
 void CudaExecutor::Raise(const DoneSignal& done) {
   if (done.memory == nullptr) return;
-  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
-    DeviceLost(device_, CudaError(e, "cudaSetDevice", __FILE__, __LINE__).message());
-  }
+  const PrimaryContext::Scope scope(context_);
+  MustBeCurrent(scope);
   const auto address = reinterpret_cast<CUdeviceptr>(done.memory->data() + done.offset);
   // After the stream's earlier work and a system-scope barrier: the copied bytes are visible
   // before the counter moves.
-  const Status st =
-      driver_->WriteValueAfterBarrier(reinterpret_cast<CUstream>(stream_), address, done.value);
+  const Status st = driver_->WriteValueAfterBarrier(stream_, address, done.value);
   if (!st.ok()) DeviceLost(device_, "raising a done event: " + st.message());
   // A counter in host memory may also have a CPU waiter (WaitEvent sleeps on a futex, which a
   // GPU write does not wake): the next continuation's host function raises it from the CPU too,
@@ -432,7 +441,11 @@ void CudaExecutor::Raise(const DoneSignal& done) {
       Wake{reinterpret_cast<uint64_t*>(done.memory->host() + done.offset), done.value});
 }
 
-void CudaExecutor::Fence(Then then) { After(std::move(then)); }
+void CudaExecutor::Fence(Then then) {
+  const PrimaryContext::Scope scope(context_);
+  MustBeCurrent(scope);
+  After(std::move(then));
+}
 
 void CudaExecutor::FreeSlot(StashRecord& record) {
   if (record.slot < 0) return;
@@ -444,14 +457,13 @@ void CudaExecutor::FreeSlot(StashRecord& record) {
 
 void CudaExecutor::Stash(const StashWork& work, Then then) {
   StashRecord& record = *work.record;
+  const PrimaryContext::Scope scope(context_);
+  MustBeCurrent(scope);
   auto fail = [&](Status status) {
     record.error = std::move(status);
     Raise(work.done);
     After(std::move(then));
   };
-  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
-    return fail(CudaError(e, "cudaSetDevice", __FILE__, __LINE__));
-  }
   if (free_slots_.empty()) {
     return fail(ResourceExhaustedError("gpu" + std::to_string(device_) +
                                        " holds its maximum of live stashes: reload or release "
@@ -485,18 +497,18 @@ void CudaExecutor::Stash(const StashWork& work, Then then) {
   if (work.allow_host_spill) args.host = HostTier();
   args.d_page_record = records_.device<uint64_t>() + record.record_offset;
   args.d_plan = plans_.device<kernels::StashPlan>() + slot;
-  const kernels::LaunchResult launched = kernels::LaunchStash(args, stream_);
+  const kernels::LaunchResult launched = kernels_->Stash(args, stream_);
   if (!launched.ok()) {
     FreeSlot(record);
     return fail(InternalError(std::string("stash launch on gpu") + std::to_string(device_) +
                               " failed: " + launched.message));
   }
   kernels::StashPlan* copy = plan_copies_.host<kernels::StashPlan>() + slot;
-  if (const cudaError_t e = cudaMemcpyAsync(copy, args.d_plan, sizeof(kernels::StashPlan),
-                                            cudaMemcpyDeviceToHost, stream_);
-      e != cudaSuccess) {
+  if (const CUresult e = driver_->MemcpyDtoHAsync(copy, reinterpret_cast<CUdeviceptr>(args.d_plan),
+                                                  sizeof(kernels::StashPlan), stream_);
+      e != CUDA_SUCCESS) {
     // Without its plan the stash's pages cannot be accounted or returned.
-    DeviceLost(device_, CudaError(e, "cudaMemcpyAsync(plan)", __FILE__, __LINE__).message());
+    DeviceLost(device_, driver_->Check(e, "cuMemcpyDtoHAsync(plan)").message());
   }
   Raise(work.done);
   After([this, &record, copy, then = std::move(then)] {
@@ -521,13 +533,12 @@ void CudaExecutor::Stash(const StashWork& work, Then then) {
 
 void CudaExecutor::Reload(const ReloadWork& work, Then then) {
   StashRecord& record = *work.record;
+  const PrimaryContext::Scope scope(context_);
+  MustBeCurrent(scope);
   if (record.slot < 0) {
     // Placed nothing (or already failed): nothing to copy or return.
     Raise(work.done);
     return After(std::move(then));
-  }
-  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
-    DeviceLost(device_, CudaError(e, "cudaSetDevice", __FILE__, __LINE__).message());
   }
   kernels::ReloadLaunch args;
   args.d_dst = work.destination;
@@ -539,7 +550,7 @@ void CudaExecutor::Reload(const ReloadWork& work, Then then) {
   args.zero_tail = work.zero_tail && work.destination != nullptr;
   args.device = DeviceTier();
   args.host = HostTier();
-  const kernels::LaunchResult launched = kernels::LaunchReload(args, stream_);
+  const kernels::LaunchResult launched = kernels_->Reload(args, stream_);
   if (!launched.ok()) {
     // The pages stay taken on the device while the record would say they are free: no honest
     // answer is left (the arguments were validated when the stash was planned).
@@ -559,20 +570,19 @@ void CudaExecutor::Reload(const ReloadWork& work, Then then) {
 }  // namespace
 
 StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
-    const DaemonConfig& config, std::vector<std::string>* uuids) {
-  STASH_ASSIGN_OR_RETURN(const CudaDriver* driver, CudaDriver::Get());
+    const DaemonConfig& config, const CudaDriver* driver, std::vector<std::string>* uuids) {
+  if (driver == nullptr) {
+    STASH_ASSIGN_OR_RETURN(driver, CudaDriver::Get());
+  }
   int count = 0;
-  STASH_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  STASH_CU_RETURN_IF_ERROR(driver, DeviceGetCount(&count));
   if (count == 0) return FailedPreconditionError("no CUDA device is visible");
   const uint64_t host_pages =
       config.host_tier_bytes / config.page_bytes / static_cast<uint64_t>(count);
   std::vector<std::unique_ptr<CopyExecutor>> out;
   for (int d = 0; d < count; ++d) {
-    cudaDeviceProp prop{};
-    STASH_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, d));
-    STASH_ASSIGN_OR_RETURN(auto executor,
-                           CudaExecutor::Create(d, prop.uuid, config, host_pages, driver));
-    uuids->emplace_back(reinterpret_cast<const char*>(prop.uuid.bytes), 16);
+    STASH_ASSIGN_OR_RETURN(auto executor, CudaExecutor::Create(d, config, host_pages, driver));
+    uuids->emplace_back(executor->raw_uuid().bytes, 16);
     out.push_back(std::move(executor));
   }
   return out;

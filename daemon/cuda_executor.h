@@ -1,6 +1,10 @@
 // The cuda backend's copy executor: one per visible GPU. Built only with STASH_ENABLE_CUDA.
+// Everything goes through the CUDA driver API (common/cuda_driver.h), in each GPU's primary
+// context, and the kernels come from the fatbin stashd carries (daemon/paging_kernels.h): stashd
+// links no CUDA runtime, and the driver stand-in (tests/cuda_standin) runs the whole backend on a
+// machine without a GPU.
 //
-// Per GPU: the pool (one cudaMalloc: addresses never move) and its page ring in device memory;
+// Per GPU: the pool (one cuMemAlloc: addresses never move) and its page ring in device memory;
 // this GPU's share of the host tier (--host-tier-bytes split evenly across GPUs, pinned and
 // mapped, so no two GPUs' streams ever plan on one ring); one non-blocking copy stream; the
 // stashes' plans and page records in device memory. Every stash, reload and release is enqueued
@@ -19,15 +23,18 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_driver.h"
 #include "daemon/config.h"
 #include "daemon/executor.h"
 
 namespace stash::daemon {
 
-// One executor per visible GPU, in device order; `uuids` gets each GPU's 16-byte UUID. Errors
-// name the GPU and the knob to change (e.g. --pool-bytes larger than the GPU's free memory).
+// One executor per visible GPU, in device order; `uuids` gets each GPU's 16-byte UUID. `driver`:
+// the driver table to use (nullptr: CudaDriver::Get(), the node's libcuda; tests pass the
+// stand-in), borrowed for the executors' life. Errors name the GPU and the knob to change (e.g.
+// --pool-bytes larger than the GPU's free memory).
 StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
-    const DaemonConfig& config, std::vector<std::string>* uuids);
+    const DaemonConfig& config, const CudaDriver* driver, std::vector<std::string>* uuids);
 
 }  // namespace stash::daemon
 

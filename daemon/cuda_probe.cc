@@ -1,24 +1,30 @@
-// The one place the daemon asks the CUDA runtime anything before the CUDA backend exists.
+// The one place the daemon asks the CUDA driver anything before the CUDA backend exists.
 #include "daemon/daemon.h"
 #include "daemon/memory_fit.h"
 #include "daemon/planned_config.h"
 
 #if defined(STASH_HAVE_CUDA)
-#include <cuda_runtime_api.h>
+#include "common/cuda_driver.h"
+#include "common/cuda_vmm.h"
 #endif
 
 namespace stash::daemon {
 
 bool CudaDeviceAnswers(std::string* why) {
 #if defined(STASH_HAVE_CUDA)
+  auto driver = CudaDriver::Get();
+  if (!driver.ok()) {
+    *why = driver.status().message();
+    return false;
+  }
   int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
+  const Status counted = (*driver)->Check((*driver)->DeviceGetCount(&count), "cuDeviceGetCount");
+  if (!counted.ok()) {
+    *why = counted.message();
     return false;
   }
   if (count == 0) {
-    *why = "cudaGetDeviceCount found no device";
+    *why = "cuDeviceGetCount found no device";
     return false;
   }
   *why = std::to_string(count) + " CUDA device(s)";
@@ -29,38 +35,34 @@ bool CudaDeviceAnswers(std::string* why) {
 #endif
 }
 
-}  // namespace stash::daemon
-
-namespace stash::daemon {
-
 int CudaDeviceCount() {
 #if defined(STASH_HAVE_CUDA)
+  auto driver = CudaDriver::Get();
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+  if (!driver.ok() || (*driver)->DeviceGetCount(&count) != CUDA_SUCCESS) return 0;
+  return count;
 #else
   return 0;
 #endif
 }
 
-}  // namespace stash::daemon
-
-namespace stash::daemon {
-
 std::vector<uint64_t> CudaFreeBytes() {
   std::vector<uint64_t> out;
 #if defined(STASH_HAVE_CUDA)
+  auto driver = CudaDriver::Get();
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) return out;
-  int previous = 0;
-  (void)cudaGetDevice(&previous);
+  if (!driver.ok() || (*driver)->DeviceGetCount(&count) != CUDA_SUCCESS) return out;
   for (int d = 0; d < count; ++d) {
     size_t free = 0;
     size_t total = 0;
     // 0 = unknown: the check skips a GPU it cannot ask.
-    if (cudaSetDevice(d) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) free = 0;
+    auto context = PrimaryContext::Retain(*driver, d);
+    if (context.ok()) {
+      const PrimaryContext::Scope scope(*context);
+      if (!scope.status().ok() || (*driver)->MemGetInfo(&free, &total) != CUDA_SUCCESS) free = 0;
+    }
     out.push_back(free);
   }
-  (void)cudaSetDevice(previous);
 #endif
   return out;
 }

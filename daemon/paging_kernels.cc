@@ -15,9 +15,8 @@ StatusOr<std::unique_ptr<PagingKernels>> PagingKernels::Load(const CudaDriver* d
       kernels::kDaemonStashPublishKernel, kernels::kDaemonReloadPopKernel,
       kernels::kDaemonReloadPublishKernel};
   for (int f = 0; f < kFunctions; ++f) {
-    const Status found =
-        driver->Check(driver->ModuleGetFunction(&k->functions_[f], k->module_, names[f]),
-                      "cuModuleGetFunction");
+    const Status found = driver->Check(
+        driver->ModuleGetFunction(&k->functions_[f], k->module_, names[f]), "cuModuleGetFunction");
     if (!found.ok()) {
       return FailedPreconditionError(std::string("daemon-copy's kernel ") + names[f] +
                                      " is not in stashd's fatbin: " + found.message());

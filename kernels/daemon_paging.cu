@@ -42,8 +42,8 @@ extern "C" __global__ void stash_daemon_reload_pop(ReloadLaunch a) {
                                      a.zero_tail);
     return;
   }
-  stash::kernels::PopChunks(a.d_dst, *tier.d_ring, tier.d_base, a.page_bytes, plan,
-                            a.d_page_record, a.max_rows * a.row_bytes, a.zero_tail);
+  stash::kernels::PopChunks(a.d_dst, *tier.d_ring, tier.d_base, a.page_bytes, plan, a.d_page_record,
+                            a.max_rows * a.row_bytes, a.zero_tail);
 }
 
 // One thread, after the pop: the new tail.

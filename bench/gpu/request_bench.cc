@@ -108,7 +108,7 @@ int Run(int requests, const std::string& json_path) {
   config.pool_bytes = 256 * kMiB;
   config.host_tier_bytes = 64 * kMiB * static_cast<uint64_t>(devices);
   std::vector<std::string> uuids;
-  auto executors = daemon::CreateCudaExecutors(config, &uuids);
+  auto executors = daemon::CreateCudaExecutors(config, nullptr, &uuids);
   if (!executors.ok()) Die(1, "request: CreateCudaExecutors: " + executors.status().ToString());
   daemon::CopyExecutor& executor = *(*executors)[0];
   Worker worker;

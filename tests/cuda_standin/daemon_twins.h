@@ -29,14 +29,14 @@ inline bool RegisterDaemonTwins(const CudaDriver* driver) {
   if (reg == nullptr) return false;
   const size_t stash = sizeof(StashLaunch);
   const size_t reload = sizeof(ReloadLaunch);
-  return reg(kernels::kDaemonStashPlanKernel, DaemonTwin<StashLaunch, kernels::PlanStashLaunch>,
-             1, &stash) == 0 &&
-         reg(kernels::kDaemonStashCopyKernel, DaemonTwin<StashLaunch, kernels::StashCopySerial>,
-             1, &stash) == 0 &&
+  return reg(kernels::kDaemonStashPlanKernel, DaemonTwin<StashLaunch, kernels::PlanStashLaunch>, 1,
+             &stash) == 0 &&
+         reg(kernels::kDaemonStashCopyKernel, DaemonTwin<StashLaunch, kernels::StashCopySerial>, 1,
+             &stash) == 0 &&
          reg(kernels::kDaemonStashPublishKernel,
              DaemonTwin<StashLaunch, kernels::PublishStashLaunch>, 1, &stash) == 0 &&
-         reg(kernels::kDaemonReloadPopKernel, DaemonTwin<ReloadLaunch, kernels::ReloadPopSerial>,
-             1, &reload) == 0 &&
+         reg(kernels::kDaemonReloadPopKernel, DaemonTwin<ReloadLaunch, kernels::ReloadPopSerial>, 1,
+             &reload) == 0 &&
          reg(kernels::kDaemonReloadPublishKernel,
              DaemonTwin<ReloadLaunch, kernels::PublishReloadLaunch>, 1, &reload) == 0;
 }

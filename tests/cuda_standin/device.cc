@@ -597,3 +597,16 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   (void)dptr;
   STANDIN_NOT_MODELLED();
 }
+
+CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                       unsigned int Flags) {
+  (void)pdptr;
+  (void)handle;
+  (void)Flags;
+  STANDIN_NOT_MODELLED();
+}
+
+CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  (void)dptr;
+  STANDIN_NOT_MODELLED();
+}

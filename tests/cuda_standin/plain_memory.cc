@@ -187,4 +187,25 @@ CUresult CUDAAPI cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t By
   return cuStreamSynchronize(CU_STREAM_LEGACY);
 }
 
+// cuMemcpyDtoHAsync ("API synchronization behavior", Asynchronous): "For transfers from device
+// memory to pageable host memory, the function will return only once the copy has completed";
+// to page-locked memory it returns at once and the copy runs in stream order. Here: the copy is
+// the stream's work when it runs; a pageable destination waits for it (a synchronous call, so
+// potentially unsafe during capture, like cuMemcpyDtoH).
+CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                      CUstream hStream) {
+  STANDIN_TRY(standin::RequireInit(__func__));
+  if (ByteCount == 0) return standin::Enqueue(__func__, hStream, [] {});
+  if (dstHost == nullptr || !standin::DeviceAddressable(srcDevice, ByteCount)) {
+    return Fail(CUDA_ERROR_INVALID_VALUE, __func__,
+                "the source is not device memory (or the destination is NULL)");
+  }
+  const bool pinned = standin::PinnedHost(reinterpret_cast<uintptr_t>(dstHost), ByteCount);
+  if (!pinned) STANDIN_TRY(standin::CheckSynchronousCall(__func__));
+  const auto* src = standin::HostPointer<const void>(srcDevice);
+  STANDIN_TRY(standin::Enqueue(
+      __func__, hStream, [dstHost, src, ByteCount] { std::memcpy(dstHost, src, ByteCount); }));
+  return pinned ? CUDA_SUCCESS : cuStreamSynchronize(hStream);
+}
+
 }  // extern "C"

@@ -291,6 +291,54 @@ TEST_F(Streams, SynchronizingACapturingStreamFailsAndInvalidatesTheCapture) {
   EXPECT_EQ(AppendedSoFar(), (std::vector<int>{3}));
 }
 
+// What the daemon's copy stream uses: a host function runs in stream order after the work
+// before it and before the work after it; cuStreamQuery says NOT_READY until the stream's work
+// is done (and, like synchronizing, invalidates a capture); cuMemcpyDtoHAsync to page-locked
+// memory returns at once and copies in stream order, to pageable memory it returns done.
+TEST_F(Streams, HostFunctionsQueriesAndAsynchronousCopiesBackRunInStreamOrder) {
+  ASSERT_CU(CUDA_SUCCESS, WaitForGate(stream_));
+  ASSERT_CU(CUDA_SUCCESS, Append(1, stream_));
+  int two = 2;
+  ASSERT_CU(CUDA_SUCCESS, d().LaunchHostFunc(
+                              stream_,
+                              [](void* value) {
+                                std::lock_guard<std::mutex> lock(g_appended_mu);
+                                Appended().push_back(*static_cast<int*>(value));
+                              },
+                              &two));
+  ASSERT_CU(CUDA_SUCCESS, Append(3, stream_));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, d().StreamQuery(stream_));
+  OpenGate();
+  ASSERT_CU(CUDA_SUCCESS, d().StreamSynchronize(stream_));
+  EXPECT_CU(CUDA_SUCCESS, d().StreamQuery(stream_));
+  EXPECT_EQ(AppendedSoFar(), (std::vector<int>{1, 2, 3}));
+
+  // The copy back: words_[1] is registered (page-locked), `pageable` is not.
+  CUdeviceptr from = 0;
+  ASSERT_CU(CUDA_SUCCESS, d().MemAlloc(&from, 8));
+  const uint64_t value = 77;
+  ASSERT_CU(CUDA_SUCCESS, d().MemcpyHtoD(from, &value, 8));
+  ASSERT_CU(CUDA_SUCCESS, d().CtxSynchronize());
+  __atomic_store_n(&words_[0], uint64_t{0}, __ATOMIC_SEQ_CST);
+  ASSERT_CU(CUDA_SUCCESS, WaitForGate(stream_));
+  ASSERT_CU(CUDA_SUCCESS, d().MemcpyDtoHAsync(&words_[1], from, 8, stream_));
+  EXPECT_EQ(__atomic_load_n(&words_[1], __ATOMIC_SEQ_CST), 0U) << "page-locked: not yet";
+  OpenGate();
+  uint64_t pageable = 0;
+  ASSERT_CU(CUDA_SUCCESS, d().MemcpyDtoHAsync(&pageable, from, 8, stream_));
+  EXPECT_EQ(pageable, 77U) << "pageable: done at return";
+  EXPECT_EQ(__atomic_load_n(&words_[1], __ATOMIC_SEQ_CST), 77U) << "and the earlier copy too";
+  EXPECT_CU(CUDA_SUCCESS, d().MemFree(from));
+
+  ASSERT_CU(CUDA_SUCCESS, d().StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED));
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d().StreamQuery(stream_));
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  ASSERT_CU(CUDA_SUCCESS, d().StreamIsCapturing(stream_, &status));
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  CUgraph graph = nullptr;
+  EXPECT_CU(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, d().StreamEndCapture(stream_, &graph));
+}
+
 TEST_F(Streams, AnEventLastRecordedInACaptureCannotBeQueriedInAnyMode) {
   CUevent event = nullptr;
   ASSERT_CU(CUDA_SUCCESS, d().EventCreate(&event, CU_EVENT_DISABLE_TIMING));

@@ -447,6 +447,37 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   return CUDA_SUCCESS;
 }
 
+// cuStreamQuery: CUDA_SUCCESS when all the stream's work completed, CUDA_ERROR_NOT_READY before.
+// Programming Guide, "Prohibited and Unhandled Operations": "It is invalid to synchronize or
+// query the execution status of a stream which is being captured" (the capture is invalidated,
+// as for cuStreamSynchronize).
+CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
+  STANDIN_TRY(standin::RequireInit(__func__));
+  std::shared_ptr<standin::Queue> queue;
+  {
+    std::lock_guard<std::mutex> lock(standin::g_mu);
+    CUstream_st* s = nullptr;
+    STANDIN_TRY(standin::Resolve(__func__, hStream, &s));
+    if (s->capture) {
+      standin::Invalidate(s);
+      return Fail(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, __func__,
+                  "querying a stream that is capturing (the capture is now invalidated)");
+    }
+    queue = s->queue;
+  }
+  return queue->Idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+// cuLaunchHostFunc: "Enqueues a host function call in a stream. The function will be called after
+// currently enqueued work and will block work added after it." It runs on the stream's worker,
+// in stream order; under capture it becomes a node like any work. ("The host function must not
+// make any CUDA API calls": not checked.)
+CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
+  STANDIN_TRY(standin::RequireInit(__func__));
+  if (fn == nullptr) return Fail(CUDA_ERROR_INVALID_VALUE, __func__, "fn is NULL");
+  return standin::Submit(__func__, hStream, [fn, userData] { fn(userData); });
+}
+
 // cuCtxSynchronize: "Blocks until the device has completed all preceding requested tasks" of
 // the current context: here every stream of its device, the default stream included. A
 // synchronous call: prohibited while a capture forbids potentially unsafe calls (cudaDevice

@@ -174,7 +174,8 @@ TEST_F(PagingKernelsTest, StashesAndReloadsMatchTheHostRulesByteForByte) {
       s.g.count = static_cast<int64_t>(rng() % (s.g.max_rows * s.g.divisor + 8)) -
                   (rng() % 16 == 0 ? 40 : 0);  // now and then negative: kInvalidCount
       s.src = kernels::test::RandomBytes(s.g.max_bytes(), rng);
-      const uint64_t record_pages = std::max<uint64_t>(1, kernels::PagesFor(s.g.max_bytes(), kPage));
+      const uint64_t record_pages =
+          std::max<uint64_t>(1, kernels::PagesFor(s.g.max_bytes(), kPage));
       s.d_src = std::make_unique<DeviceBuffer>(d_, s.g.max_bytes());
       s.d_src->Write(s.src.data(), s.src.size());
       s.d_count = std::make_unique<DeviceBuffer>(d_, 8);
@@ -234,8 +235,8 @@ TEST_F(PagingKernelsTest, StashesAndReloadsMatchTheHostRulesByteForByte) {
     const kernels::LaunchResult launched = kernels_->Reload(r, stream_);
     ASSERT_TRUE(launched.ok()) << launched.message;
     std::vector<uint8_t> expected = untouched;
-    HostReload(kind == 0 ? nullptr : expected.data(), s.ref_plan, s.g, kPage, ref_device,
-               &ref_host, s.ref_record.data(), kind == 2);
+    HostReload(kind == 0 ? nullptr : expected.data(), s.ref_plan, s.g, kPage, ref_device, &ref_host,
+               s.ref_record.data(), kind == 2);
     Sync();
     if (kind != 0) {
       ++reloads;

@@ -100,7 +100,8 @@ STASH_HOST_DEVICE void ReloadPopSerial(const ReloadLaunch& args) {
     if (plan.placement != Placement::kOverflow || args.d_kept_src == nullptr) return;
     const uint64_t kept = KeptBytes(plan, args.max_rows, args.row_bytes);
     if (args.d_kept_src != args.d_dst) {
-      for (uint64_t v = 0; v < VectorsFor(kept); ++v) KeptVector(args.d_dst, args.d_kept_src, kept, v);
+      for (uint64_t v = 0; v < VectorsFor(kept); ++v)
+        KeptVector(args.d_dst, args.d_kept_src, kept, v);
     }
     if (args.zero_tail) ZeroBytes(args.d_dst, kept, max_bytes);
     return;
