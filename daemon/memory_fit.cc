@@ -117,7 +117,7 @@ Status CheckMemoryFits(const DaemonConfig& config, stash::v1::Backend backend,
     if (gpu_free > 0 && pool > gpu_free) {
       return ResourceExhaustedError("--pool-bytes=" + FormatBytes(pool) + " does not fit GPU " +
                                     std::to_string(gpu) + ", which has " + FormatBytes(gpu_free) +
-                                    " free (cudaMemGetInfo): lower --pool-bytes or free the GPU");
+                                    " free (cuMemGetInfo): lower --pool-bytes or free the GPU");
     }
   }
   return Status::Ok();

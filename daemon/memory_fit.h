@@ -20,7 +20,7 @@ struct FreeMemory {
   uint64_t huge_pages_total = 0;
   uint64_t huge_pages_free = 0;
   uint64_t huge_page_bytes = 0;
-  std::vector<uint64_t> gpu_free_bytes;  // cuda: cudaMemGetInfo's free bytes, per visible GPU
+  std::vector<uint64_t> gpu_free_bytes;  // cuda: cuMemGetInfo's free bytes, per visible GPU
 };
 
 // Reads /proc/meminfo and, for the cuda backend, every visible GPU.
@@ -33,7 +33,7 @@ FreeMemory ReadFreeMemory(stash::v1::Backend backend);
 Status CheckMemoryFits(const DaemonConfig& config, stash::v1::Backend backend,
                        const FreeMemory& free);
 
-// cudaMemGetInfo's free bytes of each visible GPU; empty without CUDA (cuda_probe.cc).
+// cuMemGetInfo's free bytes of each visible GPU; empty without CUDA (cuda_probe.cc).
 std::vector<uint64_t> CudaFreeBytes();
 
 }  // namespace stash::daemon

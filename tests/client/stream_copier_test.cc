@@ -25,7 +25,6 @@
 #if defined(STASH_STREAM_COPIER_ON_GPU)
 #include "stash/kernels/mapped_paging_fatbin.h"
 #else
-#include "mapped_twins.h"
 #endif
 
 namespace stash {
@@ -60,7 +59,6 @@ class StreamCopierTest : public ::testing::Test {
     owned_driver_ = std::move(*loaded);
     driver_ = owned_driver_.get();
     ASSERT_EQ(driver_->Init(0), CUDA_SUCCESS);
-    ASSERT_TRUE(testing::RegisterMappedTwins(driver_));
 #endif
     CUdevice device = 0;
     ASSERT_EQ(driver_->DeviceGet(&device, 0), CUDA_SUCCESS);

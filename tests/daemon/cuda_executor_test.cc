@@ -21,7 +21,6 @@
 #include "common/cuda_vmm.h"
 #include "common/shm.h"
 #include "daemon/tier.h"
-#include "daemon_twins.h"
 #include "tests/kernels/paging_harness.h"
 #include "tests/vmm_standin.h"
 
@@ -68,7 +67,6 @@ class CudaExecutorTest : public ::testing::Test {
  protected:
   void SetUp() override {
     d_ = Standin::Reset({{"STASH_STANDIN_DEVICES", "1"}});
-    ASSERT_TRUE(stash::testing::RegisterDaemonTwins(d_));
     auto context = PrimaryContext::Retain(d_, 0);
     ASSERT_TRUE(context.ok()) << context.status().ToString();
     context_ = std::make_unique<PrimaryContext>(std::move(context).value());
@@ -289,7 +287,6 @@ TEST_F(CudaExecutorTest, RefusalsSayWhatToChange) {
 // host tier.
 TEST(CudaExecutors, OnePerVisibleGpuEachWithItsShareOfTheHostTier) {
   const CudaDriver* d = Standin::Reset({{"STASH_STANDIN_DEVICES", "2"}});
-  ASSERT_TRUE(stash::testing::RegisterDaemonTwins(d));
   DaemonConfig config;
   config.page_bytes = kPage;
   config.pool_bytes = 2 * kMiB;

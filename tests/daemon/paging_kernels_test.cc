@@ -1,6 +1,6 @@
 // Daemon-copy's kernels as the cuda backend launches them (daemon/paging_kernels.h: the fatbin
 // through the driver API), on the CUDA driver stand-in, which runs each kernel as its host twin
-// (tests/cuda_standin/daemon_twins.h). The same random stashes and reloads run through the
+// (tests/cuda_standin/project_twins.cc). The same random stashes and reloads run through the
 // host backend's functions (tests/kernels/paging_harness.h), and the two must agree on every
 // plan, every reloaded byte and the rings' final order. tests/gpu pins the twins against the
 // GPU's kernels.
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "common/cuda_vmm.h"
-#include "daemon_twins.h"
 #include "stash/kernels/daemon_paging_fatbin.h"
 #include "tests/kernels/paging_harness.h"
 #include "tests/vmm_standin.h"
@@ -117,7 +116,6 @@ class PagingKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     d_ = Standin::Reset();
-    ASSERT_TRUE(stash::testing::RegisterDaemonTwins(d_));
     auto context = PrimaryContext::Retain(d_, 0);
     ASSERT_TRUE(context.ok()) << context.status().ToString();
     context_ = std::make_unique<PrimaryContext>(std::move(context).value());

@@ -61,7 +61,6 @@
 #if defined(STASH_MAPPED_CHECK_ON_GPU)
 #include "stash/kernels/mapped_paging_fatbin.h"
 #else
-#include "mapped_twins.h"
 #endif
 
 extern char** environ;
@@ -103,7 +102,6 @@ const CudaDriver* Driver(std::string* why) {
     }
     auto loaded = CudaDriver::Load(STASH_CUDA_STANDIN_LIBRARY);
     if (!loaded.ok() || (*loaded)->Init(0) != CUDA_SUCCESS) std::abort();
-    if (!testing::RegisterMappedTwins(loaded->get())) std::abort();
     return loaded->release();
   }();
   return driver;

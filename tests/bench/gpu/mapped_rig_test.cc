@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "common/cuda_vmm.h"
-#include "mapped_twins.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/kernels/mapped_paging.h"
 #include "tests/vmm_standin.h"
@@ -28,11 +27,6 @@ using stash::testing::Standin;
 
 constexpr uint64_t kChunk = 2 << 20;  // the stand-in's granularity
 constexpr uint64_t kStash = 4 << 20;  // 512 rows of 8 KiB
-
-void RegisterTwins(const CudaDriver* d) {
-  static const bool registered = testing::RegisterMappedTwins(d);
-  ASSERT_TRUE(registered);
-}
 
 std::vector<uint8_t> Pattern(uint64_t bytes, uint8_t seed) {
   std::vector<uint8_t> v(bytes);
@@ -47,7 +41,6 @@ class MappedRigTest : public ::testing::Test {
   void Start(const std::vector<std::pair<const char*, std::string>>& knobs = {},
              bool buffers = true) {
     d_ = Standin::Reset(knobs);
-    RegisterTwins(d_);
     auto context = PrimaryContext::Retain(d_, 0);
     ASSERT_TRUE(context.ok()) << context.status().ToString();
     context_ = std::make_unique<PrimaryContext>(std::move(*context));

@@ -1,0 +1,163 @@
+// stashd --backend=cuda end to end on the CUDA driver stand-in (tests/cuda_standin): ctest puts
+// the stand-in first on LD_LIBRARY_PATH as libcuda.so.1 for this binary and the stashd it
+// starts, so both processes load it where they would load the NVIDIA driver (one registry: the
+// VRAM budget is counted across them). The daemon's whole cuda path runs: a pool and rings per
+// GPU in stand-in device memory, daemon-copy's kernels from stashd's fatbin as host twins, done
+// events as stream memory writes, continuations from host functions. The client is the real
+// library with backend kCuda; its buffers are host memory (HostBuffer), which a cuda daemon
+// takes up to --max-counter-memory: the stand-in does not model CUDA IPC, the way device buffers
+// reach the daemon (tests/gpu covers those on a GPU).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stash/client.h"
+#include "tests/integration/daemon_stats.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/host_buffers.h"
+
+namespace stash {
+namespace {
+
+using testing::Args;
+using testing::Buffer;
+using testing::DaemonProcess;
+using testing::PagesUsed;
+using testing::TempDir;
+
+constexpr uint64_t kPage = 64 << 10;
+
+class CudaStandin : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // One registry for this test's daemon and its clients (this process): set before the
+    // client's first cuInit, inherited by the daemon.
+    setenv("STASH_STANDIN_REGISTRY", registry_.path().c_str(), 1);
+    setenv("STASH_STANDIN_DEVICES", "2", 1);
+    ASSERT_NE(std::getenv("LD_LIBRARY_PATH"), nullptr) << "run it through ctest";
+  }
+  void StartDaemon(std::vector<std::string> flags) {
+    flags.push_back("--backend=cuda");
+    flags.push_back("--page-bytes=64KiB");
+    daemon_ = std::make_unique<DaemonProcess>(flags);
+    ASSERT_TRUE(daemon_->Ready()) << daemon_->process().Stderr();
+  }
+  std::unique_ptr<Client> Connect(int device, bool allow_spill = true) {
+    Options o;
+    o.socket = daemon_->socket();
+    o.backend = Backend::kCuda;
+    o.device = device;
+    o.allow_host_spill = allow_spill;
+    auto c = Client::Open(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  TempDir registry_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+// A cuda daemon on two stand-in GPUs: its log names each pool by UUID, the client finds its
+// GPU's pool by UUID, stashes fill that GPU's pool, spill to its host-tier share and overflow,
+// and every stored stash reloads byte-exact; the other GPU's pool stays untouched, and every
+// page is free again after.
+TEST_F(CudaStandin, StashesFillTheGpuPoolSpillAndReloadByteExact) {
+  StartDaemon({"--pool-bytes=1MiB", "--host-tier-bytes=1MiB"});  // 16 pages a GPU, 8 on the host
+  auto client = Connect(/*device=*/1);
+  ASSERT_NE(client, nullptr);
+
+  std::vector<std::unique_ptr<HostBuffer>> sources;
+  std::vector<Completion> done;
+  for (uint32_t i = 0; i < 4; ++i) {
+    sources.push_back(Buffer(6 * kPage, 40 + i));  // 384 KiB: 6 pages each
+    auto c = client->Wait(*client->Stash(Args(*sources.back(), kPage, 6)));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    done.push_back(*c);
+  }
+  EXPECT_EQ(done[0].tier, Tier::kDevice);
+  EXPECT_EQ(done[1].tier, Tier::kDevice);
+  EXPECT_EQ(done[2].tier, Tier::kHost);  // 12 of 16 pool pages taken; 6 of 8 host pages
+  EXPECT_EQ(done[3].tier, Tier::kOverflow);
+
+  const v1::GetStatsResponse stats = testing::DaemonStats(daemon_->socket());
+  ASSERT_EQ(stats.tiers_size(), 4) << stats.DebugString();  // gpu0, host0, gpu1, host1
+  uint64_t gpu0 = 0, gpu1 = 0;
+  for (const auto& t : stats.tiers()) {
+    if (t.name() == "gpu0") gpu0 = t.pages_used();
+    if (t.name() == "gpu1") gpu1 = t.pages_used();
+  }
+  EXPECT_EQ(gpu0, 0u) << "device 1's client stays off GPU 0's pool";
+  EXPECT_EQ(gpu1, 12u);
+  EXPECT_NE(daemon_->process().Stderr().find("gpu1 (GPU-"), std::string::npos)
+      << "the log names each pool's GPU by UUID";
+
+  for (int i : {2, 0, 1}) {
+    auto dst = Buffer(6 * kPage);
+    ReloadArgs r{done[static_cast<size_t>(i)].ticket, dst.get(), 0, false, {}, {}};
+    ASSERT_TRUE(client->Wait(*client->Reload(r)).ok()) << "stash " << i;
+    EXPECT_EQ(std::memcmp(dst->data(), sources[static_cast<size_t>(i)]->data(), 6 * kPage), 0)
+        << "stash " << i;
+  }
+  EXPECT_EQ(PagesUsed(testing::DaemonStats(daemon_->socket())), 0u);
+  client.reset();
+  EXPECT_EQ(daemon_->process().StopWith(SIGTERM, std::chrono::seconds(10)), 0)
+      << daemon_->process().Stderr();
+}
+
+// Many operations in flight at once, each with its own done event, through the daemon's pool
+// worker and the copy stream: every reload returns its own stash's bytes.
+TEST_F(CudaStandin, ManyStashesInFlightCompleteInOrderWithTheirOwnBytes) {
+  StartDaemon({"--pool-bytes=8MiB", "--host-tier-bytes=0"});
+  auto client = Connect(0, /*allow_spill=*/false);
+  ASSERT_NE(client, nullptr);
+  constexpr int kStashes = 48;
+  std::vector<std::unique_ptr<HostBuffer>> sources;
+  std::vector<uint64_t> ops;
+  for (uint32_t i = 0; i < kStashes; ++i) {
+    sources.push_back(Buffer(kPage + 4096 * i % kPage, 100 + i));
+    auto op = client->Stash(Args(*sources.back(), 4096, sources.back()->size() / 4096));
+    ASSERT_TRUE(op.ok()) << op.status().ToString();
+    ops.push_back(*op);
+  }
+  std::vector<uint64_t> tickets;
+  for (uint64_t op : ops) {
+    auto c = client->Wait(op);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->tier, Tier::kDevice);
+    tickets.push_back(c->ticket);
+  }
+  std::vector<std::unique_ptr<HostBuffer>> back;
+  ops.clear();
+  for (int i = kStashes - 1; i >= 0; --i) {
+    back.push_back(Buffer(sources[static_cast<size_t>(i)]->size()));
+    ReloadArgs r{tickets[static_cast<size_t>(i)], back.back().get(), 0, false, {}, {}};
+    auto op = client->Reload(r);
+    ASSERT_TRUE(op.ok()) << op.status().ToString();
+    ops.push_back(*op);
+  }
+  for (size_t j = 0; j < ops.size(); ++j) {
+    ASSERT_TRUE(client->Wait(ops[j]).ok());
+    const HostBuffer& src = *sources[static_cast<size_t>(kStashes - 1) - j];
+    EXPECT_EQ(std::memcmp(back[j]->data(), src.data(), src.size()), 0) << "reload " << j;
+  }
+  EXPECT_EQ(PagesUsed(testing::DaemonStats(daemon_->socket())), 0u);
+}
+
+// What a cuda daemon refuses at start on the stand-in's GPUs, with the knob to change: a pool
+// larger than the GPU's free memory (the stand-in's GPUs have 1 GiB).
+TEST_F(CudaStandin, APoolLargerThanTheGpuIsRefusedAtStartNamingTheGpuAndTheFlag) {
+  DaemonProcess d({"--backend=cuda", "--pool-bytes=2GiB", "--host-tier-bytes=0"});
+  EXPECT_FALSE(d.Ready());
+  const std::string err = d.process().Stderr();
+  EXPECT_NE(err.find("does not fit GPU 0, which has 1 GiB free"), std::string::npos) << err;
+  EXPECT_NE(err.find("lower --pool-bytes"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace stash
