@@ -67,20 +67,27 @@ class CudaBuffer {
     (void)driver_->CtxPopCurrent(&popped);
   }
 
-  // With `context` current.
-  Status Allocate(const CudaDriver* driver, CUcontext context, Kind kind, uint64_t bytes) {
+  // With `context` current. `what` names the memory in the error.
+  Status Allocate(const CudaDriver* driver, CUcontext context, Kind kind, uint64_t bytes,
+                  const char* what) {
     driver_ = driver;
     context_ = context;
     kind_ = kind;
+    Status st;
     if (kind == Kind::kDevice) {
-      STASH_CU_RETURN_IF_ERROR(driver, MemAlloc(&device_, bytes));
+      st = driver->Check(driver->MemAlloc(&device_, bytes), "cuMemAlloc");
     } else {
-      STASH_CU_RETURN_IF_ERROR(
-          driver,
-          MemHostAlloc(&host_, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
-      STASH_CU_RETURN_IF_ERROR(driver, MemHostGetDevicePointer(&device_, host_, 0));
+      st = driver->Check(
+          driver->MemHostAlloc(&host_, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+          "cuMemHostAlloc");
+      if (st.ok()) {
+        st = driver->Check(driver->MemHostGetDevicePointer(&device_, host_, 0),
+                           "cuMemHostGetDevicePointer");
+      }
     }
-    return Status::Ok();
+    if (st.ok()) return st;
+    return Status(st.code(), std::string("allocating ") + what + " (" + FormatBytes(bytes) +
+                                 ") failed: " + st.message());
   }
 
   template <typename T>
@@ -264,11 +271,13 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
 
   // The pool and its ring: ids 0..pages-1, all free. The first state goes up with synchronous
   // copies; cuCtxSynchronize below waits until they landed (a pageable copy may return first).
-  STASH_RETURN_IF_ERROR(e->pool_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice, pages * page));
+  STASH_RETURN_IF_ERROR(
+      e->pool_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice, pages * page, "the pool"));
   std::vector<uint64_t> ids(std::max(pages, host_pages));
   std::iota(ids.begin(), ids.end(), uint64_t{0});
   STASH_RETURN_IF_ERROR(e->device_ring_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
-                                                 sizeof(kernels::PageRing) + pages * 8));
+                                                 sizeof(kernels::PageRing) + pages * 8,
+                                                 "the pool's ring"));
   e->d_device_ring_ = e->device_ring_.device<kernels::PageRing>();
   auto* d_ids = reinterpret_cast<uint64_t*>(e->d_device_ring_ + 1);
   const kernels::PageRing ring{d_ids, pages, 0, pages};
@@ -281,10 +290,12 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
   // This GPU's share of the host tier: pinned, mapped pages. Its ring lives in device memory:
   // the copy kernels read a page id per chunk and would otherwise read them across PCIe.
   if (host_pages > 0) {
-    STASH_RETURN_IF_ERROR(
-        e->host_pages_.Allocate(driver, ctx, CudaBuffer::Kind::kPinnedMapped, host_pages * page));
+    STASH_RETURN_IF_ERROR(e->host_pages_.Allocate(driver, ctx, CudaBuffer::Kind::kPinnedMapped,
+                                                  host_pages * page,
+                                                  "this GPU's share of the host tier (pinned)"));
     STASH_RETURN_IF_ERROR(e->host_ring_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
-                                                 sizeof(kernels::PageRing) + host_pages * 8));
+                                                 sizeof(kernels::PageRing) + host_pages * 8,
+                                                 "the host tier's ring"));
     auto* d_host_ring = e->host_ring_.device<kernels::PageRing>();
     auto* d_host_ids = reinterpret_cast<uint64_t*>(d_host_ring + 1);
     const kernels::PageRing host_ring{d_host_ids, host_pages, 0, host_pages};
@@ -302,10 +313,12 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
   e->max_record_entries_ = std::max(pages, host_pages);
   const uint64_t arena = 2 * (pages + host_pages) + 65536;
   STASH_RETURN_IF_ERROR(e->plans_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
-                                           slots * sizeof(kernels::StashPlan)));
+                                           slots * sizeof(kernels::StashPlan), "the plan slots"));
   STASH_RETURN_IF_ERROR(e->plan_copies_.Allocate(driver, ctx, CudaBuffer::Kind::kPinnedMapped,
-                                                 slots * sizeof(kernels::StashPlan)));
-  STASH_RETURN_IF_ERROR(e->records_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice, arena * 8));
+                                                 slots * sizeof(kernels::StashPlan),
+                                                 "the plans' pinned copies"));
+  STASH_RETURN_IF_ERROR(
+      e->records_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice, arena * 8, "the page records"));
   e->free_slots_.resize(slots);
   for (uint64_t i = 0; i < slots; ++i) e->free_slots_[i] = static_cast<int64_t>(slots - 1 - i);
   e->record_space_ = std::make_unique<RangeAllocator>(arena);
@@ -581,7 +594,20 @@ StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
       config.host_tier_bytes / config.page_bytes / static_cast<uint64_t>(count);
   std::vector<std::unique_ptr<CopyExecutor>> out;
   for (int d = 0; d < count; ++d) {
-    STASH_ASSIGN_OR_RETURN(auto executor, CudaExecutor::Create(d, config, host_pages, driver));
+    auto created = CudaExecutor::Create(d, config, host_pages, driver);
+    if (!created.ok()) {
+      const Status& st = created.status();
+      if (st.message().rfind("gpu", 0) == 0) return st;  // names the GPU already
+      auto uuid = GpuUuid(driver, d);
+      return Status(st.code(), "gpu" + std::to_string(d) + " (" +
+                                   (uuid.ok() ? *uuid : std::string("UUID unknown")) +
+                                   "): " + st.message() +
+                                   (st.code() == StatusCode::kResourceExhausted
+                                        ? ": lower --pool-bytes or --host-tier-bytes, or free "
+                                          "the GPU"
+                                        : ""));
+    }
+    std::unique_ptr<CudaExecutor> executor = std::move(created).value();
     uuids->emplace_back(executor->raw_uuid().bytes, 16);
     out.push_back(std::move(executor));
   }

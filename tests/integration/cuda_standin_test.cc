@@ -25,11 +25,16 @@
 namespace stash {
 namespace {
 
+using std::chrono::milliseconds;
+using std::chrono::seconds;
 using testing::Args;
+using testing::BinDir;
 using testing::Buffer;
 using testing::DaemonProcess;
 using testing::PagesUsed;
+using testing::Process;
 using testing::TempDir;
+using testing::TimeScale;
 
 constexpr uint64_t kPage = 64 << 10;
 
@@ -149,14 +154,113 @@ TEST_F(CudaStandin, ManyStashesInFlightCompleteInOrderWithTheirOwnBytes) {
   EXPECT_EQ(PagesUsed(testing::DaemonStats(daemon_->socket())), 0u);
 }
 
+// A cuda client killed while its stash is held, or while its stash waits for a ready event the
+// daemon's pool holds: its pages are back within a second (the pool's slots and page records
+// too: the survivor stashes again), and another session goes on, its stash intact.
+TEST_F(CudaStandin, PagesReturnWithinOneSecondWhenAClientIsKilled) {
+  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});  // 64 pages
+  auto survivor = Connect(0);
+  ASSERT_NE(survivor, nullptr);
+  auto src = Buffer(kPage, 5);
+  auto kept = survivor->Wait(*survivor->Stash(Args(*src, 4096, 16)));
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+
+  for (const char* mode : {"hold", "midstash"}) {
+    SCOPED_TRACE(mode);
+    Process victim;
+    ASSERT_TRUE(victim.Start({BinDir() + "/tests/integration/stash-test-client", daemon_->socket(),
+                              mode, std::to_string(32 * kPage)},
+                             daemon_->dir() + "/victim-" + mode,
+                             {"STASH_TEST_CLIENT_BACKEND=cuda"}));
+    const auto deadline = std::chrono::steady_clock::now() + seconds(10 * TimeScale());
+    while (victim.Stdout().empty() && std::chrono::steady_clock::now() < deadline) {
+      ASSERT_TRUE(victim.running()) << victim.Stderr();
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    ASSERT_FALSE(victim.Stdout().empty()) << victim.Stderr();
+    if (std::string(mode) == "hold") {
+      EXPECT_EQ(PagesUsed(testing::DaemonStats(daemon_->socket())), 1u + 32u);
+    }
+    victim.StopWith(SIGKILL, seconds(5));
+    const auto limit = std::chrono::steady_clock::now() + milliseconds(1000 * TimeScale());
+    uint64_t used = 0;
+    do {
+      used = PagesUsed(testing::DaemonStats(daemon_->socket()));
+      if (used == 1) break;
+      std::this_thread::sleep_for(milliseconds(5));
+    } while (std::chrono::steady_clock::now() < limit);
+    EXPECT_EQ(used, 1u);
+    auto t = survivor->Wait(*survivor->Stash(Args(*src, 4096, 16)));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(t->tier, Tier::kDevice);
+    ASSERT_TRUE(survivor->Wait(*survivor->Release(t->ticket)).ok());
+  }
+  auto dst = Buffer(kPage);
+  ASSERT_TRUE(survivor->Wait(*survivor->Reload({kept->ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), kPage), 0);
+}
+
+// The daemon killed while a cuda client waits on a stash it holds: the wait fails fast with
+// UNAVAILABLE, the client's buffer is untouched, and a restarted daemon serves a new session.
+TEST_F(CudaStandin, ClientsFailFastWhenTheDaemonDiesAndANewDaemonServesThem) {
+  // GPUs of 16 MiB: one daemon's pool, ring, plans and page records (10 MiB in 2 MiB units) fit,
+  // two do not, so the new daemon starts only if the killed one's memory went with it.
+  setenv("STASH_STANDIN_VRAM_BYTES", std::to_string(16 << 20).c_str(), 1);
+  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  const std::string socket = daemon_->socket();
+  auto client = Connect(0);
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(kPage, 9);
+  const std::vector<uint8_t> before(src->data(), src->data() + src->size());
+  auto events = Buffer(4096);
+  StashArgs a = Args(*src, 4096, 16);
+  a.ready = {events.get(), 0, 1};  // never signalled: the daemon holds the stash
+  auto t = client->Stash(a);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::thread killer([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    daemon_->process().StopWith(SIGKILL, seconds(5));
+  });
+  auto waited = client->Wait(*t, 30000);
+  killer.join();
+  EXPECT_EQ(waited.status().code(), StatusCode::kUnavailable) << waited.status().ToString();
+  EXPECT_EQ(std::memcmp(src->data(), before.data(), before.size()), 0);
+  client.reset();
+
+  // A new daemon (a socket in a dir of its own), in the same registry.
+  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  auto again = Connect(0);
+  ASSERT_NE(again, nullptr);
+  auto c = again->Wait(*again->Stash(Args(*src, 4096, 16)));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tier, Tier::kDevice);
+}
+
 // What a cuda daemon refuses at start on the stand-in's GPUs, with the knob to change: a pool
-// larger than the GPU's free memory (the stand-in's GPUs have 1 GiB).
+// larger than the GPU's free memory (the stand-in's GPUs have 1 GiB), and a pool whose daemon
+// memory does not fit beside another daemon's.
 TEST_F(CudaStandin, APoolLargerThanTheGpuIsRefusedAtStartNamingTheGpuAndTheFlag) {
   DaemonProcess d({"--backend=cuda", "--pool-bytes=2GiB", "--host-tier-bytes=0"});
   EXPECT_FALSE(d.Ready());
   const std::string err = d.process().Stderr();
   EXPECT_NE(err.find("does not fit GPU 0, which has 1 GiB free"), std::string::npos) << err;
   EXPECT_NE(err.find("lower --pool-bytes"), std::string::npos) << err;
+
+  // A pool that fits the free memory, but not with what the daemon adds to it (its ring, plan
+  // slots and page records): another daemon holds most of the GPU. The message names the GPU,
+  // what did not fit and the knobs.
+  setenv("STASH_STANDIN_VRAM_BYTES", std::to_string(16 << 20).c_str(), 1);
+  StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  DaemonProcess second(
+      {"--backend=cuda", "--page-bytes=64KiB", "--pool-bytes=4MiB", "--host-tier-bytes=0"});
+  EXPECT_FALSE(second.Ready());
+  const std::string full = second.process().Stderr();
+  EXPECT_NE(full.find("gpu0 (GPU-"), std::string::npos) << full;
+  EXPECT_NE(full.find("failed: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos)
+      << full;
+  EXPECT_NE(full.find("lower --pool-bytes or --host-tier-bytes, or free the GPU"),
+            std::string::npos)
+      << full;
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 //   so a kill lands anywhere in a step (mid-copy, mid-lease, mid-return).
 // MODE once, once-mapped: one session of that mode stashes BYTES, reloads them, checks them
 //   byte for byte and exits: 0 and "ok" when all of it worked, 1 with the error otherwise.
+// STASH_TEST_CLIENT_BACKEND=cuda: the session speaks the cuda backend (its buffers stay host
+//   memory), for a stashd --backend=cuda (tests/integration/cuda_standin_test.cc).
 #include <unistd.h>
 
 #include <cstdio>
@@ -121,6 +123,8 @@ int main(int argc, char** argv) {
   const uint64_t bytes = std::strtoull(argv[3], nullptr, 10);
   stash::Options options;
   options.socket = argv[1];
+  const char* backend = std::getenv("STASH_TEST_CLIENT_BACKEND");
+  if (backend != nullptr && std::string(backend) == "cuda") options.backend = stash::Backend::kCuda;
   if (mode == "churn" || mode == "once-mapped" || mode == "hold-mapped")
     options.mode = stash::Mode::kMapped;
   auto client = stash::Client::Open(options);
