@@ -30,6 +30,27 @@ void LogIfError(const CudaDriver* driver, CUresult result, const char* expressio
   if (!st.ok()) Log("ipc")->warn("{}", st.message());
 }
 
+// Makes a GPU's primary context current on the calling thread for the guard's life (a push and a
+// pop: the thread's own current context comes back after). Lighter than PrimaryContext::Scope,
+// which also relaxes the thread's capture mode: stashd never captures, so two driver calls do.
+class Current {
+ public:
+  Current(const CudaDriver* driver, const PrimaryContext& context)
+      : driver_(driver),
+        status_(driver->Check(driver->CtxPushCurrent(context.get()), "cuCtxPushCurrent")) {}
+  Current(const Current&) = delete;
+  Current& operator=(const Current&) = delete;
+  ~Current() {
+    CUcontext popped = nullptr;
+    if (status_.ok()) (void)driver_->CtxPopCurrent(&popped);
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  const CudaDriver* driver_;
+  Status status_;
+};
+
 // The exit status of a daemon whose GPU context failed (see DeviceLost).
 constexpr int kExitDeviceLost = 3;
 
@@ -110,39 +131,48 @@ class CudaBuffer {
 // A client's cudaMalloc allocation, opened through its IPC handle.
 class IpcMemory final : public MappedMemory {
  public:
-  IpcMemory(const PrimaryContext& context, const CudaDriver* driver, CUdeviceptr base,
-            uint64_t bytes)
+  IpcMemory(std::shared_ptr<const PrimaryContext> context, const CudaDriver* driver,
+            CUdeviceptr base, uint64_t bytes)
       // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address, copies take pointers
       : MappedMemory(reinterpret_cast<uint8_t*>(base), nullptr, bytes),
-        context_(context),
+        context_(std::move(context)),
         driver_(driver) {}
   ~IpcMemory() override {
-    const PrimaryContext::Scope scope(context_);
+    const Current current(driver_, *context_);
+    if (!current.status().ok()) {
+      Log("ipc")->warn("a client's CUDA IPC memory is not closed: {}", current.status().message());
+      return;
+    }
     LogIfError(driver_, driver_->IpcCloseMemHandle(reinterpret_cast<CUdeviceptr>(data())),
                "cuIpcCloseMemHandle");
   }
 
  private:
-  const PrimaryContext& context_;  // the executor's, which outlives its sessions' memory
+  // The executor's GPU context, kept retained while the memory is open.
+  const std::shared_ptr<const PrimaryContext> context_;
   const CudaDriver* const driver_;
 };
 
 // A client's shared memory (event counters), registered with CUDA so the stream can write it.
 class RegisteredShm final : public MappedMemory {
  public:
-  RegisteredShm(const PrimaryContext& context, const CudaDriver* driver,
+  RegisteredShm(std::shared_ptr<const PrimaryContext> context, const CudaDriver* driver,
                 std::unique_ptr<SharedMemory> shm, uint8_t* device_address)
       : MappedMemory(device_address, shm->data(), shm->size()),
-        context_(context),
+        context_(std::move(context)),
         driver_(driver),
         shm_(std::move(shm)) {}
   ~RegisteredShm() override {
-    const PrimaryContext::Scope scope(context_);
+    const Current current(driver_, *context_);
+    if (!current.status().ok()) {
+      Log("ipc")->warn("a client's host memory stays registered: {}", current.status().message());
+      return;
+    }
     LogIfError(driver_, driver_->MemHostUnregister(shm_->data()), "cuMemHostUnregister");
   }
 
  private:
-  const PrimaryContext& context_;
+  const std::shared_ptr<const PrimaryContext> context_;
   const CudaDriver* const driver_;
   std::unique_ptr<SharedMemory> shm_;
 };
@@ -160,8 +190,8 @@ class CudaExecutor final : public CopyExecutor {
                                                         const CudaDriver* driver);
   ~CudaExecutor() override {
     if (stream_ == nullptr) return;
-    const PrimaryContext::Scope scope(context_);
-    if (!scope.status().ok()) return;
+    const Current current(driver_, *context_);
+    if (!current.status().ok()) return;
     LogIfError(driver_, driver_->StreamSynchronize(stream_), "cuStreamSynchronize");
     kernels_.reset();
     LogIfError(driver_, driver_->StreamDestroy(stream_), "cuStreamDestroy");
@@ -183,13 +213,16 @@ class CudaExecutor final : public CopyExecutor {
 
  private:
   CudaExecutor(int device, const CudaDriver* driver, PrimaryContext context, std::string uuid)
-      : device_(device), driver_(driver), context_(std::move(context)), uuid_(std::move(uuid)) {}
+      : device_(device),
+        driver_(driver),
+        context_(std::make_shared<const PrimaryContext>(std::move(context))),
+        uuid_(std::move(uuid)) {}
 
   // Enqueues a host function that posts `then` to the pool worker. Context current.
   void After(Then then);
   // On the copy path, a context that cannot be made current is the device lost.
-  void MustBeCurrent(const PrimaryContext::Scope& scope) const {
-    if (!scope.status().ok()) DeviceLost(device_, scope.status().message());
+  void MustBeCurrent(const Current& current) const {
+    if (!current.status().ok()) DeviceLost(device_, current.status().message());
   }
   kernels::CudaTier DeviceTier() const { return {d_device_ring_, pool_.device<uint8_t>()}; }
   kernels::CudaTier HostTier() const {
@@ -203,7 +236,8 @@ class CudaExecutor final : public CopyExecutor {
   // Never change after Create(). The context first: it outlives every buffer below.
   const int device_;
   const CudaDriver* const driver_;
-  const PrimaryContext context_;
+  // Shared with the client memory opened in it, which may be closed after the executor is gone.
+  const std::shared_ptr<const PrimaryContext> context_;
   const std::string uuid_;  // "GPU-...", as nvidia-smi spells it
   CUuuid raw_uuid_{};
   uint64_t page_bytes_ = 0;
@@ -235,9 +269,9 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
   STASH_ASSIGN_OR_RETURN(std::string uuid, GpuUuid(driver, device));
   std::unique_ptr<CudaExecutor> e(
       new CudaExecutor(device, driver, std::move(context), std::move(uuid)));
-  const PrimaryContext::Scope scope(e->context_);
-  STASH_RETURN_IF_ERROR(scope.status());
-  const CUcontext ctx = e->context_.get();
+  const Current current(driver, *e->context_);
+  STASH_RETURN_IF_ERROR(current.status());
+  const CUcontext ctx = e->context_->get();
   CUdevice cu_device = 0;
   STASH_CU_RETURN_IF_ERROR(driver, DeviceGet(&cu_device, device));
   STASH_CU_RETURN_IF_ERROR(driver, DeviceGetUuid(&e->raw_uuid_, cu_device));
@@ -267,7 +301,22 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
                                   FormatBytes(pages * page) + ": lower --pool-bytes");
   }
   STASH_CU_RETURN_IF_ERROR(driver, StreamCreate(&e->stream_, CU_STREAM_NON_BLOCKING));
-  STASH_ASSIGN_OR_RETURN(e->kernels_, PagingKernels::Load(driver, stash_daemon_paging_fatbin));
+  auto kernels = PagingKernels::Load(driver, stash_daemon_paging_fatbin);
+  if (!kernels.ok()) {
+    int major = 0, minor = 0;
+    (void)driver->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                     cu_device);
+    (void)driver->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                     cu_device);
+    return Status(kernels.status().code(),
+                  name + " (compute capability " + std::to_string(major) + "." +
+                      std::to_string(minor) + ") cannot load stashd's kernels, built for " +
+                      STASH_CUDA_ARCHITECTURES +
+                      " (CMAKE_CUDA_ARCHITECTURES): " + kernels.status().message() +
+                      "; rebuild with this GPU's architecture, or update the driver when it "
+                      "is older than the CUDA toolkit stashd was built with");
+  }
+  e->kernels_ = std::move(kernels).value();
 
   // The pool and its ring: ids 0..pages-1, all free. The first state goes up with synchronous
   // copies; cuCtxSynchronize below waits until they landed (a pageable copy may return first).
@@ -330,8 +379,8 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
 
 StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMemory& reg,
                                                            UniqueFd fd) {
-  const PrimaryContext::Scope scope(context_);
-  STASH_RETURN_IF_ERROR(scope.status());
+  const Current current(driver_, *context_);
+  STASH_RETURN_IF_ERROR(current.status());
   if (reg.kind() == v1::MEMORY_KIND_HOST_FD) {
     STASH_ASSIGN_OR_RETURN(auto shm, SharedMemory::MapClientFd(std::move(fd), reg.bytes()));
     STASH_CU_RETURN_IF_ERROR(
@@ -427,8 +476,8 @@ void CudaExecutor::After(Then then) {
 }
 
 void CudaExecutor::CheckHealth() {
-  const PrimaryContext::Scope scope(context_);
-  if (!scope.status().ok()) return;  // reported by the next copy
+  const Current current(driver_, *context_);
+  if (!current.status().ok()) return;  // reported by the next copy
   const CUresult state = driver_->StreamQuery(stream_);
   if (state != CUDA_SUCCESS && state != CUDA_ERROR_NOT_READY) {
     DeviceLost(device_, driver_->Check(state, "cuStreamQuery(copy stream)").message());
@@ -437,8 +486,8 @@ void CudaExecutor::CheckHealth() {
 
 void CudaExecutor::Raise(const DoneSignal& done) {
   if (done.memory == nullptr) return;
-  const PrimaryContext::Scope scope(context_);
-  MustBeCurrent(scope);
+  const Current current(driver_, *context_);
+  MustBeCurrent(current);
   const auto address = reinterpret_cast<CUdeviceptr>(done.memory->data() + done.offset);
   // After the stream's earlier work and a system-scope barrier: the copied bytes are visible
   // before the counter moves.
@@ -455,8 +504,8 @@ void CudaExecutor::Raise(const DoneSignal& done) {
 }
 
 void CudaExecutor::Fence(Then then) {
-  const PrimaryContext::Scope scope(context_);
-  MustBeCurrent(scope);
+  const Current current(driver_, *context_);
+  MustBeCurrent(current);
   After(std::move(then));
 }
 
@@ -470,8 +519,8 @@ void CudaExecutor::FreeSlot(StashRecord& record) {
 
 void CudaExecutor::Stash(const StashWork& work, Then then) {
   StashRecord& record = *work.record;
-  const PrimaryContext::Scope scope(context_);
-  MustBeCurrent(scope);
+  const Current current(driver_, *context_);
+  MustBeCurrent(current);
   auto fail = [&](Status status) {
     record.error = std::move(status);
     Raise(work.done);
@@ -546,8 +595,8 @@ void CudaExecutor::Stash(const StashWork& work, Then then) {
 
 void CudaExecutor::Reload(const ReloadWork& work, Then then) {
   StashRecord& record = *work.record;
-  const PrimaryContext::Scope scope(context_);
-  MustBeCurrent(scope);
+  const Current current(driver_, *context_);
+  MustBeCurrent(current);
   if (record.slot < 0) {
     // Placed nothing (or already failed): nothing to copy or return.
     Raise(work.done);

@@ -52,14 +52,21 @@ std::vector<uint64_t> CudaFreeBytes() {
   auto driver = CudaDriver::Get();
   int count = 0;
   if (!driver.ok() || (*driver)->DeviceGetCount(&count) != CUDA_SUCCESS) return out;
+  // Each GPU's primary context stays retained for the process: the cuda backend's executors
+  // retain the same contexts right after, and releasing them here would destroy and create each
+  // one again (costly on an 8-GPU node).
+  static auto* kept = new std::vector<PrimaryContext>();
   for (int d = 0; d < count; ++d) {
     size_t free = 0;
     size_t total = 0;
     // 0 = unknown: the check skips a GPU it cannot ask.
     auto context = PrimaryContext::Retain(*driver, d);
     if (context.ok()) {
-      const PrimaryContext::Scope scope(*context);
-      if (!scope.status().ok() || (*driver)->MemGetInfo(&free, &total) != CUDA_SUCCESS) free = 0;
+      {
+        const PrimaryContext::Scope scope(*context);
+        if (!scope.status().ok() || (*driver)->MemGetInfo(&free, &total) != CUDA_SUCCESS) free = 0;
+      }
+      kept->push_back(std::move(context).value());
     }
     out.push_back(free);
   }

@@ -24,7 +24,6 @@
 #include "stash/kernels/mapped_paging.h"
 #if defined(STASH_STREAM_COPIER_ON_GPU)
 #include "stash/kernels/mapped_paging_fatbin.h"
-#else
 #endif
 
 namespace stash {
@@ -38,8 +37,8 @@ constexpr uint64_t kChunkBytes = 2 << 20;  // the stand-in's granularity
 constexpr uint64_t kPageBytes = 64 << 10;
 constexpr uint64_t kPagesPerChunk = kChunkBytes / kPageBytes;
 
-// The driver loaded, a context current, a stream (and on the stand-in, the kernels' twins
-// registered).
+// The driver loaded, a context current, a stream (the stand-in registers the kernels' twins
+// itself when it loads).
 class StreamCopierTest : public ::testing::Test {
  protected:
   void SetUp() override {

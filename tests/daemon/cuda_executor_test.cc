@@ -225,6 +225,15 @@ TEST_F(CudaExecutorTest, WithoutHostSpillAStashThatDoesNotFitOverflowsAndFencesK
   Stash(&record, src, 2, kMiB, 2, /*allow_host_spill=*/true);
   EXPECT_EQ(record.plan.placement, Placement::kHost);
 
+  // A raise is a write on the copy stream: it lands once the stream got there, before any
+  // host function (whose CPU wake of the same counter would hide a wrong GPU write).
+  executor_->Raise(DoneSignal{events_.get(), 24, 7});
+  {
+    const PrimaryContext::Scope scope(*context_);
+    ASSERT_EQ(d_->CtxSynchronize(), CUDA_SUCCESS);
+  }
+  EXPECT_EQ(Counter(24), 7u) << "the stream's write";
+
   std::vector<int> order;
   executor_->Fence([&order] { order.push_back(1); });
   executor_->Raise(DoneSignal{events_.get(), 16, 99});

@@ -1,5 +1,6 @@
 // Daemon-copy's kernels as the cuda backend launches them (daemon/paging_kernels.h: the fatbin
-// through the driver API), on the CUDA driver stand-in, which runs each kernel as its host twin
+// through the driver API). Built twice: on a GPU (paging_kernels_gpu_test, label gpu: the real
+// fatbin's block kernels), and on the CUDA driver stand-in, which runs each kernel as its host twin
 // (tests/cuda_standin/project_twins.cc). The same random stashes and reloads run through the
 // host backend's functions (tests/kernels/paging_harness.h), and the two must agree on every
 // plan, every reloaded byte and the rings' final order. tests/gpu pins the twins against the
@@ -14,9 +15,12 @@
 #include <vector>
 
 #include "common/cuda_vmm.h"
+#include "stash/kernels/daemon_paging.h"
 #include "stash/kernels/daemon_paging_fatbin.h"
 #include "tests/kernels/paging_harness.h"
+#if !defined(STASH_PAGING_KERNELS_ON_GPU)
 #include "tests/vmm_standin.h"
+#endif
 
 namespace stash::daemon {
 namespace {
@@ -32,7 +36,9 @@ using kernels::test::HostReload;
 using kernels::test::HostStash;
 using kernels::test::HostTier;
 using kernels::test::StashGeometry;
+#if !defined(STASH_PAGING_KERNELS_ON_GPU)
 using stash::testing::Standin;
+#endif
 
 constexpr uint64_t kPage = 4096;
 
@@ -115,7 +121,15 @@ class DeviceBuffer {
 class PagingKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override {
+#if defined(STASH_PAGING_KERNELS_ON_GPU)
+    auto got = CudaDriver::Get();
+    if (!got.ok()) GTEST_SKIP() << "no CUDA device: " << got.status().ToString();
+    d_ = *got;
+    int count = 0;
+    if (d_->DeviceGetCount(&count) != CUDA_SUCCESS || count == 0) GTEST_SKIP() << "no CUDA device";
+#else
     d_ = Standin::Reset();
+#endif
     auto context = PrimaryContext::Retain(d_, 0);
     ASSERT_TRUE(context.ok()) << context.status().ToString();
     context_ = std::make_unique<PrimaryContext>(std::move(context).value());
@@ -126,6 +140,7 @@ class PagingKernelsTest : public ::testing::Test {
     kernels_ = std::move(loaded).value();
   }
   void TearDown() override {
+    if (d_ == nullptr) return;  // skipped
     if (stream_ != nullptr) {
       EXPECT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
       EXPECT_EQ(d_->StreamDestroy(stream_), CUDA_SUCCESS);
@@ -350,6 +365,22 @@ TEST_F(PagingKernelsTest, BadArgumentsAreRefusedBeforeAnythingIsEnqueued) {
   const PageRing ring = device.Ring(&ids);
   EXPECT_EQ(ring.head, 0u);
   EXPECT_EQ(ring.tail, 4u);
+}
+
+// The stand-in finds kernels by name whatever the image, so this checks the image itself: every
+// kernel PagingKernels asks for is an entry point of stashd's fatbin (its name is in the
+// image's symbol table), spelled as the extern "C" kernels of kernels/daemon_paging.cu are.
+TEST(DaemonPagingFatbin, HoldsEveryKernelTheDaemonLaunches) {
+  const auto* begin = reinterpret_cast<const char*>(stash_daemon_paging_fatbin);
+  const std::string image(begin, begin + stash_daemon_paging_fatbin_size);
+  ASSERT_GT(image.size(), 1024u);
+  for (const char* name : {kernels::kDaemonStashPlanKernel, kernels::kDaemonStashCopyKernel,
+                           kernels::kDaemonStashPublishKernel, kernels::kDaemonReloadPopKernel,
+                           kernels::kDaemonReloadPublishKernel}) {
+    // NUL-terminated in the ELF string table of the machine code, and as ".entry name" in PTX.
+    EXPECT_NE(image.find(std::string(name) + '\0'), std::string::npos) << name;
+  }
+  EXPECT_EQ(image.find(std::string("stash_daemon_no_such_kernel") + '\0'), std::string::npos);
 }
 
 }  // namespace

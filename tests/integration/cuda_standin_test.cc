@@ -40,12 +40,18 @@ constexpr uint64_t kPage = 64 << 10;
 
 class CudaStandin : public ::testing::Test {
  protected:
+  // ctest runs each test case in a process of its own: the client's stand-in reads the
+  // registry at its first cuInit, so one registry per process (this test's) is what it sees.
   void SetUp() override {
     // One registry for this test's daemon and its clients (this process): set before the
     // client's first cuInit, inherited by the daemon.
     setenv("STASH_STANDIN_REGISTRY", registry_.path().c_str(), 1);
     setenv("STASH_STANDIN_DEVICES", "2", 1);
     ASSERT_NE(std::getenv("LD_LIBRARY_PATH"), nullptr) << "run it through ctest";
+  }
+  void TearDown() override {
+    daemon_.reset();
+    unsetenv("STASH_STANDIN_VRAM_BYTES");  // a test that set it: the next one gets the default
   }
   void StartDaemon(std::vector<std::string> flags) {
     flags.push_back("--backend=cuda");

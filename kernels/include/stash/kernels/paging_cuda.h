@@ -1,5 +1,7 @@
-// CUDA kernels for the paging rules of paging.h (docs/design.md), for the daemon's CUDA backend
-// and the GPU tests. Every kernel calls the same STASH_HOST_DEVICE functions the host backend
+// CUDA kernels for the paging rules of paging.h (docs/design.md): daemon-copy's contract. The
+// daemon launches them from its fatbin through the driver API (daemon/paging_kernels.h); the
+// runtime launchers below serve the GPU tests and benchmarks; both run the bodies of
+// daemon_paging.h. Every kernel calls the same STASH_HOST_DEVICE functions the host backend
 // runs, so tests/kernels pins what the GPU does and tests/gpu compares the two byte for byte.
 //
 // A stash is three kernels, in this order, on the caller's stream:
@@ -63,7 +65,8 @@ const char* LaunchStatusName(LaunchStatus status);
 // The outcome of a CanImplement or Launch call.
 struct LaunchResult {
   LaunchStatus status = LaunchStatus::kOk;
-  int cuda_error = 0;      // the cudaError_t when status == kCudaError, else 0 (cudaSuccess)
+  int cuda_error = 0;      // when status == kCudaError: the cudaError_t (runtime launchers) or
+                           // CUresult (daemon/paging_kernels.h); else 0
   char message[256] = {};  // empty when OK; else the bad argument, or for a CUDA error the call's
                            // expression, the CUDA error string, file and line
   bool ok() const { return status == LaunchStatus::kOk; }
