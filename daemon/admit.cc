@@ -250,10 +250,6 @@ Status CheckHello(const v1::Hello& hello, v1::Backend backend, int pools) {
   if (!v1::Mode_IsValid(hello.mode())) {
     return InvalidArgumentError(UnknownEnumValue<v1::Mode>("Hello.mode", hello.mode()));
   }
-  if (hello.mode() == v1::MODE_MAPPED && backend == v1::BACKEND_CUDA) {
-    return FailedPreconditionError(
-        "mapped mode is built for the host backend only so far; use mode daemon-copy");
-  }
   STASH_RETURN_IF_ERROR(CheckTextSize(hello.label(), "Hello.label"));
   STASH_RETURN_IF_ERROR(CheckTextSize(hello.client_version(), "Hello.client_version"));
   if (hello.backend() == v1::BACKEND_UNSPECIFIED) {

@@ -521,4 +521,11 @@ std::vector<std::string> UnknownEnvWarnings(char** env) {
   return out;
 }
 
+uint64_t ChunkPages(const DaemonConfig& config) {
+  const uint64_t page = config.page_bytes;
+  if (config.chunk_bytes != 0) return config.chunk_bytes / page;
+  const uint64_t host_pages = config.host_tier_bytes / page;
+  return std::max<uint64_t>({1, config.pool_bytes / page / 32, (host_pages + 1023) / 1024});
+}
+
 }  // namespace stash::daemon

@@ -85,6 +85,11 @@ std::string UsageText();
 // `entries`. ParseCommandLine calls it; tests that build a DaemonConfig by hand call it too.
 Status ValidateConfig(DaemonConfig& config);
 
+// Pages per chunk: --chunk-bytes, or a device pool / 32 in whole pages: tens of chunks per pool.
+// At least one page, and large enough that the host tier, often much larger, stays within 1024
+// chunks. (The cuda backend rounds it up to the GPU's allocation granularity.)
+uint64_t ChunkPages(const DaemonConfig& config);
+
 }  // namespace stash::daemon
 
 #endif  // STASH_DAEMON_CONFIG_H_

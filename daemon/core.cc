@@ -69,16 +69,6 @@ StatusOr<int> PoolOfUuid(const std::vector<std::string>& uuids, const std::strin
                                  "): start stashd with that GPU visible (check "
                                  "CUDA_VISIBLE_DEVICES and the container's GPU list)");
 }
-// Pages per chunk: --chunk-bytes, or a device pool / 32 in whole pages: tens of chunks per pool.
-// At least one page, and large enough that the host tier, often much larger, stays within 1024
-// chunks.
-uint64_t ChunkPages(const DaemonConfig& config) {
-  const uint64_t page = config.page_bytes;
-  if (config.chunk_bytes != 0) return config.chunk_bytes / page;
-  const uint64_t host_pages = config.host_tier_bytes / page;
-  return std::max<uint64_t>({1, config.pool_bytes / page / 32, (host_pages + 1023) / 1024});
-}
-
 // Every chunk is a descriptor the daemon keeps open (to lease it again). Raises the soft limit
 // of open files to the hard one (systemd units get a high hard limit), then checks the chunks
 // take at most half of it: the rest is for sessions, deposits and gRPC.
@@ -150,6 +140,7 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
                                                          std::string socket_path) {
   std::unique_ptr<DaemonCore> core(new DaemonCore(config, backend, std::move(socket_path)));
   const uint64_t page = config.page_bytes;
+  const uint64_t chunk_pages = ChunkPages(config);
   std::vector<std::unique_ptr<CopyExecutor>> executors;
   if (backend == v1::BACKEND_CUDA) {
 #if defined(STASH_HAVE_CUDA)
@@ -159,17 +150,7 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
         "this stashd was built without CUDA (STASH_ENABLE_CUDA=OFF): run with --backend=host");
 #endif
   } else {
-    const uint64_t chunk_pages = ChunkPages(config);
     STASH_RETURN_IF_ERROR(CheckChunkDescriptors(config, chunk_pages));
-    if (core->max_lease_bytes_ < chunk_pages * page) {
-      // Leases come in whole chunks: a smaller quota could never grant one.
-      return InvalidArgumentError(
-          "--max-lease-bytes=" + std::to_string(config.max_lease_bytes) +
-          " is less than one chunk (" + std::to_string(chunk_pages * page) +
-          " bytes, --chunk-bytes or its default): no lease could be granted; raise it to at "
-          "least one chunk or lower --chunk-bytes");
-    }
-    core->chunk_bytes_ = chunk_pages * page;
     ChunkMemoryOptions memory;
     memory.lock = config.lock_memory;
     const std::string shmem = ShmemHugePageSetting();
@@ -222,7 +203,18 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     core->pools_.push_back(
         std::make_unique<Pool>(static_cast<int>(d), std::move(executors[d]), &core->counters_));
   }
-  if (backend != v1::BACKEND_CUDA) {
+  // Chunks as the pools cut them (a GPU rounds them up to its allocation granularity).
+  core->chunk_bytes_ = core->pools_.front()->device()->chunk_pages() * page;
+  if (core->max_lease_bytes_ < core->chunk_bytes_) {
+    // Leases come in whole chunks: a smaller quota could never grant one.
+    return InvalidArgumentError(
+        "--max-lease-bytes=" + std::to_string(config.max_lease_bytes) +
+        " is less than one chunk (" + std::to_string(core->chunk_bytes_) +
+        " bytes, --chunk-bytes or its default" +
+        (backend == v1::BACKEND_CUDA ? ", rounded up to the GPU's allocation granularity" : "") +
+        "): no lease could be granted; raise it to at least one chunk or lower --chunk-bytes");
+  }
+  {
     std::vector<Tier*> pool_tiers;
     for (const auto& pool : core->pools_) pool_tiers.push_back(pool->device());
     LeaseConfig lease;
@@ -231,11 +223,15 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     lease.max_lease_bytes = core->max_lease_bytes_;
     lease.peer_tier = config.peer_tier;
     lease.first_share_divisor = 16;
-    core->leases_ = std::make_unique<Leases>(
-        pool_tiers, core->pools_.empty() ? nullptr : core->pools_[0]->host(), lease);
+    // The cuda backend's host tier is each GPU's pinned share, which no chunk of is lent yet.
+    Tier* host =
+        backend == v1::BACKEND_CUDA || core->pools_.empty() ? nullptr : core->pools_[0]->host();
+    core->leases_ = std::make_unique<Leases>(pool_tiers, host, lease);
     DaemonCore* raw = core.get();
     core->leases_->SetActivityListener(
         [raw](const MappedActivity& activity) { raw->FoldMapped(activity); });
+  }
+  if (backend != v1::BACKEND_CUDA) {
     if (config.warm_memory) {
       std::vector<Warmer::Region> regions;
       for (const auto& tier : core->host_backend_tiers_) {

@@ -149,7 +149,7 @@ class DaemonCore {
   std::vector<std::unique_ptr<Pool>> pools_;
   std::vector<std::string> pool_uuids_;  // cuda: the 16-byte UUID of each pool's GPU
   std::vector<Tier*> tiers_;             // every tier once, pools' own first; for stats
-  std::unique_ptr<Leases> leases_;       // host backend: after the tiers it points into
+  std::unique_ptr<Leases> leases_;       // after the tiers it points into (pools own CUDA ones)
   std::unique_ptr<Warmer> warmer_;       // host backend with --warm-memory: after the tiers
 
   DaemonCounters counters_;

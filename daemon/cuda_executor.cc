@@ -14,6 +14,8 @@
 #include "common/macros.h"
 #include "common/range_allocator.h"
 #include "common/shm.h"
+#include "daemon/cuda_buffer.h"
+#include "daemon/cuda_chunk_lender.h"
 #include "daemon/paging_kernels.h"
 #include "daemon/tier.h"
 #include "stash/kernels/daemon_paging_fatbin.h"
@@ -49,83 +51,6 @@ class Current {
  private:
   const CudaDriver* driver_;
   Status status_;
-};
-
-// The exit status of a daemon whose GPU context failed (see DeviceLost).
-constexpr int kExitDeviceLost = 3;
-
-// A CUDA failure the copy path cannot recover from: a sticky context error (after which no
-// queued kernel, host callback or done write ever runs) or a launch that the validated
-// arguments should have made impossible. The pool's pages went with the context, and answering
-// the queued operations "OK" would be a lie, so stashd exits: every client's stream breaks at
-// once, the client library raises its pending done events (no trainer stream hangs) and every
-// Wait returns UNAVAILABLE; the service manager restarts the daemon.
-[[noreturn]] void DeviceLost(int device, const std::string& what) {
-  Log("copy")->critical(
-      "gpu{}: {}: the CUDA context cannot continue; stashd exits with status {} so that every "
-      "session fails fast (clients see UNAVAILABLE) and the service manager restarts it",
-      device, what, kExitDeviceLost);
-  spdlog::shutdown();  // flushes every sink
-  std::_Exit(kExitDeviceLost);
-}
-
-// Device memory (cuMemAlloc) or pinned device-mapped host memory (cuMemHostAlloc) of one
-// context, freed on destruction with that context current.
-class CudaBuffer {
- public:
-  enum class Kind { kDevice, kPinnedMapped };
-  CudaBuffer() = default;
-  CudaBuffer(const CudaBuffer&) = delete;
-  CudaBuffer& operator=(const CudaBuffer&) = delete;
-  ~CudaBuffer() {
-    if (driver_ == nullptr) return;
-    if (driver_->CtxPushCurrent(context_) != CUDA_SUCCESS) return;  // the context is gone
-    if (host_ != nullptr) LogIfError(driver_, driver_->MemFreeHost(host_), "cuMemFreeHost");
-    if (kind_ == Kind::kDevice && device_ != 0) {
-      LogIfError(driver_, driver_->MemFree(device_), "cuMemFree");
-    }
-    CUcontext popped = nullptr;
-    (void)driver_->CtxPopCurrent(&popped);
-  }
-
-  // With `context` current. `what` names the memory in the error.
-  Status Allocate(const CudaDriver* driver, CUcontext context, Kind kind, uint64_t bytes,
-                  const char* what) {
-    driver_ = driver;
-    context_ = context;
-    kind_ = kind;
-    Status st;
-    if (kind == Kind::kDevice) {
-      st = driver->Check(driver->MemAlloc(&device_, bytes), "cuMemAlloc");
-    } else {
-      st = driver->Check(
-          driver->MemHostAlloc(&host_, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
-          "cuMemHostAlloc");
-      if (st.ok()) {
-        st = driver->Check(driver->MemHostGetDevicePointer(&device_, host_, 0),
-                           "cuMemHostGetDevicePointer");
-      }
-    }
-    if (st.ok()) return st;
-    return Status(st.code(), std::string("allocating ") + what + " (" + FormatBytes(bytes) +
-                                 ") failed: " + st.message());
-  }
-
-  template <typename T>
-  T* device() const {
-    return reinterpret_cast<T*>(device_);  // NOLINT(performance-no-int-to-ptr): a device address
-  }
-  template <typename T>
-  T* host() const {
-    return static_cast<T*>(host_);
-  }
-
- private:
-  const CudaDriver* driver_ = nullptr;
-  CUcontext context_ = nullptr;
-  Kind kind_ = Kind::kDevice;
-  CUdeviceptr device_ = 0;
-  void* host_ = nullptr;
 };
 
 // A client's cudaMalloc allocation, opened through its IPC handle.
@@ -193,6 +118,7 @@ class CudaExecutor final : public CopyExecutor {
     const Current current(driver_, *context_);
     if (!current.status().ok()) return;
     LogIfError(driver_, driver_->StreamSynchronize(stream_), "cuStreamSynchronize");
+    lender_.reset();
     kernels_.reset();
     LogIfError(driver_, driver_->StreamDestroy(stream_), "cuStreamDestroy");
   }
@@ -224,7 +150,7 @@ class CudaExecutor final : public CopyExecutor {
   void MustBeCurrent(const Current& current) const {
     if (!current.status().ok()) DeviceLost(device_, current.status().message());
   }
-  kernels::CudaTier DeviceTier() const { return {d_device_ring_, pool_.device<uint8_t>()}; }
+  kernels::CudaTier DeviceTier() const { return {d_device_ring_, pool_->base()}; }
   kernels::CudaTier HostTier() const {
     if (host_tier_ == nullptr) return {};
     return {host_ring_.device<kernels::PageRing>(), host_pages_.device<uint8_t>()};
@@ -244,9 +170,10 @@ class CudaExecutor final : public CopyExecutor {
   CUstream stream_ = nullptr;
   std::unique_ptr<PagingKernels> kernels_;
   std::unique_ptr<Tier> device_tier_;
-  std::unique_ptr<Tier> host_tier_;  // null = no spill tier on this GPU
-  CudaBuffer pool_;                  // device pages
-  CudaBuffer device_ring_;           // PageRing, then the ids
+  std::unique_ptr<Tier> host_tier_;          // null = no spill tier on this GPU
+  std::unique_ptr<VmmChunkMemory> pool_;     // device pages, in chunks
+  std::unique_ptr<CudaChunkLender> lender_;  // lends pool_'s chunks to mapped sessions
+  CudaBuffer device_ring_;                   // PageRing, then the ids
   kernels::PageRing* d_device_ring_ = nullptr;
   CudaBuffer host_pages_;            // pinned, mapped
   CudaBuffer host_ring_;             // device: the host tier's PageRing, then its ids
@@ -277,7 +204,7 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
   STASH_CU_RETURN_IF_ERROR(driver, DeviceGetUuid(&e->raw_uuid_, cu_device));
   const std::string name = e->Name();
   const uint64_t page = config.page_bytes;
-  const uint64_t pages = config.pool_bytes / page;
+  uint64_t pages = config.pool_bytes / page;
   e->page_bytes_ = page;
 
   int mem_ops = 0;
@@ -318,23 +245,64 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
   }
   e->kernels_ = std::move(kernels).value();
 
-  // The pool and its ring: ids 0..pages-1, all free. The first state goes up with synchronous
+  // The pool: one VMM allocation per chunk in one reserved range (addresses never move), so one
+  // pool serves daemon-copy's ring and mapped sessions' leases. Chunks the GPU has no room for
+  // now wait, out of the ring, until Leases renews them.
+  STASH_ASSIGN_OR_RETURN(
+      e->pool_, VmmChunkMemory::Create(driver, device, "gpu" + std::to_string(device), pages * page,
+                                       ChunkPages(config) * page, page));
+  pages = e->pool_->bytes() / page;
+  std::vector<uint64_t> present;
+  std::vector<uint64_t> waiting;
+  const uint64_t chunk_pages = e->pool_->chunk_bytes() / page;
+  for (uint64_t c = 0; c < e->pool_->chunks(); ++c) {
+    const Status made = e->pool_->Ensure(c);
+    if (made.code() == StatusCode::kResourceExhausted) {
+      waiting.push_back(c);
+      continue;
+    }
+    STASH_RETURN_IF_ERROR(made);
+    const uint64_t first = c * chunk_pages;
+    for (uint64_t p = first; p < std::min(pages, first + chunk_pages); ++p) present.push_back(p);
+  }
+  if (present.empty()) {
+    return ResourceExhaustedError(name + " has no room for a single chunk of the pool (" +
+                                  FormatBytes(e->pool_->chunk_bytes()) +
+                                  "): lower --pool-bytes or --chunk-bytes, or free the GPU");
+  }
+  if (!waiting.empty()) {
+    Log("pool")->warn(
+        "{}: {} of {} chunks of the pool have no room on the GPU yet (ranks of an earlier "
+        "stashd may still map its chunks); they join the pool as memory frees",
+        name, waiting.size(), e->pool_->chunks());
+  }
+  // The ring: the present chunks' page ids, all free. The first state goes up with synchronous
   // copies; cuCtxSynchronize below waits until they landed (a pageable copy may return first).
-  STASH_RETURN_IF_ERROR(
-      e->pool_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice, pages * page, "the pool"));
-  std::vector<uint64_t> ids(std::max(pages, host_pages));
-  std::iota(ids.begin(), ids.end(), uint64_t{0});
   STASH_RETURN_IF_ERROR(e->device_ring_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
                                                  sizeof(kernels::PageRing) + pages * 8,
                                                  "the pool's ring"));
   e->d_device_ring_ = e->device_ring_.device<kernels::PageRing>();
   auto* d_ids = reinterpret_cast<uint64_t*>(e->d_device_ring_ + 1);
-  const kernels::PageRing ring{d_ids, pages, 0, pages};
+  const kernels::PageRing ring{d_ids, pages, 0, present.size()};
   STASH_CU_RETURN_IF_ERROR(
       driver, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(e->d_device_ring_), &ring, sizeof(ring)));
-  STASH_CU_RETURN_IF_ERROR(driver,
-                           MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_ids), ids.data(), pages * 8));
-  e->device_tier_ = Tier::CreateAccounting("gpu" + std::to_string(device), device, page, pages);
+  STASH_CU_RETURN_IF_ERROR(
+      driver, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_ids), present.data(), present.size() * 8));
+  e->device_tier_ =
+      Tier::CreateAccounting("gpu" + std::to_string(device), device, page, pages, chunk_pages);
+  CudaChunkLender::Pool lent;
+  lent.driver = driver;
+  lent.context = e->context_.get();
+  lent.stream = e->stream_;
+  lent.kernels = e->kernels_.get();
+  lent.d_ring = e->d_device_ring_;
+  lent.memory = e->pool_.get();
+  lent.tier = e->device_tier_.get();
+  lent.gpu_uuid.assign(reinterpret_cast<const char*>(e->raw_uuid_.bytes), 16);
+  STASH_ASSIGN_OR_RETURN(e->lender_, CudaChunkLender::Create(lent, std::move(waiting)));
+  e->device_tier_->SetLender(e->lender_.get());
+  std::vector<uint64_t> ids(host_pages);
+  std::iota(ids.begin(), ids.end(), uint64_t{0});
 
   // This GPU's share of the host tier: pinned, mapped pages. Its ring lives in device memory:
   // the copy kernels read a page id per chunk and would otherwise read them across PCIe.
@@ -630,6 +598,16 @@ void CudaExecutor::Reload(const ReloadWork& work, Then then) {
 }
 
 }  // namespace
+
+void DeviceLost(int device, const std::string& what) {
+  constexpr int kExitDeviceLost = 3;
+  Log("copy")->critical(
+      "gpu{}: {}: the CUDA context cannot continue; stashd exits with status {} so that every "
+      "session fails fast (clients see UNAVAILABLE) and the service manager restarts it",
+      device, what, kExitDeviceLost);
+  spdlog::shutdown();  // flushes every sink
+  std::_Exit(kExitDeviceLost);
+}
 
 StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
     const DaemonConfig& config, const CudaDriver* driver, std::vector<std::string>* uuids) {

@@ -33,6 +33,14 @@ namespace stash::daemon {
 // the driver table to use (nullptr: CudaDriver::Get(), the node's libcuda; tests pass the
 // stand-in), borrowed for the executors' life. Errors name the GPU and the knob to change (e.g.
 // --pool-bytes larger than the GPU's free memory).
+// A CUDA failure the copy path cannot recover from on GPU `device` (an ordinal of stashd): a
+// sticky context error (after which no queued kernel, host callback or done write ever runs) or
+// a launch that validated arguments should have made impossible. The pool's pages went with the
+// context, and answering the queued operations "OK" would be a lie, so stashd exits with status 3:
+// every client's stream breaks at once, the client library raises its pending done events (no
+// trainer stream hangs) and every Wait returns UNAVAILABLE; the service manager restarts it.
+[[noreturn]] void DeviceLost(int device, const std::string& what);
+
 StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
     const DaemonConfig& config, const CudaDriver* driver, std::vector<std::string>* uuids);
 

@@ -68,7 +68,16 @@ Leases::Leases(std::vector<Tier*> pools, Tier* host, LeaseConfig config)
   STASH_CHECK(wake_.valid()) << "eventfd: " << std::strerror(errno);
   {
     MutexLock lock(&mu_);
-    for (Tier* tier : tiers_) chunks_.emplace_back(tier->chunks());
+    for (size_t t = 0; t < tiers_.size(); ++t) {
+      chunks_.emplace_back(tiers_[t]->chunks());
+      ChunkLender* lender = tiers_[t]->lender();
+      if (lender == nullptr) continue;
+      // Chunks without memory yet: out of every ring, renewed by the reaper until they have it.
+      for (uint64_t c : lender->Waiting()) {
+        chunks_[t][c].state = State::kOrphaned;
+        renew_.emplace_back(t, c);
+      }
+    }
   }
   for (Tier* tier : tiers_) {
     FairShare::Spec spec;
@@ -278,11 +287,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
       // ranks that start together each get room and a lone rank most of its pool. Steps then
       // size it to demand; a rank holding more than it needs gives back when asked.
       Tier* pool = tiers_[static_cast<size_t>(h->pool)];
-      uint64_t free_pages = 0;
-      {
-        MutexLock tier_lock(&pool->mu());
-        free_pages = pool->WhollyFreeChunks().size() * chunk_pages_;
-      }
+      const uint64_t free_pages = pool->chunks_free() * chunk_pages_;
       const uint64_t want = std::min(RoundUp(quota_pages_, chunk_pages_),
                                      std::max(chunk_pages_, RoundUp(free_pages / 2, chunk_pages_)));
       grow(kDevice, want);
@@ -390,27 +395,29 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
   for (size_t source : sources) {
     if (held >= target || budget == 0) break;
     Tier* tier = tiers_[source];
-    std::vector<uint64_t> take;
-    std::vector<bool> written;
+    ChunkLender* lender = tier->lender();
+    if (lender == nullptr) continue;
     // The user's fair share of this tier's chunks (daemon/fair_share.h).
     const uint64_t share = shares_[source]->Headroom(h.uid);
-    {
-      MutexLock tier_lock(&tier->mu());
-      const std::vector<uint64_t> free = tier->WhollyFreeChunks();
-      uint64_t free_left = free.size();
-      for (uint64_t c : free) {
-        if (held >= target || take.size() >= share) break;
-        if (parts->size() + take.size() >= max_chunks) break;
-        const uint64_t pages = tier->ChunkPages(c);
-        if (pages > budget) break;
-        // A pool lends to peers only while it keeps more than half its chunks free.
-        if (lease_tier == kPeer && (free_left - 1) * 2 <= tier->chunks()) break;
-        take.push_back(c);
-        held += pages;
-        budget -= pages;
-        --free_left;
-      }
-      tier->TakeChunks(take, &written);
+    uint64_t chosen = 0;
+    uint64_t chosen_pages = 0;
+    auto taken = lender->Take([&](uint64_t c, uint64_t free_left) {
+      if (held + chosen_pages >= target || chosen >= share) return false;
+      if (parts->size() + chosen >= max_chunks) return false;
+      const uint64_t pages = tier->ChunkPages(c);
+      if (chosen_pages + pages > budget) return false;
+      // A pool lends to peers only while it keeps more than half its chunks free.
+      if (lease_tier == kPeer && (free_left - 1) * 2 <= tier->chunks()) return false;
+      ++chosen;
+      chosen_pages += pages;
+      return true;
+    });
+    if (!taken.ok()) return taken.status();
+    const std::vector<ChunkLender::Taken>& take = *taken;
+    for (const ChunkLender::Taken& t : take) {
+      const uint64_t pages = tier->ChunkPages(t.chunk);
+      held += pages;
+      budget -= pages;
     }
     // Within the headroom read above, under mu_: nothing else takes from this share meanwhile.
     STASH_CHECK(shares_[source]->Take(h.uid, take.size()).ok()) << "fair share moved under mu_";
@@ -425,12 +432,12 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
       }
     }
     for (size_t i = 0; i < take.size(); ++i) {
-      Status handed = Hand(h, lease_tier, source, take[i], written[i], parts);
+      Status handed = Hand(h, lease_tier, source, take[i].chunk, take[i].written, parts);
       if (!handed.ok()) {
-        // Hand put its own chunk back; the ones not handed yet go back too.
+        // Hand put its own chunk back (or left it waiting for memory); the ones not handed yet
+        // go back too.
         shares_[source]->Give(h.uid, take.size() - i);
-        MutexLock tier_lock(&tier->mu());
-        for (size_t j = i + 1; j < take.size(); ++j) tier->ReturnChunk(take[j]);
+        for (size_t j = i + 1; j < take.size(); ++j) lender->Return(take[j].chunk);
         return handed;
       }
     }
@@ -441,21 +448,24 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
 Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, bool written,
                     std::vector<DescriptorPart>* parts) {
   Chunk& c = chunks_[tier][chunk];
-  ChunkMemory* memory = tiers_[tier]->chunk_memory();
+  ChunkLender* lender = tiers_[tier]->lender();
   if (written) {
     // Daemon-copy stashes of any user may have left bytes here.
-    Status renewed = memory->Renew(chunk);
+    Status renewed = lender->Renew(chunk);
     if (!renewed.ok()) {
-      MutexLock tier_lock(&tiers_[tier]->mu());
-      tiers_[tier]->ReturnChunk(chunk);
+      // Out of every ring until it has fresh memory (its old memory may be gone): the reaper
+      // renews it again.
+      c.state = State::kOrphaned;
+      c.holder.clear();
+      renew_.emplace_back(tier, chunk);
+      Wake();
       return renewed;
     }
   }
-  UniqueFd fd = Dup(memory->fd(chunk));
-  if (!fd.valid()) {
-    MutexLock tier_lock(&tiers_[tier]->mu());
-    tiers_[tier]->ReturnChunk(chunk);
-    return ErrnoStatus("dup of a chunk's memfd");
+  auto fd = lender->Export(chunk);
+  if (!fd.ok()) {
+    lender->Return(chunk);
+    return fd.status();
   }
   c.state = State::kLeased;
   c.holder = h.session_id;
@@ -467,8 +477,9 @@ Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chun
   leased->set_chunk_id(id);
   leased->set_tier(ProtoTier(lease_tier));
   leased->set_pool(tiers_[tier]->pool());
-  leased->set_bytes(memory->ChunkBytes(chunk));
-  parts->push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), packet), std::move(fd)});
+  leased->set_bytes(lender->ChunkBytes(chunk));
+  leased->set_gpu_uuid(lender->gpu_uuid());
+  parts->push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), packet), std::move(fd).value()});
   return Status::Ok();
 }
 
@@ -550,7 +561,8 @@ void Leases::PutBack(uint64_t tier, uint64_t chunk, uint32_t uid) {
 }
 
 bool Leases::Renew(uint64_t tier, uint64_t chunk, bool retry) {
-  Status renewed = tiers_[tier]->chunk_memory()->Renew(chunk);
+  ChunkLender* lender = tiers_[tier]->lender();
+  Status renewed = lender->Renew(chunk);
   if (!renewed.ok()) {
     // The holder's memory may still be reachable: it must not go back to the ring yet.
     if (retry) return false;  // said once, when it first failed
@@ -565,8 +577,7 @@ bool Leases::Renew(uint64_t tier, uint64_t chunk, bool retry) {
                       tiers_[tier]->name());
   }
   chunks_[tier][chunk].state = State::kPooled;
-  MutexLock tier_lock(&tiers_[tier]->mu());
-  tiers_[tier]->ReturnChunk(chunk);
+  lender->Return(chunk);
   return true;
 }
 

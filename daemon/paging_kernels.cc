@@ -11,9 +11,10 @@ StatusOr<std::unique_ptr<PagingKernels>> PagingKernels::Load(const CudaDriver* d
   std::unique_ptr<PagingKernels> k(new PagingKernels(driver));
   STASH_CU_RETURN_IF_ERROR(driver, ModuleLoadData(&k->module_, fatbin));
   const char* const names[kFunctions] = {
-      kernels::kDaemonStashPlanKernel, kernels::kDaemonStashCopyKernel,
-      kernels::kDaemonStashPublishKernel, kernels::kDaemonReloadPopKernel,
-      kernels::kDaemonReloadPublishKernel};
+      kernels::kDaemonStashPlanKernel,     kernels::kDaemonStashCopyKernel,
+      kernels::kDaemonStashPublishKernel,  kernels::kDaemonReloadPopKernel,
+      kernels::kDaemonReloadPublishKernel, kernels::kDaemonTakeChunksKernel,
+      kernels::kDaemonReturnChunkKernel};
   for (int f = 0; f < kFunctions; ++f) {
     const Status found = driver->Check(
         driver->ModuleGetFunction(&k->functions_[f], k->module_, names[f]), "cuModuleGetFunction");
@@ -70,6 +71,16 @@ kernels::LaunchResult PagingKernels::Reload(const kernels::ReloadLaunch& args,
     result = Launch(kReloadPublish, 1, 1, stream, &args, "cuLaunchKernel(reload publish)");
   }
   return result;
+}
+
+kernels::LaunchResult PagingKernels::TakeChunks(const kernels::ChunkRingLaunch& args,
+                                                CUstream stream) const {
+  return Launch(kTake, 1, 1, stream, &args, "cuLaunchKernel(take chunks)");
+}
+
+kernels::LaunchResult PagingKernels::ReturnChunk(const kernels::ChunkRingLaunch& args,
+                                                 CUstream stream) const {
+  return Launch(kReturn, 1, 1, stream, &args, "cuLaunchKernel(return chunk)");
 }
 
 }  // namespace stash::daemon

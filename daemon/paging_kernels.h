@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "common/cuda_driver.h"
+#include "stash/kernels/daemon_paging.h"
 #include "stash/kernels/paging_cuda.h"
 #include "stash/status.h"
 
@@ -33,11 +34,15 @@ class PagingKernels {
   // the CUresult in cuda_error and the call named in the message.
   kernels::LaunchResult Stash(const kernels::StashLaunch& args, CUstream stream) const;
   kernels::LaunchResult Reload(const kernels::ReloadLaunch& args, CUstream stream) const;
+  // Lending chunks (daemon_paging.h's ChunkRingLaunch): one thread each, on `stream`.
+  kernels::LaunchResult TakeChunks(const kernels::ChunkRingLaunch& args, CUstream stream) const;
+  kernels::LaunchResult ReturnChunk(const kernels::ChunkRingLaunch& args, CUstream stream) const;
 
  private:
-  enum Function { kPlan, kCopy, kPublish, kPop, kReloadPublish, kFunctions };
+  enum Function { kPlan, kCopy, kPublish, kPop, kReloadPublish, kTake, kReturn, kFunctions };
   explicit PagingKernels(const CudaDriver* driver) : driver_(driver) {}
-  // One launch of `function` with `args` (a StashLaunch or ReloadLaunch) as its one parameter.
+  // One launch of `function` with `args` (a StashLaunch, ReloadLaunch or ChunkRingLaunch) as its
+  // one parameter.
   kernels::LaunchResult Launch(Function function, unsigned blocks, unsigned threads,
                                CUstream stream, const void* args, const char* what) const;
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/chunk_lender.h"
 #include "daemon/chunk_memory.h"
 #include "stash/kernels/paging.h"
 #include "stash/status.h"
@@ -30,9 +31,10 @@ struct TierSnapshot {
 };
 
 // A host-backend tier owns its memory (allocated once: addresses never move) and its page ring;
-// ring operations and the copies that read the ring happen under `mu`. A CUDA tier's memory and
-// ring live on the device (cuda_executor.cc), and this object only keeps its accounting, updated
-// when the stream's work finished. Counters are atomics so stats never wait behind a copy.
+// ring operations and the copies that read the ring happen under `mu`, and it lends its chunks
+// itself (lender()). A CUDA tier's memory and ring live on the device (cuda_executor.cc), and
+// this object only keeps its accounting, updated when the stream's work finished; the executor
+// lends its chunks (SetLender). Counters are atomics so stats never wait behind a copy.
 class Tier {
  public:
   // A host-backend tier. `pool` is the device pool index, or -1 for the host tier. `pages` > 0.
@@ -43,9 +45,11 @@ class Tier {
                                                 uint64_t pages, uint64_t chunk_pages = 0,
                                                 const ChunkMemoryOptions& memory = {});
   // The accounting of a tier whose memory and ring live elsewhere (base() is null, ring() must
-  // not be used).
+  // not be used). `chunk_pages` > 0: its memory is cut into chunks of that many pages (the last
+  // may be shorter), which a lender set with SetLender lends.
   static std::unique_ptr<Tier> CreateAccounting(std::string name, int pool, uint64_t page_bytes,
-                                                uint64_t pages);
+                                                uint64_t pages, uint64_t chunk_pages = 0);
+  ~Tier();
 
   Tier(const Tier&) = delete;
   Tier& operator=(const Tier&) = delete;
@@ -56,14 +60,24 @@ class Tier {
   uint64_t pages() const { return pages_; }
   uint8_t* base() const { return memory_ != nullptr ? memory_->base() : nullptr; }
 
-  // Chunks (mapped mode): none on an accounting-only tier.
+  // Chunks (mapped mode). A host-backend tier's memory; null on an accounting-only tier.
   ChunkMemory* chunk_memory() const { return memory_.get(); }
   uint64_t chunk_pages() const { return chunk_pages_; }
-  uint64_t chunks() const { return memory_ != nullptr ? memory_->chunks() : 0; }
+  uint64_t chunks() const {
+    return chunk_pages_ == 0 ? 0 : (pages_ + chunk_pages_ - 1) / chunk_pages_;
+  }
   // Pages of chunk `chunk` (< chunks()).
   uint64_t ChunkPages(uint64_t chunk) const;
-  // Chunks whose every page is free in the daemon-copy ring now (leasable), for stats.
+  // Chunks whose every page is free in the daemon-copy ring (leasable), for stats and sizing
+  // first leases: now on a host-backend tier; on a CUDA tier, as the lender last saw the
+  // device's ring (SetChunksFree).
   uint64_t chunks_free() const { return chunks_free_.load(std::memory_order_relaxed); }
+  void SetChunksFree(uint64_t chunks) { chunks_free_.store(chunks, std::memory_order_relaxed); }
+  // Who lends this tier's chunks to mapped sessions: the tier itself (host backend), the
+  // lender set with SetLender (CUDA), or null (no chunks).
+  ChunkLender* lender() const { return lender_; }
+  // For an accounting-only tier with chunks; `lender` outlives the tier's use by Leases.
+  void SetLender(ChunkLender* lender) { lender_ = lender; }
 
   Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   kernels::PageRing& ring() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ring_; }
@@ -77,6 +91,10 @@ class Tier {
   // arrived, or left.
   void AccountAlloc(uint64_t pages, uint64_t bytes);
   void AccountFree(uint64_t pages, uint64_t bytes);
+  // Accounting only: whole chunks of `pages` pages left the ring (leased, or waiting for memory),
+  // or came back to it.
+  void AccountTaken(uint64_t pages) { AddUsed(pages); }
+  void AccountReturned(uint64_t pages) { pages_used_.fetch_sub(pages, std::memory_order_relaxed); }
 
   // Chunk ring functions (mapped mode), under mu(). Which chunks are in the ring with every
   // page free, in chunk order: O(chunks), from per-chunk counts kept by PublishAlloc/Free.
@@ -97,6 +115,7 @@ class Tier {
   TierSnapshot Snapshot() const;
 
  private:
+  class HostLender;
   Tier(std::string name, int pool, uint64_t page_bytes, uint64_t pages, uint64_t chunk_pages,
        std::unique_ptr<ChunkMemory> memory);
   void AddUsed(uint64_t pages);
@@ -110,7 +129,9 @@ class Tier {
   const uint64_t pages_;
   const uint64_t chunk_pages_;  // 0 on an accounting-only tier
   const std::unique_ptr<ChunkMemory> memory_;
-  std::vector<uint64_t> ids_;  // the ring's storage; touched only under mu_
+  std::vector<uint64_t> ids_;               // the ring's storage; touched only under mu_
+  std::unique_ptr<HostLender> own_lender_;  // a host-backend tier's
+  ChunkLender* lender_ = nullptr;
 
   Mutex mu_;
   kernels::PageRing ring_ ABSL_GUARDED_BY(mu_);

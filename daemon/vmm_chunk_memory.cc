@@ -46,10 +46,9 @@ StatusOr<std::unique_ptr<VmmChunkMemory>> VmmChunkMemory::Create(
   STASH_ASSIGN_OR_RETURN(const std::string missing, MissingChunkSupport(driver, device));
   if (!missing.empty()) {
     return FailedPreconditionError(
-        gpu + " supports no " + missing + ", which mapped mode's chunks of pool " + label +
-        " need (VMM allocations handed to ranks as file descriptors): run the ranks on this GPU "
-        "in mode daemon-copy (Options.mode, stashd.connect(mode=\"daemon-copy\")), or use a "
-        "driver and a GPU setup (not every vGPU or MIG configuration) that offer both");
+        gpu + " supports no " + missing + ", which the chunks of pool " + label +
+        " need (VMM allocations, handed to mapped ranks as file descriptors): use a driver and a "
+        "GPU setup (not every vGPU or MIG configuration) that offer both, or --backend=host");
   }
 
   STASH_ASSIGN_OR_RETURN(PrimaryContext context, PrimaryContext::Retain(driver, device));
@@ -77,7 +76,8 @@ StatusOr<std::unique_ptr<VmmChunkMemory>> VmmChunkMemory::Create(
   if (rounded_bytes == 0) {
     return InvalidArgumentError("VMM pool " + label + " of " + FormatBytes(bytes) +
                                 " is less than one allocation granularity of " + gpu + " (" +
-                                FormatBytes(g) + ") or one page (" + FormatBytes(page_bytes) + ")");
+                                FormatBytes(g) + ") or one page (" + FormatBytes(page_bytes) +
+                                "): raise --pool-bytes to at least " + FormatBytes(unit));
   }
   // One range for the whole pool, reserved once and never moved: the daemon-copy ring and
   // every page id address it.

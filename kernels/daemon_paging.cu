@@ -50,3 +50,13 @@ extern "C" __global__ void stash_daemon_reload_pop(ReloadLaunch a) {
 extern "C" __global__ void stash_daemon_reload_publish(ReloadLaunch a) {
   stash::kernels::PublishReloadLaunch(a);
 }
+
+// One thread: take the asked chunks that are wholly free out of the pool's ring (leasing).
+extern "C" __global__ void stash_daemon_take_chunks(stash::kernels::ChunkRingLaunch a) {
+  stash::kernels::TakeChunksLaunch(a);
+}
+
+// One thread: a chunk's ids back at the ring's tail (a lease returned).
+extern "C" __global__ void stash_daemon_return_chunk(stash::kernels::ChunkRingLaunch a) {
+  stash::kernels::ReturnChunkLaunch(a);
+}

@@ -13,6 +13,7 @@
 
 namespace {
 
+using stash::kernels::ChunkRingLaunch;
 using stash::kernels::MappedReloadArgs;
 using stash::kernels::MappedRingArgs;
 using stash::kernels::MappedStashArgs;
@@ -49,6 +50,8 @@ struct RegisterProjectTwins {
     Register<StashLaunch, k::PublishStashLaunch>(k::kDaemonStashPublishKernel);
     Register<ReloadLaunch, k::ReloadPopSerial>(k::kDaemonReloadPopKernel);
     Register<ReloadLaunch, k::PublishReloadLaunch>(k::kDaemonReloadPublishKernel);
+    Register<ChunkRingLaunch, k::TakeChunksLaunch>(k::kDaemonTakeChunksKernel);
+    Register<ChunkRingLaunch, k::ReturnChunkLaunch>(k::kDaemonReturnChunkKernel);
   }
 };
 

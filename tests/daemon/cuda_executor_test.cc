@@ -216,13 +216,13 @@ TEST_F(CudaExecutorTest, StashesFillThePoolSpillThenOverflowAndReloadByteExact) 
 // Without host spill a stash that does not fit the pool overflows; a fence's continuation runs
 // after the work before it.
 TEST_F(CudaExecutorTest, WithoutHostSpillAStashThatDoesNotFitOverflowsAndFencesKeepOrder) {
-  Start(1 * kMiB, 4 * kMiB);
-  std::vector<uint8_t> bytes(2 * kMiB, 7);
+  Start(2 * kMiB, 4 * kMiB);
+  std::vector<uint8_t> bytes(3 * kMiB, 7);
   uint8_t* src = DeviceBytes(bytes);
   StashRecord record;
-  Stash(&record, src, 2, kMiB, 1, /*allow_host_spill=*/false);
+  Stash(&record, src, 3, kMiB, 1, /*allow_host_spill=*/false);
   EXPECT_EQ(record.plan.placement, Placement::kOverflow);
-  Stash(&record, src, 2, kMiB, 2, /*allow_host_spill=*/true);
+  Stash(&record, src, 3, kMiB, 2, /*allow_host_spill=*/true);
   EXPECT_EQ(record.plan.placement, Placement::kHost);
 
   // A raise is a write on the copy stream: it lands once the stream got there, before any
@@ -247,9 +247,9 @@ TEST_F(CudaExecutorTest, WithoutHostSpillAStashThatDoesNotFitOverflowsAndFencesK
 
 // What the cuda backend refuses, each with what to change: CUDA IPC memory the stand-in cannot
 // open (a node whose client and daemon cannot share memory), a handle of the wrong size, memory
-// of another GPU, and a pool larger than the GPU's free memory.
+// of another GPU, a pool larger than the GPU's free memory, and one smaller than a chunk can be.
 TEST_F(CudaExecutorTest, RefusalsSayWhatToChange) {
-  Start(1 * kMiB, 0);
+  Start(2 * kMiB, 0);
   EXPECT_EQ(executor_->host_tier(), nullptr);
   v1::RegisterMemory reg;
   reg.set_kind(v1::MEMORY_KIND_CUDA_IPC);
@@ -290,6 +290,17 @@ TEST_F(CudaExecutorTest, RefusalsSayWhatToChange) {
   EXPECT_NE(big.status().message().find("lower --pool-bytes"), std::string::npos)
       << big.status().message();
   EXPECT_NE(big.status().message().find("gpu0 (GPU-"), std::string::npos) << big.status().message();
+
+  // The stand-in's GPU, like an H100, allocates in units of 2 MiB.
+  config.pool_bytes = kMiB;
+  auto small = CreateCudaExecutors(config, d_, &uuids);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.status().message().find("granularity"), std::string::npos)
+      << small.status().message();
+  EXPECT_NE(small.status().message().find("raise --pool-bytes to at least 2 MiB"),
+            std::string::npos)
+      << small.status().message();
 }
 
 // One executor per visible GPU, in device order, each with its own UUID and its share of the

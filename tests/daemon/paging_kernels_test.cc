@@ -376,7 +376,8 @@ TEST(DaemonPagingFatbin, HoldsEveryKernelTheDaemonLaunches) {
   ASSERT_GT(image.size(), 1024u);
   for (const char* name : {kernels::kDaemonStashPlanKernel, kernels::kDaemonStashCopyKernel,
                            kernels::kDaemonStashPublishKernel, kernels::kDaemonReloadPopKernel,
-                           kernels::kDaemonReloadPublishKernel}) {
+                           kernels::kDaemonReloadPublishKernel, kernels::kDaemonTakeChunksKernel,
+                           kernels::kDaemonReturnChunkKernel}) {
     // NUL-terminated in the ELF string table of the machine code, and as ".entry name" in PTX.
     EXPECT_NE(image.find(std::string(name) + '\0'), std::string::npos) << name;
   }

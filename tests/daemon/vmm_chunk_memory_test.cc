@@ -107,7 +107,7 @@ TEST(VmmChunkMemory, NamesItsGpuByUuidTheWayNvidiaSmiDoes) {
             StatusCode::kNotFound);
 }
 
-TEST(VmmChunkMemory, RefusesAGpuWithoutVmmNamingItAndDaemonCopyMode) {
+TEST(VmmChunkMemory, RefusesAGpuWithoutVmmNamingItAndTheWayOut) {
   const CudaDriver* d = Standin::Reset({{"STASH_STANDIN_NO_VMM", "1"}});
   auto uuid = GpuUuid(d, 0);
   ASSERT_TRUE(uuid.ok());
@@ -116,7 +116,7 @@ TEST(VmmChunkMemory, RefusesAGpuWithoutVmmNamingItAndDaemonCopyMode) {
   const std::string& why = memory.status().message();
   EXPECT_NE(why.find("GPU 0 (" + *uuid + ")"), std::string::npos) << why;
   EXPECT_NE(why.find("virtual memory management"), std::string::npos) << why;
-  EXPECT_NE(why.find("daemon-copy"), std::string::npos) << why;
+  EXPECT_NE(why.find("--backend=host"), std::string::npos) << why;
 }
 
 TEST(VmmChunkMemory, RefusesAGpuWithoutPosixFdHandles) {
@@ -127,7 +127,7 @@ TEST(VmmChunkMemory, RefusesAGpuWithoutPosixFdHandles) {
   EXPECT_NE(why.find("GPU 1 ("), std::string::npos) << why;
   EXPECT_NE(why.find("POSIX file descriptors"), std::string::npos) << why;
   EXPECT_EQ(why.find("virtual memory management"), std::string::npos) << why;
-  EXPECT_NE(why.find("daemon-copy"), std::string::npos) << why;
+  EXPECT_NE(why.find("--backend=host"), std::string::npos) << why;
 }
 
 TEST(VmmChunkMemory, CreatesChunksOnlyWhenEnsured) {

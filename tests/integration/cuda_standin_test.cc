@@ -79,21 +79,22 @@ class CudaStandin : public ::testing::Test {
 // and every stored stash reloads byte-exact; the other GPU's pool stays untouched, and every
 // page is free again after.
 TEST_F(CudaStandin, StashesFillTheGpuPoolSpillAndReloadByteExact) {
-  StartDaemon({"--pool-bytes=1MiB", "--host-tier-bytes=1MiB"});  // 16 pages a GPU, 8 on the host
+  // 32 pages a GPU (one chunk: the GPU's allocation granularity is 2 MiB), 16 on the host.
+  StartDaemon({"--pool-bytes=2MiB", "--host-tier-bytes=2MiB"});
   auto client = Connect(/*device=*/1);
   ASSERT_NE(client, nullptr);
 
   std::vector<std::unique_ptr<HostBuffer>> sources;
   std::vector<Completion> done;
   for (uint32_t i = 0; i < 4; ++i) {
-    sources.push_back(Buffer(6 * kPage, 40 + i));  // 384 KiB: 6 pages each
-    auto c = client->Wait(*client->Stash(Args(*sources.back(), kPage, 6)));
+    sources.push_back(Buffer(12 * kPage, 40 + i));  // 768 KiB: 12 pages each
+    auto c = client->Wait(*client->Stash(Args(*sources.back(), kPage, 12)));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     done.push_back(*c);
   }
   EXPECT_EQ(done[0].tier, Tier::kDevice);
   EXPECT_EQ(done[1].tier, Tier::kDevice);
-  EXPECT_EQ(done[2].tier, Tier::kHost);  // 12 of 16 pool pages taken; 6 of 8 host pages
+  EXPECT_EQ(done[2].tier, Tier::kHost);  // 24 of 32 pool pages taken; 12 of 16 host pages
   EXPECT_EQ(done[3].tier, Tier::kOverflow);
 
   const v1::GetStatsResponse stats = testing::DaemonStats(daemon_->socket());
@@ -104,15 +105,15 @@ TEST_F(CudaStandin, StashesFillTheGpuPoolSpillAndReloadByteExact) {
     if (t.name() == "gpu1") gpu1 = t.pages_used();
   }
   EXPECT_EQ(gpu0, 0u) << "device 1's client stays off GPU 0's pool";
-  EXPECT_EQ(gpu1, 12u);
+  EXPECT_EQ(gpu1, 24u);
   EXPECT_NE(daemon_->process().Stderr().find("gpu1 (GPU-"), std::string::npos)
       << "the log names each pool's GPU by UUID";
 
   for (int i : {2, 0, 1}) {
-    auto dst = Buffer(6 * kPage);
+    auto dst = Buffer(12 * kPage);
     ReloadArgs r{done[static_cast<size_t>(i)].ticket, dst.get(), 0, false, {}, {}};
     ASSERT_TRUE(client->Wait(*client->Reload(r)).ok()) << "stash " << i;
-    EXPECT_EQ(std::memcmp(dst->data(), sources[static_cast<size_t>(i)]->data(), 6 * kPage), 0)
+    EXPECT_EQ(std::memcmp(dst->data(), sources[static_cast<size_t>(i)]->data(), 12 * kPage), 0)
         << "stash " << i;
   }
   EXPECT_EQ(PagesUsed(testing::DaemonStats(daemon_->socket())), 0u);

@@ -27,6 +27,7 @@
 #include "stash/v1/stash.grpc.pb.h"
 #include "tests/integration/daemon_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/raw_lease.h"
 
 namespace stash::testing {
 namespace {
@@ -45,117 +46,9 @@ std::vector<std::string> Flags() {
 #define ASSERT_READY(daemon) \
   ASSERT_TRUE((daemon).Ready()) << "stashd did not start: " << (daemon).process().Stderr()
 
-// One raw session on the gRPC socket, welcomed, saying Hello for process `pid`.
-class RawSession {
- public:
-  RawSession(const std::string& socket, int64_t pid, v1::Mode mode)
-      : stub_(v1::StashService::NewStub(
-            grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()))) {
-    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60 * TimeScale()));
-    stream_ = stub_->Session(&ctx_);
-    v1::SessionRequest hello;
-    hello.mutable_hello()->set_backend(v1::BACKEND_HOST);
-    hello.mutable_hello()->set_pid(pid);
-    hello.mutable_hello()->set_mode(mode);
-    hello.mutable_hello()->set_client_version("mapped-lease-test");
-    v1::SessionResponse r;
-    if (stream_->Write(hello) && stream_->Read(&r) && r.has_welcome()) welcome_ = r.welcome();
-  }
-  ~RawSession() { Close(); }
-  void Close() {
-    if (closed_) return;
-    closed_ = true;
-    stream_->WritesDone();
-    v1::SessionResponse r;
-    while (stream_->Read(&r)) {
-    }
-    (void)stream_->Finish();
-  }
-  const v1::Welcome& welcome() const { return welcome_; }
-  v1::SessionResponse Call(v1::SessionRequest request) {
-    request.set_request_id(++next_id_);
-    v1::SessionResponse r;
-    if (!stream_->Write(request) || !stream_->Read(&r)) r.set_code(-1);
-    return r;
-  }
-
- private:
-  std::unique_ptr<v1::StashService::Stub> stub_;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
-  v1::Welcome welcome_;
-  uint64_t next_id_ = 0;
-  bool closed_ = false;
-};
-
 v1::TierStats Gpu0(const std::string& socket) {
   const v1::GetStatsResponse stats = DaemonStats(socket);
   return stats.tiers_size() > 0 ? stats.tiers(0) : v1::TierStats();
-}
-
-UniqueFd Connect(const std::string& path) {
-  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) fd.reset();
-  return fd;
-}
-
-// What one LeaseChunks brought, as a client reads it: packets until one without `more`.
-struct Lease {
-  v1::DescriptorResponse last;
-  std::vector<uint64_t> ids;
-  std::vector<UniqueFd> chunks;
-  UniqueFd control;
-  bool control_first = false;
-};
-
-Lease AskLease(int c, const std::string& session_id, const std::string& secret,
-               uint64_t device_pages) {
-  Lease lease;
-  lease.last.set_code(-1);
-  v1::DescriptorRequest request;
-  request.set_session_id(session_id);
-  request.set_session_secret(secret);
-  v1::TierPages* want = request.mutable_lease_chunks()->add_want();
-  want->set_tier(v1::TIER_DEVICE);
-  want->set_pages(device_pages);
-  if (!SendPacket(c, request.SerializeAsString(), {}).ok()) return lease;
-  while (true) {
-    if (!WaitReadable(c, 10000 * TimeScale()).ok()) return lease;
-    auto packet = ReceivePacket(c);
-    if (!packet.ok()) return lease;
-    v1::DescriptorResponse r;
-    if (!r.ParseFromString(packet->bytes)) return lease;
-    if (!r.more()) {
-      lease.last = r;
-      return lease;
-    }
-    if (packet->fds.size() != 1) return lease;
-    if (r.has_control_block()) {
-      lease.control_first = lease.chunks.empty();
-      lease.control = std::move(packet->fds[0]);
-    } else {
-      lease.ids.push_back(r.chunk().chunk_id());
-      lease.chunks.push_back(std::move(packet->fds[0]));
-    }
-  }
-}
-
-int AskReturn(int c, const std::string& session_id, const std::string& secret,
-              const std::vector<uint64_t>& ids, const std::string& ended_session = "") {
-  v1::DescriptorRequest request;
-  request.set_session_id(session_id);
-  request.set_session_secret(secret);
-  for (uint64_t id : ids) request.mutable_return_chunks()->add_chunk_ids(id);
-  if (!ended_session.empty()) request.mutable_return_chunks()->set_ended_session_id(ended_session);
-  if (!SendPacket(c, request.SerializeAsString(), {}).ok()) return -1;
-  if (!WaitReadable(c, 10000 * TimeScale()).ok()) return -1;
-  auto packet = ReceivePacket(c);
-  v1::DescriptorResponse r;
-  if (!packet.ok() || !r.ParseFromString(packet->bytes)) return -1;
-  return r.code() == 0 && r.chunks_returned() != ids.size() ? -2 : r.code();
 }
 
 // A forked process that holds chunks: it waits for the session's id and secret, leases

@@ -24,6 +24,8 @@ inline constexpr const char* kDaemonStashCopyKernel = "stash_daemon_stash_copy";
 inline constexpr const char* kDaemonStashPublishKernel = "stash_daemon_stash_publish";
 inline constexpr const char* kDaemonReloadPopKernel = "stash_daemon_reload_pop";
 inline constexpr const char* kDaemonReloadPublishKernel = "stash_daemon_reload_publish";
+inline constexpr const char* kDaemonTakeChunksKernel = "stash_daemon_take_chunks";
+inline constexpr const char* kDaemonReturnChunkKernel = "stash_daemon_return_chunk";
 
 // Threads per block of the copy and pop kernels; the one-thread kernels run one.
 inline constexpr unsigned kPagingThreadsPerBlock = 256;
@@ -113,6 +115,68 @@ STASH_HOST_DEVICE void ReloadPopSerial(const ReloadLaunch& args) {
     if (args.zero_tail) ZeroBytes(args.d_dst, plan.bytes, max_bytes);
   }
   ReturnPages(*tier.d_ring, tier.d_ring->tail, args.d_page_record, 0, plan.pages);
+}
+
+// Lending a GPU pool's chunks to mapped sessions (daemon/cuda_chunk_lender.h): the pool's page
+// ids [0, pages) are cut into chunks of `chunk_pages` (the last may be shorter), and its ring
+// lives in device memory, written only by kernels in the copy stream's order. Taking chunks out
+// and putting one back are one-thread kernels on that stream, so they fall between stashes and
+// reloads, never inside one. Their answer goes to host-visible memory.
+struct alignas(16) ChunkRingLaunch {
+  PageRing* d_ring = nullptr;
+  uint64_t pages = 0;        // the pool's pages
+  uint64_t chunk_pages = 0;  // > 0
+  uint64_t chunks = 0;       // (pages + chunk_pages - 1) / chunk_pages
+  uint64_t chunk = 0;        // kDaemonReturnChunkKernel: the chunk whose ids go back
+  // kDaemonTakeChunksKernel, `chunks` entries each. d_flags (host-visible): kTakeAsked where the
+  // host asks for the chunk; the kernel leaves kTakeDone where it took it out, kTakeAsked where
+  // a stash still holds one of its pages. d_counts: device scratch.
+  uint32_t* d_flags = nullptr;
+  uint64_t* d_counts = nullptr;
+};
+inline constexpr uint32_t kTakeAsked = 1;
+inline constexpr uint32_t kTakeDone = 2;
+
+STASH_HOST_DEVICE uint64_t PagesOfChunk(const ChunkRingLaunch& a, uint64_t chunk) {
+  const uint64_t first = chunk * a.chunk_pages;
+  return a.pages - first < a.chunk_pages ? a.pages - first : a.chunk_pages;
+}
+
+// Takes every asked chunk whose pages are all free (in [head, tail)) out of the ring in one pass,
+// keeping the other free ids in order; the tail moves back by the pages taken.
+STASH_HOST_DEVICE void TakeChunksLaunch(const ChunkRingLaunch& a) {
+  PageRing& ring = *a.d_ring;
+  const uint64_t free = RingFree(ring);
+  for (uint64_t c = 0; c < a.chunks; ++c) a.d_counts[c] = 0;
+  for (uint64_t i = 0; i < free; ++i) {
+    const uint64_t c = RingPageAt(ring, ring.head, i) / a.chunk_pages;
+    if (c < a.chunks) ++a.d_counts[c];
+  }
+  bool any = false;
+  for (uint64_t c = 0; c < a.chunks; ++c) {
+    if (a.d_flags[c] == kTakeAsked && a.d_counts[c] == PagesOfChunk(a, c)) {
+      a.d_flags[c] = kTakeDone;
+      any = true;
+    }
+  }
+  if (!any) return;
+  // The write slot never passes the read slot: one pass in place.
+  uint64_t kept = 0;
+  for (uint64_t i = 0; i < free; ++i) {
+    const uint64_t id = RingPageAt(ring, ring.head, i);
+    const uint64_t c = id / a.chunk_pages;
+    if (c < a.chunks && a.d_flags[c] == kTakeDone) continue;
+    RingReturnAt(ring, ring.head, kept++, id);
+  }
+  ring.tail = ring.head + kept;
+}
+
+// Appends the ids of chunk `a.chunk` (taken out before) at the ring's tail.
+STASH_HOST_DEVICE void ReturnChunkLaunch(const ChunkRingLaunch& a) {
+  PageRing& ring = *a.d_ring;
+  const uint64_t n = PagesOfChunk(a, a.chunk);
+  for (uint64_t p = 0; p < n; ++p) RingReturnAt(ring, ring.tail, p, a.chunk * a.chunk_pages + p);
+  ring.tail += n;
 }
 
 }  // namespace stash::kernels

@@ -1,0 +1,103 @@
+// The cuda backend's ChunkLender (daemon/chunk_lender.h): one GPU pool's chunks, lent to mapped
+// sessions out of the same memory daemon-copy's ring pages. The twin of a host-backend tier's
+// lender (tier.cc) beside it:
+//   memory  VmmChunkMemory (daemon/vmm_chunk_memory.h): one VMM allocation per chunk, mapped
+//           once into the pool's reserved range, exported as a POSIX fd for a lease, renewed
+//           (unmap, release, create, map, zero) when it comes back and before it is lent.
+//   ring    in device memory, written only by kernels in the copy stream's order (daemon-copy's
+//           plan and publish kernels, and these): Take snapshots the ring (a copy on the stream,
+//           waited for), chooses among the chunks wholly free in the snapshot, and launches one
+//           kernel that takes out those still wholly free when it runs (daemon_paging.h's
+//           TakeChunksLaunch), answering in pinned memory; Return launches one that appends a
+//           chunk's ids at the tail. A chunk a stash took a page of between the snapshot and the
+//           kernel stays in the ring; none is ever taken that was not chosen.
+// The daemon cannot know which pages daemon-copy stashes wrote (plans are made on the device),
+// so every chunk taken is renewed before it is lent (Taken.written is always true).
+//
+// Chunks the GPU had no memory for at start (created lazily: a restarted daemon's GPU may still
+// hold the old daemon's chunks for ranks that map them) are out of the ring from the start
+// (Waiting) until Leases renews them.
+//
+// Calls come from Leases, one at a time; the pool worker enqueues stashes on the same stream
+// meanwhile (driver calls are thread-safe; the ring is only ever changed in stream order).
+// Built only with STASH_ENABLE_CUDA.
+#ifndef STASH_DAEMON_CUDA_CHUNK_LENDER_H_
+#define STASH_DAEMON_CUDA_CHUNK_LENDER_H_
+
+#include <absl/base/thread_annotations.h>
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/cuda_driver.h"
+#include "common/cuda_vmm.h"
+#include "common/mutex.h"
+#include "daemon/chunk_lender.h"
+#include "daemon/cuda_buffer.h"
+#include "daemon/paging_kernels.h"
+#include "daemon/tier.h"
+#include "daemon/vmm_chunk_memory.h"
+#include "stash/kernels/paging.h"
+
+namespace stash::daemon {
+
+class CudaChunkLender final : public ChunkLender {
+ public:
+  // What the lender works with, all borrowed from the executor, which outlives it: the GPU's
+  // context, its copy stream and loaded kernels, the pool's ring in device memory, its memory
+  // and its accounting tier (whose pages are the ring's page ids and whose chunk_pages() cut
+  // them into chunks).
+  struct Pool {
+    const CudaDriver* driver = nullptr;
+    const PrimaryContext* context = nullptr;
+    CUstream stream = nullptr;
+    const PagingKernels* kernels = nullptr;
+    kernels::PageRing* d_ring = nullptr;
+    VmmChunkMemory* memory = nullptr;
+    Tier* tier = nullptr;
+    std::string gpu_uuid;  // 16 raw bytes
+  };
+  // `waiting`: chunks with no memory, out of the ring. Allocates the answer and scratch
+  // buffers; the context need not be current.
+  static StatusOr<std::unique_ptr<CudaChunkLender>> Create(const Pool& pool,
+                                                           std::vector<uint64_t> waiting);
+  CudaChunkLender(const CudaChunkLender&) = delete;
+  CudaChunkLender& operator=(const CudaChunkLender&) = delete;
+  ~CudaChunkLender() override;
+
+  StatusOr<std::vector<Taken>> Take(const Want& want) override;
+  void Return(uint64_t chunk) override;
+  Status Renew(uint64_t chunk) override;
+  StatusOr<UniqueFd> Export(uint64_t chunk) override;
+  uint64_t ChunkBytes(uint64_t chunk) const override;
+  std::string gpu_uuid() const override { return pool_.gpu_uuid; }
+  std::vector<uint64_t> Waiting() override;
+
+ private:
+  explicit CudaChunkLender(const Pool& pool);
+  // Waits until the stream reached the point just enqueued (an event recorded and waited for).
+  // Context current.
+  Status Reach();
+  kernels::ChunkRingLaunch Launch() const;
+
+  // Never change after Create.
+  const Pool pool_;
+  const uint64_t pages_;
+  const uint64_t chunk_pages_;
+  const uint64_t chunks_;
+  CudaBuffer snapshot_;  // pinned: the ring's header, then its ids
+  CudaBuffer flags_;     // pinned: per chunk, TakeChunksLaunch's asks and answers
+  CudaBuffer counts_;    // device: TakeChunksLaunch's scratch
+  CUevent reached_ = nullptr;
+
+  Mutex mu_;
+  std::vector<bool> in_ring_ ABSL_GUARDED_BY(mu_);  // per chunk: not taken, not waiting
+  std::vector<uint64_t> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace stash::daemon
+
+#endif  // STASH_DAEMON_CUDA_CHUNK_LENDER_H_

@@ -1,0 +1,266 @@
+// Mapped mode's leases of GPU chunks from stashd --backend=cuda, on the CUDA driver stand-in
+// (tests/cuda_standin; ctest puts it first on LD_LIBRARY_PATH as libcuda.so.1 for this binary
+// and the stashd it starts, in one registry, so the VRAM budget counts both processes). The
+// daemon's pool is VMM chunks (daemon/vmm_chunk_memory.h) lent out of daemon-copy's device ring
+// by kernels on its copy stream (daemon/cuda_chunk_lender.h). This test is the rank: it speaks
+// the descriptor protocol raw (tests/integration/raw_lease.h), imports each chunk's POSIX fd and
+// maps it with the client library's CudaLeaseMemory, as mapped mode's GPU seam will.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/cuda_lease_memory.h"
+#include "common/cuda_driver.h"
+#include "stash/client.h"
+#include "tests/integration/daemon_stats.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/host_buffers.h"
+#include "tests/integration/raw_lease.h"
+
+namespace stash::testing {
+namespace {
+
+namespace v1 = stash::v1;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kPage = 64 << 10;
+constexpr uint64_t kChunk = 2 << 20;  // the stand-in's (and an H100's) allocation granularity
+constexpr uint64_t kChunkPages = kChunk / kPage;
+
+class CudaLeases : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("STASH_STANDIN_REGISTRY", registry_.path().c_str(), 1);
+    setenv("STASH_STANDIN_DEVICES", "2", 1);
+    ASSERT_NE(std::getenv("LD_LIBRARY_PATH"), nullptr) << "run it through ctest";
+    auto driver = CudaDriver::Get();
+    ASSERT_TRUE(driver.ok()) << driver.status().ToString();
+    d_ = *driver;
+    ASSERT_EQ(d_->Init(0), CUDA_SUCCESS);
+  }
+  // A pool of 8 MiB on each GPU: 4 chunks of 32 pages.
+  void StartDaemon(std::vector<std::string> more = {}) {
+    std::vector<std::string> flags = {"--backend=cuda", "--page-bytes=64KiB", "--pool-bytes=8MiB",
+                                      "--chunk-bytes=2MiB", "--host-tier-bytes=0"};
+    flags.insert(flags.end(), more.begin(), more.end());
+    daemon_ = std::make_unique<DaemonProcess>(flags);
+    ASSERT_TRUE(daemon_->Ready()) << daemon_->process().Stderr();
+  }
+  v1::TierStats Gpu(int device) {
+    const v1::GetStatsResponse stats = DaemonStats(daemon_->socket());
+    for (const v1::TierStats& t : stats.tiers()) {
+      if (t.name() == "gpu" + std::to_string(device)) return t;
+    }
+    return {};
+  }
+  std::string RawUuid(int device) {
+    CUdevice dev = 0;
+    EXPECT_EQ(d_->DeviceGet(&dev, device), CUDA_SUCCESS);
+    CUuuid uuid{};
+    EXPECT_EQ(d_->DeviceGetUuid(&uuid, dev), CUDA_SUCCESS);
+    return std::string(reinterpret_cast<const char*>(uuid.bytes), 16);
+  }
+  // The bytes of a mapped slot, read through the driver as a kernel would see them.
+  std::vector<uint8_t> Read(const CudaLeaseMemory& memory, uint64_t slot) {
+    std::vector<uint8_t> out(kChunk);
+    const PrimaryContext::Scope scope(*context_);
+    const auto at =
+        reinterpret_cast<CUdeviceptr>(memory.base(kernels::kLeaseDevice) + slot * kChunk);
+    EXPECT_EQ(d_->MemcpyDtoH(out.data(), at, kChunk), CUDA_SUCCESS);
+    return out;
+  }
+  void Fill(const CudaLeaseMemory& memory, uint64_t slot, uint8_t value) {
+    const PrimaryContext::Scope scope(*context_);
+    const auto at =
+        reinterpret_cast<CUdeviceptr>(memory.base(kernels::kLeaseDevice) + slot * kChunk);
+    EXPECT_EQ(d_->MemsetD8Async(at, value, kChunk, nullptr), CUDA_SUCCESS);
+    EXPECT_EQ(d_->CtxSynchronize(), CUDA_SUCCESS);
+  }
+  std::unique_ptr<CudaLeaseMemory> Memory() {
+    auto context = PrimaryContext::Retain(d_, 0);
+    EXPECT_TRUE(context.ok()) << context.status().ToString();
+    context_ = std::make_unique<PrimaryContext>(std::move(context).value());
+    auto memory = CudaLeaseMemory::Create(d_, 0, kChunk, {4 * kChunk, 0, 0});
+    EXPECT_TRUE(memory.ok()) << memory.status().ToString();
+    return memory.ok() ? std::move(memory).value() : nullptr;
+  }
+
+  TempDir registry_;
+  const CudaDriver* d_ = nullptr;
+  std::unique_ptr<PrimaryContext> context_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+// A mapped session on the cuda backend leases GPU chunks: each comes with its GPU's UUID and a
+// VMM export this process imports and maps, zero-filled; daemon-copy stashes stay out of leased
+// chunks while they are held; returned chunks go back to daemon-copy's ring, and chunks
+// daemon-copy wrote are renewed before they are lent again (a new lease reads zeros only).
+TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutOfThem) {
+  StartDaemon();
+  RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA);
+  ASSERT_FALSE(session.welcome().session_id().empty());
+  EXPECT_EQ(session.welcome().chunk_bytes(), kChunk);
+  UniqueFd channel = Connect(daemon_->socket() + ".fd");
+  ASSERT_TRUE(channel.valid());
+  Lease lease = AskLease(channel.get(), session.welcome().session_id(),
+                         session.welcome().descriptor_secret(), 2 * kChunkPages);
+  ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
+  ASSERT_EQ(lease.chunks.size(), 2u);
+  EXPECT_EQ(Gpu(0).chunks_leased(), 2u);
+  EXPECT_EQ(Gpu(0).pages_used(), 2 * kChunkPages);
+
+  auto memory = Memory();
+  ASSERT_NE(memory, nullptr);
+  for (size_t i = 0; i < lease.chunks.size(); ++i) {
+    const v1::LeasedChunk& chunk = lease.leased[i];
+    EXPECT_EQ(chunk.tier(), v1::TIER_DEVICE);
+    EXPECT_EQ(chunk.bytes(), kChunk);
+    EXPECT_EQ(chunk.gpu_uuid(), RawUuid(0)) << "the chunk names its GPU by UUID";
+    ASSERT_TRUE(
+        memory->Map(kernels::kLeaseDevice, i, std::move(lease.chunks[i]), chunk.bytes(), 0).ok());
+    const std::vector<uint8_t> bytes = Read(*memory, i);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0), static_cast<long>(kChunk))
+        << "chunk " << i << " starts zero-filled";
+    Fill(*memory, i, static_cast<uint8_t>(0xa0 + i));
+  }
+
+  // Daemon-copy fills what is left of the pool (two chunks) and no more: a 64-page stash fits,
+  // another overflows, and the leased chunks keep this rank's bytes.
+  Options o;
+  o.socket = daemon_->socket();
+  o.backend = Backend::kCuda;
+  o.allow_host_spill = false;
+  auto copier = Client::Open(o);
+  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  auto src = Buffer(2 * kChunk, 7);
+  auto first = (*copier)->Wait(*(*copier)->Stash(Args(*src, kPage, 2 * kChunkPages)));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->tier, Tier::kDevice);
+  auto second = (*copier)->Wait(*(*copier)->Stash(Args(*src, kPage, 1)));
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->tier, Tier::kOverflow) << "the leased chunks are out of daemon-copy's ring";
+  for (uint64_t slot = 0; slot < 2; ++slot) {
+    const std::vector<uint8_t> bytes = Read(*memory, slot);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0xa0 + slot), static_cast<long>(kChunk))
+        << "daemon-copy wrote into leased chunk " << slot;
+  }
+  auto dst = Buffer(2 * kChunk);
+  ASSERT_TRUE(
+      (*copier)->Wait(*(*copier)->Reload({first->ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), 2 * kChunk), 0);
+
+  // Returned (after this rank unmapped them), the chunks are daemon-copy's again: one stash
+  // takes the whole pool.
+  for (uint64_t slot = 0; slot < 2; ++slot) {
+    ASSERT_TRUE(memory->Unmap(kernels::kLeaseDevice, slot, nullptr).ok());
+  }
+  size_t freed = 0;
+  for (const Clock::time_point until = Clock::now() + std::chrono::seconds(10 * TimeScale());
+       freed < 2 && Clock::now() < until;) {
+    freed += memory->Reap().freed.size();  // once the GPU finished the work that used them
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(freed, 2u);
+  ASSERT_EQ(AskReturn(channel.get(), session.welcome().session_id(),
+                      session.welcome().descriptor_secret(), lease.ids),
+            0);
+  EXPECT_EQ(Gpu(0).chunks_leased(), 0u);
+  EXPECT_EQ(Gpu(0).pages_used(), 0u);
+  auto whole = Buffer(4 * kChunk, 9);
+  auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 4 * kChunkPages)));
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->tier, Tier::kDevice);
+  auto released = (*copier)->Release(all->ticket);
+  ASSERT_TRUE(released.ok()) << released.status().ToString();
+  ASSERT_TRUE((*copier)->Wait(*released).ok());
+
+  // Every chunk leased now held daemon-copy's or this rank's bytes: each is renewed first. (One
+  // of the four stays for another user's first session: daemon/fair_share.h.)
+  Lease again = AskLease(channel.get(), session.welcome().session_id(),
+                         session.welcome().descriptor_secret(), 4 * kChunkPages);
+  ASSERT_EQ(again.last.code(), 0) << again.last.message();
+  ASSERT_EQ(again.chunks.size(), 3u);
+  for (size_t i = 0; i < again.chunks.size(); ++i) {
+    ASSERT_TRUE(memory->Map(kernels::kLeaseDevice, i, std::move(again.chunks[i]), kChunk, 0).ok());
+    const std::vector<uint8_t> bytes = Read(*memory, i);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0), static_cast<long>(kChunk))
+        << "chunk " << again.ids[i] << " was lent with old bytes";
+  }
+  EXPECT_EQ(Gpu(0).chunks_leased(), 3u);
+  EXPECT_EQ(Gpu(1).chunks_leased(), 0u) << "GPU 1's pool lends nothing to GPU 0's rank";
+}
+
+// A rank SIGKILLed while it holds GPU chunks: they are back in the pool within a second, renewed
+// (the daemon's VRAM does not grow by them), and daemon-copy can use the whole pool again.
+TEST_F(CudaLeases, ChunksOfASigkilledRankComeBackWithinASecond) {
+  StartDaemon();
+  int to_child[2];
+  int from_child[2];
+  ASSERT_EQ(pipe2(to_child, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(from_child, O_CLOEXEC), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Syscalls and protobuf only (a child of a gRPC process): lease, report, wait to be killed.
+    char ids[64];
+    size_t got = 0;
+    while (got < sizeof(ids)) {
+      const ssize_t n = read(to_child[0], ids + got, sizeof(ids) - got);
+      if (n <= 0) _exit(1);
+      got += static_cast<size_t>(n);
+    }
+    UniqueFd c = Connect(daemon_->socket() + ".fd");
+    Lease lease =
+        AskLease(c.get(), std::string(ids, 32), std::string(ids + 32, 32), 3 * kChunkPages);
+    const int n = lease.last.code() == 0 ? static_cast<int>(lease.chunks.size()) : -1;
+    if (write(from_child[1], &n, sizeof(n)) != sizeof(n)) _exit(1);
+    pause();
+    _exit(0);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  RawSession session(daemon_->socket(), pid, v1::MODE_MAPPED, v1::BACKEND_CUDA);
+  const std::string hello = session.welcome().session_id() + session.welcome().descriptor_secret();
+  ASSERT_EQ(write(to_child[1], hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
+  int leased = 0;
+  ASSERT_EQ(read(from_child[0], &leased, sizeof(leased)), static_cast<ssize_t>(sizeof(leased)));
+  EXPECT_EQ(leased, 3);
+  EXPECT_EQ(Gpu(0).chunks_leased(), 3u);
+
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  const Clock::time_point killed = Clock::now();
+  while (Gpu(0).chunks_leased() != 0 || Gpu(0).pages_used() != 0) {
+    ASSERT_LT(Clock::now() - killed, std::chrono::seconds(10 * TimeScale()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_LE(Clock::now() - killed, std::chrono::seconds(1 * TimeScale()));
+  close(to_child[1]);
+  close(from_child[0]);
+
+  Options o;
+  o.socket = daemon_->socket();
+  o.backend = Backend::kCuda;
+  o.allow_host_spill = false;
+  auto copier = Client::Open(o);
+  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  auto whole = Buffer(4 * kChunk, 3);
+  auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 4 * kChunkPages)));
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->tier, Tier::kDevice) << "every chunk is back in daemon-copy's ring";
+}
+
+}  // namespace
+}  // namespace stash::testing
