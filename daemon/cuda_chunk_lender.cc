@@ -9,8 +9,7 @@
 
 namespace stash::daemon {
 
-StatusOr<std::unique_ptr<CudaChunkLender>> CudaChunkLender::Create(const Pool& pool,
-                                                                   std::vector<uint64_t> waiting) {
+StatusOr<std::unique_ptr<CudaChunkLender>> CudaChunkLender::Create(const Pool& pool) {
   std::unique_ptr<CudaChunkLender> l(new CudaChunkLender(pool));
   const PrimaryContext::Scope scope(*pool.context);
   STASH_RETURN_IF_ERROR(scope.status());
@@ -23,14 +22,18 @@ StatusOr<std::unique_ptr<CudaChunkLender>> CudaChunkLender::Create(const Pool& p
   STASH_RETURN_IF_ERROR(l->counts_.Allocate(pool.driver, ctx, CudaBuffer::Kind::kDevice,
                                             l->chunks_ * sizeof(uint64_t), "the lender's scratch"));
   STASH_CU_RETURN_IF_ERROR(pool.driver, EventCreate(&l->reached_, CU_EVENT_DISABLE_TIMING));
-  MutexLock lock(&l->mu_);
-  for (uint64_t c : waiting) {
-    STASH_CHECK(c < l->chunks_) << "chunk " << c << " of " << l->chunks_;
-    l->in_ring_[c] = false;
-    pool.tier->AccountTaken(pool.tier->ChunkPages(c));
-  }
-  l->waiting_ = std::move(waiting);
   return l;
+}
+
+void CudaChunkLender::SetWaiting(std::vector<uint64_t> waiting) {
+  MutexLock lock(&mu_);
+  for (uint64_t c : waiting) {
+    STASH_CHECK(c < chunks_) << "chunk " << c << " of " << chunks_;
+    in_ring_[c] = false;
+    pool_.tier->AccountTaken(pool_.tier->ChunkPages(c));
+  }
+  pool_.tier->SetChunksFree(chunks_ - waiting.size());
+  waiting_ = std::move(waiting);
 }
 
 CudaChunkLender::CudaChunkLender(const Pool& pool)

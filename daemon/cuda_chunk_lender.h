@@ -60,10 +60,9 @@ class CudaChunkLender final : public ChunkLender {
     Tier* tier = nullptr;
     std::string gpu_uuid;  // 16 raw bytes
   };
-  // `waiting`: chunks with no memory, out of the ring. Allocates the answer and scratch
-  // buffers; the context need not be current.
-  static StatusOr<std::unique_ptr<CudaChunkLender>> Create(const Pool& pool,
-                                                           std::vector<uint64_t> waiting);
+  // Allocates the answer and scratch buffers (before the pool's chunks, so a full GPU leaves
+  // chunks waiting, never the lender without its buffers); the context need not be current.
+  static StatusOr<std::unique_ptr<CudaChunkLender>> Create(const Pool& pool);
   CudaChunkLender(const CudaChunkLender&) = delete;
   CudaChunkLender& operator=(const CudaChunkLender&) = delete;
   ~CudaChunkLender() override;
@@ -75,6 +74,8 @@ class CudaChunkLender final : public ChunkLender {
   uint64_t ChunkBytes(uint64_t chunk) const override;
   std::string gpu_uuid() const override { return pool_.gpu_uuid; }
   std::vector<uint64_t> Waiting() override;
+  // Once, before Leases starts: the chunks with no memory, out of the ring (counted as used).
+  void SetWaiting(std::vector<uint64_t> waiting);
 
  private:
   explicit CudaChunkLender(const Pool& pool);

@@ -155,6 +155,10 @@ class CudaExecutor final : public CopyExecutor {
     if (host_tier_ == nullptr) return {};
     return {host_ring_.device<kernels::PageRing>(), host_pages_.device<uint8_t>()};
   }
+  // Creates the pool's chunks (those the GPU has room for; the others wait, out of the ring),
+  // writes the ring and sets up the device tier and its lender. Context current; the ring's
+  // buffer allocated for `pages` ids.
+  Status StartPool(uint64_t pages, const std::string& name);
   // Gives a record's slot and page-record range back (worker thread).
   void FreeSlot(StashRecord& record);
   std::string Name() const { return "gpu" + std::to_string(device_) + " (" + uuid_ + ")"; }
@@ -252,55 +256,11 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
       e->pool_, VmmChunkMemory::Create(driver, device, "gpu" + std::to_string(device), pages * page,
                                        ChunkPages(config) * page, page));
   pages = e->pool_->bytes() / page;
-  std::vector<uint64_t> present;
-  std::vector<uint64_t> waiting;
-  const uint64_t chunk_pages = e->pool_->chunk_bytes() / page;
-  for (uint64_t c = 0; c < e->pool_->chunks(); ++c) {
-    const Status made = e->pool_->Ensure(c);
-    if (made.code() == StatusCode::kResourceExhausted) {
-      waiting.push_back(c);
-      continue;
-    }
-    STASH_RETURN_IF_ERROR(made);
-    const uint64_t first = c * chunk_pages;
-    for (uint64_t p = first; p < std::min(pages, first + chunk_pages); ++p) present.push_back(p);
-  }
-  if (present.empty()) {
-    return ResourceExhaustedError(name + " has no room for a single chunk of the pool (" +
-                                  FormatBytes(e->pool_->chunk_bytes()) +
-                                  "): lower --pool-bytes or --chunk-bytes, or free the GPU");
-  }
-  if (!waiting.empty()) {
-    Log("pool")->warn(
-        "{}: {} of {} chunks of the pool have no room on the GPU yet (ranks of an earlier "
-        "stashd may still map its chunks); they join the pool as memory frees",
-        name, waiting.size(), e->pool_->chunks());
-  }
-  // The ring: the present chunks' page ids, all free. The first state goes up with synchronous
-  // copies; cuCtxSynchronize below waits until they landed (a pageable copy may return first).
+  // What the daemon needs beside the pool comes first (the ring, the host tier's share, plans
+  // and page records), then as many chunks as the GPU has room for.
   STASH_RETURN_IF_ERROR(e->device_ring_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
                                                  sizeof(kernels::PageRing) + pages * 8,
                                                  "the pool's ring"));
-  e->d_device_ring_ = e->device_ring_.device<kernels::PageRing>();
-  auto* d_ids = reinterpret_cast<uint64_t*>(e->d_device_ring_ + 1);
-  const kernels::PageRing ring{d_ids, pages, 0, present.size()};
-  STASH_CU_RETURN_IF_ERROR(
-      driver, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(e->d_device_ring_), &ring, sizeof(ring)));
-  STASH_CU_RETURN_IF_ERROR(
-      driver, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_ids), present.data(), present.size() * 8));
-  e->device_tier_ =
-      Tier::CreateAccounting("gpu" + std::to_string(device), device, page, pages, chunk_pages);
-  CudaChunkLender::Pool lent;
-  lent.driver = driver;
-  lent.context = e->context_.get();
-  lent.stream = e->stream_;
-  lent.kernels = e->kernels_.get();
-  lent.d_ring = e->d_device_ring_;
-  lent.memory = e->pool_.get();
-  lent.tier = e->device_tier_.get();
-  lent.gpu_uuid.assign(reinterpret_cast<const char*>(e->raw_uuid_.bytes), 16);
-  STASH_ASSIGN_OR_RETURN(e->lender_, CudaChunkLender::Create(lent, std::move(waiting)));
-  e->device_tier_->SetLender(e->lender_.get());
   std::vector<uint64_t> ids(host_pages);
   std::iota(ids.begin(), ids.end(), uint64_t{0});
 
@@ -339,10 +299,66 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
   e->free_slots_.resize(slots);
   for (uint64_t i = 0; i < slots; ++i) e->free_slots_[i] = static_cast<int64_t>(slots - 1 - i);
   e->record_space_ = std::make_unique<RangeAllocator>(arena);
+
+  STASH_RETURN_IF_ERROR(e->StartPool(pages, name));
   STASH_CU_RETURN_IF_ERROR(driver, CtxSynchronize());
   Log("pool")->info("{}: pool {} in {} pages, host tier share {}", name, FormatBytes(pages * page),
                     pages, FormatBytes(host_pages * page));
   return e;
+}
+
+Status CudaExecutor::StartPool(uint64_t pages, const std::string& name) {
+  const uint64_t chunk_pages = pool_->chunk_bytes() / page_bytes_;
+  device_tier_ = Tier::CreateAccounting("gpu" + std::to_string(device_), device_, page_bytes_,
+                                        pages, chunk_pages);
+  d_device_ring_ = device_ring_.device<kernels::PageRing>();
+  CudaChunkLender::Pool lent;
+  lent.driver = driver_;
+  lent.context = context_.get();
+  lent.stream = stream_;
+  lent.kernels = kernels_.get();
+  lent.d_ring = d_device_ring_;
+  lent.memory = pool_.get();
+  lent.tier = device_tier_.get();
+  lent.gpu_uuid.assign(reinterpret_cast<const char*>(raw_uuid_.bytes), 16);
+  STASH_ASSIGN_OR_RETURN(lender_, CudaChunkLender::Create(lent));
+  device_tier_->SetLender(lender_.get());
+
+  std::vector<uint64_t> present;
+  std::vector<uint64_t> waiting;
+  for (uint64_t c = 0; c < pool_->chunks(); ++c) {
+    const Status made = pool_->Ensure(c);
+    if (made.code() == StatusCode::kResourceExhausted) {
+      waiting.push_back(c);
+      continue;
+    }
+    STASH_RETURN_IF_ERROR(made);
+    const uint64_t first = c * chunk_pages;
+    for (uint64_t p = first; p < std::min(pages, first + chunk_pages); ++p) present.push_back(p);
+  }
+  if (present.empty()) {
+    return ResourceExhaustedError(name + " has no room for a single chunk of the pool (" +
+                                  FormatBytes(pool_->chunk_bytes()) +
+                                  "): lower --pool-bytes or --chunk-bytes, or free the GPU");
+  }
+  if (!waiting.empty()) {
+    Log("pool")->warn(
+        "{}: {} of {} chunks of the pool have no room on the GPU yet (ranks of an earlier "
+        "stashd may still map its chunks, or other processes use the GPU); they join the pool "
+        "as memory frees",
+        name, waiting.size(), pool_->chunks());
+  }
+  lender_->SetWaiting(waiting);
+  // The ring: the present chunks' page ids, all free. The first state goes up with synchronous
+  // copies; the caller's cuCtxSynchronize waits until they landed (a pageable copy may return
+  // first).
+  auto* d_ids = reinterpret_cast<uint64_t*>(d_device_ring_ + 1);
+  const kernels::PageRing ring{d_ids, pages, 0, present.size()};
+  STASH_CU_RETURN_IF_ERROR(
+      driver_, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_device_ring_), &ring, sizeof(ring)));
+  STASH_CU_RETURN_IF_ERROR(driver_, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_ids), present.data(),
+                                               present.size() * 8));
+  return Status::Ok();
 }
 
 StatusOr<std::unique_ptr<MappedMemory>> CudaExecutor::Open(const v1::RegisterMemory& reg,
