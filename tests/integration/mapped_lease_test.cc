@@ -59,7 +59,7 @@ v1::TierStats Gpu0(const std::string& socket) {
 // protobuf only: safe in a child of a gRPC process.
 class Holder {
  public:
-  explicit Holder(std::string fd_socket, uint64_t pages) {
+  explicit Holder(const std::string& fd_socket, uint64_t pages) {
     int to[2];
     int from[2];
     EXPECT_EQ(pipe2(to, O_CLOEXEC), 0);
