@@ -224,11 +224,15 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
         "NVreg_EnableStreamMemOPs=1");
   }
 
+  // A pool larger than the GPU can never fit. One larger than its free memory now starts with
+  // the chunks that fit (the others wait): stashd checked the free memory before
+  // (daemon/memory_fit.h), counting a killed predecessor's pool, whose chunks its ranks may
+  // still map.
   size_t free_bytes = 0, total_bytes = 0;
   STASH_CU_RETURN_IF_ERROR(driver, MemGetInfo(&free_bytes, &total_bytes));
-  if (pages * page > free_bytes) {
-    return ResourceExhaustedError(name + " has " + FormatBytes(free_bytes) + " free of " +
-                                  FormatBytes(total_bytes) + ", less than --pool-bytes " +
+  if (pages * page > total_bytes) {
+    return ResourceExhaustedError(name + " has " + FormatBytes(total_bytes) + " in all (" +
+                                  FormatBytes(free_bytes) + " free), less than --pool-bytes " +
                                   FormatBytes(pages * page) + ": lower --pool-bytes");
   }
   STASH_CU_RETURN_IF_ERROR(driver, StreamCreate(&e->stream_, CU_STREAM_NON_BLOCKING));

@@ -46,12 +46,11 @@ int CudaDeviceCount() {
 #endif
 }
 
-std::vector<uint64_t> CudaFreeBytes() {
-  std::vector<uint64_t> out;
+void ReadCudaMemory(FreeMemory* out) {
 #if defined(STASH_HAVE_CUDA)
   auto driver = CudaDriver::Get();
   int count = 0;
-  if (!driver.ok() || (*driver)->DeviceGetCount(&count) != CUDA_SUCCESS) return out;
+  if (!driver.ok() || (*driver)->DeviceGetCount(&count) != CUDA_SUCCESS) return;
   // Each GPU's primary context stays retained for the process: the cuda backend's executors
   // retain the same contexts right after, and releasing them here would destroy and create each
   // one again (costly on an 8-GPU node).
@@ -68,10 +67,13 @@ std::vector<uint64_t> CudaFreeBytes() {
       }
       kept->push_back(std::move(context).value());
     }
-    out.push_back(free);
+    out->gpu_free_bytes.push_back(free);
+    auto uuid = GpuUuid(*driver, d);
+    out->gpu_uuids.push_back(uuid.ok() ? *uuid : std::string());
   }
+#else
+  (void)out;
 #endif
-  return out;
 }
 
 }  // namespace stash::daemon

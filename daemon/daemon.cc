@@ -37,6 +37,20 @@
 namespace stash::daemon {
 namespace {
 
+// The first bytes (at most 64 KiB) of a small file (the lock file's pool record).
+std::string ReadFd(int fd) {
+  std::string out(64 << 10, '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = 0;
+    STASH_SYSCALL_RETRY(n, pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(got)));
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
 namespace v1 = stash::v1;
 
 std::string DirOf(const std::string& path) {
@@ -271,9 +285,31 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
     unlink(impl->socket_path.c_str());
   }
 
-  // Tiers and queues, if the machine can hold them.
-  STASH_RETURN_IF_ERROR(CheckMemoryFits(config, backend, ReadFreeMemory(backend)));
+  // Tiers and queues, if the machine can hold them. A cuda stashd on this socket that did not
+  // stop cleanly left its pools in the lock file: ranks may still map its chunks, whose memory
+  // comes back as they unmap them, so it counts as this pool's.
+  FreeMemory free = ReadFreeMemory(backend);
+  const uint64_t pool_bytes = config.pool_bytes / config.page_bytes * config.page_bytes;
+  if (backend == v1::BACKEND_CUDA) {
+    const std::string record = ReadFd(impl->lock_fd);
+    const std::vector<uint64_t> credited = CreditPreviousPools(record, pool_bytes, &free);
+    for (size_t d = 0; d < credited.size(); ++d) {
+      if (credited[d] == 0) continue;
+      log->info(
+          "gpu{} ({}): the previous stashd on {} did not stop cleanly; its pool ({}) counts as "
+          "free, since its chunks come back as its ranks unmap them",
+          d, free.gpu_uuids[d], impl->socket_path, FormatBytes(credited[d]));
+    }
+  }
+  STASH_RETURN_IF_ERROR(CheckMemoryFits(config, backend, free));
   STASH_ASSIGN_OR_RETURN(impl->core, DaemonCore::Create(config, backend, impl->socket_path));
+  if (backend == v1::BACKEND_CUDA) {
+    const std::string record = PoolRecord(free.gpu_uuids, pool_bytes);
+    if (ftruncate(impl->lock_fd, 0) != 0 || pwrite(impl->lock_fd, record.data(), record.size(),
+                                                   0) != static_cast<ssize_t>(record.size())) {
+      log->warn("cannot record the pools in {}: {}", impl->lock_path, std::strerror(errno));
+    }
+  }
 
   // The descriptor channel, before gRPC: a client that got its Welcome finds it there.
   STASH_ASSIGN_OR_RETURN(

@@ -28,8 +28,34 @@ FreeMemory ReadFreeMemory(stash::v1::Backend backend) {
     if (key == "Hugepagesize:") free.huge_page_bytes = kib * 1024;
   }
   free.huge_pages_free = free.huge_pages_free > rsvd ? free.huge_pages_free - rsvd : 0;
-  if (backend == stash::v1::BACKEND_CUDA) free.gpu_free_bytes = CudaFreeBytes();
+  if (backend == stash::v1::BACKEND_CUDA) ReadCudaMemory(&free);
   return free;
+}
+
+std::string PoolRecord(const std::vector<std::string>& uuids, uint64_t pool_bytes) {
+  std::string out;
+  for (const std::string& uuid : uuids) out += uuid + " " + std::to_string(pool_bytes) + "\n";
+  return out;
+}
+
+std::vector<uint64_t> CreditPreviousPools(const std::string& record, uint64_t pool_bytes,
+                                          FreeMemory* free) {
+  std::vector<uint64_t> credited(free->gpu_free_bytes.size(), 0);
+  std::istringstream lines(record);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::string uuid;
+    uint64_t bytes = 0;
+    if (!(fields >> uuid >> bytes) || uuid.rfind("GPU-", 0) != 0) continue;
+    for (size_t gpu = 0; gpu < free->gpu_uuids.size() && gpu < credited.size(); ++gpu) {
+      if (free->gpu_uuids[gpu] != uuid || free->gpu_free_bytes[gpu] == 0) continue;
+      const uint64_t credit = std::min(bytes, pool_bytes - credited[gpu]);
+      credited[gpu] += credit;
+      free->gpu_free_bytes[gpu] += credit;
+    }
+  }
+  return credited;
 }
 
 namespace {

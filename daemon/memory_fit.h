@@ -4,6 +4,7 @@
 #define STASH_DAEMON_MEMORY_FIT_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "daemon/config.h"
@@ -21,6 +22,7 @@ struct FreeMemory {
   uint64_t huge_pages_free = 0;
   uint64_t huge_page_bytes = 0;
   std::vector<uint64_t> gpu_free_bytes;  // cuda: cuMemGetInfo's free bytes, per visible GPU
+  std::vector<std::string> gpu_uuids;    // cuda: each visible GPU's UUID ("GPU-..."), same order
 };
 
 // Reads /proc/meminfo and, for the cuda backend, every visible GPU.
@@ -33,8 +35,23 @@ FreeMemory ReadFreeMemory(stash::v1::Backend backend);
 Status CheckMemoryFits(const DaemonConfig& config, stash::v1::Backend backend,
                        const FreeMemory& free);
 
-// cuMemGetInfo's free bytes of each visible GPU; empty without CUDA (cuda_probe.cc).
-std::vector<uint64_t> CudaFreeBytes();
+// Fills gpu_free_bytes (cuMemGetInfo) and gpu_uuids of each visible GPU; nothing without CUDA
+// (cuda_probe.cc).
+void ReadCudaMemory(FreeMemory* free);
+
+// What a cuda stashd writes into its socket's lock file once its pools exist: one
+// "GPU-uuid pool-bytes" line per GPU. A stashd that did not stop cleanly (killed, crashed)
+// leaves it behind, and ranks may still map its chunks (their memory stays theirs until they
+// unmap it, which they do once they lease from a new stashd).
+std::string PoolRecord(const std::vector<std::string>& uuids, uint64_t pool_bytes);
+// Counts as free, for the next stashd on the socket, the memory of the pools `record` (the lock
+// file's contents) names for the GPUs in `free`, at most `pool_bytes` per GPU: its chunks come
+// back to the GPU as those ranks unmap them, and the new pool's chunks that do not fit yet wait
+// for them (daemon/cuda_executor.cc). Without this, a killed stashd could not be restarted while
+// its ranks hold more than the GPU's headroom, and they give back only to a running stashd.
+// Lines it cannot read are ignored. Returns the bytes credited per GPU (for the log).
+std::vector<uint64_t> CreditPreviousPools(const std::string& record, uint64_t pool_bytes,
+                                          FreeMemory* free);
 
 }  // namespace stash::daemon
 

@@ -4,6 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 namespace stash::daemon {
 namespace {
 
@@ -106,6 +109,34 @@ TEST(MemoryFit, HugetlbSizesMustBeWholeHugePages) {
   none.huge_page_bytes = 0;
   s = CheckMemoryFits(Hugetlb(kGiB, 1, 0, 64 << 20), v1::BACKEND_HOST, none);
   EXPECT_THAT(s.message(), HasSubstr("no huge page pool"));
+}
+
+// A killed cuda stashd's pools (its lock file's record) count as free for the next one on the
+// socket, per GPU by UUID and at most the new pool, so it starts while its ranks still map the
+// old chunks; a GPU it did not name, an unknown free size and lines it cannot read count nothing.
+TEST(MemoryFit, AKilledPredecessorsPoolsCountAsFreeForTheNextStashd) {
+  const std::string a = "GPU-aaaaaaaa-0000-0000-0000-000000000000";
+  const std::string b = "GPU-bbbbbbbb-0000-0000-0000-000000000000";
+  const std::string c = "GPU-cccccccc-0000-0000-0000-000000000000";
+  EXPECT_EQ(PoolRecord({a, b}, 40 * kGiB), a + " 42949672960\n" + b + " 42949672960\n");
+
+  FreeMemory free;
+  free.gpu_free_bytes = {30 * kGiB, 0, 40 * kGiB};
+  free.gpu_uuids = {b, a, c};  // this stashd's ordinals differ from the killed one's
+  const std::string record =
+      PoolRecord({a, b}, 40 * kGiB) + "junk\n" + c + " lots\n" + "NOT-A-GPU 99\n" + b + " 40\n";
+  const std::vector<uint64_t> credited = CreditPreviousPools(record, 32 * kGiB, &free);
+  EXPECT_EQ(credited, (std::vector<uint64_t>{32 * kGiB, 0, 0}))
+      << "b: capped at the new pool, even named twice; a: its free memory is unknown; c: junk";
+  EXPECT_EQ(free.gpu_free_bytes, (std::vector<uint64_t>{62 * kGiB, 0, 40 * kGiB}));
+  EXPECT_TRUE(CheckMemoryFits(Config(32 * kGiB, 1, 0), v1::BACKEND_CUDA, free).ok());
+
+  FreeMemory none;
+  none.gpu_free_bytes = {30 * kGiB};
+  none.gpu_uuids = {a};
+  EXPECT_EQ(CreditPreviousPools("", 32 * kGiB, &none), (std::vector<uint64_t>{0}));
+  EXPECT_EQ(CheckMemoryFits(Config(32 * kGiB, 1, 0), v1::BACKEND_CUDA, none).code(),
+            StatusCode::kResourceExhausted);
 }
 
 }  // namespace

@@ -53,10 +53,10 @@ class CudaLeases : public ::testing::Test {
   }
   void TearDown() override { unsetenv("STASH_STANDIN_VRAM_BYTES"); }
   // A pool of 8 MiB on each GPU: 4 chunks of 32 pages.
-  void StartDaemon(std::vector<std::string> more = {}) {
+  void StartDaemon(const std::vector<std::string>& more = {}) {
     std::vector<std::string> flags = {"--backend=cuda", "--page-bytes=64KiB", "--pool-bytes=8MiB",
                                       "--chunk-bytes=2MiB", "--host-tier-bytes=0"};
-    flags.insert(flags.end(), more.begin(), more.end());
+    flags.insert(flags.end(), more.begin(), more.end());  // a later --pool-bytes wins
     daemon_ = std::make_unique<DaemonProcess>(flags);
     ASSERT_TRUE(daemon_->Ready()) << daemon_->process().Stderr();
   }
@@ -94,7 +94,7 @@ class CudaLeases : public ::testing::Test {
     auto context = PrimaryContext::Retain(d_, 0);
     EXPECT_TRUE(context.ok()) << context.status().ToString();
     context_ = std::make_unique<PrimaryContext>(std::move(context).value());
-    auto memory = CudaLeaseMemory::Create(d_, 0, kChunk, {4 * kChunk, 0, 0});
+    auto memory = CudaLeaseMemory::Create(d_, 0, kChunk, {8 * kChunk, 0, 0});
     EXPECT_TRUE(memory.ok()) << memory.status().ToString();
     return memory.ok() ? std::move(memory).value() : nullptr;
   }
@@ -263,15 +263,17 @@ TEST_F(CudaLeases, ChunksOfASigkilledRankComeBackWithinASecond) {
   EXPECT_EQ(all->tier, Tier::kDevice) << "every chunk is back in daemon-copy's ring";
 }
 
-// The daemon killed while this rank maps three of its chunks: the mappings stay valid (the bytes
-// are the rank's), a restarted daemon starts on a GPU too full for its whole pool (the chunks it
-// has no room for wait, out of the ring), and once the rank unmaps the old chunks the waiting
-// one joins the pool within a few seconds: a stash of the whole pool then fits.
+// The daemon SIGKILLed while this rank maps seven of its eight chunks: the mappings stay valid
+// (the bytes are the rank's), and a stashd restarted on the same socket starts although the GPU
+// now has less free memory than its pool: the killed one's lock file says its pool was there, and
+// its chunks come back as the rank unmaps them. The new pool starts with the one chunk that fits
+// (the others wait, out of the ring) and the waiting ones join within seconds of the unmap.
 TEST_F(CudaLeases, ARestartedDaemonStartsWhileARankStillMapsTheOldChunks) {
-  // What one daemon takes of a GPU (its pool and what it needs beside it, in the stand-in's
-  // 2 MiB units), measured on a first daemon; then GPUs with 4 MiB more than that: room for
-  // one daemon, and for a second one beside this rank's three old chunks (6 MiB) less one chunk.
-  StartDaemon();
+  const std::vector<std::string> flags = {"--pool-bytes=16MiB",
+                                          "--socket=" + registry_.path() + "/stashd.sock"};
+  // What one daemon takes of a GPU (its pool and its buffers beside it, in the stand-in's 2 MiB
+  // units), measured on a first daemon; then GPUs of exactly that.
+  StartDaemon(flags);
   size_t free_bytes = 0, total_bytes = 0;
   {
     auto context = PrimaryContext::Retain(d_, 0);
@@ -280,47 +282,47 @@ TEST_F(CudaLeases, ARestartedDaemonStartsWhileARankStillMapsTheOldChunks) {
     ASSERT_EQ(d_->MemGetInfo(&free_bytes, &total_bytes), CUDA_SUCCESS);
   }
   const uint64_t daemon_bytes = total_bytes - free_bytes;
-  daemon_->process().StopWith(SIGTERM, std::chrono::seconds(10));
-  setenv("STASH_STANDIN_VRAM_BYTES", std::to_string(daemon_bytes + (4 << 20)).c_str(), 1);
-  StartDaemon();
+  ASSERT_EQ(daemon_->process().StopWith(SIGTERM, std::chrono::seconds(10)), 0);
+  setenv("STASH_STANDIN_VRAM_BYTES", std::to_string(daemon_bytes).c_str(), 1);
+  StartDaemon(flags);
   auto memory = Memory();
   ASSERT_NE(memory, nullptr);
   {
     RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA);
     UniqueFd channel = Connect(daemon_->socket() + ".fd");
     Lease lease = AskLease(channel.get(), session.welcome().session_id(),
-                           session.welcome().descriptor_secret(), 3 * kChunkPages);
+                           session.welcome().descriptor_secret(), 7 * kChunkPages);
     ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
-    ASSERT_EQ(lease.chunks.size(), 3u);
-    for (uint64_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(lease.chunks.size(), 7u);
+    for (uint64_t i = 0; i < 7; ++i) {
       ASSERT_TRUE(
           memory->Map(kernels::kLeaseDevice, i, std::move(lease.chunks[i]), kChunk, 0).ok());
       Fill(*memory, i, static_cast<uint8_t>(0x70 + i));
     }
     daemon_->process().StopWith(SIGKILL, std::chrono::seconds(5));
   }
-  for (uint64_t i = 0; i < 3; ++i) {
+  for (uint64_t i = 0; i < 7; ++i) {
     const std::vector<uint8_t> bytes = Read(*memory, i);
     EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0x70 + i), static_cast<long>(kChunk))
         << "the rank's chunk " << i << " outlives the daemon";
   }
 
-  // The new daemon's buffers beside the pool, then room for 3 of its 4 chunks.
-  StartDaemon();
-  EXPECT_NE(daemon_->process().Stderr().find("1 of 4 chunks of the pool have no room"),
-            std::string::npos)
-      << daemon_->process().Stderr();
-  EXPECT_EQ(Gpu(0).pages_used(), kChunkPages) << "the waiting chunk is not in the pool";
-  for (uint64_t i = 0; i < 3; ++i) {
+  // The GPU has the new daemon's buffers and one chunk free: 2 MiB of a 16 MiB pool.
+  StartDaemon(flags);
+  const std::string log = daemon_->process().Stderr();
+  EXPECT_NE(log.find("did not stop cleanly"), std::string::npos) << log;
+  EXPECT_NE(log.find("7 of 8 chunks of the pool have no room"), std::string::npos) << log;
+  EXPECT_EQ(Gpu(0).pages_used(), 7 * kChunkPages) << "the waiting chunks are not in the pool";
+  for (uint64_t i = 0; i < 7; ++i) {
     ASSERT_TRUE(memory->Unmap(kernels::kLeaseDevice, i, nullptr).ok());
   }
   size_t freed = 0;
   for (const Clock::time_point until = Clock::now() + std::chrono::seconds(10 * TimeScale());
-       freed < 3 && Clock::now() < until;) {
+       freed < 7 && Clock::now() < until;) {
     freed += memory->Reap().freed.size();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ASSERT_EQ(freed, 3u);
+  ASSERT_EQ(freed, 7u);
   const Clock::time_point unmapped = Clock::now();
   while (Gpu(0).pages_used() != 0) {
     ASSERT_LT(Clock::now() - unmapped, std::chrono::seconds(10 * TimeScale()))
@@ -333,10 +335,22 @@ TEST_F(CudaLeases, ARestartedDaemonStartsWhileARankStillMapsTheOldChunks) {
   o.allow_host_spill = false;
   auto copier = Client::Open(o);
   ASSERT_TRUE(copier.ok()) << copier.status().ToString();
-  auto whole = Buffer(4 * kChunk, 5);
-  auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 4 * kChunkPages)));
+  auto whole = Buffer(8 * kChunk, 5);
+  auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 8 * kChunkPages)));
   ASSERT_TRUE(all.ok()) << all.status().ToString();
-  EXPECT_EQ(all->tier, Tier::kDevice) << "the waiting chunk joined the pool";
+  EXPECT_EQ(all->tier, Tier::kDevice) << "the waiting chunks joined the pool";
+
+  // Stopped cleanly, it leaves no record: the next start counts nothing that is not free (a
+  // GPU of 14 MiB: the free-memory check refuses the 16 MiB pool, naming the free memory).
+  copier.value().reset();
+  ASSERT_EQ(daemon_->process().StopWith(SIGTERM, std::chrono::seconds(10)), 0);
+  setenv("STASH_STANDIN_VRAM_BYTES", std::to_string(7 * kChunk).c_str(), 1);
+  DaemonProcess refused({"--backend=cuda", "--page-bytes=64KiB", "--chunk-bytes=2MiB",
+                         "--host-tier-bytes=0", "--pool-bytes=16MiB",
+                         "--socket=" + registry_.path() + "/stashd.sock"});
+  EXPECT_FALSE(refused.Ready());
+  EXPECT_NE(refused.process().Stderr().find("does not fit GPU 0"), std::string::npos)
+      << refused.process().Stderr();
 }
 
 }  // namespace

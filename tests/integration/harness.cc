@@ -133,7 +133,11 @@ DaemonProcess::DaemonProcess(std::vector<std::string> flags) {
   socket_ = dir_.path() + "/stashd.sock";
   std::vector<std::string> argv = {BinDir() + "/daemon/stashd"};
   bool has_socket = false;
-  for (const std::string& f : flags) has_socket |= f.rfind("--socket", 0) == 0;
+  for (const std::string& f : flags) {
+    if (f.rfind("--socket", 0) != 0) continue;
+    has_socket = true;
+    if (f.rfind("--socket=", 0) == 0) socket_ = f.substr(9);  // Ready() waits on that one
+  }
   if (!has_socket) argv.push_back("--socket=" + socket_);
   argv.insert(argv.end(), flags.begin(), flags.end());
   process_.Start(argv, dir_.path() + "/stashd");
