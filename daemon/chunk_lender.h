@@ -38,7 +38,8 @@ class ChunkLender {
   // Return. May take fewer than chosen (a stash took a page of one meanwhile: it stays pooled);
   // never one that was not chosen. An error takes nothing.
   virtual StatusOr<std::vector<Taken>> Take(const Want& want) = 0;
-  // Puts a chunk Take took (or Waiting listed) back at the ring's tail, its memory as it is.
+  // Puts a chunk Take took back at the ring's tail, its memory as it is. A chunk Waiting listed
+  // (or one a failed Renew left without memory) is renewed first.
   virtual void Return(uint64_t chunk) = 0;
   // Gives a taken chunk fresh zero-filled memory at the same daemon address, so no byte of a
   // holder or of daemon-copy stashes reaches the next one. RESOURCE_EXHAUSTED when there is no

@@ -190,7 +190,7 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
       Log("pool")->info(
           "tiers use {}: --chunk-bytes={} is not a multiple of 2 MiB, so no chunk could hold a "
           "huge page ({} offers them)",
-          PageKindName(kind), core->chunk_bytes_, offered);
+          PageKindName(kind), chunk_pages * page, offered);
     } else {
       Log("pool")->info("tiers ask for {} ({})", PageKindName(kind), offered);
     }
@@ -203,8 +203,18 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     core->pools_.push_back(
         std::make_unique<Pool>(static_cast<int>(d), std::move(executors[d]), &core->counters_));
   }
-  // Chunks as the pools cut them (a GPU rounds them up to its allocation granularity).
+  // Chunks as the pools cut them (a GPU rounds them up to its allocation granularity). One size
+  // for every pool: a session's slots (Welcome.chunk_bytes) take peer chunks too.
   core->chunk_bytes_ = core->pools_.front()->device()->chunk_pages() * page;
+  for (const auto& pool : core->pools_) {
+    if (pool->device()->chunk_pages() * page != core->chunk_bytes_) {
+      return FailedPreconditionError(
+          "the GPUs round --chunk-bytes to different sizes (" + FormatBytes(core->chunk_bytes_) +
+          " on gpu0, " + FormatBytes(pool->device()->chunk_pages() * page) + " on " +
+          pool->device()->name() +
+          "): set --chunk-bytes to a multiple of every GPU's allocation granularity");
+    }
+  }
   if (core->max_lease_bytes_ < core->chunk_bytes_) {
     // Leases come in whole chunks: a smaller quota could never grant one.
     return InvalidArgumentError(

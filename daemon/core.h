@@ -140,7 +140,7 @@ class DaemonCore {
   const std::string socket_path_;
   const std::chrono::steady_clock::time_point start_;
   const uint64_t max_lease_bytes_;  // mapped mode's quota per session, whole pages
-  uint64_t chunk_bytes_ = 0;        // host backend: the chunk size of every tier
+  uint64_t chunk_bytes_ = 0;        // the chunk size of every pool (and the host tier)
   AdmitLimits limits_;
   // Host backend: the tiers and copy threads the pools' executors use (the cuda backend's
   // executors own their tiers).

@@ -113,7 +113,11 @@ StatusOr<std::vector<CudaChunkLender::Taken>> CudaChunkLender::Take(const Want& 
   if (!any) return out;
   const kernels::LaunchResult launched = pool_.kernels->TakeChunks(Launch(), pool_.stream);
   if (!launched.ok()) return InternalError(launched.message);
-  STASH_RETURN_IF_ERROR(Reach());
+  // Enqueued, the kernel takes the chunks whatever happens next: without its answer the books
+  // would lose their pages for good.
+  if (const Status reached = Reach(); !reached.ok()) {
+    DeviceLost(pool_.memory->device(), "waiting for a chunk take: " + reached.message());
+  }
   for (uint64_t c = 0; c < chunks_; ++c) {
     if (flags[c] != kernels::kTakeDone) continue;
     in_ring_[c] = false;

@@ -19,7 +19,9 @@
 // (Waiting) until Leases renews them.
 //
 // Calls come from Leases, one at a time; the pool worker enqueues stashes on the same stream
-// meanwhile (driver calls are thread-safe; the ring is only ever changed in stream order).
+// meanwhile. The ring is changed only in stream order, and consistent only between whole
+// operations (a stash is three kernels, a reload two): PagingKernels holds one lock over each
+// call's launches, so a take or return never lands inside a stash or reload.
 // Built only with STASH_ENABLE_CUDA.
 #ifndef STASH_DAEMON_CUDA_CHUNK_LENDER_H_
 #define STASH_DAEMON_CUDA_CHUNK_LENDER_H_

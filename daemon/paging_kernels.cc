@@ -51,6 +51,7 @@ kernels::LaunchResult PagingKernels::Stash(const kernels::StashLaunch& args,
   kernels::LaunchResult result = kernels::CanImplementStash(args);
   if (!result.ok()) return result;
   const unsigned blocks = kernels::PagingBlocksFor(args.max_rows * args.row_bytes, args.page_bytes);
+  MutexLock lock(&launch_mu_);
   result = Launch(kPlan, 1, 1, stream, &args, "cuLaunchKernel(stash plan)");
   if (result.ok()) {
     result = Launch(kCopy, blocks, kernels::kPagingThreadsPerBlock, stream, &args,
@@ -65,6 +66,7 @@ kernels::LaunchResult PagingKernels::Reload(const kernels::ReloadLaunch& args,
   kernels::LaunchResult result = kernels::CanImplementReload(args);
   if (!result.ok()) return result;
   const unsigned blocks = kernels::PagingBlocksFor(args.max_rows * args.row_bytes, args.page_bytes);
+  MutexLock lock(&launch_mu_);
   result = Launch(kPop, blocks, kernels::kPagingThreadsPerBlock, stream, &args,
                   "cuLaunchKernel(reload pop)");
   if (result.ok()) {
@@ -75,11 +77,13 @@ kernels::LaunchResult PagingKernels::Reload(const kernels::ReloadLaunch& args,
 
 kernels::LaunchResult PagingKernels::TakeChunks(const kernels::ChunkRingLaunch& args,
                                                 CUstream stream) const {
+  MutexLock lock(&launch_mu_);
   return Launch(kTake, 1, 1, stream, &args, "cuLaunchKernel(take chunks)");
 }
 
 kernels::LaunchResult PagingKernels::ReturnChunk(const kernels::ChunkRingLaunch& args,
                                                  CUstream stream) const {
+  MutexLock lock(&launch_mu_);
   return Launch(kReturn, 1, 1, stream, &args, "cuLaunchKernel(return chunk)");
 }
 

@@ -11,14 +11,21 @@
 #include <memory>
 
 #include "common/cuda_driver.h"
+#include "common/mutex.h"
 #include "stash/kernels/daemon_paging.h"
 #include "stash/kernels/paging_cuda.h"
 #include "stash/status.h"
 
 namespace stash::daemon {
 
-// The loaded module of one context. Thread-compatible; launches from one thread at a time (the
-// pool worker). Create and destroy it with its context current.
+// The loaded module of one context. Create and destroy it with its context current.
+//
+// Thread-safe, and each call's launches are contiguous on the stream: a stash is three kernels
+// (plan, copy, publish) and a reload two (pop, publish), and the ring is consistent only between
+// them (the plan's pages are still in [head, tail) until the publish moves the head; a pop's
+// returned ids sit past the tail until its publish). The pool worker launches stashes and
+// reloads while Leases' thread launches TakeChunks and ReturnChunk on the same stream
+// (daemon/cuda_chunk_lender.h), so every call holds one lock while it enqueues.
 class PagingKernels {
  public:
   // Loads the kernels from `fatbin` (stash_daemon_paging_fatbin, or a test's image) into the
@@ -47,6 +54,8 @@ class PagingKernels {
                                CUstream stream, const void* args, const char* what) const;
 
   const CudaDriver* const driver_;
+  // Held while one call enqueues its launches, so no other call's kernels land between them.
+  mutable Mutex launch_mu_;
   CUmodule module_ = nullptr;
   CUfunction functions_[kFunctions] = {};
 };

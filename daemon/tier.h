@@ -127,7 +127,7 @@ class Tier {
   const int pool_;
   const uint64_t page_bytes_;
   const uint64_t pages_;
-  const uint64_t chunk_pages_;  // 0 on an accounting-only tier
+  const uint64_t chunk_pages_;  // 0 = no chunks (an accounting-only tier without a lender)
   const std::unique_ptr<ChunkMemory> memory_;
   std::vector<uint64_t> ids_;               // the ring's storage; touched only under mu_
   std::unique_ptr<HostLender> own_lender_;  // a host-backend tier's

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "internal.h"
@@ -199,6 +201,7 @@ void LoadConfig() {
   }
   c.stream_delay_us = EnvInt("STASH_STANDIN_STREAM_DELAY_US", 2000);
   c.wait_timeout_ms = EnvInt("STASH_STANDIN_WAIT_TIMEOUT_MS", 10000);
+  c.launch_delay_us = EnvInt("STASH_STANDIN_LAUNCH_DELAY_US", 0);
   if (c.registry_dir.empty()) {
     const char* dir = std::getenv("STASH_STANDIN_REGISTRY");
     c.registry_dir = (dir != nullptr && *dir != '\0')
@@ -573,6 +576,11 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
   }
   const unsigned grid = gridDimX;
   const unsigned block = blockDimX;
+  // A host that is slow between two launches (a preempted thread): another thread's work may
+  // reach the stream in between, unless the caller orders its launches itself.
+  if (standin::config().launch_delay_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(standin::config().launch_delay_us));
+  }
   return standin::Enqueue(__func__, hStream, [fn, args, grid, block] {
     std::vector<void*> pointers;
     pointers.reserve(args->size());

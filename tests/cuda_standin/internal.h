@@ -22,6 +22,7 @@ struct Config {
   bool immediate = false;            // STASH_STANDIN_STREAMS=immediate
   int64_t stream_delay_us = 2000;    // STASH_STANDIN_STREAM_DELAY_US
   int64_t wait_timeout_ms = 10000;   // STASH_STANDIN_WAIT_TIMEOUT_MS
+  int64_t launch_delay_us = 0;       // STASH_STANDIN_LAUNCH_DELAY_US
   std::string registry_dir;          // STASH_STANDIN_REGISTRY
 };
 

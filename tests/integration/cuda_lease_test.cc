@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -202,6 +203,89 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
   }
   EXPECT_EQ(Gpu(0).chunks_leased(), 3u);
   EXPECT_EQ(Gpu(1).chunks_leased(), 0u) << "GPU 1's pool lends nothing to GPU 0's rank";
+}
+
+// Leases and returns race daemon-copy's stashes and reloads on the same copy stream: a chunk is
+// taken out of the ring only between two whole operations (a stash is three kernels, a reload
+// two, and the ring is consistent only between them), so every reload is byte-exact, no page is
+// lost or doubled, and at the end a stash of the whole pool fits.
+TEST_F(CudaLeases, LeasesRacingDaemonCopyTrafficNeverTearTheRing) {
+  // The daemon's host thread is slow between launches: without its launch lock, a take or
+  // return would land inside a stash or reload.
+  setenv("STASH_STANDIN_LAUNCH_DELAY_US", "300", 1);
+  StartDaemon();
+  unsetenv("STASH_STANDIN_LAUNCH_DELAY_US");
+  Options o;
+  o.socket = daemon_->socket();
+  o.backend = Backend::kCuda;
+  o.allow_host_spill = false;
+  auto copier = Client::Open(o);
+  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0}, rounds{0};
+  std::thread traffic([&] {
+    // Eight stashes in flight, then their reloads: the pool worker launches back to back.
+    for (uint32_t i = 0; !stop.load(); i += 8) {
+      std::vector<std::unique_ptr<HostBuffer>> sources;
+      std::vector<uint64_t> ops;
+      for (uint32_t k = 0; k < 8; ++k) {
+        const uint64_t pages = 1 + (i + k) * 7 % 20;  // may straddle chunks, or not fit
+        sources.push_back(Buffer(pages * kPage, 1000 + i + k));
+        auto op = (*copier)->Stash(Args(*sources.back(), kPage, pages));
+        if (!op.ok()) {
+          ++wrong;
+          return;
+        }
+        ops.push_back(*op);
+      }
+      std::vector<std::unique_ptr<HostBuffer>> dests(8);
+      std::vector<uint64_t> reloads(8, 0);
+      for (uint32_t k = 0; k < 8; ++k) {
+        auto stash = (*copier)->Wait(ops[k]);
+        if (!stash.ok()) {
+          ++wrong;
+          continue;
+        }
+        if (stash->tier != Tier::kDevice) continue;  // overflow: nothing stored
+        dests[k] = Buffer(sources[k]->size());
+        auto op = (*copier)->Reload({stash->ticket, dests[k].get(), 0, false, {}, {}});
+        if (op.ok()) reloads[k] = *op;
+      }
+      for (uint32_t k = 0; k < 8; ++k) {
+        if (dests[k] == nullptr) continue;
+        if (reloads[k] == 0 || !(*copier)->Wait(reloads[k]).ok() ||
+            std::memcmp(dests[k]->data(), sources[k]->data(), sources[k]->size()) != 0) {
+          ++wrong;
+        }
+        ++rounds;
+      }
+    }
+  });
+  RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA);
+  UniqueFd channel = Connect(daemon_->socket() + ".fd");
+  for (int i = 0; i < 250; ++i) {
+    Lease lease = AskLease(channel.get(), session.welcome().session_id(),
+                           session.welcome().descriptor_secret(), (1 + i % 3) * kChunkPages);
+    ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
+    if (!lease.ids.empty()) {
+      ASSERT_EQ(AskReturn(channel.get(), session.welcome().session_id(),
+                          session.welcome().descriptor_secret(), lease.ids),
+                0);
+    }
+  }
+  stop = true;
+  traffic.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(rounds.load(), 0);
+  EXPECT_EQ(Gpu(0).chunks_leased(), 0u);
+  EXPECT_EQ(Gpu(0).pages_used(), 0u);
+  auto whole = Buffer(4 * kChunk, 77);
+  auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 4 * kChunkPages)));
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->tier, Tier::kDevice) << "every page is back in the ring, once";
+  auto dst = Buffer(4 * kChunk);
+  ASSERT_TRUE((*copier)->Wait(*(*copier)->Reload({all->ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), whole->data(), 4 * kChunk), 0);
 }
 
 // A rank SIGKILLed while it holds GPU chunks: they are back in the pool within a second, renewed

@@ -120,8 +120,10 @@ STASH_HOST_DEVICE void ReloadPopSerial(const ReloadLaunch& args) {
 // Lending a GPU pool's chunks to mapped sessions (daemon/cuda_chunk_lender.h): the pool's page
 // ids [0, pages) are cut into chunks of `chunk_pages` (the last may be shorter), and its ring
 // lives in device memory, written only by kernels in the copy stream's order. Taking chunks out
-// and putting one back are one-thread kernels on that stream, so they fall between stashes and
-// reloads, never inside one. Their answer goes to host-visible memory.
+// and putting one back are one-thread kernels on that stream; the daemon enqueues them between
+// stashes and reloads, never inside one (daemon/paging_kernels.h holds one lock over each
+// operation's launches: the ring is consistent only between them). Their answer goes to
+// host-visible memory.
 struct alignas(16) ChunkRingLaunch {
   PageRing* d_ring = nullptr;
   uint64_t pages = 0;        // the pool's pages
