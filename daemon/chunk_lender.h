@@ -52,6 +52,12 @@ class ChunkLender {
   virtual uint64_t ChunkBytes(uint64_t chunk) const = 0;
   // The 16-byte UUID of the GPU a chunk lives on (LeasedChunk.gpu_uuid); empty for host memory.
   virtual std::string gpu_uuid() const { return {}; }
+  // Whether a chunk a live holder returns must stay charged to it until its process exits
+  // (Leases lends it again only to that holder): a holder that keeps a mapping or an exported
+  // descriptor keeps the old memory alive after a renew, so renewing at once would let a client
+  // that leases and returns in a loop take memory nobody accounts for. True for GPU chunks
+  // (VRAM); host memfds are renewed at once.
+  virtual bool ChargeReturnsUntilExit() const { return false; }
   // Chunks out of the ring since start because they have no memory yet (created lazily: a GPU
   // still holding a restarted daemon's old chunks for ranks that map them). Leases renews them
   // until they get memory, then returns them. Asked once, when Leases starts.

@@ -75,6 +75,7 @@ class CudaChunkLender final : public ChunkLender {
   StatusOr<UniqueFd> Export(uint64_t chunk) override;
   uint64_t ChunkBytes(uint64_t chunk) const override;
   std::string gpu_uuid() const override { return pool_.gpu_uuid; }
+  bool ChargeReturnsUntilExit() const override { return true; }
   std::vector<uint64_t> Waiting() override;
   // Once, before Leases starts: the chunks with no memory, out of the ring (counted as used).
   void SetWaiting(std::vector<uint64_t> waiting);

@@ -74,7 +74,7 @@ Leases::Leases(std::vector<Tier*> pools, Tier* host, LeaseConfig config)
       if (lender == nullptr) continue;
       // Chunks without memory yet: out of every ring, renewed by the reaper until they have it.
       for (uint64_t c : lender->Waiting()) {
-        chunks_[t][c].state = State::kOrphaned;
+        chunks_[t][c].state = State::kRenewing;
         renew_.emplace_back(t, c);
       }
     }
@@ -124,6 +124,19 @@ uint64_t Leases::HeldPages(const Holder& h, uint32_t lease_tier) const {
   uint64_t pages = 0;
   for (uint64_t id : h.held[lease_tier]) pages += PagesOf(id);
   return pages;
+}
+
+uint64_t Leases::KeptPages(const Holder& h, uint32_t lease_tier) const {
+  uint64_t pages = 0;
+  for (uint64_t id : h.kept[lease_tier]) pages += PagesOf(id);
+  return pages;
+}
+
+bool Leases::HoldsNothing(const Holder& h) {
+  auto none = [](const auto& lists) {
+    return std::all_of(lists.begin(), lists.end(), [](const auto& l) { return l.empty(); });
+  };
+  return none(h.held) && none(h.kept);
 }
 
 Leases::Holder* Leases::FindOrCreate(const LeaseHolder& who, Status* status) {
@@ -214,7 +227,10 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   // be shorter or rounded, so the quota is checked in pages as granted).
   auto grow = [&](uint32_t t, uint64_t want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!allowed[t] || want <= held[t]) return;
-    const uint64_t budget = quota_pages_ > held[t] ? quota_pages_ - held[t] : 0;
+    // Chunks it returned and may still hold count against its quota until they are lent
+    // back to it (Grow lends them first).
+    const uint64_t charged = held[t] + KeptPages(*h, t);
+    const uint64_t budget = quota_pages_ > charged ? quota_pages_ - charged : 0;
     Status grown = Grow(*h, t, want, budget, max_chunks, &reply.parts);
     if (!grown.ok()) Log("pool")->warn("session {}: lease: {}", h->session_id, grown.message());
     held[t] = HeldPages(*h, t);
@@ -392,6 +408,13 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
     sources.push_back(tiers_.size() - 1);
   }
   uint64_t held = HeldPages(h, lease_tier);
+  // First the chunks it returned and may still hold: the same memory, no renew, no new charge.
+  while (held < target && !h.kept[lease_tier].empty() && parts->size() < max_chunks) {
+    const uint64_t id = h.kept[lease_tier].back();
+    h.kept[lease_tier].pop_back();
+    STASH_RETURN_IF_ERROR(Rehand(h, lease_tier, id, parts));
+    held += PagesOf(id);
+  }
   for (size_t source : sources) {
     if (held >= target || budget == 0) break;
     Tier* tier = tiers_[source];
@@ -445,6 +468,19 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
   return Status::Ok();
 }
 
+Status Leases::Rehand(Holder& h, uint32_t lease_tier, uint64_t id,
+                      std::vector<DescriptorPart>* parts) {
+  const uint64_t tier = id >> 32;
+  const uint64_t chunk = id & 0xffffffffu;
+  auto fd = tiers_[tier]->lender()->Export(chunk);
+  if (!fd.ok()) {
+    h.kept[lease_tier].push_back(id);  // still its, still charged
+    return fd.status();
+  }
+  Lent(h, lease_tier, tier, chunk, std::move(fd).value(), parts);
+  return Status::Ok();
+}
+
 Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, bool written,
                     std::vector<DescriptorPart>* parts) {
   Chunk& c = chunks_[tier][chunk];
@@ -455,7 +491,7 @@ Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chun
     if (!renewed.ok()) {
       // Out of every ring until it has fresh memory (its old memory may be gone): the reaper
       // renews it again.
-      c.state = State::kOrphaned;
+      c.state = State::kRenewing;
       c.holder.clear();
       renew_.emplace_back(tier, chunk);
       Wake();
@@ -467,6 +503,14 @@ Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chun
     lender->Return(chunk);
     return fd.status();
   }
+  Lent(h, lease_tier, tier, chunk, std::move(fd).value(), parts);
+  return Status::Ok();
+}
+
+void Leases::Lent(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, UniqueFd fd,
+                  std::vector<DescriptorPart>* parts) {
+  Chunk& c = chunks_[tier][chunk];
+  ChunkLender* lender = tiers_[tier]->lender();
   c.state = State::kLeased;
   c.holder = h.session_id;
   const uint64_t id = ChunkId(tier, chunk);
@@ -479,8 +523,7 @@ Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chun
   leased->set_pool(tiers_[tier]->pool());
   leased->set_bytes(lender->ChunkBytes(chunk));
   leased->set_gpu_uuid(lender->gpu_uuid());
-  parts->push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), packet), std::move(fd).value()});
-  return Status::Ok();
+  parts->push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), packet), std::move(fd)});
 }
 
 DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& request) {
@@ -504,12 +547,32 @@ DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& r
     }
   }
   for (uint64_t id : request.chunk_ids()) {
-    for (auto& list : h->held) list.erase(std::remove(list.begin(), list.end(), id), list.end());
-    PutBack(id >> 32, id & 0xffffffffu, h->uid);
+    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+      std::vector<uint64_t>& list = h->held[t];
+      if (std::find(list.begin(), list.end(), id) == list.end()) continue;
+      list.erase(std::remove(list.begin(), list.end(), id), list.end());
+      Keep(*h, t, id);
+    }
   }
   DescriptorReply reply;
   reply.last.set_chunks_returned(static_cast<uint64_t>(request.chunk_ids_size()));
   return reply;
+}
+
+void Leases::Keep(Holder& h, uint32_t lease_tier, uint64_t id) {
+  const uint64_t tier = id >> 32;
+  const uint64_t chunk = id & 0xffffffffu;
+  if (!tiers_[tier]->lender()->ChargeReturnsUntilExit()) {
+    PutBack(tier, chunk, h.uid);
+    return;
+  }
+  // Its process may still map or hold the allocation: a renew now would leave that memory alive
+  // and counted nowhere. It stays this holder's (its user's share, its quota) until the process
+  // exits, and is the first lent to it again.
+  Chunk& c = chunks_[tier][chunk];
+  c.state = State::kKept;
+  c.holder = h.session_id;
+  h.kept[lease_tier].push_back(id);
 }
 
 DescriptorReply Leases::ReturnOrphans(const LeaseHolder& who, const v1::ReturnChunks& request) {
@@ -534,12 +597,15 @@ DescriptorReply Leases::ReturnOrphans(const LeaseHolder& who, const v1::ReturnCh
     }
   }
   for (uint64_t id : request.chunk_ids()) {
-    for (auto& list : old->held) list.erase(std::remove(list.begin(), list.end(), id), list.end());
-    PutBack(id >> 32, id & 0xffffffffu, old->uid);
+    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+      std::vector<uint64_t>& list = old->held[t];
+      if (std::find(list.begin(), list.end(), id) == list.end()) continue;
+      list.erase(std::remove(list.begin(), list.end(), id), list.end());
+      Keep(*old, t, id);
+    }
   }
   const auto returned = static_cast<uint64_t>(request.chunk_ids_size());
-  const bool holds_none = std::all_of(old->held.begin(), old->held.end(),
-                                      [](const std::vector<uint64_t>& l) { return l.empty(); });
+  const bool holds_none = HoldsNothing(*old);
   if (holds_none) Drop(ended);  // as at its process's exit
   Log("pool")->info("session {}: {} chunks its process's ended session {} left were returned",
                     who.session_id, returned, ended);
@@ -552,7 +618,7 @@ void Leases::PutBack(uint64_t tier, uint64_t chunk, uint32_t uid) {
   shares_[tier]->Give(uid, 1);
   Chunk& c = chunks_[tier][chunk];
   // Out of every holder's hands now; in no ring until it has fresh memory.
-  c.state = State::kOrphaned;
+  c.state = State::kRenewing;
   c.holder.clear();
   if (!Renew(tier, chunk, /*retry=*/false)) {
     renew_.emplace_back(tier, chunk);
@@ -608,7 +674,7 @@ void Leases::SessionEnded(const std::string& session_id) {
       any = true;
     }
   }
-  if (!any) Drop(session_id);
+  if (!any && HoldsNothing(h)) Drop(session_id);
 }
 
 void Leases::Drop(const std::string& session_id) {
@@ -665,12 +731,14 @@ void Leases::Reap() {
       // it passed on, a child that mapped it): every chunk gets fresh memory before it goes
       // back to the ring, which every user's stashes share.
       uint64_t returned = 0;
-      for (auto& list : h.held) {
-        for (uint64_t id : list) {
-          PutBack(id >> 32, id & 0xffffffffu, h.uid);
-          ++returned;
+      for (auto* lists : {&h.held, &h.kept}) {
+        for (auto& list : *lists) {
+          for (uint64_t id : list) {
+            PutBack(id >> 32, id & 0xffffffffu, h.uid);
+            ++returned;
+          }
+          list.clear();
         }
-        list.clear();
       }
       Log("pool")->info("session {}: its process exited; {} leased chunks returned", h.session_id,
                         returned);
@@ -686,7 +754,7 @@ Leases::TierCounts Leases::Counts(const Tier* tier) {
     if (tiers_[t] != tier) continue;
     for (const Chunk& c : chunks_[t]) {
       counts.leased += c.state == State::kLeased ? 1 : 0;
-      counts.orphaned += c.state == State::kOrphaned ? 1 : 0;
+      counts.orphaned += c.state == State::kOrphaned || c.state == State::kKept ? 1 : 0;
     }
   }
   return counts;

@@ -156,7 +156,10 @@ class Leases {
   static uint64_t ChunkId(uint64_t tier, uint64_t chunk) { return (tier << 32) | chunk; }
 
  private:
-  enum class State { kPooled, kLeased, kOrphaned };
+  // kKept: returned by a live holder whose process may still hold its memory (GPU chunks:
+  // ChunkLender::ChargeReturnsUntilExit); lent again only to it, renewed at its exit.
+  // kRenewing: out of every ring until it has fresh memory (the reaper retries).
+  enum class State { kPooled, kLeased, kOrphaned, kKept, kRenewing };
   static constexpr uint64_t kMaxHoldersPerUser = 256;
   struct Chunk {
     State state = State::kPooled;
@@ -173,6 +176,8 @@ class Leases {
     bool ended = false;      // the stream ended: chunks are orphaned
     bool automatic = false;  // its last lease was automatic
     std::array<std::vector<uint64_t>, kernels::kLeaseTiers> held;  // chunk ids per lease tier
+    // Chunk ids it returned that stay charged to it until its process exits (State::kKept).
+    std::array<std::vector<uint64_t>, kernels::kLeaseTiers> kept;
     std::array<uint64_t, kernels::kLeaseTiers> below{};  // auto requests the aim sat below
     std::array<uint64_t, kernels::kLeaseTiers> aim{};    // auto: the pages aimed at
     uint32_t samples = 0;     // auto: leases sized from a step's demand (at most 2 counted)
@@ -198,6 +203,11 @@ class Leases {
   DescriptorReply ReturnOrphans(const LeaseHolder& who, const stash::v1::ReturnChunks& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t HeldPages(const Holder& h, uint32_t lease_tier) const;
+  uint64_t KeptPages(const Holder& h, uint32_t lease_tier) const;
+  static bool HoldsNothing(const Holder& h);
+  // A chunk `h` held in `lease_tier` and gave back: renewed for the pool (PutBack), or kept
+  // charged to it when its process may still hold the memory.
+  void Keep(Holder& h, uint32_t lease_tier, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `h`'s control block, clamped to `held` (its pages per tier) and the quota.
   ControlView ReadControl(const Holder& h,
                           const std::array<uint64_t, kernels::kLeaseTiers>& held) const;
@@ -207,6 +217,12 @@ class Leases {
   // appended) has fewer than `max_chunks`.
   Status Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t budget, uint64_t max_chunks,
               std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lends `h` again a chunk it returned and may still hold (kept): the same allocation.
+  Status Rehand(Holder& h, uint32_t lease_tier, uint64_t id, std::vector<DescriptorPart>* parts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a chunk as leased to `h` and adds its packet (with `fd`) to `parts`.
+  void Lent(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, UniqueFd fd,
+            std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands one chunk just taken out of its ring to `h`.
   Status Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, bool written,
               std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -164,8 +164,9 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
       (*copier)->Wait(*(*copier)->Reload({first->ticket, dst.get(), 0, false, {}, {}})).ok());
   EXPECT_EQ(std::memcmp(dst->data(), src->data(), 2 * kChunk), 0);
 
-  // Returned (after this rank unmapped them), the chunks are daemon-copy's again: one stash
-  // takes the whole pool.
+  // Returned while this process lives, the chunks stay charged to it (it may still hold their
+  // memory: renewing them would leave that VRAM alive and counted nowhere): daemon-copy does not
+  // get them, and leasing again gives this rank the same chunks, with its own bytes.
   for (uint64_t slot = 0; slot < 2; ++slot) {
     ASSERT_TRUE(memory->Unmap(kernels::kLeaseDevice, slot, nullptr).ok());
   }
@@ -180,29 +181,72 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
                       session.welcome().descriptor_secret(), lease.ids),
             0);
   EXPECT_EQ(Gpu(0).chunks_leased(), 0u);
-  EXPECT_EQ(Gpu(0).pages_used(), 0u);
-  auto whole = Buffer(4 * kChunk, 9);
-  auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 4 * kChunkPages)));
-  ASSERT_TRUE(all.ok()) << all.status().ToString();
-  EXPECT_EQ(all->tier, Tier::kDevice);
-  auto released = (*copier)->Release(all->ticket);
-  ASSERT_TRUE(released.ok()) << released.status().ToString();
-  ASSERT_TRUE((*copier)->Wait(*released).ok());
-
-  // Every chunk leased now held daemon-copy's or this rank's bytes: each is renewed first. (One
-  // of the four stays for another user's first session: daemon/fair_share.h.)
+  EXPECT_EQ(Gpu(0).chunks_orphaned(), 2u) << "kept for this rank until its process exits";
+  EXPECT_EQ(Gpu(0).pages_used(), 2 * kChunkPages);
+  auto three = Buffer(3 * kChunk, 9);
+  auto over = (*copier)->Wait(*(*copier)->Stash(Args(*three, kPage, 3 * kChunkPages)));
+  ASSERT_TRUE(over.ok()) << over.status().ToString();
+  EXPECT_EQ(over->tier, Tier::kOverflow) << "a kept chunk went back to daemon-copy";
   Lease again = AskLease(channel.get(), session.welcome().session_id(),
-                         session.welcome().descriptor_secret(), 4 * kChunkPages);
+                         session.welcome().descriptor_secret(), 2 * kChunkPages);
   ASSERT_EQ(again.last.code(), 0) << again.last.message();
-  ASSERT_EQ(again.chunks.size(), 3u);
+  ASSERT_EQ(again.chunks.size(), 2u);
+  std::vector<uint64_t> before = lease.ids, after = again.ids;
+  std::sort(before.begin(), before.end());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, before) << "the kept chunks come back first";
   for (size_t i = 0; i < again.chunks.size(); ++i) {
     ASSERT_TRUE(memory->Map(kernels::kLeaseDevice, i, std::move(again.chunks[i]), kChunk, 0).ok());
+    const size_t was = static_cast<size_t>(
+        std::find(lease.ids.begin(), lease.ids.end(), again.ids[i]) - lease.ids.begin());
     const std::vector<uint8_t> bytes = Read(*memory, i);
-    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0), static_cast<long>(kChunk))
-        << "chunk " << again.ids[i] << " was lent with old bytes";
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0xa0 + was), static_cast<long>(kChunk))
+        << "the same allocation, not a new one";
   }
-  EXPECT_EQ(Gpu(0).chunks_leased(), 3u);
+  EXPECT_EQ(Gpu(0).chunks_leased(), 2u);
+  EXPECT_EQ(Gpu(0).chunks_orphaned(), 0u);
   EXPECT_EQ(Gpu(1).chunks_leased(), 0u) << "GPU 1's pool lends nothing to GPU 0's rank";
+}
+
+// A forked rank that leases `pages` device pages in a mapped session this process opens for it
+// (`*session`, which says Hello with the child's pid) and then exits, or waits to be killed when
+// `hold`. Returns how many chunks it got (-100 - code when the lease failed); `*pid` is the
+// child's. Syscalls and protobuf only in the child (a child of a gRPC process).
+int LeaseInChild(const std::string& socket, uint64_t pages, bool hold, pid_t* pid,
+                 std::unique_ptr<RawSession>* session) {
+  int to_child[2];
+  int report[2];
+  if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(report, O_CLOEXEC) != 0) return -1;
+  *pid = fork();
+  if (*pid == 0) {
+    char ids[64];
+    size_t got = 0;
+    while (got < sizeof(ids)) {
+      const ssize_t n = read(to_child[0], ids + got, sizeof(ids) - got);
+      if (n <= 0) _exit(1);
+      got += static_cast<size_t>(n);
+    }
+    UniqueFd c = Connect(socket + ".fd");
+    Lease lease = AskLease(c.get(), std::string(ids, 32), std::string(ids + 32, 32), pages);
+    const int n =
+        lease.last.code() == 0 ? static_cast<int>(lease.chunks.size()) : -100 - lease.last.code();
+    if (write(report[1], &n, sizeof(n)) != sizeof(n)) _exit(1);
+    if (hold) pause();
+    _exit(0);
+  }
+  close(to_child[0]);
+  close(report[1]);
+  *session = std::make_unique<RawSession>(socket, *pid, v1::MODE_MAPPED, v1::BACKEND_CUDA);
+  const std::string hello =
+      (*session)->welcome().session_id() + (*session)->welcome().descriptor_secret();
+  int n = -1;
+  if (write(to_child[1], hello.data(), hello.size()) != static_cast<ssize_t>(hello.size()) ||
+      read(report[0], &n, sizeof(n)) != sizeof(n)) {
+    n = -1;
+  }
+  close(to_child[1]);
+  close(report[0]);
+  return n;
 }
 
 // Leases and returns race daemon-copy's stashes and reloads on the same copy stream: a chunk is
@@ -261,17 +305,20 @@ TEST_F(CudaLeases, LeasesRacingDaemonCopyTrafficNeverTearTheRing) {
       }
     }
   });
-  RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA);
-  UniqueFd channel = Connect(daemon_->socket() + ".fd");
-  for (int i = 0; i < 250; ++i) {
-    Lease lease = AskLease(channel.get(), session.welcome().session_id(),
-                           session.welcome().descriptor_secret(), (1 + i % 3) * kChunkPages);
-    ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
-    if (!lease.ids.empty()) {
-      ASSERT_EQ(AskReturn(channel.get(), session.welcome().session_id(),
-                          session.welcome().descriptor_secret(), lease.ids),
-                0);
-    }
+  // Ranks that lease one to three chunks and exit: each lease takes chunks out of the ring, and
+  // each exit renews them and puts them back, while the traffic runs.
+  for (int i = 0; i < 120; ++i) {
+    std::unique_ptr<RawSession> session;
+    pid_t pid = 0;
+    EXPECT_GE(
+        LeaseInChild(daemon_->socket(), (1 + i % 3) * kChunkPages, /*hold=*/false, &pid, &session),
+        0);
+    waitpid(pid, nullptr, 0);
+  }
+  const Clock::time_point all_exited = Clock::now();
+  while (Gpu(0).chunks_leased() + Gpu(0).chunks_orphaned() != 0 || Gpu(0).pages_used() != 0) {
+    ASSERT_LT(Clock::now() - all_exited, std::chrono::seconds(10 * TimeScale()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   stop = true;
   traffic.join();
@@ -289,39 +336,13 @@ TEST_F(CudaLeases, LeasesRacingDaemonCopyTrafficNeverTearTheRing) {
 }
 
 // A rank SIGKILLed while it holds GPU chunks: they are back in the pool within a second, renewed
-// (the daemon's VRAM does not grow by them), and daemon-copy can use the whole pool again.
+// (the daemon's VRAM does not grow by them), daemon-copy can use the whole pool again, and a
+// chunk daemon-copy wrote is renewed before it is lent (a new lease reads zeros only).
 TEST_F(CudaLeases, ChunksOfASigkilledRankComeBackWithinASecond) {
   StartDaemon();
-  int to_child[2];
-  int from_child[2];
-  ASSERT_EQ(pipe2(to_child, O_CLOEXEC), 0);
-  ASSERT_EQ(pipe2(from_child, O_CLOEXEC), 0);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // Syscalls and protobuf only (a child of a gRPC process): lease, report, wait to be killed.
-    char ids[64];
-    size_t got = 0;
-    while (got < sizeof(ids)) {
-      const ssize_t n = read(to_child[0], ids + got, sizeof(ids) - got);
-      if (n <= 0) _exit(1);
-      got += static_cast<size_t>(n);
-    }
-    UniqueFd c = Connect(daemon_->socket() + ".fd");
-    Lease lease =
-        AskLease(c.get(), std::string(ids, 32), std::string(ids + 32, 32), 3 * kChunkPages);
-    const int n = lease.last.code() == 0 ? static_cast<int>(lease.chunks.size()) : -1;
-    if (write(from_child[1], &n, sizeof(n)) != sizeof(n)) _exit(1);
-    pause();
-    _exit(0);
-  }
-  close(to_child[0]);
-  close(from_child[1]);
-  RawSession session(daemon_->socket(), pid, v1::MODE_MAPPED, v1::BACKEND_CUDA);
-  const std::string hello = session.welcome().session_id() + session.welcome().descriptor_secret();
-  ASSERT_EQ(write(to_child[1], hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
-  int leased = 0;
-  ASSERT_EQ(read(from_child[0], &leased, sizeof(leased)), static_cast<ssize_t>(sizeof(leased)));
-  EXPECT_EQ(leased, 3);
+  std::unique_ptr<RawSession> child;
+  pid_t pid = 0;
+  EXPECT_EQ(LeaseInChild(daemon_->socket(), 3 * kChunkPages, /*hold=*/true, &pid, &child), 3);
   EXPECT_EQ(Gpu(0).chunks_leased(), 3u);
 
   kill(pid, SIGKILL);
@@ -332,8 +353,6 @@ TEST_F(CudaLeases, ChunksOfASigkilledRankComeBackWithinASecond) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_LE(Clock::now() - killed, std::chrono::seconds(1 * TimeScale()));
-  close(to_child[1]);
-  close(from_child[0]);
 
   Options o;
   o.socket = daemon_->socket();
@@ -345,6 +364,26 @@ TEST_F(CudaLeases, ChunksOfASigkilledRankComeBackWithinASecond) {
   auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 4 * kChunkPages)));
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(all->tier, Tier::kDevice) << "every chunk is back in daemon-copy's ring";
+  auto released = (*copier)->Release(all->ticket);
+  ASSERT_TRUE(released.ok()) << released.status().ToString();
+  ASSERT_TRUE((*copier)->Wait(*released).ok());
+
+  // Every chunk leased now held daemon-copy's bytes: each is renewed before it is lent. (One of
+  // the four stays for another user's first session: daemon/fair_share.h.)
+  auto memory = Memory();
+  ASSERT_NE(memory, nullptr);
+  RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA);
+  UniqueFd channel = Connect(daemon_->socket() + ".fd");
+  Lease lease = AskLease(channel.get(), session.welcome().session_id(),
+                         session.welcome().descriptor_secret(), 4 * kChunkPages);
+  ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
+  ASSERT_EQ(lease.chunks.size(), 3u);
+  for (size_t i = 0; i < lease.chunks.size(); ++i) {
+    ASSERT_TRUE(memory->Map(kernels::kLeaseDevice, i, std::move(lease.chunks[i]), kChunk, 0).ok());
+    const std::vector<uint8_t> bytes = Read(*memory, i);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0), static_cast<long>(kChunk))
+        << "chunk " << lease.ids[i] << " was lent with daemon-copy's bytes";
+  }
 }
 
 // The daemon SIGKILLed while this rank maps seven of its eight chunks: the mappings stay valid
