@@ -606,6 +606,8 @@ v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
       t->set_chunks_total(tier.chunks());
       t->set_chunks_leased(counts.leased);
       t->set_chunks_orphaned(counts.orphaned);
+      t->set_chunks_kept(counts.kept);
+      t->set_chunks_waiting(counts.waiting);
       t->set_chunks_free(tier.chunks_free());
     }
     if (const ChunkMemory* memory = tier.chunk_memory(); memory != nullptr) {

@@ -754,7 +754,9 @@ Leases::TierCounts Leases::Counts(const Tier* tier) {
     if (tiers_[t] != tier) continue;
     for (const Chunk& c : chunks_[t]) {
       counts.leased += c.state == State::kLeased ? 1 : 0;
-      counts.orphaned += c.state == State::kOrphaned || c.state == State::kKept ? 1 : 0;
+      counts.orphaned += c.state == State::kOrphaned ? 1 : 0;
+      counts.kept += c.state == State::kKept ? 1 : 0;
+      counts.waiting += c.state == State::kRenewing ? 1 : 0;
     }
   }
   return counts;

@@ -140,6 +140,8 @@ class Leases {
   struct TierCounts {
     uint64_t leased = 0;
     uint64_t orphaned = 0;
+    uint64_t kept = 0;
+    uint64_t waiting = 0;  // State::kRenewing
   };
   TierCounts Counts(const Tier* tier);
   // `live` (optional): its live stashes by tag, from the block's live-stash table.

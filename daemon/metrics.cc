@@ -298,6 +298,12 @@ std::vector<MetricFamily> CollectMetrics(DaemonCore& core) {
       {"stashd_tier_chunks_orphaned",
        "Chunks of the tier whose session ended while its process lives",
        [](const v1::TierStats& t) { return static_cast<double>(t.chunks_orphaned()); }},
+      {"stashd_tier_chunks_kept",
+       "Chunks of the tier a live mapped session returned, charged to it until its process exits",
+       [](const v1::TierStats& t) { return static_cast<double>(t.chunks_kept()); }},
+      {"stashd_tier_chunks_waiting",
+       "Chunks of the tier out of every ring until they get memory (tried every second)",
+       [](const v1::TierStats& t) { return static_cast<double>(t.chunks_waiting()); }},
       {"stashd_tier_bytes_warm",
        "Bytes of the tier whose pages are populated (--warm-memory; below stashd_tier_bytes while "
        "the daemon warms it after start, and by each chunk back from a mapped session)",

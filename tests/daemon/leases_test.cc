@@ -756,13 +756,14 @@ TEST_F(LeasesTest, AChunkThatCannotBeRenewedNowIsRenewedLater) {
   EXPECT_TRUE(returned.ok()) << returned.message();
   EXPECT_EQ(leases_->renewing(), 1u);
   EXPECT_EQ(pools_[0]->chunks_free(), 7u);  // not back in the ring with its old memory
-  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 1u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).waiting, 1u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 0u);
   // The reaper renews it within about a second once descriptors are there again.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (leases_->renewing() != 0 && std::chrono::steady_clock::now() < until) usleep(10000);
   EXPECT_EQ(leases_->renewing(), 0u);
   EXPECT_EQ(pools_[0]->chunks_free(), 8u);
-  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 0u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).waiting, 0u);
   EXPECT_TRUE(pools_[0]->RingIsPermutation());
 }
 

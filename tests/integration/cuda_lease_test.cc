@@ -181,7 +181,8 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
                       session.welcome().descriptor_secret(), lease.ids),
             0);
   EXPECT_EQ(Gpu(0).chunks_leased(), 0u);
-  EXPECT_EQ(Gpu(0).chunks_orphaned(), 2u) << "kept for this rank until its process exits";
+  EXPECT_EQ(Gpu(0).chunks_kept(), 2u) << "kept for this rank until its process exits";
+  EXPECT_EQ(Gpu(0).chunks_orphaned(), 0u);
   EXPECT_EQ(Gpu(0).pages_used(), 2 * kChunkPages);
   auto three = Buffer(3 * kChunk, 9);
   auto over = (*copier)->Wait(*(*copier)->Stash(Args(*three, kPage, 3 * kChunkPages)));
@@ -204,7 +205,7 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
         << "the same allocation, not a new one";
   }
   EXPECT_EQ(Gpu(0).chunks_leased(), 2u);
-  EXPECT_EQ(Gpu(0).chunks_orphaned(), 0u);
+  EXPECT_EQ(Gpu(0).chunks_kept(), 0u);
   EXPECT_EQ(Gpu(1).chunks_leased(), 0u) << "GPU 1's pool lends nothing to GPU 0's rank";
 }
 
@@ -316,7 +317,7 @@ TEST_F(CudaLeases, LeasesRacingDaemonCopyTrafficNeverTearTheRing) {
     waitpid(pid, nullptr, 0);
   }
   const Clock::time_point all_exited = Clock::now();
-  while (Gpu(0).chunks_leased() + Gpu(0).chunks_orphaned() != 0 || Gpu(0).pages_used() != 0) {
+  while (Gpu(0).chunks_leased() + Gpu(0).chunks_kept() != 0 || Gpu(0).pages_used() != 0) {
     ASSERT_LT(Clock::now() - all_exited, std::chrono::seconds(10 * TimeScale()));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -436,6 +437,7 @@ TEST_F(CudaLeases, ARestartedDaemonStartsWhileARankStillMapsTheOldChunks) {
   EXPECT_NE(log.find("did not stop cleanly"), std::string::npos) << log;
   EXPECT_NE(log.find("7 of 8 chunks of the pool have no room"), std::string::npos) << log;
   EXPECT_EQ(Gpu(0).pages_used(), 7 * kChunkPages) << "the waiting chunks are not in the pool";
+  EXPECT_EQ(Gpu(0).chunks_waiting(), 7u);
   for (uint64_t i = 0; i < 7; ++i) {
     ASSERT_TRUE(memory->Unmap(kernels::kLeaseDevice, i, nullptr).ok());
   }
