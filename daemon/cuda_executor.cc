@@ -150,7 +150,9 @@ class CudaExecutor final : public CopyExecutor {
   void MustBeCurrent(const Current& current) const {
     if (!current.status().ok()) DeviceLost(device_, current.status().message());
   }
-  kernels::CudaTier DeviceTier() const { return {d_device_ring_, pool_->base()}; }
+  kernels::CudaTier DeviceTier() const {
+    return {d_device_ring_, pool_ != nullptr ? pool_->base() : plain_pool_.device<uint8_t>()};
+  }
   kernels::CudaTier HostTier() const {
     if (host_tier_ == nullptr) return {};
     return {host_ring_.device<kernels::PageRing>(), host_pages_.device<uint8_t>()};
@@ -177,7 +179,8 @@ class CudaExecutor final : public CopyExecutor {
   std::unique_ptr<Tier> host_tier_;          // null = no spill tier on this GPU
   std::unique_ptr<VmmChunkMemory> pool_;     // device pages, in chunks
   std::unique_ptr<CudaChunkLender> lender_;  // lends pool_'s chunks to mapped sessions
-  CudaBuffer device_ring_;                   // PageRing, then the ids
+  CudaBuffer plain_pool_;   // instead of pool_ on a GPU setup without VMM or POSIX-fd handles
+  CudaBuffer device_ring_;  // PageRing, then the ids
   kernels::PageRing* d_device_ring_ = nullptr;
   CudaBuffer host_pages_;            // pinned, mapped
   CudaBuffer host_ring_;             // device: the host tier's PageRing, then its ids
@@ -256,10 +259,21 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
   // The pool: one VMM allocation per chunk in one reserved range (addresses never move), so one
   // pool serves daemon-copy's ring and mapped sessions' leases. Chunks the GPU has no room for
   // now wait, out of the ring, until Leases renews them.
-  STASH_ASSIGN_OR_RETURN(
-      e->pool_, VmmChunkMemory::Create(driver, device, "gpu" + std::to_string(device), pages * page,
-                                       ChunkPages(config) * page, page));
-  pages = e->pool_->bytes() / page;
+  // A GPU setup without VMM allocations or POSIX-fd handles (some vGPU and MIG setups) gets
+  // one cuMemAlloc instead: daemon-copy works, and the pool lends no chunks.
+  auto chunked = VmmChunkMemory::Create(driver, device, "gpu" + std::to_string(device),
+                                        pages * page, ChunkPages(config) * page, page);
+  if (chunked.ok()) {
+    e->pool_ = std::move(chunked).value();
+    pages = e->pool_->bytes() / page;
+  } else if (chunked.status().code() == StatusCode::kFailedPrecondition) {
+    Log("pool")->warn("{}: {}; its pool is one cuMemAlloc and lends mapped sessions no chunks",
+                      name, chunked.status().message());
+    STASH_RETURN_IF_ERROR(
+        e->plain_pool_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice, pages * page, "the pool"));
+  } else {
+    return chunked.status();
+  }
   // What the daemon needs beside the pool comes first (the ring, the host tier's share, plans
   // and page records), then as many chunks as the GPU has room for.
   STASH_RETURN_IF_ERROR(e->device_ring_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
@@ -312,10 +326,24 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
 }
 
 Status CudaExecutor::StartPool(uint64_t pages, const std::string& name) {
+  d_device_ring_ = device_ring_.device<kernels::PageRing>();
+  auto* d_ids = reinterpret_cast<uint64_t*>(d_device_ring_ + 1);
+  if (pool_ == nullptr) {
+    // One cuMemAlloc: every page present, no chunks, no lender.
+    device_tier_ =
+        Tier::CreateAccounting("gpu" + std::to_string(device_), device_, page_bytes_, pages);
+    std::vector<uint64_t> ids(pages);
+    std::iota(ids.begin(), ids.end(), uint64_t{0});
+    const kernels::PageRing ring{d_ids, pages, 0, pages};
+    STASH_CU_RETURN_IF_ERROR(
+        driver_, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_device_ring_), &ring, sizeof(ring)));
+    STASH_CU_RETURN_IF_ERROR(
+        driver_, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_ids), ids.data(), pages * 8));
+    return Status::Ok();
+  }
   const uint64_t chunk_pages = pool_->chunk_bytes() / page_bytes_;
   device_tier_ = Tier::CreateAccounting("gpu" + std::to_string(device_), device_, page_bytes_,
                                         pages, chunk_pages);
-  d_device_ring_ = device_ring_.device<kernels::PageRing>();
   CudaChunkLender::Pool lent;
   lent.driver = driver_;
   lent.context = context_.get();
@@ -356,7 +384,6 @@ Status CudaExecutor::StartPool(uint64_t pages, const std::string& name) {
   // The ring: the present chunks' page ids, all free. The first state goes up with synchronous
   // copies; the caller's cuCtxSynchronize waits until they landed (a pageable copy may return
   // first).
-  auto* d_ids = reinterpret_cast<uint64_t*>(d_device_ring_ + 1);
   const kernels::PageRing ring{d_ids, pages, 0, present.size()};
   STASH_CU_RETURN_IF_ERROR(
       driver_, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_device_ring_), &ring, sizeof(ring)));

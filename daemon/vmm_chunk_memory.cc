@@ -47,8 +47,8 @@ StatusOr<std::unique_ptr<VmmChunkMemory>> VmmChunkMemory::Create(
   if (!missing.empty()) {
     return FailedPreconditionError(
         gpu + " supports no " + missing + ", which the chunks of pool " + label +
-        " need (VMM allocations, handed to mapped ranks as file descriptors): use a driver and a "
-        "GPU setup (not every vGPU or MIG configuration) that offer both, or --backend=host");
+        " need (VMM allocations, handed to mapped ranks as file descriptors): mapped mode needs a "
+        "driver and a GPU setup (not every vGPU or MIG configuration) that offer both");
   }
 
   STASH_ASSIGN_OR_RETURN(PrimaryContext context, PrimaryContext::Retain(driver, device));

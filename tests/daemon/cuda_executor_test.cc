@@ -303,6 +303,33 @@ TEST_F(CudaExecutorTest, RefusalsSayWhatToChange) {
       << small.status().message();
 }
 
+// A GPU setup without POSIX-fd VMM handles (some vGPU and MIG setups) still runs daemon-copy:
+// its pool is one cuMemAlloc that lends no chunks, and stashes fill it and reload byte-exact.
+TEST_F(CudaExecutorTest, AGpuWithoutPosixFdHandlesPoolsInOneAllocationAndLendsNothing) {
+  context_.reset();
+  d_ = Standin::Reset({{"STASH_STANDIN_DEVICES", "1"}, {"STASH_STANDIN_NO_POSIX_FD", "1"}});
+  auto context = PrimaryContext::Retain(d_, 0);
+  ASSERT_TRUE(context.ok()) << context.status().ToString();
+  context_ = std::make_unique<PrimaryContext>(std::move(context).value());
+  Start(kMiB, 0);  // less than a chunk could be: no chunks are made
+  Tier* tier = executor_->device_tier();
+  EXPECT_EQ(tier->pages(), kMiB / kPage);
+  EXPECT_EQ(tier->chunks(), 0u);
+  EXPECT_EQ(tier->lender(), nullptr);
+  std::vector<uint8_t> bytes(kMiB);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7);
+  uint8_t* src = DeviceBytes(bytes);
+  StashRecord record;
+  Stash(&record, src, 16, kPage, 1);
+  EXPECT_EQ(record.plan.placement, Placement::kDevice);
+  StashRecord over;
+  Stash(&over, src, 1, kPage, 2);
+  EXPECT_EQ(over.plan.placement, Placement::kOverflow) << "the whole pool is the first stash's";
+  uint8_t* dst = DeviceBytes(std::vector<uint8_t>(kMiB));
+  Reload(&record, dst, 3);
+  EXPECT_EQ(Read(dst, kMiB), bytes);
+}
+
 // One executor per visible GPU, in device order, each with its own UUID and its share of the
 // host tier.
 TEST(CudaExecutors, OnePerVisibleGpuEachWithItsShareOfTheHostTier) {
