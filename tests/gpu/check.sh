@@ -314,7 +314,9 @@ step_gtests() {
     if [ "$mode" = EAGER ]; then name="$name-eager"; fi
     left=$((left - 1))
     per_test="$(step_budget 90 $((left + steps_after)))"
-    CUDA_MODULE_LOADING="$mode" timeout --kill-after=10 "$per_test" "$t" --gtest_color=no \
+    # STASHD_BIN_DIR: where tests that start stashd (cuda_lease_gpu_test) find it.
+    STASHD_BIN_DIR="$(dirname "$(find_bin stashd)")" \
+      CUDA_MODULE_LOADING="$mode" timeout --kill-after=10 "$per_test" "$t" --gtest_color=no \
       >"$out/$name.log" 2>&1
     code=$?
     passed="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}\..*/\1/p' "$out/$name.log" | tail -n 1)"

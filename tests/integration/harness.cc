@@ -131,7 +131,11 @@ bool SocketAccepts(const std::string& path) {
 
 DaemonProcess::DaemonProcess(std::vector<std::string> flags) {
   socket_ = dir_.path() + "/stashd.sock";
-  std::vector<std::string> argv = {BinDir() + "/daemon/stashd"};
+  // A build tree has it in daemon/; a bundle (scripts/bundle, the GPU check) in bin/, which
+  // STASHD_BIN_DIR then names.
+  std::string stashd = BinDir() + "/daemon/stashd";
+  if (access(stashd.c_str(), X_OK) != 0) stashd = BinDir() + "/stashd";
+  std::vector<std::string> argv = {stashd};
   bool has_socket = false;
   for (const std::string& f : flags) {
     if (f.rfind("--socket", 0) != 0) continue;
