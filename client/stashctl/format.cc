@@ -390,6 +390,19 @@ std::string RenderStats(const v1::GetStatsResponse& stats, size_t width) {
                         (warming.empty() ? ", every tier warm" : "; warming:" + warming) + "\n",
                     width);
   }
+  // Chunks neither in the pool nor leased, one line, when there are any.
+  std::string held_out;
+  for (const v1::TierStats& t : stats.tiers()) {
+    std::string parts;
+    auto add = [&parts](uint64_t n, const char* what) {
+      if (n != 0) parts += (parts.empty() ? "" : ", ") + Num(n) + " " + what;
+    };
+    add(t.chunks_orphaned(), "orphaned (session ended, process lives)");
+    add(t.chunks_kept(), "kept (returned by a live rank, until it exits)");
+    add(t.chunks_waiting(), "waiting for memory");
+    if (!parts.empty()) held_out += "  " + t.name() + ": " + parts;
+  }
+  if (!held_out.empty()) out += FitLines("chunks out of the pool:" + held_out + "\n", width);
   out += "\n";
   if (stats.sessions().empty() && stats.sessions_omitted() == 0) {
     out += "no sessions connected\n";

@@ -277,6 +277,21 @@ TEST(StashctlFormat, EveryColumnNamesItsUnitAndHighWaterShowsPagesAndBytes) {
   EXPECT_NE(text.find("LEASED/FREE/TOTAL CHUNKS"), std::string::npos) << text;
 }
 
+// Chunks neither in the pool nor leased get one line, naming why, and only when there are any.
+TEST(StashctlFormat, ChunksOutOfThePoolAreNamedWithWhy) {
+  v1::GetStatsResponse stats = SampleStats();
+  EXPECT_EQ(RenderStats(stats).find("chunks out of the pool"), std::string::npos);
+  v1::TierStats* gpu0 = stats.mutable_tiers(0);
+  gpu0->set_chunks_total(32);
+  gpu0->set_chunks_kept(2);
+  gpu0->set_chunks_waiting(1);
+  const std::string text = RenderStats(stats);
+  EXPECT_NE(text.find("chunks out of the pool:  gpu0: 2 kept (returned by a live rank, until it "
+                      "exits), 1 waiting for memory"),
+            std::string::npos)
+      << text;
+}
+
 TEST(StashctlFormat, SessionsDetailShowsLiveStashesByLayerMicrobatchAndName) {
   v1::GetStatsResponse stats = SampleStats();
   v1::LiveStashes* live = stats.mutable_sessions(0)->add_live();
