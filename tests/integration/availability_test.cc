@@ -83,20 +83,11 @@ class LimitedDaemon {
 #define ASSERT_READY(daemon) \
   ASSERT_TRUE((daemon).Ready()) << "stashd did not start: " << (daemon).process().Stderr()
 
-UniqueFd Connect(const std::string& path, int type) {
-  UniqueFd fd(socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) fd.reset();
-  return fd;
-}
-
 // `n` plain connections that say nothing (a connect that fails ends the flood early).
 std::vector<UniqueFd> Flood(const std::string& path, int type, int n) {
   std::vector<UniqueFd> held;
   for (int i = 0; i < n; ++i) {
-    UniqueFd fd = Connect(path, type);
+    UniqueFd fd = ConnectUnix(path, type);
     if (!fd.valid()) break;
     held.push_back(std::move(fd));
   }
@@ -263,7 +254,7 @@ TEST(Availability, AnotherUsersFirstSessionIsServedWhileOneUserHoldsEveryBudget)
   // Deposited descriptors: root's daemon-copy sessions deposit until refused (64 each, and a
   // quarter of the open-file limit in all, less another user's first session's 64).
   std::vector<std::unique_ptr<RawSession>> sessions;
-  UniqueFd channel = Connect(daemon.socket() + ".fd", SOCK_SEQPACKET);
+  UniqueFd channel = ConnectUnix(daemon.socket() + ".fd", SOCK_SEQPACKET);
   auto memfd = CreateSealedMemfd("root", 1 << 16);
   ASSERT_TRUE(memfd.ok());
   v1::DescriptorResponse refused;
@@ -340,7 +331,7 @@ TEST(Availability, SessionsThatNeverReadLeaseAnswersHoldUpNobody) {
   for (int i = 0; i < 30; ++i) {
     sessions.push_back(OpenRaw(*stub, v1::MODE_MAPPED));
     ASSERT_FALSE(sessions.back()->welcome.session_id().empty());
-    unread.push_back(Connect(daemon.socket() + ".fd", SOCK_SEQPACKET));
+    unread.push_back(ConnectUnix(daemon.socket() + ".fd", SOCK_SEQPACKET));
     ASSERT_TRUE(
         SendPacket(unread.back().get(), LeasePacket(sessions.back()->welcome, 100), {}).ok());
   }
@@ -349,7 +340,7 @@ TEST(Availability, SessionsThatNeverReadLeaseAnswersHoldUpNobody) {
   auto memory = CreateSealedMemfd("victim", 1 << 20);
   ASSERT_TRUE(memory.ok());
   const int second = 1000 * TimeScale();
-  UniqueFd c = Connect(daemon.socket() + ".fd", SOCK_SEQPACKET);
+  UniqueFd c = ConnectUnix(daemon.socket() + ".fd", SOCK_SEQPACKET);
   auto start = Clock::now();
   const v1::DescriptorResponse deposited =
       Ask(c.get(), DepositPacket(victim->welcome, 7, 1 << 20), {memory->get()}, second);
@@ -357,7 +348,7 @@ TEST(Availability, SessionsThatNeverReadLeaseAnswersHoldUpNobody) {
   EXPECT_LE(Clock::now() - start, std::chrono::milliseconds(second));
   // A mapped session's lease on a fresh connection is answered too, chunks and all.
   auto mapped = OpenRaw(*stub, v1::MODE_MAPPED);
-  UniqueFd m = Connect(daemon.socket() + ".fd", SOCK_SEQPACKET);
+  UniqueFd m = ConnectUnix(daemon.socket() + ".fd", SOCK_SEQPACKET);
   start = Clock::now();
   size_t parts = 0;
   const v1::DescriptorResponse leased =

@@ -95,6 +95,30 @@ class CudaLeases : public ::testing::Test {
     EXPECT_EQ(d_->MemcpyDtoH(out.data(), at, kChunk), CUDA_SUCCESS);
     return out;
   }
+  // A daemon-copy client of the daemon (device 0, no host spill); null when it cannot open.
+  std::unique_ptr<Client> DaemonCopier() {
+    Options o;
+    o.socket = daemon_->socket();
+    o.backend = Backend::kCuda;
+    o.allow_host_spill = false;
+    auto copier = Client::Open(o);
+    EXPECT_TRUE(copier.ok()) << copier.status().ToString();
+    return copier.ok() ? std::move(copier).value() : nullptr;
+  }
+  // Unmaps device slots [0, slots) (their work was on the legacy stream) and reaps until the GPU
+  // finished that work; returns how many slots are free again.
+  static size_t UnmapAndReap(CudaLeaseMemory& memory, uint64_t slots) {
+    for (uint64_t slot = 0; slot < slots; ++slot) {
+      EXPECT_TRUE(memory.Unmap(kernels::kLeaseDevice, slot, nullptr).ok());
+    }
+    size_t freed = 0;
+    for (const Clock::time_point until = Clock::now() + std::chrono::seconds(10 * TimeScale());
+         freed < slots && Clock::now() < until;) {
+      freed += memory.Reap().freed.size();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return freed;
+  }
   void Fill(const CudaLeaseMemory& memory, uint64_t slot, uint8_t value) {
     const PrimaryContext::Scope scope(*context_);
     const auto at =
@@ -126,7 +150,7 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
   RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA);
   ASSERT_FALSE(session.welcome().session_id().empty());
   EXPECT_EQ(session.welcome().chunk_bytes(), kChunk);
-  UniqueFd channel = Connect(daemon_->socket() + ".fd");
+  UniqueFd channel = ConnectUnix(daemon_->socket() + ".fd");
   ASSERT_TRUE(channel.valid());
   Lease lease = AskLease(channel.get(), session.welcome().session_id(),
                          session.welcome().descriptor_secret(), 2 * kChunkPages);
@@ -152,17 +176,13 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
 
   // Daemon-copy fills what is left of the pool (two chunks) and no more: a 64-page stash fits,
   // another overflows, and the leased chunks keep this rank's bytes.
-  Options o;
-  o.socket = daemon_->socket();
-  o.backend = Backend::kCuda;
-  o.allow_host_spill = false;
-  auto copier = Client::Open(o);
-  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  std::unique_ptr<Client> copier = DaemonCopier();
+  ASSERT_NE(copier, nullptr);
   auto src = Buffer(2 * kChunk, 7);
-  auto first = (*copier)->Wait(*(*copier)->Stash(Args(*src, kPage, 2 * kChunkPages)));
+  auto first = copier->Wait(*copier->Stash(Args(*src, kPage, 2 * kChunkPages)));
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ(first->tier, Tier::kDevice);
-  auto second = (*copier)->Wait(*(*copier)->Stash(Args(*src, kPage, 1)));
+  auto second = copier->Wait(*copier->Stash(Args(*src, kPage, 1)));
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(second->tier, Tier::kOverflow) << "the leased chunks are out of daemon-copy's ring";
   for (uint64_t slot = 0; slot < 2; ++slot) {
@@ -171,23 +191,13 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
         << "daemon-copy wrote into leased chunk " << slot;
   }
   auto dst = Buffer(2 * kChunk);
-  ASSERT_TRUE(
-      (*copier)->Wait(*(*copier)->Reload({first->ticket, dst.get(), 0, false, {}, {}})).ok());
+  ASSERT_TRUE(copier->Wait(*copier->Reload({first->ticket, dst.get(), 0, false, {}, {}})).ok());
   EXPECT_EQ(std::memcmp(dst->data(), src->data(), 2 * kChunk), 0);
 
   // Returned while this process lives, the chunks stay charged to it (it may still hold their
   // memory: renewing them would leave that VRAM alive and counted nowhere): daemon-copy does not
   // get them, and leasing again gives this rank the same chunks, with its own bytes.
-  for (uint64_t slot = 0; slot < 2; ++slot) {
-    ASSERT_TRUE(memory->Unmap(kernels::kLeaseDevice, slot, nullptr).ok());
-  }
-  size_t freed = 0;
-  for (const Clock::time_point until = Clock::now() + std::chrono::seconds(10 * TimeScale());
-       freed < 2 && Clock::now() < until;) {
-    freed += memory->Reap().freed.size();  // once the GPU finished the work that used them
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  EXPECT_EQ(freed, 2u);
+  ASSERT_EQ(UnmapAndReap(*memory, 2), 2u);
   ASSERT_EQ(AskReturn(channel.get(), session.welcome().session_id(),
                       session.welcome().descriptor_secret(), lease.ids),
             0);
@@ -196,7 +206,7 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
   EXPECT_EQ(Gpu(0).chunks_orphaned(), 0u);
   EXPECT_EQ(Gpu(0).pages_used(), 2 * kChunkPages);
   auto three = Buffer(3 * kChunk, 9);
-  auto over = (*copier)->Wait(*(*copier)->Stash(Args(*three, kPage, 3 * kChunkPages)));
+  auto over = copier->Wait(*copier->Stash(Args(*three, kPage, 3 * kChunkPages)));
   ASSERT_TRUE(over.ok()) << over.status().ToString();
   EXPECT_EQ(over->tier, Tier::kOverflow) << "a kept chunk went back to daemon-copy";
   Lease again = AskLease(channel.get(), session.welcome().session_id(),
@@ -238,7 +248,7 @@ int LeaseInChild(const std::string& socket, uint64_t pages, bool hold, pid_t* pi
       if (n <= 0) _exit(1);
       got += static_cast<size_t>(n);
     }
-    UniqueFd c = Connect(socket + ".fd");
+    UniqueFd c = ConnectUnix(socket + ".fd");
     Lease lease = AskLease(c.get(), std::string(ids, 32), std::string(ids + 32, 32), pages);
     const int n =
         lease.last.code() == 0 ? static_cast<int>(lease.chunks.size()) : -100 - lease.last.code();
@@ -271,12 +281,8 @@ TEST_F(CudaLeases, LeasesRacingDaemonCopyTrafficNeverTearTheRing) {
   setenv("STASH_STANDIN_LAUNCH_DELAY_US", "300", 1);
   StartDaemon();
   unsetenv("STASH_STANDIN_LAUNCH_DELAY_US");
-  Options o;
-  o.socket = daemon_->socket();
-  o.backend = Backend::kCuda;
-  o.allow_host_spill = false;
-  auto copier = Client::Open(o);
-  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  std::unique_ptr<Client> copier = DaemonCopier();
+  ASSERT_NE(copier, nullptr);
   std::atomic<bool> stop{false};
   std::atomic<int> wrong{0}, rounds{0};
   std::thread traffic([&] {
@@ -287,7 +293,7 @@ TEST_F(CudaLeases, LeasesRacingDaemonCopyTrafficNeverTearTheRing) {
       for (uint32_t k = 0; k < 8; ++k) {
         const uint64_t pages = 1 + (i + k) * 7 % 20;  // may straddle chunks, or not fit
         sources.push_back(Buffer(pages * kPage, 1000 + i + k));
-        auto op = (*copier)->Stash(Args(*sources.back(), kPage, pages));
+        auto op = copier->Stash(Args(*sources.back(), kPage, pages));
         if (!op.ok()) {
           ++wrong;
           return;
@@ -297,19 +303,19 @@ TEST_F(CudaLeases, LeasesRacingDaemonCopyTrafficNeverTearTheRing) {
       std::vector<std::unique_ptr<HostBuffer>> dests(8);
       std::vector<uint64_t> reloads(8, 0);
       for (uint32_t k = 0; k < 8; ++k) {
-        auto stash = (*copier)->Wait(ops[k]);
+        auto stash = copier->Wait(ops[k]);
         if (!stash.ok()) {
           ++wrong;
           continue;
         }
         if (stash->tier != Tier::kDevice) continue;  // overflow: nothing stored
         dests[k] = Buffer(sources[k]->size());
-        auto op = (*copier)->Reload({stash->ticket, dests[k].get(), 0, false, {}, {}});
+        auto op = copier->Reload({stash->ticket, dests[k].get(), 0, false, {}, {}});
         if (op.ok()) reloads[k] = *op;
       }
       for (uint32_t k = 0; k < 8; ++k) {
         if (dests[k] == nullptr) continue;
-        if (reloads[k] == 0 || !(*copier)->Wait(reloads[k]).ok() ||
+        if (reloads[k] == 0 || !copier->Wait(reloads[k]).ok() ||
             std::memcmp(dests[k]->data(), sources[k]->data(), sources[k]->size()) != 0) {
           ++wrong;
         }
@@ -339,11 +345,11 @@ TEST_F(CudaLeases, LeasesRacingDaemonCopyTrafficNeverTearTheRing) {
   EXPECT_EQ(Gpu(0).chunks_leased(), 0u);
   EXPECT_EQ(Gpu(0).pages_used(), 0u);
   auto whole = Buffer(4 * kChunk, 77);
-  auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 4 * kChunkPages)));
+  auto all = copier->Wait(*copier->Stash(Args(*whole, kPage, 4 * kChunkPages)));
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   ASSERT_EQ(all->tier, Tier::kDevice) << "every page is back in the ring, once";
   auto dst = Buffer(4 * kChunk);
-  ASSERT_TRUE((*copier)->Wait(*(*copier)->Reload({all->ticket, dst.get(), 0, false, {}, {}})).ok());
+  ASSERT_TRUE(copier->Wait(*copier->Reload({all->ticket, dst.get(), 0, false, {}, {}})).ok());
   EXPECT_EQ(std::memcmp(dst->data(), whole->data(), 4 * kChunk), 0);
 }
 
@@ -366,26 +372,22 @@ TEST_F(CudaLeases, ChunksOfASigkilledRankComeBackWithinASecond) {
   }
   EXPECT_LE(Clock::now() - killed, std::chrono::seconds(1 * TimeScale()));
 
-  Options o;
-  o.socket = daemon_->socket();
-  o.backend = Backend::kCuda;
-  o.allow_host_spill = false;
-  auto copier = Client::Open(o);
-  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  std::unique_ptr<Client> copier = DaemonCopier();
+  ASSERT_NE(copier, nullptr);
   auto whole = Buffer(4 * kChunk, 3);
-  auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 4 * kChunkPages)));
+  auto all = copier->Wait(*copier->Stash(Args(*whole, kPage, 4 * kChunkPages)));
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(all->tier, Tier::kDevice) << "every chunk is back in daemon-copy's ring";
-  auto released = (*copier)->Release(all->ticket);
+  auto released = copier->Release(all->ticket);
   ASSERT_TRUE(released.ok()) << released.status().ToString();
-  ASSERT_TRUE((*copier)->Wait(*released).ok());
+  ASSERT_TRUE(copier->Wait(*released).ok());
 
   // Every chunk leased now held daemon-copy's bytes: each is renewed before it is lent. (One of
   // the four stays for another user's first session: daemon/fair_share.h.)
   auto memory = Memory();
   ASSERT_NE(memory, nullptr);
   RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA);
-  UniqueFd channel = Connect(daemon_->socket() + ".fd");
+  UniqueFd channel = ConnectUnix(daemon_->socket() + ".fd");
   Lease lease = AskLease(channel.get(), session.welcome().session_id(),
                          session.welcome().descriptor_secret(), 4 * kChunkPages);
   ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
@@ -427,7 +429,7 @@ TEST_F(CudaLeases, ARestartedDaemonStartsWhileARankStillMapsTheOldChunks) {
   ASSERT_NE(memory, nullptr);
   {
     RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA);
-    UniqueFd channel = Connect(daemon_->socket() + ".fd");
+    UniqueFd channel = ConnectUnix(daemon_->socket() + ".fd");
     Lease lease = AskLease(channel.get(), session.welcome().session_id(),
                            session.welcome().descriptor_secret(), 7 * kChunkPages);
     ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
@@ -452,36 +454,23 @@ TEST_F(CudaLeases, ARestartedDaemonStartsWhileARankStillMapsTheOldChunks) {
   EXPECT_NE(log.find("7 of 8 chunks of the pool have no room"), std::string::npos) << log;
   EXPECT_EQ(Gpu(0).pages_used(), 7 * kChunkPages) << "the waiting chunks are not in the pool";
   EXPECT_EQ(Gpu(0).chunks_waiting(), 7u);
-  for (uint64_t i = 0; i < 7; ++i) {
-    ASSERT_TRUE(memory->Unmap(kernels::kLeaseDevice, i, nullptr).ok());
-  }
-  size_t freed = 0;
-  for (const Clock::time_point until = Clock::now() + std::chrono::seconds(10 * TimeScale());
-       freed < 7 && Clock::now() < until;) {
-    freed += memory->Reap().freed.size();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_EQ(freed, 7u);
+  ASSERT_EQ(UnmapAndReap(*memory, 7), 7u);
   const Clock::time_point unmapped = Clock::now();
   while (Gpu(0).pages_used() != 0) {
     ASSERT_LT(Clock::now() - unmapped, std::chrono::seconds(10 * TimeScale()))
         << daemon_->process().Stderr();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  Options o;
-  o.socket = daemon_->socket();
-  o.backend = Backend::kCuda;
-  o.allow_host_spill = false;
-  auto copier = Client::Open(o);
-  ASSERT_TRUE(copier.ok()) << copier.status().ToString();
+  std::unique_ptr<Client> copier = DaemonCopier();
+  ASSERT_NE(copier, nullptr);
   auto whole = Buffer(8 * kChunk, 5);
-  auto all = (*copier)->Wait(*(*copier)->Stash(Args(*whole, kPage, 8 * kChunkPages)));
+  auto all = copier->Wait(*copier->Stash(Args(*whole, kPage, 8 * kChunkPages)));
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(all->tier, Tier::kDevice) << "the waiting chunks joined the pool";
 
   // Stopped cleanly, it leaves no record: the next start counts nothing that is not free (a
   // GPU of 14 MiB: the free-memory check refuses the 16 MiB pool, naming the free memory).
-  copier.value().reset();
+  copier.reset();
   ASSERT_EQ(daemon_->process().StopWith(SIGTERM, std::chrono::seconds(10)), 0);
   setenv("STASH_STANDIN_VRAM_BYTES", std::to_string(7 * kChunk).c_str(), 1);
   DaemonProcess refused({"--backend=cuda", "--page-bytes=64KiB", "--chunk-bytes=2MiB",

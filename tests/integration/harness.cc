@@ -118,16 +118,17 @@ std::string Slurp(const std::string& path) {
 std::string Process::Stdout() const { return Slurp(out_path_); }
 std::string Process::Stderr() const { return Slurp(err_path_); }
 
-bool SocketAccepts(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
+UniqueFd ConnectUnix(const std::string& path, int type) {
+  UniqueFd fd(socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return fd;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return ok;
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) fd.reset();
+  return fd;
 }
+
+bool SocketAccepts(const std::string& path) { return ConnectUnix(path, SOCK_STREAM).valid(); }
 
 DaemonProcess::DaemonProcess(std::vector<std::string> flags) {
   socket_ = dir_.path() + "/stashd.sock";

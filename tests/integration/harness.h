@@ -2,11 +2,15 @@
 #ifndef STASH_TESTS_INTEGRATION_HARNESS_H_
 #define STASH_TESTS_INTEGRATION_HARNESS_H_
 
+#include <sys/socket.h>
+
 #include <sys/types.h>
 
 #include <chrono>
 #include <string>
 #include <vector>
+
+#include "common/unique_fd.h"
 
 namespace stash::testing {
 
@@ -71,6 +75,10 @@ class DaemonProcess {
   std::string socket_;
   Process process_;
 };
+
+// A connection to the Unix socket at `path` (SOCK_SEQPACKET: the descriptor socket; SOCK_STREAM:
+// the gRPC one); invalid when the connect fails.
+UniqueFd ConnectUnix(const std::string& path, int type = SOCK_SEQPACKET);
 
 // Whether a Unix socket at `path` accepts connections.
 bool SocketAccepts(const std::string& path);

@@ -125,7 +125,7 @@ class Holder {
     }
     const std::string id(buf, 32);
     const std::string secret(buf + 32, 32);
-    UniqueFd c = Connect(fd_socket);
+    UniqueFd c = ConnectUnix(fd_socket);
     Lease lease = AskLease(c.get(), id, secret, pages);
     if (lease.last.code() != 0 || !lease.control_first) {
       report(-100 - lease.last.code());
@@ -187,7 +187,7 @@ TEST(MappedLeases, WelcomeCarriesTheChunkGeometryAndModesAreKeptApart) {
   EXPECT_EQ(refused.code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
   EXPECT_NE(refused.message().find("mapped mode"), std::string::npos) << refused.message();
   // Over the quota: RESOURCE_EXHAUSTED with the numbers, nothing granted.
-  UniqueFd c = Connect(daemon.socket() + ".fd");
+  UniqueFd c = ConnectUnix(daemon.socket() + ".fd");
   const std::string& id = mapped.welcome().session_id();
   const std::string& secret = mapped.welcome().descriptor_secret();
   Lease over = AskLease(c.get(), id, secret, 1000);
@@ -218,7 +218,7 @@ TEST(MappedLeases, WelcomeCarriesTheChunkGeometryAndModesAreKeptApart) {
   EXPECT_EQ(stats.tiers(0).pages_used(), 8u);
   // A daemon-copy session leases nothing.
   RawSession copy(daemon.socket(), getpid(), v1::MODE_DAEMON_COPY);
-  UniqueFd c2 = Connect(daemon.socket() + ".fd");
+  UniqueFd c2 = ConnectUnix(daemon.socket() + ".fd");
   Lease none =
       AskLease(c2.get(), copy.welcome().session_id(), copy.welcome().descriptor_secret(), 4);
   EXPECT_EQ(none.last.code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));

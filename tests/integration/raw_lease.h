@@ -4,9 +4,6 @@
 #ifndef STASH_TESTS_INTEGRATION_RAW_LEASE_H_
 #define STASH_TESTS_INTEGRATION_RAW_LEASE_H_
 
-#include <sys/socket.h>
-#include <sys/un.h>
-
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -66,15 +63,6 @@ class RawSession {
   uint64_t next_id_ = 0;
   bool closed_ = false;
 };
-
-inline UniqueFd Connect(const std::string& path) {
-  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) fd.reset();
-  return fd;
-}
 
 // What one LeaseChunks brought, as a client reads it: packets until one without `more`.
 struct Lease {

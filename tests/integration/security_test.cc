@@ -164,15 +164,6 @@ class RawSession {
   std::vector<uint64_t> pipelined_;
 };
 
-UniqueFd Connect(const std::string& path) {
-  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) fd.reset();
-  return fd;
-}
-
 std::string DepositPacket(const v1::Welcome& welcome, uint64_t id, uint64_t bytes,
                           const std::string* secret = nullptr) {
   v1::DescriptorRequest request;
@@ -190,7 +181,7 @@ v1::DescriptorResponse Ask(const std::string& fd_path, const std::string& packet
                            const std::vector<int>& fds) {
   v1::DescriptorResponse response;
   response.set_code(-1);
-  UniqueFd c = Connect(fd_path);
+  UniqueFd c = ConnectUnix(fd_path);
   if (!c.valid() || !SendPacket(c.get(), packet, fds).ok() ||
       !WaitReadable(c.get(), 10000 * TimeScale()).ok()) {
     return response;
@@ -441,7 +432,7 @@ TEST(Security, ADescriptorWhoseCloseBlocksDoesNotStopTheServer) {
   // Hand it over and let go of our copy while it is still in flight (the daemon stopped), so
   // that the daemon's close is the last one: the one that waits out the linger.
   ASSERT_EQ(kill(daemon.process().pid(), SIGSTOP), 0);
-  UniqueFd c = Connect(daemon.socket() + ".fd");
+  UniqueFd c = ConnectUnix(daemon.socket() + ".fd");
   ASSERT_TRUE(c.valid());
   ASSERT_TRUE(SendPacket(c.get(), "garbage", {sender.get()}).ok());
   sender.reset();
@@ -460,11 +451,11 @@ TEST(Security, ConnectionsPerUserAreLimited) {
   ASSERT_READY(daemon);
   std::vector<UniqueFd> held;
   for (int i = 0; i < 64; ++i) {
-    held.push_back(Connect(daemon.socket() + ".fd"));
+    held.push_back(ConnectUnix(daemon.socket() + ".fd"));
     ASSERT_TRUE(held.back().valid());
   }
   // The next connection is answered and closed without being asked anything.
-  UniqueFd extra = Connect(daemon.socket() + ".fd");
+  UniqueFd extra = ConnectUnix(daemon.socket() + ".fd");
   ASSERT_TRUE(extra.valid());
   ASSERT_TRUE(WaitReadable(extra.get(), 10000 * TimeScale()).ok());
   auto packet = ReceivePacket(extra.get());
