@@ -77,18 +77,16 @@ StatusOr<std::vector<CudaChunkLender::Taken>> CudaChunkLender::Take(const Want& 
   const CudaDriver* d = pool_.driver;
   const PrimaryContext::Scope scope(*pool_.context);
   STASH_RETURN_IF_ERROR(scope.status());
-  // The ring as the stream has it after the work enqueued so far.
+  // The ring (its header and the ids after it, one copy) as the stream has it after the work
+  // enqueued so far. Stashes may run before the take kernel: the snapshot only proposes; the
+  // kernel decides on the ring as it is when it runs.
   auto* snapshot = snapshot_.host<kernels::PageRing>();
-  STASH_CU_RETURN_IF_ERROR(d, MemcpyDtoHAsync(snapshot, reinterpret_cast<CUdeviceptr>(pool_.d_ring),
-                                              sizeof(kernels::PageRing), pool_.stream));
+  STASH_CU_RETURN_IF_ERROR(d,
+                           MemcpyDtoHAsync(snapshot, reinterpret_cast<CUdeviceptr>(pool_.d_ring),
+                                           sizeof(kernels::PageRing) + pages_ * 8, pool_.stream));
   STASH_RETURN_IF_ERROR(Reach());
   const kernels::PageRing ring = *snapshot;
-  auto* ids = reinterpret_cast<uint64_t*>(snapshot + 1);
-  STASH_CU_RETURN_IF_ERROR(
-      d, MemcpyDtoHAsync(ids, reinterpret_cast<CUdeviceptr>(ring.ids), pages_ * 8, pool_.stream));
-  STASH_RETURN_IF_ERROR(Reach());
-  // The ids may have moved on since the header was read (stashes run meanwhile): the snapshot
-  // only proposes; the kernel decides on the ring as it is when it runs.
+  const auto* ids = reinterpret_cast<const uint64_t*>(snapshot + 1);
   std::vector<uint64_t> free_pages(chunks_, 0);
   for (uint64_t i = 0; i < ring.tail - ring.head && i < pages_; ++i) {
     const uint64_t id = ids[(ring.head + i) % pages_];

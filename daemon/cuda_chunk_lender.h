@@ -5,9 +5,9 @@
 //           once into the pool's reserved range, exported as a POSIX fd for a lease, renewed
 //           (unmap, release, create, map, zero) when it comes back and before it is lent.
 //   ring    in device memory, written only by kernels in the copy stream's order (daemon-copy's
-//           plan and publish kernels, and these): Take snapshots the ring (a copy on the stream,
-//           waited for), chooses among the chunks wholly free in the snapshot, and launches one
-//           kernel that takes out those still wholly free when it runs (daemon_paging.h's
+//           plan and publish kernels, and these): Take snapshots the ring (one copy on the
+//           stream, waited for), chooses among the chunks wholly free in the snapshot, and launches
+//           one kernel that takes out those still wholly free when it runs (daemon_paging.h's
 //           TakeChunksLaunch), answering in pinned memory; Return launches one that appends a
 //           chunk's ids at the tail. A chunk a stash took a page of between the snapshot and the
 //           kernel stays in the ring; none is ever taken that was not chosen.
@@ -57,7 +57,7 @@ class CudaChunkLender final : public ChunkLender {
     const PrimaryContext* context = nullptr;
     CUstream stream = nullptr;
     const PagingKernels* kernels = nullptr;
-    kernels::PageRing* d_ring = nullptr;
+    kernels::PageRing* d_ring = nullptr;  // its ids follow it in the same allocation
     VmmChunkMemory* memory = nullptr;
     Tier* tier = nullptr;
     std::string gpu_uuid;  // 16 raw bytes
