@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "client/copy_session.h"
+#include "client/cuda_mapped_session.h"
 #include "client/cuda_memory.h"
 #include "client/host_buffer_rep.h"
 #include "client/mapped_session.h"
@@ -78,6 +79,10 @@ Client::~Client() = default;
 
 StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
   std::unique_ptr<Client> client(new Client());
+  if (options.mode == Mode::kMapped && options.backend == Backend::kCuda) {
+    STASH_ASSIGN_OR_RETURN(client->gpu_mapped_, CudaMappedSession::Open(options));
+    return client;
+  }
   if (options.mode == Mode::kMapped) {
     STASH_ASSIGN_OR_RETURN(client->mapped_, MappedSession::Open(options));
     return client;
@@ -128,6 +133,14 @@ StatusOr<Region> ResolveRegion(CudaSide* cuda, const HostBuffer* host, const voi
   return region;
 }
 
+// A stream is named only where operations are enqueued on it.
+Status NoStream(const void* stream, const char* what) {
+  if (stream == nullptr) return Status::Ok();
+  return InvalidArgumentError(std::string(what) +
+                              " is set, which only mapped mode on the cuda backend enqueues on; "
+                              "this session orders its copies with ready / done events");
+}
+
 void SetRef(const Region& region, v1::MemoryRef* out) {
   out->set_memory_id(region.memory_id);
   out->set_offset(region.offset);
@@ -143,6 +156,8 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
   if (args.max_rows > UINT64_MAX / args.row_bytes) {
     return InvalidArgumentError("stash max_rows * row_bytes overflows 64 bits");
   }
+  if (gpu_mapped_) return gpu_mapped_->Stash(args);
+  STASH_RETURN_IF_ERROR(NoStream(args.stream, "stash stream"));
   if (mapped_) return mapped_->Stash(args);
   STASH_ASSIGN_OR_RETURN(
       Region source,
@@ -193,6 +208,8 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
 
 StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
   if (args.ticket == 0) return InvalidArgumentError("reload needs the ticket Stash returned");
+  if (gpu_mapped_) return gpu_mapped_->Reload(args);
+  STASH_RETURN_IF_ERROR(NoStream(args.stream, "reload stream"));
   if (mapped_) return mapped_->Reload(args);
   // The daemon checks that the destination holds the stash's max_rows * row_bytes.
   STASH_ASSIGN_OR_RETURN(
@@ -213,7 +230,9 @@ StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
                         std::move(done));
 }
 
-StatusOr<uint64_t> Client::Release(uint64_t ticket) {
+StatusOr<uint64_t> Client::Release(uint64_t ticket, void* gpu_stream) {
+  if (gpu_mapped_) return gpu_mapped_->Release(ticket, gpu_stream);
+  STASH_RETURN_IF_ERROR(NoStream(gpu_stream, "release stream"));
   if (mapped_) return mapped_->Release(ticket);
   STASH_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, copy_->ForTicket(ticket));
   v1::SessionRequest r;
@@ -221,7 +240,9 @@ StatusOr<uint64_t> Client::Release(uint64_t ticket) {
   return stream->Submit(std::move(r), Completion::Kind::kRelease, {}, {}, {});
 }
 
-StatusOr<uint64_t> Client::BeginStep(uint64_t step) {
+StatusOr<uint64_t> Client::BeginStep(uint64_t step, void* gpu_stream) {
+  if (gpu_mapped_) return gpu_mapped_->BeginStep(step, gpu_stream);
+  STASH_RETURN_IF_ERROR(NoStream(gpu_stream, "begin_step stream"));
   if (mapped_) return mapped_->BeginStep(step);
   // A session that broke or drained is replaced here, once a daemon takes one.
   STASH_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, copy_->ForStep());
@@ -242,6 +263,7 @@ StatusOr<uint64_t> Client::BeginStep(uint64_t step) {
 }
 
 StatusOr<uint64_t> Client::Unregister(const HostBuffer& buffer) {
+  if (gpu_mapped_) return NotFoundError("this buffer was never used with this session");
   if (mapped_) return mapped_->Unregister(buffer);
   std::shared_ptr<SessionStream> stream = copy_->Current();
   Completion unregistered;
@@ -260,6 +282,10 @@ StatusOr<uint64_t> Client::Unregister(const HostBuffer& buffer) {
 }
 
 StatusOr<uint64_t> Client::UnregisterDevice(const void* pointer) {
+  if (gpu_mapped_) {
+    return NotFoundError(
+        "mapped mode never hands your allocations to the daemon: nothing to unregister");
+  }
   if (mapped_) return FailedPreconditionError("device memory exists only on the cuda backend");
   if (copy_->cuda() == nullptr) {
     return FailedPreconditionError("device memory exists only on the cuda backend");
@@ -283,7 +309,7 @@ StatusOr<uint64_t> Client::UnregisterDevice(const void* pointer) {
 }
 
 Status Client::ReleaseDeviceMappings(int64_t timeout_ms) {
-  if (mapped_) return Status::Ok();
+  if (mapped_ || gpu_mapped_) return Status::Ok();
   if (copy_->cuda() == nullptr) return Status::Ok();
   std::shared_ptr<SessionStream> stream = copy_->Current();
   std::vector<uint64_t> ops;
@@ -336,52 +362,58 @@ StatusOr<uint64_t> DeviceCounter(CudaSide* cuda, const EventPoint& point, HostBu
 }  // namespace
 
 Status Client::EnqueueSignal(const EventPoint& point, void* stream) {
-  CudaSide* cuda = copy_ != nullptr ? copy_->cuda() : nullptr;
+  CudaSide* cuda = copy_ != nullptr ? copy_->cuda() : gpu_mapped_ ? gpu_mapped_->cuda() : nullptr;
   HostBuffer::Rep* buffer = point.buffer != nullptr ? &point.buffer->rep() : nullptr;
   STASH_ASSIGN_OR_RETURN(uint64_t address, DeviceCounter(cuda, point, buffer, "EnqueueSignal"));
   return cuda->WriteValue(stream, address, point.value);
 }
 
 Status Client::EnqueueWait(const EventPoint& point, void* stream) {
-  CudaSide* cuda = copy_ != nullptr ? copy_->cuda() : nullptr;
+  CudaSide* cuda = copy_ != nullptr ? copy_->cuda() : gpu_mapped_ ? gpu_mapped_->cuda() : nullptr;
   HostBuffer::Rep* buffer = point.buffer != nullptr ? &point.buffer->rep() : nullptr;
   STASH_ASSIGN_OR_RETURN(uint64_t address, DeviceCounter(cuda, point, buffer, "EnqueueWait"));
   return cuda->WaitValue(stream, address, point.value);
 }
 
 StatusOr<Completion> Client::Wait(uint64_t op, int64_t timeout_ms) {
+  if (gpu_mapped_) return gpu_mapped_->Wait(op, timeout_ms);
   if (mapped_) return mapped_->Wait(op, timeout_ms);
   return copy_->Wait(op, timeout_ms);
 }
 
 std::optional<StatusOr<Completion>> Client::Poll(uint64_t op) {
+  if (gpu_mapped_) return gpu_mapped_->Poll(op);
   if (mapped_) return mapped_->Poll(op);
   return copy_->Poll(op);
 }
 
 StepFlags Client::CurrentStepFlags() const {
+  if (gpu_mapped_) return gpu_mapped_->CurrentStepFlags();
   if (mapped_) return mapped_->CurrentStepFlags();
   return copy_->Flags();
 }
 
 StatusOr<SessionStats> Client::Stats() {
+  if (gpu_mapped_) return gpu_mapped_->Stats();
   if (mapped_) return mapped_->Stats();
   return copy_->Stats();
 }
 
-std::string Client::session_id() const {
-  return mapped_ ? mapped_->welcome().session_id() : copy_->welcome().session_id();
+v1::Welcome Client::welcome() const {
+  if (gpu_mapped_) return gpu_mapped_->welcome();
+  return mapped_ ? mapped_->welcome() : copy_->welcome();
 }
-uint64_t Client::page_bytes() const {
-  return mapped_ ? mapped_->welcome().page_bytes() : copy_->welcome().page_bytes();
+std::string Client::session_id() const { return welcome().session_id(); }
+uint64_t Client::page_bytes() const { return welcome().page_bytes(); }
+uint64_t Client::pool_pages() const { return welcome().pool_pages(); }
+uint64_t Client::host_tier_pages() const { return welcome().host_tier_pages(); }
+const std::string& Client::socket() const {
+  if (gpu_mapped_) return gpu_mapped_->socket();
+  return mapped_ ? mapped_->socket() : copy_->socket();
 }
-uint64_t Client::pool_pages() const {
-  return mapped_ ? mapped_->welcome().pool_pages() : copy_->welcome().pool_pages();
+Backend Client::backend() const {
+  if (gpu_mapped_) return Backend::kCuda;
+  return mapped_ ? Backend::kHost : copy_->backend();
 }
-uint64_t Client::host_tier_pages() const {
-  return mapped_ ? mapped_->welcome().host_tier_pages() : copy_->welcome().host_tier_pages();
-}
-const std::string& Client::socket() const { return mapped_ ? mapped_->socket() : copy_->socket(); }
-Backend Client::backend() const { return mapped_ ? Backend::kHost : copy_->backend(); }
 
 }  // namespace stash

@@ -198,6 +198,7 @@ StatusOr<LeaseAnswer> DescriptorChannel::Lease(bool automatic,
         c.tier = r.chunk().tier();
         c.pool = r.chunk().pool();
         c.bytes = r.chunk().bytes();
+        c.gpu_uuid = r.chunk().gpu_uuid();
         c.fd = std::move(packet->fds[0]);
         out.chunks.push_back(std::move(c));
       }

@@ -26,6 +26,9 @@ struct LeaseAnswer {
     int tier = 0;  // stash.v1.Tier
     int pool = 0;
     uint64_t bytes = 0;
+    // The cuda backend's device and peer chunks: the GPU's UUID, 16 raw bytes (the rank finds
+    // its own ordinal for it: GpuOrdinalOfUuid); empty for host chunks.
+    std::string gpu_uuid;
     UniqueFd fd;
   };
   std::vector<Chunk> chunks;  // newly granted

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "client/lease_terms.h"
+#include "common/macros.h"
 #include "common/shm.h"
 #include "common/sys.h"
 
@@ -95,25 +97,8 @@ LeaseTable::~LeaseTable() {
 }
 
 Status LeaseTable::SetControlBlock(UniqueFd fd, uint64_t bytes) {
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of the control block");
-  if (bytes < sizeof(kernels::SessionControl) || static_cast<uint64_t>(st.st_size) < bytes) {
-    return InvalidArgumentError("stashd's control block is " + std::to_string(st.st_size) +
-                                " bytes (said " + std::to_string(bytes) + "), needs " +
-                                std::to_string(sizeof(kernels::SessionControl)));
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return ErrnoStatus("mapping the control block");
-  madvise(p, bytes, MADV_DONTFORK);
-  auto* block = static_cast<kernels::SessionControl*>(p);
-  const uint64_t version = ControlLoad(block->version);
-  if (ControlLoad(block->magic) != kernels::kControlMagic || version != kernels::kControlVersion) {
-    munmap(p, bytes);
-    return FailedPreconditionError(
-        "stashd's control block is layout version " + std::to_string(version) +
-        ", this client library speaks version " + std::to_string(kernels::kControlVersion) +
-        ": use a client library and a stashd of the same release");
-  }
+  STASH_ASSIGN_OR_RETURN(kernels::SessionControl * block, MapControlBlock(fd.get(), bytes));
+  void* p = block;
   // The daemon reads this block while we carry our counters over, and it owns magic, version
   // and its own line (daemon_flags, return_request, ...): the rank's fields only, each a
   // store of its own, never a plain copy over the live block.

@@ -1,5 +1,6 @@
 #include "client/mapped_session.h"
 
+#include "client/lease_terms.h"
 #include "common/logging.h"
 #include "common/macros.h"
 #include "common/shm.h"
@@ -7,21 +8,6 @@
 
 namespace stash {
 namespace {
-
-uint32_t LeaseTierOf(int tier) {
-  switch (tier) {
-    case v1::TIER_PEER:
-      return kernels::kLeasePeer;
-    case v1::TIER_HOST:
-      return kernels::kLeaseHost;
-    default:
-      return kernels::kLeaseDevice;
-  }
-}
-
-uint64_t PagesOf(uint64_t bytes, uint64_t page_bytes) {
-  return (bytes + page_bytes - 1) / page_bytes;
-}
 
 CounterRef CounterOf(const EventPoint& e) {
   if (e.buffer == nullptr) return {};
@@ -74,20 +60,9 @@ Status MappedSession::Connect(std::shared_ptr<SessionStream>* stream_out,
   STASH_ASSIGN_OR_RETURN(std::unique_ptr<SessionStream> stream,
                          SessionStream::Open(options_, v1::MODE_MAPPED, nullptr));
   const v1::Welcome& w = stream->welcome;
-  if (w.chunk_bytes() == 0) {
-    return FailedPreconditionError("stashd on " + stream->socket +
-                                   " leases no chunks (its Welcome has no chunk_bytes): "
-                                   "update it, or use mode daemon-copy");
-  }
-  const uint64_t max_lease = w.max_lease_bytes() != 0
-                                 ? w.max_lease_bytes()
-                                 : std::max(w.pool_pages(), w.host_tier_pages()) * w.page_bytes();
-  // Each tier's range fits the quota and the tier itself (peer: the other pools, the quota).
-  const std::array<uint64_t, kernels::kLeaseTiers> tier_bytes = {
-      std::min(max_lease, w.pool_pages() * w.page_bytes()), max_lease,
-      std::min(max_lease, w.host_tier_pages() * w.page_bytes())};
+  STASH_RETURN_IF_ERROR(CheckLeasesChunks(w, stream->socket));
   STASH_ASSIGN_OR_RETURN(std::unique_ptr<LeaseTable> table,
-                         LeaseTable::Create(w.page_bytes(), w.chunk_bytes(), tier_bytes));
+                         LeaseTable::Create(w.page_bytes(), w.chunk_bytes(), LeaseTierBytes(w)));
   Status leased = Lease(*table, *stream->descriptors, w, !options_.lease.automatic);
   if (!leased.ok()) {
     // Give back whatever came before the refusal.
@@ -104,20 +79,7 @@ Status MappedSession::Connect(std::shared_ptr<SessionStream>* stream_out,
 Status MappedSession::Lease(LeaseTable& table, DescriptorChannel& channel,
                             const v1::Welcome& welcome, bool fixed) {
   std::vector<std::pair<int, uint64_t>> want;
-  if (fixed) {
-    // Only the tiers this session may lease: peer chunks only from a daemon that lends them,
-    // host chunks only with allow_host_spill and a host tier (as in daemon-copy mode, where a
-    // session without them simply never spills).
-    const uint64_t page = table.page_bytes();
-    want.emplace_back(v1::TIER_DEVICE, PagesOf(options_.lease.device_bytes, page));
-    if (options_.lease.peer_bytes > 0 && welcome.peer_tier()) {
-      want.emplace_back(v1::TIER_PEER, PagesOf(options_.lease.peer_bytes, page));
-    }
-    if (options_.lease.host_bytes > 0 && options_.allow_host_spill &&
-        welcome.host_tier_pages() > 0) {
-      want.emplace_back(v1::TIER_HOST, PagesOf(options_.lease.host_bytes, page));
-    }
-  }
+  if (fixed) want = FixedLeaseWant(options_, welcome);
   STASH_ASSIGN_OR_RETURN(LeaseAnswer answer, channel.Lease(!fixed, want));
   AllocateChunkPages(answer);
   Status first = Status::Ok();

@@ -95,7 +95,9 @@ class Mapped : public ::testing::Test {
   std::unique_ptr<DaemonProcess> restarted_;
 };
 
-TEST_F(Mapped, TheCudaBackendIsRefusedWithTheWayOut) {
+// Mapped mode on the cuda backend is the GPU twin (tests/integration/cuda_mapped_test.cc); with
+// no usable driver here it is refused at Open with what is missing.
+TEST_F(Mapped, TheCudaBackendWithoutADriverIsRefusedSayingWhatIsMissing) {
   Options o;
   o.mode = Mode::kMapped;
   o.backend = Backend::kCuda;
@@ -103,8 +105,7 @@ TEST_F(Mapped, TheCudaBackendIsRefusedWithTheWayOut) {
   auto c = Client::Open(o);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
-  EXPECT_NE(c.status().message().find("host backend"), std::string::npos);
-  EXPECT_NE(c.status().message().find("daemon-copy"), std::string::npos);
+  EXPECT_NE(c.status().message().find("CUDA"), std::string::npos) << c.status().ToString();
 }
 
 // The daemon SIGKILLed mid-step: the rank's chunks stay mapped in the rank (a memfd lives while

@@ -43,8 +43,12 @@
 
 namespace stash {
 
-class CopySession;    // client/copy_session.h: daemon-copy mode's sessions (data path)
-class MappedSession;  // client/mapped_session.h: mapped mode's data path
+namespace v1 {
+class Welcome;  // stash.v1.Welcome (the library's own; no protobuf header here)
+}  // namespace v1
+class CopySession;        // client/copy_session.h: daemon-copy mode's sessions (data path)
+class MappedSession;      // client/mapped_session.h: mapped mode's data path
+class CudaMappedSession;  // client/cuda_mapped_session.h: its twin on the cuda backend
 
 // Memory the daemon can read and write: a memfd this library created, sealed so its size never
 // changes, which each session hands to the daemon as a file descriptor on first use (no name
@@ -126,7 +130,20 @@ struct StashArgs {
   // Cuda backend, instead of `source`: row 0 at device_source + offset, a pointer inside a
   // cudaMalloc allocation of the session's GPU (a tensor's data_ptr(); PyTorch's caching
   // allocator is fine, its expandable_segments is not). Exactly one of the two is set.
+  // Mapped mode on the cuda backend: any device memory this GPU reaches (expandable_segments
+  // too: nothing is exported).
   const void* device_source = nullptr;
+  // Mapped mode on the cuda backend: the stream (a CUstream / cudaStream_t; null = the legacy
+  // default stream) the stash is enqueued on, after the kernels that wrote the activation (the
+  // stream orders it: ready and done stay unset). Other modes refuse it.
+  void* stream = nullptr;
+  // Mapped mode on the cuda backend. true (the default): the source stays valid and unchanged
+  // until the stash's reload or release ran, so a stash that overflowed (only the GPU knows) is
+  // reloaded from it, also in every replay of a graph. false: the source may be freed once the
+  // stash is enqueued (the memory saving); a stash that overflowed then leaves the reload's
+  // destination as it was and flags the step (CurrentStepFlags().overflow): rerun it. Other
+  // modes keep the source until the stash is answered either way.
+  bool keep_source = true;
 };
 
 // Where a stash went.
@@ -143,6 +160,9 @@ struct ReloadArgs {
   EventPoint done;         // signalled after the copy; default: none
   // Cuda backend, instead of `destination`: a device pointer, like StashArgs::device_source.
   void* device_destination = nullptr;
+  // Mapped mode on the cuda backend: the stream the reload is enqueued on, before the kernels
+  // that read the destination (like StashArgs::stream). Other modes refuse it.
+  void* stream = nullptr;
 };
 
 // The daemon's answer to one operation.
@@ -215,10 +235,13 @@ class STASH_EXPORT Client {
 
   // Queues a reload; returns the operation id to Wait on.
   StatusOr<uint64_t> Reload(const ReloadArgs& args);
-  // Queues dropping a stash without copying it back; returns the operation id.
-  StatusOr<uint64_t> Release(uint64_t ticket);
+  // Queues dropping a stash without copying it back; returns the operation id. `stream`: mapped
+  // mode on the cuda backend (like StashArgs::stream), refused elsewhere.
+  StatusOr<uint64_t> Release(uint64_t ticket, void* stream = nullptr);
   // Queues a new step: clears the step flags (here at once, in the daemon in queue order).
-  StatusOr<uint64_t> BeginStep(uint64_t step);
+  // Mapped mode on the cuda backend: the lease changes (outside capture) and the step kernel are
+  // enqueued on `stream`; refused elsewhere.
+  StatusOr<uint64_t> BeginStep(uint64_t step, void* stream = nullptr);
   // Tells the daemon to close its mapping of `buffer` before the caller frees it.
   StatusOr<uint64_t> Unregister(const HostBuffer& buffer);
   // Cuda backend: the same for the cudaMalloc allocation holding `pointer`. Wait for its answer
@@ -273,10 +296,13 @@ class STASH_EXPORT Client {
 
  private:
   Client() = default;
+  // The live session's Welcome, whichever mode holds it.
+  v1::Welcome welcome() const;
   // Exactly one is set: the mode this client was opened in. Each public method dispatches at
   // its top; nothing else looks at the mode.
-  std::unique_ptr<CopySession> copy_;      // Mode::kDaemonCopy
-  std::unique_ptr<MappedSession> mapped_;  // Mode::kMapped
+  std::unique_ptr<CopySession> copy_;              // Mode::kDaemonCopy
+  std::unique_ptr<MappedSession> mapped_;          // Mode::kMapped, Backend::kHost
+  std::unique_ptr<CudaMappedSession> gpu_mapped_;  // Mode::kMapped, Backend::kCuda
 };
 
 }  // namespace stash

@@ -1,0 +1,528 @@
+#include "client/cuda_mapped_session.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "client/cuda_lease_memory.h"
+#include "client/lease_terms.h"
+#include "client/stream_copier.h"
+#include "common/cuda_driver.h"
+#include "common/cuda_vmm.h"
+#include "common/logging.h"
+#include "common/macros.h"
+#include "stash/kernels/mapped_paging_fatbin.h"
+
+namespace stash {
+namespace {
+
+using kernels::ControlLoad;
+using kernels::ControlStore;
+
+// Operation ids of reloads, releases and steps: apart from stash tickets (1, 2, ...).
+constexpr uint64_t kOpBit = uint64_t{1} << 63;
+// Answers kept for Wait / Poll (the oldest go first): nothing waits for most of them.
+constexpr size_t kAnswersKept = 4096;
+// Stashes live at once, and page-record entries per page the tiers can hold.
+constexpr uint32_t kMaxStashes = 16384;
+constexpr uint64_t kRecordsPerPage = 2;
+
+constexpr uint64_t kNoTarget = UINT64_MAX;
+
+Status Refuse(const std::string& what) {
+  return InvalidArgumentError(what +
+                              ": mapped mode on the cuda backend pages device memory in stream "
+                              "order (StashArgs.device_source, device_count, stream)");
+}
+
+bool Capturing(const CudaDriver* driver, CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  // An error counts as capturing: the lease changes wait for a later boundary.
+  if (driver->StreamIsCapturing(stream, &status) != CUDA_SUCCESS) return true;
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+}  // namespace
+
+CudaMappedSession::CudaMappedSession(Options options, std::shared_ptr<CudaSide> cuda)
+    : options_(std::move(options)), cuda_(std::move(cuda)) {}
+
+StatusOr<std::unique_ptr<CudaMappedSession>> CudaMappedSession::Open(const Options& options) {
+  STASH_ASSIGN_OR_RETURN(std::unique_ptr<CudaSide> side, CudaSide::Open(options.device));
+  std::shared_ptr<CudaSide> cuda(std::move(side));
+  std::unique_ptr<CudaMappedSession> s(new CudaMappedSession(options, cuda));
+  STASH_ASSIGN_OR_RETURN(s->driver_, CudaDriver::Get());
+  STASH_ASSIGN_OR_RETURN(PrimaryContext context,
+                         PrimaryContext::Retain(s->driver_, options.device));
+  s->context_ = std::make_shared<PrimaryContext>(std::move(context));
+  STASH_ASSIGN_OR_RETURN(s->stream_, SessionStream::Open(options, v1::MODE_MAPPED, cuda));
+  const v1::Welcome& w = s->stream_->welcome;
+  STASH_RETURN_IF_ERROR(CheckLeasesChunks(w, s->stream_->socket));
+  STASH_ASSIGN_OR_RETURN(s->memory_, CudaLeaseMemory::Create(s->driver_, options.device,
+                                                             w.chunk_bytes(), LeaseTierBytes(w)));
+  StreamCopier::Geometry g;
+  g.page_bytes = w.page_bytes();
+  g.chunk_bytes = w.chunk_bytes();
+  uint64_t pages = 0;
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    g.tier_base[t] = reinterpret_cast<uint64_t>(s->memory_->base(t));
+    g.tier_slots[t] = s->memory_->slots(t);
+    pages += g.tier_slots[t] * (g.chunk_bytes / g.page_bytes);
+    s->slots_[t].resize(g.tier_slots[t]);
+    s->targets_[t] = kNoTarget;
+  }
+  g.allow_host = options.allow_host_spill;
+  g.max_stashes = kMaxStashes;
+  g.record_pages = std::max<uint64_t>(pages * kRecordsPerPage, uint64_t{1} << 16);
+  PrimaryContext::Scope scope(*s->context_);
+  STASH_RETURN_IF_ERROR(scope.status());
+  {
+    STASH_ASSIGN_OR_RETURN(std::unique_ptr<StreamCopier> copier,
+                           StreamCopier::Create(s->driver_, g, stash_mapped_paging_fatbin));
+    MutexLock lock(&s->mu_);
+    s->copier_ = std::move(copier);
+  }
+  // The first lease, in the rings before the first stash: on a stream of the session's own,
+  // waited for here (later lease changes are ordered on the caller's stream at BeginStep).
+  std::vector<std::pair<int, uint64_t>> want;
+  if (!options.lease.automatic) want = FixedLeaseWant(options, w);
+  STASH_ASSIGN_OR_RETURN(LeaseAnswer answer,
+                         s->stream_->descriptors->Lease(options.lease.automatic, want));
+  Status first = Status::Ok();
+  std::vector<uint64_t> unmapped = s->Apply(answer, &first);
+  if (!unmapped.empty()) (void)s->stream_->descriptors->Return(unmapped);
+  STASH_RETURN_IF_ERROR(answer.status);
+  STASH_RETURN_IF_ERROR(first);
+  CUstream own = nullptr;
+  STASH_CU_RETURN_IF_ERROR(s->driver_, StreamCreate(&own, CU_STREAM_NON_BLOCKING));
+  {
+    MutexLock lock(&s->mu_);
+    s->ChangeLease(own);
+  }
+  const Status synced =
+      s->driver_->Check(s->driver_->StreamSynchronize(own), "cuStreamSynchronize");
+  (void)s->driver_->StreamDestroy(own);
+  STASH_RETURN_IF_ERROR(synced);
+  CudaMappedSession* raw = s.get();
+  s->lease_thread_ = std::thread([raw] { raw->LeaseLoop(); });
+  return s;
+}
+
+CudaMappedSession::~CudaMappedSession() {
+  {
+    MutexLock lock(&work_mu_);
+    stop_ = true;
+  }
+  work_cv_.SignalAll();
+  lease_cv_.SignalAll();
+  if (lease_thread_.joinable()) lease_thread_.join();
+  std::vector<uint64_t> ids;
+  {
+    MutexLock lock(&mu_);
+    if (copier_ != nullptr) {
+      PrimaryContext::Scope scope(*context_);
+      copier_.reset();  // synchronizes the context: no kernel uses a chunk after this
+    }
+    for (const std::vector<SlotInfo>& tier : slots_) {
+      for (const SlotInfo& slot : tier) {
+        if (slot.state != Slot::kFree && slot.state != Slot::kMapping) {
+          ids.push_back(slot.chunk_id);
+        }
+      }
+    }
+    if (control_release_) control_release_();
+  }
+  {
+    MutexLock lock(&work_mu_);
+    ids.insert(ids.end(), give_back_.begin(), give_back_.end());
+  }
+  memory_.reset();  // unmapped before the daemon hears they are back
+  if (stream_ == nullptr) return;
+  if (!ids.empty() && !stream_->broken_now()) (void)stream_->descriptors->Return(ids);
+  stream_->Close();
+}
+
+std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, Status* first) {
+  auto fail = [first](const Status& st) {
+    if (first->ok()) *first = st;
+  };
+  if (answer.control_block.valid()) {
+    Status st = SetControlBlock(std::move(answer.control_block), answer.control_block_bytes);
+    if (!st.ok()) fail(st);
+  }
+  std::vector<uint64_t> give_back;
+  for (LeaseAnswer::Chunk& c : answer.chunks) {
+    const uint32_t tier = LeaseTierOf(c.tier);
+    int owner = -1;
+    if (tier != kernels::kLeaseHost) {
+      CUuuid uuid{};
+      if (c.gpu_uuid.size() != sizeof(uuid.bytes)) {
+        fail(InvalidArgumentError("stashd leased a GPU chunk without its GPU's UUID"));
+        give_back.push_back(c.id);
+        continue;
+      }
+      std::memcpy(uuid.bytes, c.gpu_uuid.data(), sizeof(uuid.bytes));
+      StatusOr<int> ordinal = GpuOrdinalOfUuid(driver_, FormatGpuUuid(uuid));
+      if (!ordinal.ok()) {
+        fail(ordinal.status());
+        give_back.push_back(c.id);
+        continue;
+      }
+      owner = *ordinal;
+    }
+    uint64_t slot = 0;
+    {
+      MutexLock lock(&mu_);
+      std::vector<SlotInfo>& slots = slots_[tier];
+      while (slot < slots.size() && slots[slot].state != Slot::kFree) ++slot;
+      if (slot == slots.size()) {
+        fail(ResourceExhaustedError("stashd leased more chunks than the tier's range holds"));
+        give_back.push_back(c.id);
+        continue;
+      }
+      slots[slot] = SlotInfo{Slot::kMapping, c.id, c.bytes};
+    }
+    // The import and map run unlocked: enqueues go on meanwhile.
+    const Status mapped = memory_->Map(tier, slot, std::move(c.fd), c.bytes, owner);
+    MutexLock lock(&mu_);
+    if (mapped.ok()) {
+      slots_[tier][slot].state = Slot::kMapped;
+    } else {
+      slots_[tier][slot] = SlotInfo{};
+      give_back.push_back(c.id);
+      if (tier == kernels::kLeasePeer && mapped.code() == StatusCode::kFailedPrecondition) {
+        Log("client")->warn("mapped session: the peer tier is skipped ({})", mapped.ToString());
+      } else {
+        fail(mapped);
+      }
+    }
+  }
+  answer.chunks.clear();
+  MutexLock lock(&mu_);
+  for (const LeaseAnswer::Held& held : answer.lease) {
+    targets_[LeaseTierOf(held.tier)] =
+        held.pages_target < held.pages ? held.pages_target : kNoTarget;
+  }
+  return give_back;
+}
+
+Status CudaMappedSession::SetControlBlock(UniqueFd fd, uint64_t bytes) {
+  STASH_ASSIGN_OR_RETURN(kernels::SessionControl * block, MapControlBlock(fd.get(), bytes));
+  std::shared_ptr<void> owner(block, [bytes](void* p) { munmap(p, bytes); });
+  std::function<void()> release;
+  STASH_ASSIGN_OR_RETURN(uint64_t device, cuda_->MapHost(block, bytes, owner, &release));
+  ControlStore(block->attached, kernels::kControlMagic);
+  MutexLock lock(&mu_);
+  if (control_release_) control_release_();
+  control_release_ = std::move(release);
+  shared_control_ = block;
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address
+  pending_control_ = reinterpret_cast<kernels::SessionControl*>(device);
+  return Status::Ok();
+}
+
+void CudaMappedSession::ChangeLease(void* gpu_stream) {
+  const auto stream = static_cast<CUstream>(gpu_stream);
+  if (pending_control_ != nullptr) {
+    Status st = copier_->AttachControl(stream, pending_control_);
+    if (st.ok()) {
+      pending_control_ = nullptr;
+    } else {
+      Log("client")->warn("mapped session: the control block is not attached yet ({})",
+                          st.ToString());
+    }
+  }
+  // The daemon asked for chunks back (another session found the pool leased out): down to its
+  // targets, as far as no stash holds them. Targets first, then the number (RequestReturn's
+  // order).
+  if (shared_control_ != nullptr) {
+    kernels::SessionControl& c = *shared_control_;
+    const uint64_t asked = __atomic_load_n(&c.return_request, __ATOMIC_ACQUIRE);
+    if (asked != ControlLoad(c.return_done)) {
+      for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+        targets_[t] = std::min(targets_[t], ControlLoad(c.return_target_pages[t]));
+      }
+      ControlStore(c.return_done, asked);
+    }
+  }
+  std::vector<uint64_t> freed;
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    std::vector<SlotInfo>& slots = slots_[t];
+    for (uint64_t s = 0; s < slots.size(); ++s) {
+      if (slots[s].state != Slot::kRemoving) continue;
+      const std::optional<bool> left = copier_->RemovalDone(t, s);
+      if (!left.has_value()) continue;
+      if (!*left) {
+        slots[s].state = Slot::kInRing;  // a stash holds a page: tried again while over target
+        continue;
+      }
+      // Out of the ring after every operation before the removal: unmapped once that ran.
+      const Status unmapping = memory_->Unmap(t, s, stream);
+      slots[s].state = unmapping.ok() ? Slot::kUnmapping : Slot::kMapped;
+    }
+  }
+  CudaLeaseMemory::Reaped reaped = memory_->Reap();
+  for (const CudaLeaseMemory::SlotRef& r : reaped.freed) {
+    freed.push_back(slots_[r.tier][r.slot].chunk_id);
+    slots_[r.tier][r.slot] = SlotInfo{};
+  }
+  if (!reaped.status.ok()) {
+    Log("client")->warn("mapped session: a chunk is not unmapped yet ({})",
+                        reaped.status.ToString());
+  }
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    if (targets_[t] != kNoTarget) ShrinkTo(gpu_stream, t, targets_[t]);
+  }
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    std::vector<SlotInfo>& slots = slots_[t];
+    for (uint64_t s = 0; s < slots.size(); ++s) {
+      if (slots[s].state != Slot::kMapped) continue;
+      const Status added = copier_->AddChunk(stream, t, s, slots[s].bytes);
+      if (added.ok()) {
+        slots[s].state = Slot::kInRing;
+      } else {
+        Log("client")->warn("mapped session: a leased chunk is not in use yet ({})",
+                            added.ToString());
+      }
+    }
+  }
+  if (!freed.empty()) Ask(false, std::move(freed));
+}
+
+void CudaMappedSession::ShrinkTo(void* gpu_stream, uint32_t tier, uint64_t target_pages) {
+  const auto stream = static_cast<CUstream>(gpu_stream);
+  const uint64_t page = stream_->welcome.page_bytes();
+  std::vector<SlotInfo>& slots = slots_[tier];
+  uint64_t held = 0;
+  bool removing = false;
+  for (const SlotInfo& s : slots) {
+    if (s.state == Slot::kMapped || s.state == Slot::kInRing) held += s.bytes / page;
+    removing = removing || s.state == Slot::kRemoving;
+  }
+  // Chunks not in the ring yet go first (nothing used them), then the highest slots.
+  for (Slot state : {Slot::kMapped, Slot::kInRing}) {
+    for (uint64_t s = slots.size(); s-- > 0 && held > target_pages;) {
+      if (slots[s].state != state) continue;
+      const Status st = state == Slot::kMapped
+                            ? memory_->Unmap(tier, s, stream)
+                            : copier_->RemoveChunk(stream, tier, s, slots[s].bytes);
+      if (!st.ok()) continue;
+      slots[s].state = state == Slot::kMapped ? Slot::kUnmapping : Slot::kRemoving;
+      removing = removing || state == Slot::kInRing;
+      held -= slots[s].bytes / page;
+    }
+  }
+  // Reached once nothing is on its way out that may come back (a stash held a page).
+  if (held <= target_pages && !removing) targets_[tier] = kNoTarget;
+}
+
+uint64_t CudaMappedSession::Answered(Completion completion) {
+  const uint64_t id =
+      completion.kind == Completion::Kind::kStash ? completion.ticket : (kOpBit | ++next_op_);
+  answers_[id] = completion;
+  answer_order_.push_back(id);
+  if (answer_order_.size() > kAnswersKept) {
+    answers_.erase(answer_order_.front());
+    answer_order_.pop_front();
+  }
+  return id;
+}
+
+void CudaMappedSession::AskIfShort() {
+  const uint64_t reports = copier_->LeaseShortReports();
+  if (reports == short_seen_) return;
+  short_seen_ = reports;
+  if (!options_.lease.automatic || growing_.exchange(true)) return;
+  Ask(true, {});
+}
+
+StatusOr<uint64_t> CudaMappedSession::Stash(const StashArgs& args) {
+  if (args.source != nullptr) return Refuse("stash source is a HostBuffer");
+  if (args.device_source == nullptr) return Refuse("stash device_source is not set");
+  if (args.count.buffer != nullptr) return Refuse("count buffer is a HostBuffer");
+  if (args.ready.buffer != nullptr || args.done.buffer != nullptr) {
+    return Refuse("stash ready / done events are set (the stream orders the copy)");
+  }
+  if (reinterpret_cast<uintptr_t>(args.count.device_count) % 8 != 0) {
+    return InvalidArgumentError("the row count must be an 8-byte aligned int64");
+  }
+  StreamCopier::StashRequest r;
+  r.src = static_cast<const uint8_t*>(args.device_source) + args.offset;
+  r.d_count = static_cast<const int64_t*>(args.count.device_count);
+  r.count = static_cast<int64_t>(args.count.value);
+  r.divisor = args.count.divisor == 0 ? 1 : args.count.divisor;
+  r.max_rows = args.max_rows;
+  r.row_bytes = args.row_bytes;
+  r.keep_source = args.keep_source;
+  MutexLock lock(&mu_);
+  PrimaryContext::Scope scope(*context_);
+  STASH_RETURN_IF_ERROR(scope.status());
+  STASH_ASSIGN_OR_RETURN(uint64_t ticket, copier_->Stash(static_cast<CUstream>(args.stream), r));
+  AskIfShort();
+  Completion enqueued;
+  enqueued.kind = Completion::Kind::kStash;
+  enqueued.ticket = ticket;
+  return Answered(enqueued);
+}
+
+StatusOr<uint64_t> CudaMappedSession::Reload(const ReloadArgs& args) {
+  if (args.destination != nullptr) return Refuse("reload destination is a HostBuffer");
+  if (args.device_destination == nullptr) return Refuse("reload device_destination is not set");
+  if (args.ready.buffer != nullptr || args.done.buffer != nullptr) {
+    return Refuse("reload ready / done events are set (the stream orders the copy)");
+  }
+  MutexLock lock(&mu_);
+  PrimaryContext::Scope scope(*context_);
+  STASH_RETURN_IF_ERROR(scope.status());
+  STASH_RETURN_IF_ERROR(copier_->Reload(
+      static_cast<CUstream>(args.stream), args.ticket,
+      static_cast<uint8_t*>(args.device_destination) + args.offset, args.zero_tail));
+  Completion enqueued;
+  enqueued.kind = Completion::Kind::kReload;
+  enqueued.ticket = args.ticket;
+  return Answered(enqueued);
+}
+
+StatusOr<uint64_t> CudaMappedSession::Release(uint64_t ticket, void* stream) {
+  MutexLock lock(&mu_);
+  PrimaryContext::Scope scope(*context_);
+  STASH_RETURN_IF_ERROR(scope.status());
+  STASH_RETURN_IF_ERROR(copier_->Release(static_cast<CUstream>(stream), ticket));
+  Completion enqueued;
+  enqueued.kind = Completion::Kind::kRelease;
+  enqueued.ticket = ticket;
+  return Answered(enqueued);
+}
+
+StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
+  const auto s = static_cast<CUstream>(stream);
+  if (options_.lease.automatic && !stream_->broken_now()) {
+    // As MappedSession: a daemon that answers in time sizes the lease before the step's first
+    // stash; one that does not costs this step the wait once, and later steps nothing until it
+    // answers again (its chunks then join at a later boundary).
+    const uint64_t round = Ask(true, {});
+    if (!slow_.load(std::memory_order_relaxed)) {
+      MutexLock lock(&work_mu_);
+      const auto deadline = std::chrono::steady_clock::now() + kStepLeaseWait;
+      while (leased_round_ < round && !stop_) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) {
+          slow_ = true;
+          break;
+        }
+        lease_cv_.WaitWithTimeout(&work_mu_, deadline - now);
+      }
+    }
+  }
+  MutexLock lock(&mu_);
+  PrimaryContext::Scope scope(*context_);
+  STASH_RETURN_IF_ERROR(scope.status());
+  if (!Capturing(driver_, s)) ChangeLease(s);
+  STASH_RETURN_IF_ERROR(copier_->BeginStep(s, step));
+  Completion enqueued;
+  enqueued.kind = Completion::Kind::kBeginStep;
+  return Answered(enqueued);
+}
+
+StatusOr<Completion> CudaMappedSession::Wait(uint64_t op, int64_t timeout_ms) {
+  (void)timeout_ms;  // answered at enqueue: nothing to wait for here
+  return *Poll(op);
+}
+
+std::optional<StatusOr<Completion>> CudaMappedSession::Poll(uint64_t op) {
+  MutexLock lock(&mu_);
+  auto it = answers_.find(op);
+  if (it == answers_.end()) {
+    return StatusOr<Completion>(NotFoundError("no answer for operation " + std::to_string(op) +
+                                              " (each is handed out once; the last " +
+                                              std::to_string(kAnswersKept) + " are kept)"));
+  }
+  Completion c = it->second;
+  answers_.erase(it);
+  return StatusOr<Completion>(c);
+}
+
+StepFlags CudaMappedSession::CurrentStepFlags() const {
+  MutexLock lock(&mu_);
+  const uint64_t flags = copier_->LastStep().flags;
+  StepFlags out;
+  out.overflow = (flags & kernels::kStepOverflow) != 0;
+  out.spilled = (flags & kernels::kStepSpilled) != 0;
+  return out;
+}
+
+StatusOr<SessionStats> CudaMappedSession::Stats() {
+  if (stream_->broken_now()) {
+    std::lock_guard<std::mutex> lock(stream_->mu);
+    return UnavailableError(stream_->broken_status.message() +
+                            "; the chunks held carry on (reconnecting is not built for mapped "
+                            "mode on the cuda backend yet: open a new client)");
+  }
+  return stream_->Stats();
+}
+
+uint64_t CudaMappedSession::Ask(bool lease, std::vector<uint64_t> give_back) {
+  uint64_t round = 0;
+  {
+    MutexLock lock(&work_mu_);
+    if (lease) {
+      round = ++asked_round_;
+      lease_asked_ = true;
+    }
+    give_back_.insert(give_back_.end(), give_back.begin(), give_back.end());
+  }
+  work_cv_.Signal();
+  return round;
+}
+
+void CudaMappedSession::LeaseLoop() {
+  for (;;) {
+    bool lease = false;
+    std::vector<uint64_t> ids;
+    uint64_t round = 0;
+    {
+      MutexLock lock(&work_mu_);
+      while (!stop_ && !lease_asked_ && give_back_.empty()) work_cv_.Wait(&work_mu_);
+      if (stop_) return;  // the destructor gives back what is left
+      lease = lease_asked_;
+      lease_asked_ = false;
+      ids.swap(give_back_);
+      round = asked_round_;
+    }
+    if (!ids.empty() && !stream_->broken_now()) {
+      StatusOr<uint64_t> returned = stream_->descriptors->Return(ids);
+      if (!returned.ok()) {
+        Log("client")->warn("mapped session: chunks were not given back ({})",
+                            returned.status().ToString());
+      }
+    }
+    if (lease && !stream_->broken_now()) {
+      StatusOr<LeaseAnswer> answer = stream_->descriptors->Lease(/*automatic=*/true, {});
+      Status st = answer.ok() ? answer->status : answer.status();
+      if (answer.ok()) {
+        Status first = Status::Ok();
+        std::vector<uint64_t> unmapped = Apply(*answer, &first);
+        if (!unmapped.empty()) (void)stream_->descriptors->Return(unmapped);
+        if (st.ok()) st = first;
+      }
+      if (!st.ok() && !unavailable_logged_.exchange(true)) {
+        Log("client")->warn(
+            "mapped session: the lease was not resized ({}); the step goes on with the chunks "
+            "held",
+            st.ToString());
+      }
+    }
+    if (lease) {
+      {
+        MutexLock lock(&work_mu_);
+        leased_round_ = round;
+      }
+      growing_ = false;
+      slow_ = false;
+      lease_cv_.SignalAll();
+    }
+  }
+}
+
+}  // namespace stash

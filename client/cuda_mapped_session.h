@@ -1,0 +1,175 @@
+// Mapped mode's data path on the cuda backend (docs/design.md, "Mapped mode on GPUs"): the GPU
+// twin of MappedSession (client/mapped_session.h). The daemon leases VMM chunks of its GPU pools
+// over the descriptor channel; CudaLeaseMemory (client/cuda_lease_memory.h) maps them at fixed
+// addresses of this rank's GPU, and StreamCopier (client/stream_copier.h) pages activations into
+// them with the library's own kernels on the stream the caller names. The gRPC stream carries
+// only the Hello: it is the session's identity and lifetime.
+//
+// Every operation is an enqueue on the caller's stream and returns: no host callback, no host
+// synchronisation and nothing to the daemon per operation, and Stash / Reload / Release /
+// BeginStep may be captured in a CUDA graph and replayed (each replay plans, spills and
+// overflows on the device). What happened is known on the device, not here: Wait and Poll answer
+// at once with what was enqueued (tier kUnspecified), and the step's flags reach the host once
+// the stream ran the next BeginStep (CurrentStepFlags).
+//
+// Lease changes happen at BeginStep, outside capture, on the stream it names: chunks the lease
+// thread mapped join the rings; chunks the daemon asks back (or the lease's targets leave over)
+// leave the rings when no stash holds a page of them, and are unmapped and given back once the
+// stream's work before them completed. A stash that finds the lease short asks for more at once
+// (LeaseShortReports), answered on the lease thread; the chunks join at the next BeginStep.
+//
+// The session's operations must run one after another on the GPU (StreamCopier's rule): one
+// stream, or streams the caller orders with events.
+//
+// Thread-safe: every method may be called from any thread (the enqueues are serialised).
+#ifndef STASH_CLIENT_CUDA_MAPPED_SESSION_H_
+#define STASH_CLIENT_CUDA_MAPPED_SESSION_H_
+
+#include <absl/base/thread_annotations.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "client/cuda_memory.h"
+#include "client/session_stream.h"
+#include "common/mutex.h"
+#include "stash/client.h"
+#include "stash/kernels/lease_control.h"
+
+namespace stash {
+
+// No CUDA header here: client.cc includes this in libraries built without CUDA too, where
+// cuda_mapped_session_none.cc says so at Open (so the CUDA parts are held by shared_ptr, whose
+// deleter is fixed where they are made, not where the session is destroyed).
+struct CudaDriver;
+class CudaLeaseMemory;
+class PrimaryContext;
+class StreamCopier;
+
+class CudaMappedSession {
+ public:
+  // Says Hello with MODE_MAPPED for Options.device, reserves the tiers' address ranges, loads the
+  // kernels, takes the first lease (Options.lease) and puts its chunks in the rings.
+  // FAILED_PRECONDITION from a daemon that leases no chunks or a GPU without VMM / POSIX-fd
+  // handles (the message says to use daemon-copy); the daemon's refusal of the lease; else as
+  // Client::Open.
+  static StatusOr<std::unique_ptr<CudaMappedSession>> Open(const Options& options);
+  CudaMappedSession(const CudaMappedSession&) = delete;
+  CudaMappedSession& operator=(const CudaMappedSession&) = delete;
+  // Waits for the GPU work of this session's context (every queued stash, reload and step),
+  // unmaps every chunk, gives them back and ends the stream.
+  ~CudaMappedSession();
+
+  // Client::Stash / Reload checked the shape and the ticket. Device pointers only (any memory
+  // this GPU reaches: expandable segments too, since nothing is exported); events are refused:
+  // the stream orders the work.
+  StatusOr<uint64_t> Stash(const StashArgs& args);
+  StatusOr<uint64_t> Reload(const ReloadArgs& args);
+  StatusOr<uint64_t> Release(uint64_t ticket, void* stream);
+  // Lease changes (outside capture), then the step kernel: the ended step's flags, the device
+  // control block to the daemon's, the daemon's line back.
+  StatusOr<uint64_t> BeginStep(uint64_t step, void* stream);
+  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms);
+  std::optional<StatusOr<Completion>> Poll(uint64_t op);
+  // The flags of the last step whose end the GPU reached (the step before the last BeginStep
+  // the stream ran).
+  StepFlags CurrentStepFlags() const;
+  // The daemon's view (it reads the control block as published at the last step boundary).
+  StatusOr<SessionStats> Stats();
+
+  v1::Welcome welcome() const { return stream_->welcome; }
+  // The device side EnqueueSignal / EnqueueWait use.
+  CudaSide* cuda() const { return cuda_.get(); }
+  const std::string& socket() const { return stream_->socket; }
+
+ private:
+  // Where a chunk slot stands, as this session sees it (CudaLeaseMemory keeps the mappings).
+  enum class Slot : uint8_t {
+    kFree,       // nothing mapped
+    kMapping,    // the lease thread maps a chunk into it
+    kMapped,     // mapped, not in the ring yet (AddChunk at the next boundary)
+    kInRing,     // its pages are in the ring
+    kRemoving,   // RemoveChunk enqueued, its answer not read yet
+    kUnmapping,  // out of the ring, unmapped once the stream's work before it completed
+  };
+  struct SlotInfo {
+    Slot state = Slot::kFree;
+    uint64_t chunk_id = 0;
+    uint64_t bytes = 0;
+  };
+  CudaMappedSession(Options options, std::shared_ptr<CudaSide> cuda);
+  // Maps a lease answer's control block and chunks (lease thread, or Open's); returns the ids
+  // that could not be mapped, to give back.
+  std::vector<uint64_t> Apply(LeaseAnswer& answer, Status* first);
+  Status SetControlBlock(UniqueFd fd, uint64_t bytes);
+  // The boundary's lease changes on `stream` (not capturing), mu_ held: removal answers read,
+  // unmaps reaped, chunks asked back taken out, mapped chunks added. Ids freed go to the lease
+  // thread.
+  void ChangeLease(void* stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts taking chunks of `tier` out until the ring holds at most `target_pages` (highest slot
+  // first; mapped chunks not in the ring yet go first).
+  void ShrinkTo(void* stream, uint32_t tier, uint64_t target_pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t Answered(Completion completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the lease thread for an automatic lease (and/or to give `give_back` back); returns the
+  // round it joins (0: no lease asked).
+  uint64_t Ask(bool lease, std::vector<uint64_t> give_back);
+  void LeaseLoop();
+  // The lease short mid-step: one automatic lease until its answer is in.
+  void AskIfShort() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  const std::shared_ptr<CudaSide> cuda_;
+  const CudaDriver* driver_ = nullptr;     // set in Open; process-wide
+  std::shared_ptr<SessionStream> stream_;  // never changes after Open
+  std::shared_ptr<CudaLeaseMemory> memory_;
+  // The rank's GPU's primary context, current around every enqueue.
+  std::shared_ptr<PrimaryContext> context_;
+
+  mutable Mutex mu_;
+  std::shared_ptr<StreamCopier> copier_ ABSL_GUARDED_BY(mu_);
+  std::array<std::vector<SlotInfo>, kernels::kLeaseTiers> slots_ ABSL_GUARDED_BY(mu_);
+  // Per tier, the pages the ring should hold at most (the daemon's targets); UINT64_MAX = none.
+  std::array<uint64_t, kernels::kLeaseTiers> targets_ ABSL_GUARDED_BY(mu_);
+  // The daemon's control block, mapped here and registered for the GPU (kept so until the
+  // process exits: CudaSide::MapHost), and its device address for the step kernel, attached at
+  // the next boundary when pending.
+  kernels::SessionControl* shared_control_ ABSL_GUARDED_BY(mu_) = nullptr;
+  kernels::SessionControl* pending_control_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::function<void()> control_release_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 0;
+  // What Wait / Poll hand out (once), the oldest dropped past kAnswersKept.
+  std::unordered_map<uint64_t, Completion> answers_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> answer_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t short_seen_ ABSL_GUARDED_BY(mu_) = 0;  // LeaseShortReports() acted on
+  std::atomic<bool> growing_{false};              // a mid-step lease is asked, not answered
+  std::atomic<bool> unavailable_logged_{false};
+
+  // The lease thread.
+  static constexpr std::chrono::milliseconds kStepLeaseWait{50};
+  Mutex work_mu_;
+  CondVar work_cv_;
+  CondVar lease_cv_;
+  bool lease_asked_ ABSL_GUARDED_BY(work_mu_) = false;
+  std::vector<uint64_t> give_back_ ABSL_GUARDED_BY(work_mu_);
+  uint64_t asked_round_ ABSL_GUARDED_BY(work_mu_) = 0;
+  uint64_t leased_round_ ABSL_GUARDED_BY(work_mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(work_mu_) = false;
+  std::atomic<bool> slow_{false};
+  std::thread lease_thread_;
+};
+
+}  // namespace stash
+
+#endif  // STASH_CLIENT_CUDA_MAPPED_SESSION_H_

@@ -1,0 +1,332 @@
+// Mapped mode on the cuda backend through the public client API (client/cuda_mapped_session.h):
+// stashd --backend=cuda leases VMM chunks, the library maps them and pages device buffers into
+// them with its kernels on the caller's stream. Runs on the CUDA driver stand-in
+// (tests/cuda_standin; ctest puts it first on LD_LIBRARY_PATH as libcuda.so.1 for this binary
+// and the stashd it starts), which runs each kernel as its host twin: what is checked is the
+// whole orchestration, byte for byte, not the GPU's own behaviour (tests/gpu/check.sh does that).
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cuda_driver.h"
+#include "common/cuda_vmm.h"
+#include "stash/client.h"
+#include "tests/integration/daemon_stats.h"
+#include "tests/integration/harness.h"
+
+namespace stash::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kChunk = 2 << 20;  // the stand-in's allocation granularity
+constexpr uint64_t kRow = 4096;
+
+class CudaMapped : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("STASH_STANDIN_REGISTRY", registry_.path().c_str(), 1);
+    ASSERT_NE(std::getenv("LD_LIBRARY_PATH"), nullptr) << "run it through ctest";
+    auto driver = CudaDriver::Get();
+    ASSERT_TRUE(driver.ok()) << driver.status().ToString();
+    d_ = *driver;
+    auto context = PrimaryContext::Retain(d_, 0);
+    ASSERT_TRUE(context.ok()) << context.status().ToString();
+    context_ = std::make_unique<PrimaryContext>(std::move(context).value());
+    ASSERT_EQ(d_->CtxSetCurrent(context_->get()), CUDA_SUCCESS);
+    ASSERT_EQ(d_->StreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  }
+  void TearDown() override {
+    client_.reset();
+    for (CUdeviceptr p : allocations_) (void)d_->MemFree(p);
+    if (stream_ != nullptr) (void)d_->StreamDestroy(stream_);
+  }
+  // A pool of 8 MiB on the GPU: 4 chunks of 32 pages.
+  void StartDaemon(const std::vector<std::string>& more = {}) {
+    std::vector<std::string> flags = {"--backend=cuda", "--page-bytes=64KiB", "--pool-bytes=8MiB",
+                                      "--chunk-bytes=2MiB", "--host-tier-bytes=0"};
+    flags.insert(flags.end(), more.begin(), more.end());
+    daemon_ = std::make_unique<DaemonProcess>(flags);
+    ASSERT_TRUE(daemon_->Ready()) << daemon_->process().Stderr();
+  }
+  Options MappedOptions(uint64_t device_bytes) {
+    Options o;
+    o.socket = daemon_->socket();
+    o.backend = Backend::kCuda;
+    o.mode = Mode::kMapped;
+    o.allow_host_spill = false;
+    if (device_bytes > 0) {
+      o.lease.automatic = false;
+      o.lease.device_bytes = device_bytes;
+    }
+    return o;
+  }
+  void Open(const Options& o) {
+    auto opened = Client::Open(o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    client_ = std::move(opened).value();
+  }
+  v1::TierStats Gpu() {
+    const v1::GetStatsResponse stats = DaemonStats(daemon_->socket());
+    for (const v1::TierStats& t : stats.tiers()) {
+      if (t.name() == "gpu0") return t;
+    }
+    return {};
+  }
+  // Device memory holding `bytes` from the host before anything queued later runs (cuMemcpyHtoD
+  // from pageable memory may return before its bytes land, on the legacy stream, which stream_
+  // does not wait for: Driver API, "API synchronization behavior").
+  CUdeviceptr Device(const std::vector<uint8_t>& bytes) {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(d_->MemAlloc(&p, bytes.size()), CUDA_SUCCESS);
+    EXPECT_EQ(d_->MemcpyHtoD(p, bytes.data(), bytes.size()), CUDA_SUCCESS);
+    EXPECT_EQ(d_->StreamSynchronize(CU_STREAM_LEGACY), CUDA_SUCCESS);
+    allocations_.push_back(p);
+    return p;
+  }
+  std::vector<uint8_t> Host(CUdeviceptr p, uint64_t bytes) {
+    std::vector<uint8_t> out(bytes);
+    EXPECT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+    EXPECT_EQ(d_->MemcpyDtoH(out.data(), p, bytes), CUDA_SUCCESS);
+    return out;
+  }
+  static std::vector<uint8_t> Pattern(uint64_t bytes, uint8_t seed) {
+    std::vector<uint8_t> out(bytes);
+    for (uint64_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(seed + i * 7 + i / 4096);
+    return out;
+  }
+  StashArgs Args(CUdeviceptr src, uint64_t rows, uint64_t max_rows) {
+    StashArgs a;
+    a.device_source = reinterpret_cast<const void*>(src);  // NOLINT(performance-no-int-to-ptr)
+    a.row_bytes = kRow;
+    a.max_rows = max_rows;
+    a.count.value = rows;
+    a.stream = stream_;
+    return a;
+  }
+  ReloadArgs Into(uint64_t ticket, CUdeviceptr dst, bool zero_tail = true) {
+    ReloadArgs r;
+    r.ticket = ticket;
+    r.device_destination = reinterpret_cast<void*>(dst);  // NOLINT(performance-no-int-to-ptr)
+    r.zero_tail = zero_tail;
+    r.stream = stream_;
+    return r;
+  }
+  // Steps until the GPU passed a step boundary with `flags` of the step before (the stream is
+  // synchronized each time).
+  StepFlags FlagsAfterStep(uint64_t step) {
+    EXPECT_TRUE(client_->BeginStep(step, stream_).ok());
+    EXPECT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+    return client_->CurrentStepFlags();
+  }
+
+  TempDir registry_;
+  const CudaDriver* d_ = nullptr;
+  std::unique_ptr<PrimaryContext> context_;
+  CUstream stream_ = nullptr;
+  std::vector<CUdeviceptr> allocations_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+// Stashes of device buffers go into the leased chunks and come back byte for byte, rows past
+// the count zeroed; the daemon sees the chunks leased while the session lives and back after.
+TEST_F(CudaMapped, DeviceBuffersRoundTripThroughLeasedChunksOnTheCallersStream) {
+  StartDaemon();
+  Open(MappedOptions(2 * kChunk));
+  EXPECT_EQ(client_->backend(), Backend::kCuda);
+  EXPECT_EQ(Gpu().chunks_leased(), 2u);
+
+  const std::vector<uint64_t> rows = {100, 1, 255, 37};
+  std::vector<std::vector<uint8_t>> sources;
+  std::vector<uint64_t> tickets;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    sources.push_back(Pattern(256 * kRow, static_cast<uint8_t>(i + 1)));
+    auto ticket = client_->Stash(Args(Device(sources[i]), rows[i], 256));
+    ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+    tickets.push_back(*ticket);
+    auto answer = client_->Wait(*ticket);
+    ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+    EXPECT_EQ(answer->ticket, *ticket);
+  }
+  // The sources change after their stashes ran: the reloads must come from the chunks.
+  ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+  for (CUdeviceptr p : allocations_) ASSERT_EQ(d_->MemsetD8Async(p, 0xee, 256 * kRow, stream_), 0);
+  for (size_t i = rows.size(); i-- > 0;) {
+    const CUdeviceptr dst = Device(std::vector<uint8_t>(256 * kRow, 0x55));
+    ASSERT_TRUE(client_->Reload(Into(tickets[i], dst)).ok());
+    const std::vector<uint8_t> got = Host(dst, 256 * kRow);
+    const uint64_t valid = rows[i] * kRow;
+    EXPECT_EQ(std::memcmp(got.data(), sources[i].data(), valid), 0) << "stash " << i;
+    EXPECT_EQ(std::count(got.begin() + static_cast<long>(valid), got.end(), 0),
+              static_cast<long>(256 * kRow - valid))
+        << "rows past the count are zeroed";
+  }
+  EXPECT_FALSE(FlagsAfterStep(1).overflow);
+  client_.reset();
+  EXPECT_EQ(Gpu().chunks_leased(), 0u) << "closing gives every chunk back";
+}
+
+// A stash bigger than the lease overflows on the device: with the source kept (the default) the
+// reload copies it from there; with keep_source false the destination stays as it was and the
+// step is flagged, so a trainer reruns it.
+TEST_F(CudaMapped, OverflowReloadsTheKeptSourceOrFlagsTheStep) {
+  StartDaemon();
+  Open(MappedOptions(kChunk));
+  const uint64_t max_rows = 2 * kChunk / kRow;  // two chunks' worth: more than the lease
+  const std::vector<uint8_t> source = Pattern(max_rows * kRow, 9);
+  const CUdeviceptr src = Device(source);
+  auto kept = client_->Stash(Args(src, max_rows, max_rows));
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(max_rows * kRow, 0x11));
+  ASSERT_TRUE(client_->Reload(Into(*kept, dst)).ok());
+  EXPECT_EQ(Host(dst, max_rows * kRow), source) << "the kept source was reloaded";
+  EXPECT_TRUE(FlagsAfterStep(1).overflow) << "an overflow flags its step";
+
+  StashArgs freed = Args(src, max_rows, max_rows);
+  freed.keep_source = false;
+  auto lost = client_->Stash(freed);
+  ASSERT_TRUE(lost.ok()) << lost.status().ToString();
+  const CUdeviceptr untouched = Device(std::vector<uint8_t>(max_rows * kRow, 0x22));
+  ASSERT_TRUE(client_->Reload(Into(*lost, untouched)).ok());
+  const std::vector<uint8_t> got = Host(untouched, max_rows * kRow);
+  EXPECT_EQ(std::count(got.begin(), got.end(), 0x22), static_cast<long>(got.size()));
+  EXPECT_TRUE(FlagsAfterStep(2).overflow);
+
+  auto fits = client_->Stash(Args(src, 10, 10));
+  ASSERT_TRUE(fits.ok());
+  ASSERT_TRUE(client_->Release(*fits, stream_).ok());
+  EXPECT_FALSE(FlagsAfterStep(3).overflow) << "flags are per step";
+}
+
+// An automatic lease grows when a step finds it short: the chunks come on the lease thread and
+// join the ring at the next BeginStep, after which the same stash fits.
+TEST_F(CudaMapped, AnAutomaticLeaseGrowsAtTheNextStepWhenAStashFindsItShort) {
+  StartDaemon();
+  Open(MappedOptions(0));
+  const uint64_t first = Gpu().chunks_leased();
+  ASSERT_GE(first, 1u);
+  const uint64_t max_rows = (first + 1) * kChunk / kRow;  // a chunk more than the lease
+  const std::vector<uint8_t> source = Pattern(max_rows * kRow, 3);
+  const CUdeviceptr src = Device(source);
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(max_rows * kRow));
+  bool fitted = false;
+  for (uint64_t step = 1; step <= 20 && !fitted; ++step) {
+    ASSERT_TRUE(client_->BeginStep(step, stream_).ok());
+    auto ticket = client_->Stash(Args(src, max_rows, max_rows));
+    ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+    ASSERT_TRUE(client_->Reload(Into(*ticket, dst)).ok());
+    ASSERT_EQ(Host(dst, max_rows * kRow), source);
+    fitted = !FlagsAfterStep(step + 100).overflow;
+  }
+  EXPECT_TRUE(fitted) << "the lease never grew past " << first << " chunks";
+  EXPECT_GT(Gpu().chunks_leased(), first);
+}
+
+// An automatic lease follows the steps' demand both ways: it grows while steps stash three
+// chunks' worth, and once steps stash little the daemon's targets take chunks out of the ring at a
+// step boundary (none of their pages is held), and they are unmapped after the stream's work and
+// given back.
+TEST_F(CudaMapped, AnAutomaticLeaseShrinksAtStepBoundariesOnceStepsStashLess) {
+  StartDaemon();
+  Open(MappedOptions(0));
+  const uint64_t big_rows = 3 * kChunk / kRow;
+  const std::vector<uint8_t> source = Pattern(big_rows * kRow, 5);
+  const CUdeviceptr src = Device(source);
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(big_rows * kRow));
+  uint64_t step = 0;
+  for (int i = 0; i < 20 && Gpu().chunks_leased() < 3; ++i) {
+    ASSERT_TRUE(client_->BeginStep(++step, stream_).ok());
+    auto ticket = client_->Stash(Args(src, big_rows, big_rows));
+    ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+    ASSERT_TRUE(client_->Reload(Into(*ticket, dst)).ok());
+    ASSERT_EQ(Host(dst, big_rows * kRow), source);
+  }
+  const uint64_t grown = Gpu().chunks_leased();
+  ASSERT_GE(grown, 3u);
+
+  for (int i = 0; i < 50 && Gpu().chunks_leased() >= grown; ++i) {
+    ASSERT_TRUE(client_->BeginStep(++step, stream_).ok());
+    auto ticket = client_->Stash(Args(src, 1, 1));
+    ASSERT_TRUE(ticket.ok());
+    ASSERT_TRUE(client_->Reload(Into(*ticket, dst, false)).ok());
+    ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+  }
+  // Given back while this process lives, they stay charged to it until it exits (it may still
+  // hold their memory: docs/design.md, "What the daemon must not trust").
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(5);
+  while (Gpu().chunks_leased() + Gpu().chunks_kept() != grown && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const v1::TierStats after = Gpu();
+  EXPECT_LT(after.chunks_leased(), grown) << "the lease never shrank";
+  EXPECT_GE(after.chunks_leased(), 1u) << "the step's demand keeps a chunk";
+  EXPECT_EQ(after.chunks_leased() + after.chunks_kept(), grown) << after.DebugString();
+
+  // This session's stashes still round-trip over what it kept.
+  auto ticket = client_->Stash(Args(src, 16, 16));
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE(client_->Reload(Into(*ticket, dst)).ok());
+  const std::vector<uint8_t> got = Host(dst, 16 * kRow);
+  EXPECT_EQ(std::memcmp(got.data(), source.data(), 16 * kRow), 0);
+}
+
+// The daemon dies mid-step: the chunks stay mapped here, the step's stashes reload byte for
+// byte, and later stashes still page into them.
+TEST_F(CudaMapped, StashesSurviveTheDaemonsDeathMidStep) {
+  StartDaemon();
+  Open(MappedOptions(2 * kChunk));
+  const std::vector<uint8_t> source = Pattern(64 * kRow, 11);
+  const CUdeviceptr src = Device(source);
+  auto ticket = client_->Stash(Args(src, 64, 64));
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+  ASSERT_EQ(kill(daemon_->process().pid(), SIGKILL), 0);
+  daemon_->process().Wait(std::chrono::seconds(10));
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(64 * kRow));
+  ASSERT_TRUE(client_->Reload(Into(*ticket, dst)).ok());
+  EXPECT_EQ(Host(dst, 64 * kRow), source);
+  ASSERT_TRUE(client_->BeginStep(1, stream_).ok()) << "a step boundary without a daemon";
+  auto again = client_->Stash(Args(src, 64, 64));
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(client_->Reload(Into(*again, dst)).ok());
+  EXPECT_EQ(Host(dst, 64 * kRow), source);
+  EXPECT_FALSE(FlagsAfterStep(2).overflow);
+  EXPECT_EQ(client_->Stats().status().code(), StatusCode::kUnavailable);
+}
+
+// What this mode cannot take is refused with what to change, and nothing is enqueued.
+TEST_F(CudaMapped, HostBuffersAndEventsAreRefusedWithWhatToChange) {
+  StartDaemon();
+  Open(MappedOptions(kChunk));
+  auto host = HostBuffer::Allocate(kRow);
+  ASSERT_TRUE(host.ok());
+  StashArgs from_host;
+  from_host.source = host->get();
+  from_host.row_bytes = kRow;
+  from_host.max_rows = 1;
+  auto refused = client_->Stash(from_host);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("device_source"), std::string::npos)
+      << refused.status().message();
+
+  const CUdeviceptr src = Device(Pattern(kRow, 1));
+  StashArgs with_event = Args(src, 1, 1);
+  with_event.ready = EventPoint{host->get(), 0, 1};
+  EXPECT_EQ(client_->Stash(with_event).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Reload(Into(12345, src)).status().code(), StatusCode::kNotFound)
+      << "a ticket this session never gave";
+  EXPECT_EQ(client_->Wait(777).status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace stash::testing
