@@ -138,11 +138,9 @@ int stash_event_wait(stash_buffer_t* buffer, uint64_t offset, uint64_t value, in
   return stash::WaitEvent({buffer->buffer.get(), offset, value}, timeout_ms) ? 1 : 0;
 }
 
-int stash_stash(stash_client_t* client, const stash_stash_args_t* args, uint64_t* ticket) {
-  STASH_C_REQUIRE(client != nullptr && args != nullptr && ticket != nullptr,
-                  "stash_stash: client, args and ticket must not be NULL");
-  STASH_C_REQUIRE(args->source != nullptr || args->device_source != nullptr,
-                  "stash_stash: set args->source (a buffer) or args->device_source");
+namespace {
+
+stash::StashArgs StashArgsOf(const stash_stash_args_t* args) {
   stash::StashArgs a;
   a.source = args->source != nullptr ? args->source->buffer.get() : nullptr;
   a.device_source = args->device_source;
@@ -160,10 +158,64 @@ int stash_stash(stash_client_t* client, const stash_stash_args_t* args, uint64_t
   a.layer = args->layer;
   a.microbatch = args->microbatch;
   if (args->name != nullptr) a.name = args->name;
+  return a;
+}
+
+int Stash(stash_client_t* client, const stash::StashArgs& a, uint64_t* ticket) {
   auto t = client->client->Stash(a);
   if (!t.ok()) return Fail(t.status());
   *ticket = *t;
   return 0;
+}
+
+int Answer(const stash::StatusOr<uint64_t>& id, uint64_t* op) {
+  if (!id.ok()) return Fail(id.status());
+  *op = *id;
+  return 0;
+}
+
+}  // namespace
+
+int stash_stash(stash_client_t* client, const stash_stash_args_t* args, uint64_t* ticket) {
+  STASH_C_REQUIRE(client != nullptr && args != nullptr && ticket != nullptr,
+                  "stash_stash: client, args and ticket must not be NULL");
+  STASH_C_REQUIRE(args->source != nullptr || args->device_source != nullptr,
+                  "stash_stash: set args->source (a buffer) or args->device_source");
+  return Stash(client, StashArgsOf(args), ticket);
+}
+
+int stash_stash_on_stream(stash_client_t* client, const stash_stash_args_t* args, int keep_source,
+                          void* stream, uint64_t* ticket) {
+  STASH_C_REQUIRE(client != nullptr && args != nullptr && ticket != nullptr,
+                  "stash_stash_on_stream: client, args and ticket must not be NULL");
+  STASH_C_REQUIRE(args->device_source != nullptr,
+                  "stash_stash_on_stream: set args->device_source (a device pointer)");
+  stash::StashArgs a = StashArgsOf(args);
+  a.keep_source = keep_source != 0;
+  a.stream = stream;
+  return Stash(client, a, ticket);
+}
+
+int stash_reload_on_stream(stash_client_t* client, uint64_t ticket, void* destination,
+                           int zero_tail, void* stream, uint64_t* op) {
+  STASH_C_REQUIRE(client != nullptr && destination != nullptr && op != nullptr,
+                  "stash_reload_on_stream: client, destination and op must not be NULL");
+  stash::ReloadArgs a;
+  a.ticket = ticket;
+  a.device_destination = destination;
+  a.zero_tail = zero_tail != 0;
+  a.stream = stream;
+  return Answer(client->client->Reload(a), op);
+}
+
+int stash_release_on_stream(stash_client_t* client, uint64_t ticket, void* stream, uint64_t* op) {
+  STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_release_on_stream: NULL argument");
+  return Answer(client->client->Release(ticket, stream), op);
+}
+
+int stash_begin_step_on_stream(stash_client_t* client, uint64_t step, void* stream, uint64_t* op) {
+  STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_begin_step_on_stream: NULL argument");
+  return Answer(client->client->BeginStep(step, stream), op);
 }
 
 int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destination,

@@ -445,7 +445,7 @@ std::optional<StatusOr<Completion>> CudaMappedSession::Poll(uint64_t op) {
 
 StepFlags CudaMappedSession::CurrentStepFlags() const {
   MutexLock lock(&mu_);
-  const uint64_t flags = copier_->LastStep().flags;
+  const uint64_t flags = copier_->CurrentStep().flags;
   StepFlags out;
   out.overflow = (flags & kernels::kStepOverflow) != 0;
   out.spilled = (flags & kernels::kStepSpilled) != 0;

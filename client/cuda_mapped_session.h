@@ -9,8 +9,8 @@
 // synchronisation and nothing to the daemon per operation, and Stash / Reload / Release /
 // BeginStep may be captured in a CUDA graph and replayed (each replay plans, spills and
 // overflows on the device). What happened is known on the device, not here: Wait and Poll answer
-// at once with what was enqueued (tier kUnspecified), and the step's flags reach the host once
-// the stream ran the next BeginStep (CurrentStepFlags).
+// at once with what was enqueued (tier kUnspecified), and the step's flags reach the host as the
+// stream runs the step's stashes (CurrentStepFlags; synchronize the stream to have them all).
 //
 // Lease changes happen at BeginStep, outside capture, on the stream it names: chunks the lease
 // thread mapped join the rings; chunks the daemon asks back (or the lease's targets leave over)
@@ -82,8 +82,8 @@ class CudaMappedSession {
   StatusOr<uint64_t> BeginStep(uint64_t step, void* stream);
   StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms);
   std::optional<StatusOr<Completion>> Poll(uint64_t op);
-  // The flags of the last step whose end the GPU reached (the step before the last BeginStep
-  // the stream ran).
+  // The current step's flags as far as the GPU got (StreamCopier::CurrentStep). Synchronize the
+  // stream (or wait for an event after the step's last stash) first to have the whole step's.
   StepFlags CurrentStepFlags() const;
   // The daemon's view (it reads the control block as published at the last step boundary).
   StatusOr<SessionStats> Stats();

@@ -32,10 +32,8 @@ Status HostOnly(const char* what) {
 
 StatusOr<std::unique_ptr<MappedSession>> MappedSession::Open(const Options& options) {
   if (options.backend == Backend::kCuda) {
-    return FailedPreconditionError(
-        "mapped mode is built for the host backend only so far; use the daemon-copy mode with "
-        "the cuda backend (Python: stashd.connect(backend=\"cuda\", mode=\"daemon-copy\"); "
-        "C++: Options.mode = Mode::kDaemonCopy)");
+    // Client::Open opens CudaMappedSession, the GPU twin, for the cuda backend.
+    return InternalError("MappedSession is the host backend's twin; open CudaMappedSession");
   }
   std::unique_ptr<MappedSession> session(new MappedSession(options));
   std::shared_ptr<SessionStream> stream;

@@ -56,11 +56,12 @@ uint64_t CopyBlocks(uint64_t max_bytes, uint64_t page_bytes) {
 }
 
 // The pinned host block: the shared block's device address, the step report, the lease-short
-// count, removal answers.
+// count, the current step's flags, removal answers.
 struct HostBlock {
   SessionControl* shared;  // read by the step kernel
   uint64_t lease_short;    // written by the stash publish kernel
   StepReport report;
+  uint64_t current_step;  // written by the stash publish and step kernels
   uint64_t answers[kMaxRemovals];
 };
 
@@ -189,6 +190,7 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   v.page_bytes = g.page_bytes;
   v.allow_host = g.allow_host ? 1 : 0;
   v.d_lease_short = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, lease_short));
+  v.d_step_flags = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, current_step));
 
   c->free_plans_.reserve(g.max_stashes);
   for (uint32_t i = g.max_stashes; i > 0; --i) c->free_plans_.push_back(i - 1);
@@ -393,6 +395,14 @@ Status StreamCopier::BeginStep(CUstream stream, uint64_t step) {
 
 StreamCopier::StepFlagsReport StreamCopier::LastStep() const {
   const uint64_t word = Load(static_cast<const HostBlock*>(host_block_)->report.step_and_flags);
+  StepFlagsReport r;
+  r.step = kernels::ReportedStep(word);
+  r.flags = kernels::ReportedFlags(word);
+  return r;
+}
+
+StreamCopier::StepFlagsReport StreamCopier::CurrentStep() const {
+  const uint64_t word = Load(static_cast<const HostBlock*>(host_block_)->current_step);
   StepFlagsReport r;
   r.step = kernels::ReportedStep(word);
   r.flags = kernels::ReportedFlags(word);

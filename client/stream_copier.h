@@ -130,6 +130,9 @@ class StreamCopier {
     uint64_t flags = 0;  // kStepOverflow | kStepSpilled of the step that ended there
   };
   StepFlagsReport LastStep() const;
+  // The current step (the last step kernel that ran) and its flags as far as the stream got:
+  // each stash's publish raises them. Synchronize the stream to have the whole step's.
+  StepFlagsReport CurrentStep() const;
   // How many times a stash found the lease short so far (a spill, an overflow, the own device
   // under an eighth free; once per eighth of growth in a step): ask the daemon for more chunks
   // when it moves.

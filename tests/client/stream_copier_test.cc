@@ -221,10 +221,16 @@ TEST_F(StreamCopierTest, StashesFillDevicePeerAndHostChunksThenOverflowAndReload
   const CUdeviceptr dst = Alloc(bytes);
   Put(dst, std::vector<uint8_t>(bytes, 0xEE));
   ASSERT_TRUE(copier_->Reload(stream_, tickets[3], reinterpret_cast<void*>(dst), true).ok());
-  ASSERT_TRUE(copier_->BeginStep(stream_, 8).ok());
+  // The step's flags reach the host as the stream runs its stashes, before the step ends.
+  Sync();
+  const uint64_t step = copier_->CurrentStep().step;
+  EXPECT_EQ(copier_->CurrentStep().flags & kernels::kStepOverflow, kernels::kStepOverflow);
+  ASSERT_TRUE(copier_->BeginStep(stream_, step + 1).ok());
   Sync();
   EXPECT_EQ(Difference(Get(dst, bytes), std::vector<uint8_t>(bytes, 0xEE)), "same bytes");
   EXPECT_EQ(copier_->LastStep().flags & kernels::kStepOverflow, kernels::kStepOverflow);
+  EXPECT_EQ(copier_->CurrentStep().step, step + 1);
+  EXPECT_EQ(copier_->CurrentStep().flags, 0u) << "the step kernel clears them";
   for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE(copier_->Release(stream_, tickets[i]).ok());
   Sync();
 }

@@ -3,7 +3,9 @@
 // them with its kernels on the caller's stream. Runs on the CUDA driver stand-in
 // (tests/cuda_standin; ctest puts it first on LD_LIBRARY_PATH as libcuda.so.1 for this binary
 // and the stashd it starts), which runs each kernel as its host twin: what is checked is the
-// whole orchestration, byte for byte, not the GPU's own behaviour (tests/gpu/check.sh does that).
+// whole orchestration, byte for byte. Built again as cuda_mapped_gpu_test (label gpu,
+// STASH_MAPPED_ON_GPU) against the real driver for tests/gpu/check.sh, where it skips without a
+// device: there the kernels are the GPU's own.
 #include <signal.h>
 #include <unistd.h>
 
@@ -34,10 +36,19 @@ constexpr uint64_t kRow = 4096;
 class CudaMapped : public ::testing::Test {
  protected:
   void SetUp() override {
+#if defined(STASH_MAPPED_ON_GPU)
+    auto driver = CudaDriver::Get();
+    int count = 0;
+    if (!driver.ok() || (*driver)->Init(0) != CUDA_SUCCESS ||
+        (*driver)->DeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+#else
     setenv("STASH_STANDIN_REGISTRY", registry_.path().c_str(), 1);
     ASSERT_NE(std::getenv("LD_LIBRARY_PATH"), nullptr) << "run it through ctest";
     auto driver = CudaDriver::Get();
     ASSERT_TRUE(driver.ok()) << driver.status().ToString();
+#endif
     d_ = *driver;
     auto context = PrimaryContext::Retain(d_, 0);
     ASSERT_TRUE(context.ok()) << context.status().ToString();
@@ -121,12 +132,13 @@ class CudaMapped : public ::testing::Test {
     r.stream = stream_;
     return r;
   }
-  // Steps until the GPU passed a step boundary with `flags` of the step before (the stream is
-  // synchronized each time).
-  StepFlags FlagsAfterStep(uint64_t step) {
-    EXPECT_TRUE(client_->BeginStep(step, stream_).ok());
+  // The current step's flags once the stream ran everything enqueued (synchronized here), then
+  // a step boundary at `step`.
+  StepFlags FlagsThenStep(uint64_t step) {
     EXPECT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
-    return client_->CurrentStepFlags();
+    const StepFlags flags = client_->CurrentStepFlags();
+    EXPECT_TRUE(client_->BeginStep(step, stream_).ok());
+    return flags;
   }
 
   TempDir registry_;
@@ -171,7 +183,7 @@ TEST_F(CudaMapped, DeviceBuffersRoundTripThroughLeasedChunksOnTheCallersStream) 
               static_cast<long>(256 * kRow - valid))
         << "rows past the count are zeroed";
   }
-  EXPECT_FALSE(FlagsAfterStep(1).overflow);
+  EXPECT_FALSE(FlagsThenStep(1).overflow);
   client_.reset();
   EXPECT_EQ(Gpu().chunks_leased(), 0u) << "closing gives every chunk back";
 }
@@ -190,7 +202,7 @@ TEST_F(CudaMapped, OverflowReloadsTheKeptSourceOrFlagsTheStep) {
   const CUdeviceptr dst = Device(std::vector<uint8_t>(max_rows * kRow, 0x11));
   ASSERT_TRUE(client_->Reload(Into(*kept, dst)).ok());
   EXPECT_EQ(Host(dst, max_rows * kRow), source) << "the kept source was reloaded";
-  EXPECT_TRUE(FlagsAfterStep(1).overflow) << "an overflow flags its step";
+  EXPECT_TRUE(FlagsThenStep(1).overflow) << "an overflow flags its step";
 
   StashArgs freed = Args(src, max_rows, max_rows);
   freed.keep_source = false;
@@ -200,12 +212,12 @@ TEST_F(CudaMapped, OverflowReloadsTheKeptSourceOrFlagsTheStep) {
   ASSERT_TRUE(client_->Reload(Into(*lost, untouched)).ok());
   const std::vector<uint8_t> got = Host(untouched, max_rows * kRow);
   EXPECT_EQ(std::count(got.begin(), got.end(), 0x22), static_cast<long>(got.size()));
-  EXPECT_TRUE(FlagsAfterStep(2).overflow);
+  EXPECT_TRUE(FlagsThenStep(2).overflow);
 
   auto fits = client_->Stash(Args(src, 10, 10));
   ASSERT_TRUE(fits.ok());
   ASSERT_TRUE(client_->Release(*fits, stream_).ok());
-  EXPECT_FALSE(FlagsAfterStep(3).overflow) << "flags are per step";
+  EXPECT_FALSE(FlagsThenStep(3).overflow) << "flags are per step";
 }
 
 // An automatic lease grows when a step finds it short: the chunks come on the lease thread and
@@ -226,7 +238,7 @@ TEST_F(CudaMapped, AnAutomaticLeaseGrowsAtTheNextStepWhenAStashFindsItShort) {
     ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
     ASSERT_TRUE(client_->Reload(Into(*ticket, dst)).ok());
     ASSERT_EQ(Host(dst, max_rows * kRow), source);
-    fitted = !FlagsAfterStep(step + 100).overflow;
+    fitted = !FlagsThenStep(step + 100).overflow;
   }
   EXPECT_TRUE(fitted) << "the lease never grew past " << first << " chunks";
   EXPECT_GT(Gpu().chunks_leased(), first);
@@ -300,7 +312,7 @@ TEST_F(CudaMapped, StashesSurviveTheDaemonsDeathMidStep) {
   ASSERT_TRUE(again.ok());
   ASSERT_TRUE(client_->Reload(Into(*again, dst)).ok());
   EXPECT_EQ(Host(dst, 64 * kRow), source);
-  EXPECT_FALSE(FlagsAfterStep(2).overflow);
+  EXPECT_FALSE(FlagsThenStep(2).overflow);
   EXPECT_EQ(client_->Stats().status().code(), StatusCode::kUnavailable);
 }
 

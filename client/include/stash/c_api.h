@@ -65,7 +65,7 @@ typedef struct stash_open_options {
 
 /* The defaults of stash::Options. */
 STASH_EXPORT void stash_open_options_init(stash_open_options_t* options);
-/* Opens a session with `options`. Mapped mode on the cuda backend is FAILED_PRECONDITION. */
+/* Opens a session with `options` (stash::Client::Open). */
 STASH_EXPORT int stash_client_open_ex(const stash_open_options_t* options, stash_client_t** out);
 
 /* Ends the session; the daemon returns its pages. NULL is fine. */
@@ -131,6 +131,25 @@ STASH_EXPORT int stash_reload_device(stash_client_t* client, uint64_t ticket, vo
                                      uint64_t ready_offset, uint64_t ready_value,
                                      stash_buffer_t* done_buffer, uint64_t done_offset,
                                      uint64_t done_value, uint64_t* op);
+/* Mapped mode on the cuda backend (stash_open_options_t.mode = STASH_MODE_MAPPED, backend
+ * cuda): the library pages device memory into its leased chunks with its own kernels, enqueued
+ * on stream (a cudaStream_t; NULL = the legacy default stream) in order with the caller's
+ * kernels: no event, no wait on the host, and the calls may be captured in a CUDA graph. The
+ * answers (stash_wait / stash_poll) come at once and say what was enqueued; the GPU alone knows
+ * whether a stash fitted. keep_source 1: an overflowed stash is reloaded from its source, which
+ * must stay unchanged until its reload or release; 0: the source may be reused once the stream
+ * passes the stash, and an overflowed stash's reload leaves the destination as it was and sets
+ * the step's overflow flag (stash_step_flags after a later stash_begin_step_on_stream): rerun
+ * that step. begin_step_on_stream is also where the lease grows and shrinks (outside capture).
+ * In the other modes a non-NULL stream is INVALID_ARGUMENT. */
+STASH_EXPORT int stash_stash_on_stream(stash_client_t* client, const stash_stash_args_t* args,
+                                       int keep_source, void* stream, uint64_t* ticket);
+STASH_EXPORT int stash_reload_on_stream(stash_client_t* client, uint64_t ticket, void* destination,
+                                        int zero_tail, void* stream, uint64_t* op);
+STASH_EXPORT int stash_release_on_stream(stash_client_t* client, uint64_t ticket, void* stream,
+                                         uint64_t* op);
+STASH_EXPORT int stash_begin_step_on_stream(stash_client_t* client, uint64_t step, void* stream,
+                                            uint64_t* op);
 /* Cuda backend: enqueue on stream (a cudaStream_t; NULL = the legacy default stream) raising
  * the event at buffer + offset to value after the stream's earlier work, or a wait until it
  * reaches value before the stream's later work. */

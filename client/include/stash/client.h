@@ -27,6 +27,12 @@
 // EnqueueWait(done, stream) before the kernels that read a reloaded buffer
 // (docs/cuda-backend.md).
 //
+// Mapped mode on the cuda backend (Options.mode = Mode::kMapped, Backend::kCuda): the library
+// maps the leased chunks into this process and pages device buffers with its own kernels on the
+// caller's stream (StashArgs::stream, ReloadArgs::stream, Release / BeginStep's stream): nothing
+// waits on the host, no event is needed, and the calls may be captured in a CUDA graph. Whether
+// a stash overflowed is known on the GPU only: see StashArgs::keep_source and the step flags.
+//
 // Thread safety: every method may be called from any thread at the same time. Only Wait (and
 // Open, Stats) block; they block on the daemon's answer, never on another caller.
 #ifndef STASH_CLIENT_H_
@@ -211,13 +217,13 @@ class STASH_EXPORT Client {
   // FAILED_PRECONDITION / INVALID_ARGUMENT when the daemon refuses the Hello (other backend,
   // device out of range).
   // Mapped mode (Options.mode = Mode::kMapped) also takes the first lease here:
-  // FAILED_PRECONDITION on the cuda backend (not built yet) and from a daemon that leases no
-  // chunks; the daemon's refusal of the lease (RESOURCE_EXHAUSTED over --max-lease-bytes, with
-  // the numbers). A mapped client pages into its leased chunks on its own in-order copier thread:
-  // Stash/Reload/Release/BeginStep are answered by it with the daemon's codes and words; a
-  // stash that does not fit the lease is OVERFLOW. If the daemon dies, the chunks held stay
-  // valid (stashes made reload, the step finishes) and the first BeginStep with no stash live
-  // reconnects and leases afresh.
+  // FAILED_PRECONDITION from a daemon that leases no chunks (and, on the cuda backend, without
+  // the NVIDIA driver or VMM support); the daemon's refusal of the lease (RESOURCE_EXHAUSTED over
+  // --max-lease-bytes, with the numbers). A mapped client pages into its leased chunks on its own
+  // in-order copier thread: Stash/Reload/Release/BeginStep are answered by it with the daemon's
+  // codes and words; a stash that does not fit the lease is OVERFLOW. If the daemon dies, the
+  // chunks held stay valid (stashes made reload, the step finishes) and the first BeginStep with no
+  // stash live reconnects and leases afresh.
   static StatusOr<std::unique_ptr<Client>> Open(const Options& options);
 
   Client(const Client&) = delete;
@@ -275,7 +281,8 @@ class STASH_EXPORT Client {
   // Like Wait but never blocks: nullopt while the operation is in flight.
   std::optional<StatusOr<Completion>> Poll(uint64_t op);
 
-  // The flags of the current step, as far as answers have arrived.
+  // The flags of the current step, as far as answers have arrived. Mapped mode on the cuda
+  // backend: as far as the GPU got (synchronize the stream first to have the whole step's).
   StepFlags CurrentStepFlags() const;
 
   // Asks the daemon for the live session's counters and its pool usage (a unary RPC): after a

@@ -19,7 +19,8 @@ enum class Mode {
   kDaemonCopy,
   // The daemon leases pool chunks to this process, which maps them and pages its activations
   // itself, on its own in-order copier: no message per operation, and stashes made survive a
-  // daemon restart. Host backend (the cuda backend's mapped mode is not built yet).
+  // daemon restart. Both backends: on the cuda backend the chunks are VMM memory on the GPUs
+  // and the pages move with the library's kernels on the caller's stream.
   kMapped,
 };
 

@@ -424,7 +424,8 @@ def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: in
     Raises Unavailable, naming the socket, when no daemon answers within connect_timeout_ms.
 
     mode: "daemon-copy" (the daemon copies registered buffers) or "mapped" (the daemon leases
-    pool chunks to this process, which pages its activations itself; host backend for now).
+    pool chunks to this process, which pages its activations itself; on the cuda backend with
+    the library's kernels on the tensors' current stream).
     lease (mapped mode): "auto" (the daemon sizes it at every begin_step) or a dict of bytes per
     tier, e.g. {"device": 64 << 20, "host": 16 << 20} (keys "device", "peer", "host").
     copy_threads (mapped mode): threads splitting one copy; 0 = the library's default.

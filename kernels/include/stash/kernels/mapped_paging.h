@@ -72,6 +72,10 @@ struct alignas(16) MappedSessionView {
   // Host-visible: CopierState.outgrown each time the lease was found short, so the host asks
   // the daemon for more chunks without reading device memory. Null = none.
   uint64_t* d_lease_short;
+  // Host-visible: the current step's flags as the stream got to them, one word
+  // (ReportedStep / ReportedFlags: step << 2 | flags), rewritten by each stash's publish and by
+  // the step kernel, so the host reads them without reading device memory. Null = none.
+  uint64_t* d_step_flags;
 };
 
 struct alignas(16) MappedStashArgs {
@@ -187,10 +191,14 @@ STASH_HOST_DEVICE void PlanMappedStashSlot(const MappedStashArgs& a) {
   *a.d_plan = PlanMappedStash(a);
 }
 
-// After the copy: publishes the new head and keeps the books. A bad count is counted as
-// rejected and flags the step as an overflow (nothing was taken, and no host is there to answer
-// the operation with an error: a guarded trainer reruns the step with the stash off).
-STASH_HOST_DEVICE void PublishMappedStash(const MappedStashArgs& a) {
+// The current step's flags to the host (MappedSessionView.d_step_flags).
+STASH_HOST_DEVICE void ReportStepFlags(const MappedSessionView& s) {
+  if (s.d_step_flags == nullptr) return;
+  ControlStore(*s.d_step_flags, ControlLoad(s.d_control->step) << 2 | s.d_state->step_flags);
+}
+
+// PublishMappedStash's books.
+STASH_HOST_DEVICE void PublishMappedStashBooks(const MappedStashArgs& a) {
   const MappedSessionView& s = a.session;
   const StashPlan plan = *a.d_plan;
   SessionControl& c = *s.d_control;
@@ -225,6 +233,15 @@ STASH_HOST_DEVICE void PublishMappedStash(const MappedStashArgs& a) {
       ReportOutgrown(state, demand) && s.d_lease_short != nullptr) {
     ControlStore(*s.d_lease_short, state.outgrown);
   }
+}
+
+// After the copy: publishes the new head and keeps the books, and the step's flags to the host.
+// A bad count is counted as rejected and flags the step as an overflow (nothing was taken, and
+// no host is there to answer the operation with an error: a guarded trainer reruns the step
+// with the stash off).
+STASH_HOST_DEVICE void PublishMappedStash(const MappedStashArgs& a) {
+  PublishMappedStashBooks(a);
+  ReportStepFlags(a.session);
 }
 
 // After the pop: publishes the new tail and keeps the books (a reload or a release of a placed
@@ -323,6 +340,7 @@ STASH_HOST_DEVICE void MappedStep(const MappedStepArgs& a) {
     }
   }
   const uint64_t ended = RecordBeginStep(c, *a.session.d_state, a.step);
+  ReportStepFlags(a.session);
   if (shared != nullptr) PublishControl(c, *shared);
   if (a.d_report != nullptr) ControlStore(a.d_report->step_and_flags, a.step << 2 | ended);
 }
