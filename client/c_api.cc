@@ -41,6 +41,40 @@ void Fill(const stash::Completion& c, stash_completion_t* out) {
   out->step_spilled = c.step_spilled ? 1 : 0;
 }
 
+stash::StashArgs StashArgsOf(const stash_stash_args_t* args) {
+  stash::StashArgs a;
+  a.source = args->source != nullptr ? args->source->buffer.get() : nullptr;
+  a.device_source = args->device_source;
+  a.count.device_count = args->device_count;
+  a.offset = args->offset;
+  a.row_bytes = args->row_bytes;
+  a.max_rows = args->max_rows;
+  a.count.value = args->count_value;
+  a.count.buffer = args->count_buffer != nullptr ? args->count_buffer->buffer.get() : nullptr;
+  a.count.offset = args->count_offset;
+  a.count.divisor = args->divisor == 0 ? 1 : args->divisor;
+  if (args->ready_buffer != nullptr) {
+    a.ready = {args->ready_buffer->buffer.get(), args->ready_offset, args->ready_value};
+  }
+  a.layer = args->layer;
+  a.microbatch = args->microbatch;
+  if (args->name != nullptr) a.name = args->name;
+  return a;
+}
+
+int Stash(stash_client_t* client, const stash::StashArgs& a, uint64_t* ticket) {
+  auto t = client->client->Stash(a);
+  if (!t.ok()) return Fail(t.status());
+  *ticket = *t;
+  return 0;
+}
+
+int Answer(const stash::StatusOr<uint64_t>& id, uint64_t* op) {
+  if (!id.ok()) return Fail(id.status());
+  *op = *id;
+  return 0;
+}
+
 #define STASH_C_REQUIRE(cond, what) \
   if (!(cond)) return Fail(stash::StatusCode::kInvalidArgument, what)
 
@@ -138,44 +172,6 @@ int stash_event_wait(stash_buffer_t* buffer, uint64_t offset, uint64_t value, in
   return stash::WaitEvent({buffer->buffer.get(), offset, value}, timeout_ms) ? 1 : 0;
 }
 
-namespace {
-
-stash::StashArgs StashArgsOf(const stash_stash_args_t* args) {
-  stash::StashArgs a;
-  a.source = args->source != nullptr ? args->source->buffer.get() : nullptr;
-  a.device_source = args->device_source;
-  a.count.device_count = args->device_count;
-  a.offset = args->offset;
-  a.row_bytes = args->row_bytes;
-  a.max_rows = args->max_rows;
-  a.count.value = args->count_value;
-  a.count.buffer = args->count_buffer != nullptr ? args->count_buffer->buffer.get() : nullptr;
-  a.count.offset = args->count_offset;
-  a.count.divisor = args->divisor == 0 ? 1 : args->divisor;
-  if (args->ready_buffer != nullptr) {
-    a.ready = {args->ready_buffer->buffer.get(), args->ready_offset, args->ready_value};
-  }
-  a.layer = args->layer;
-  a.microbatch = args->microbatch;
-  if (args->name != nullptr) a.name = args->name;
-  return a;
-}
-
-int Stash(stash_client_t* client, const stash::StashArgs& a, uint64_t* ticket) {
-  auto t = client->client->Stash(a);
-  if (!t.ok()) return Fail(t.status());
-  *ticket = *t;
-  return 0;
-}
-
-int Answer(const stash::StatusOr<uint64_t>& id, uint64_t* op) {
-  if (!id.ok()) return Fail(id.status());
-  *op = *id;
-  return 0;
-}
-
-}  // namespace
-
 int stash_stash(stash_client_t* client, const stash_stash_args_t* args, uint64_t* ticket) {
   STASH_C_REQUIRE(client != nullptr && args != nullptr && ticket != nullptr,
                   "stash_stash: client, args and ticket must not be NULL");
@@ -227,10 +223,7 @@ int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destin
   a.destination = destination->buffer.get();
   a.offset = offset;
   a.zero_tail = zero_tail != 0;
-  auto id = client->client->Reload(a);
-  if (!id.ok()) return Fail(id.status());
-  *op = *id;
-  return 0;
+  return Answer(client->client->Reload(a), op);
 }
 
 int stash_reload_device(stash_client_t* client, uint64_t ticket, void* destination, int zero_tail,
@@ -245,10 +238,7 @@ int stash_reload_device(stash_client_t* client, uint64_t ticket, void* destinati
   a.zero_tail = zero_tail != 0;
   if (ready_buffer != nullptr) a.ready = {ready_buffer->buffer.get(), ready_offset, ready_value};
   if (done_buffer != nullptr) a.done = {done_buffer->buffer.get(), done_offset, done_value};
-  auto id = client->client->Reload(a);
-  if (!id.ok()) return Fail(id.status());
-  *op = *id;
-  return 0;
+  return Answer(client->client->Reload(a), op);
 }
 
 int stash_enqueue_signal(stash_client_t* client, stash_buffer_t* buffer, uint64_t offset,
@@ -277,26 +267,17 @@ int stash_release_device_mappings(stash_client_t* client, int64_t timeout_ms) {
 
 int stash_unregister_device(stash_client_t* client, const void* pointer, uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_unregister_device: NULL argument");
-  auto id = client->client->UnregisterDevice(pointer);
-  if (!id.ok()) return Fail(id.status());
-  *op = *id;
-  return 0;
+  return Answer(client->client->UnregisterDevice(pointer), op);
 }
 
 int stash_release(stash_client_t* client, uint64_t ticket, uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_release: NULL argument");
-  auto id = client->client->Release(ticket);
-  if (!id.ok()) return Fail(id.status());
-  *op = *id;
-  return 0;
+  return Answer(client->client->Release(ticket), op);
 }
 
 int stash_begin_step(stash_client_t* client, uint64_t step, uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_begin_step: NULL argument");
-  auto id = client->client->BeginStep(step);
-  if (!id.ok()) return Fail(id.status());
-  *op = *id;
-  return 0;
+  return Answer(client->client->BeginStep(step), op);
 }
 
 int stash_wait(stash_client_t* client, uint64_t op, int64_t timeout_ms, stash_completion_t* out) {

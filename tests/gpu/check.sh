@@ -388,23 +388,28 @@ step_demo() {
     record "$name" "$(status_of "$code" "$demo_s")" "2 ranks, backend cuda, CUDA_MODULE_LOADING=$mode" "$demo_log"
   done
 
-  local pkg lib script torch_log torch_s
+  local pkg lib script torch_log torch_s torch_mode torch_name
   if [ "$layout" = bundle ]; then
     pkg="$root/python" lib="$root/lib/libstash_client.so" script="$root/torch_cuda_check.py"
   else
     pkg="$here/../../client/python" lib="$root/client/libstash_client.so"
     script="$here/torch_cuda_check.py"
   fi
-  torch_log="$out/torch-cuda.log"
-  torch_s="$(step_budget 90 "$steps_after")"
-  PYTHONPATH="$pkg" STASHD_CLIENT_LIB="$lib" timeout --kill-after=5 "$torch_s" \
-    python3 "$script" >"$torch_log" 2>&1
-  code=$?
-  case "$code" in
-    0) record torch-cuda pass "$(tail -n 1 "$torch_log")" ;;
-    2) record torch-cuda "skip (no CUDA-enabled torch for python3)" "" ;;
-    *) record torch-cuda "$(status_of "$code" "$torch_s")" "" "$torch_log" ;;
-  esac
+  # Daemon-copy, then mapped mode (the library's kernels on PyTorch's current stream).
+  for torch_mode in daemon-copy mapped; do
+    torch_name=torch-cuda
+    if [ "$torch_mode" = mapped ]; then torch_name=torch-cuda-mapped; fi
+    torch_log="$out/$torch_name.log"
+    torch_s="$(step_budget 90 "$steps_after")"
+    PYTHONPATH="$pkg" STASHD_CLIENT_LIB="$lib" timeout --kill-after=5 \
+      "$torch_s" python3 "$script" --mode="$torch_mode" >"$torch_log" 2>&1
+    code=$?
+    case "$code" in
+      0) record "$torch_name" pass "$(tail -n 1 "$torch_log")" ;;
+      2) record "$torch_name" "skip (no CUDA-enabled torch for python3)" "" ;;
+      *) record "$torch_name" "$(status_of "$code" "$torch_s")" "" "$torch_log" ;;
+    esac
+  done
   stop_daemon
 }
 

@@ -6,7 +6,12 @@ without the stash and once with it, and the output and every gradient must be eq
 The count of valid rows is a CUDA tensor (the sync-free path: the copy kernel reads it), rows past
 it are zero in the inputs, and reloads use zero_tail, so the two runs see the same bits.
 
-Usage: python3 torch_cuda_check.py [--steps N] [--cpu]  (STASHD_SOCKET names the daemon;
+--mode mapped runs it in mapped mode (check.sh step "torch-cuda-mapped"): the library's kernels
+page the saved inputs into chunks leased to this process, on PyTorch's current stream, and the
+step's flags must show no overflow (an overflowed stash's backward would read stale rows).
+
+Usage: python3 torch_cuda_check.py [--steps N] [--cpu] [--mode daemon-copy|mapped]
+(STASHD_SOCKET names the daemon;
 PYTHONPATH and STASHD_CLIENT_LIB point at the package and libstash_client.so, as check.sh sets
 them). --cpu runs the same check on CPU tensors against a host-backend daemon, so that the script
 itself is tested where there is no GPU (tests/python runs it so).
@@ -31,6 +36,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--cpu", action="store_true",
                         help="CPU tensors and a host-backend daemon (tests the script itself)")
+    parser.add_argument("--mode", choices=("daemon-copy", "mapped"), default="daemon-copy")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--hidden", type=int, default=HIDDEN)
     args = parser.parse_args()
@@ -97,7 +103,7 @@ def main() -> int:
             torch.cuda.synchronize()
         return h.detach(), [x.grad] + [w.grad.clone() for w in weights], contexts
 
-    client = stashd.connect(backend="host" if args.cpu else "cuda", device=0,
+    client = stashd.connect(backend="host" if args.cpu else "cuda", device=0, mode=args.mode,
                             label="torch-cuda-check")
     failures = 0
     stashes = 0
@@ -119,8 +125,16 @@ def main() -> int:
                 failures += 1
         stashes += sum(c.stashed for c in contexts)
         overflowed = sum(c.overflowed for c in contexts)
+        if client.step_flags().overflow:  # flush synchronized the stream (mapped mode on cuda)
+            print(f"torch-cuda: step {step}: the step's overflow flag is set: the lease was too "
+                  f"small for {LAYERS} x {max_tokens} x {hidden} activations")
+            failures += 1
         print(f"torch-cuda: step {step}: {rows}/{max_tokens} rows, "
               f"{sum(c.stashed for c in contexts)} stashed, {overflowed} overflowed")
+    if args.mode == "mapped":
+        client.begin_step(args.steps)  # a step boundary publishes the session's books
+        if device.type == "cuda":
+            torch.cuda.synchronize()
     stats = client.stats()
     if stats.stashes_live != 0 or stats.pages_live != 0:
         print(f"torch-cuda: the daemon still holds {stats.stashes_live} stashes "
@@ -131,7 +145,8 @@ def main() -> int:
     if stashes == 0:
         print("torch-cuda: nothing was stashed")
         failures += 1
-    print(f"torch-cuda: {'parity OK' if failures == 0 else 'FAILED'} over {args.steps} steps, "
+    print(f"torch-cuda ({args.mode}): {'parity OK' if failures == 0 else 'FAILED'} over "
+          f"{args.steps} steps, "
           f"{stashes} stashes; daemon: {stats.stashes} stashes, {stats.reloads} reloads, "
           f"{stats.bytes_stashed} bytes")
     return 0 if failures == 0 else 1

@@ -235,7 +235,8 @@ def test_empty_cache_waits_for_dropped_stashes_on_the_host_backend(client):
     assert client.stats().stashes_live == 0
 
 
-def test_the_gpu_checks_torch_script_passes_on_cpu(daemon):
+@pytest.mark.parametrize("mode", ["daemon-copy", "mapped"])
+def test_the_gpu_checks_torch_script_passes_on_cpu(daemon, mode):
     # tests/gpu/torch_cuda_check.py is check.sh's PyTorch step on a GPU node; its --cpu mode runs
     # the same parity check here, so the script itself is known to work before a GPU runs it.
     import subprocess
@@ -243,7 +244,7 @@ def test_the_gpu_checks_torch_script_passes_on_cpu(daemon):
 
     script = os.path.join(os.path.dirname(__file__), os.pardir, "gpu", "torch_cuda_check.py")
     env = dict(os.environ, STASHD_SOCKET=daemon.socket)
-    run = subprocess.run([sys.executable, script, "--cpu", "--max-tokens", "256", "--hidden", "64"],
-                         env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, script, "--cpu", "--mode", mode, "--max-tokens", "256",
+                          "--hidden", "64"], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "parity OK over 3 steps, 12 stashes" in run.stdout, run.stdout
+    assert f"({mode}): parity OK over 3 steps, 12 stashes" in run.stdout, run.stdout

@@ -127,6 +127,7 @@ class Client:
         self.backend = backend
         self._extensions: dict = {}  # per-client state of integrations (stashd.torch)
         self.mode = "daemon-copy"  # set by connect()
+        self.device = 0  # set by connect()
 
     # --- Lifetime ---------------------------------------------------------------------------
 
@@ -168,6 +169,19 @@ class Client:
     def _check(self, code: int) -> None:
         if code != 0:
             raise error_for(code, _lib.last_error())
+
+    @property
+    def on_stream(self) -> bool:
+        """True in mapped mode on the cuda backend: operations are enqueued on a CUDA stream
+        (the library's kernels page the rows) and answered at once."""
+        return self.mode == "mapped" and self.backend == "cuda"
+
+    def _stream(self, stream: Optional[int]) -> Optional[int]:
+        """The stream an operation is enqueued on: the one given, else (on_stream) PyTorch's
+        current stream on the session's device; None for the other modes' calls."""
+        if stream is not None:
+            return int(stream)
+        return current_stream(self.device) if self.on_stream else None
 
     # --- Data path --------------------------------------------------------------------------
 
@@ -228,13 +242,25 @@ class Client:
                      count: Optional[int] = None, device_count: Optional[int] = None,
                      divisor: int = 1, layer: int = 0, microbatch: int = 0,
                      name: Optional[str] = None, ready: Optional[Event] = None,
+                     stream: Optional[int] = None, keep_source: bool = True,
                      wait: bool = True,
                      timeout_ms: Optional[float] = None) -> Union[Completion, int]:
         """Stashes rows from GPU memory: pointer (a tensor's data_ptr()) lies in a cudaMalloc
         allocation of the session's GPU. Exactly one of count (an int known now) and
         device_count (the data_ptr() of an int64 on the GPU, read by the copy kernel: no sync)
-        is given. ready: an event the trainer's stream raises (enqueue_signal) after the kernels
-        that wrote the rows. The rows must stay unchanged until the answer arrives."""
+        is given.
+
+        Daemon-copy mode: ready is an event the trainer's stream raises (enqueue_signal) after
+        the kernels that wrote the rows; the rows must stay unchanged until the answer arrives.
+
+        Mapped mode (on_stream): the stash is enqueued on stream (a cudaStream_t as an int;
+        default: PyTorch's current stream) after the kernels that wrote the rows; no event, and
+        the answer comes at once (tier NONE: only the GPU knows where the rows went).
+        keep_source=True: an overflowed stash is reloaded from pointer, which must stay
+        unchanged until the reload or release; False: the memory may be reused once the stream
+        passes the stash, and an overflowed stash's reload leaves its destination as it was and
+        sets the step's overflow flag (step_flags() after synchronizing the stream): rerun the
+        step (stashd.torch.overflow_guard does)."""
         if (count is None) == (device_count is None):
             raise ValueError("stashd: give exactly one of count and device_count")
         args = _lib.StashArgs()
@@ -257,18 +283,37 @@ class Client:
         if name:
             args.name = name.encode()
         ticket = ctypes.c_uint64()
-        self._check(self._lib.stash_stash(self._h(), ctypes.byref(args), ctypes.byref(ticket)))
+        on = self._stream(stream)
+        if on is None:
+            self._check(self._lib.stash_stash(self._h(), ctypes.byref(args),
+                                              ctypes.byref(ticket)))
+        else:
+            self._check(self._lib.stash_stash_on_stream(self._h(), ctypes.byref(args),
+                                                        1 if keep_source else 0, on or None,
+                                                        ctypes.byref(ticket)))
         return self.wait(ticket.value, timeout_ms) if wait else ticket.value
 
     def reload_device(self, ticket: int, pointer: int, *, zero_tail: bool = False,
                       ready: Optional[Event] = None, done: Optional[Event] = None,
-                      wait: bool = True,
+                      stream: Optional[int] = None, wait: bool = True,
                       timeout_ms: Optional[float] = None) -> Union[Completion, int]:
-        """Copies a stash back into GPU memory at pointer (room for max_rows rows). ready: the
-        daemon writes only after this event; done: raised after the copy, for enqueue_wait."""
+        """Copies a stash back into GPU memory at pointer (room for max_rows rows).
+        Daemon-copy mode: ready: the daemon writes only after this event; done: raised after
+        the copy, for enqueue_wait. Mapped mode (on_stream): enqueued on stream (default:
+        PyTorch's current stream) before the kernels that read pointer; no events."""
+        on = self._stream(stream)
+        op = ctypes.c_uint64()
+        if on is not None:
+            if ready is not None or done is not None:
+                raise ValueError("stashd: reload_device on a stream takes no ready or done "
+                                 "event: the stream orders the copy; drop them")
+            self._check(self._lib.stash_reload_on_stream(self._h(), int(ticket), int(pointer),
+                                                         1 if zero_tail else 0, on or None,
+                                                         ctypes.byref(op)))
+            return self.wait(op.value, timeout_ms) if wait else op.value
+
         def parts(e: Optional[Event]):
             return (None, 0, 0) if e is None else (e[0].handle, int(e[1]), int(e[2]))
-        op = ctypes.c_uint64()
         self._check(self._lib.stash_reload_device(self._h(), int(ticket), int(pointer),
                                                   1 if zero_tail else 0, *parts(ready),
                                                   *parts(done), ctypes.byref(op)))
@@ -301,23 +346,36 @@ class Client:
         to do on the host backend."""
         self._check(self._lib.stash_release_device_mappings(self._h(), _timeout(timeout_ms)))
 
-    def release(self, ticket: int, *, wait: bool = True,
+    def release(self, ticket: int, *, stream: Optional[int] = None, wait: bool = True,
                 timeout_ms: Optional[float] = None) -> Union[Completion, int]:
-        """Drops a stash without copying it back; its pages return."""
+        """Drops a stash without copying it back; its pages return. Mapped mode on the cuda
+        backend: enqueued on stream (default: PyTorch's current stream)."""
+        on = self._stream(stream)
         op = ctypes.c_uint64()
-        self._check(self._lib.stash_release(self._h(), int(ticket), ctypes.byref(op)))
+        if on is None:
+            self._check(self._lib.stash_release(self._h(), int(ticket), ctypes.byref(op)))
+        else:
+            self._check(self._lib.stash_release_on_stream(self._h(), int(ticket), on or None,
+                                                          ctypes.byref(op)))
         return self.wait(op.value, timeout_ms) if wait else op.value
 
-    def begin_step(self, step: int, *, wait: bool = True,
+    def begin_step(self, step: int, *, stream: Optional[int] = None, wait: bool = True,
                    timeout_ms: Optional[float] = None) -> Union[Completion, int]:
         """Starts a training step: clears the step flags (stashd.torch's too). The Completion
-        carries the previous step's flags (step_overflow, step_spilled)."""
+        carries the previous step's flags (step_overflow, step_spilled), except in mapped mode
+        on the cuda backend, where the step boundary is enqueued on stream (default: PyTorch's
+        current stream) and the lease grows or shrinks here, outside graph capture."""
         for ext in list(self._extensions.values()):
             hook = getattr(ext, "begin_step", None)
             if hook is not None:
                 hook(int(step))
+        on = self._stream(stream)
         op = ctypes.c_uint64()
-        self._check(self._lib.stash_begin_step(self._h(), int(step), ctypes.byref(op)))
+        if on is None:
+            self._check(self._lib.stash_begin_step(self._h(), int(step), ctypes.byref(op)))
+        else:
+            self._check(self._lib.stash_begin_step_on_stream(self._h(), int(step), on or None,
+                                                             ctypes.byref(op)))
         return self.wait(op.value, timeout_ms) if wait else op.value
 
     def wait(self, op: int, timeout_ms: Optional[float] = None) -> Completion:
@@ -339,7 +397,8 @@ class Client:
     # --- State ------------------------------------------------------------------------------
 
     def step_flags(self) -> StepFlags:
-        """The current step's flags, as far as answers have arrived. `unavailable`: the
+        """The current step's flags, as far as answers have arrived (mapped mode on the cuda
+        backend: as far as the GPU got; synchronize the stream first). `unavailable`: the
         session broke holding stashes of this step (daemon-copy: their reloads fail; rerun the
         step), or stashd.torch found no daemon for a stash and kept its tensor."""
         unavailable = any(getattr(ext, "step_unavailable", False)
@@ -381,6 +440,19 @@ def _completion(c: "_lib.CompletionStruct") -> Completion:
     return Completion(ticket=int(c.ticket), tier=tier, rows=int(c.rows), bytes=int(c.bytes),
                       pages=int(c.pages), latency_us=int(c.latency_us),
                       step_overflow=bool(c.step_overflow), step_spilled=bool(c.step_spilled))
+
+
+def current_stream(device: int) -> int:
+    """PyTorch's current stream on device as a cudaStream_t int, when PyTorch has initialised
+    CUDA; else 0 (the legacy default stream)."""
+    torch = sys.modules.get("torch")  # never imported here: `import stashd` needs no torch
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_stream(device).cuda_stream)
+        except Exception:  # a CPU-only build or a broken driver
+            pass
+    return 0
 
 
 def default_device() -> int:
@@ -485,4 +557,5 @@ def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: in
         raise error_for(code, message)
     client = Client(handle.value, shown, backend)
     client.mode = mode
+    client.device = int(device)
     return client

@@ -70,6 +70,7 @@ class DisabledClient(Client):
         self.socket = socket
         self.backend = backend
         self.mode = mode
+        self.device = 0
         self.reason = reason
         self._extensions: dict = {}
         self._ops = itertools.count(1)
@@ -133,7 +134,7 @@ class DisabledClient(Client):
     def release_device_mappings(self, timeout_ms: Optional[float] = None) -> None:
         pass
 
-    def begin_step(self, step: int, *, wait: bool = True,
+    def begin_step(self, step: int, *, stream: Optional[int] = None, wait: bool = True,
                    timeout_ms: Optional[float] = None) -> Union[Completion, int]:
         for ext in list(self._extensions.values()):
             hook = getattr(ext, "begin_step", None)

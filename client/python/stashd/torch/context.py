@@ -11,7 +11,7 @@ from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-from stashd.client import Client
+from stashd.client import Client, Tier
 from stashd.errors import UNAVAILABLE, StashError
 from stashd.torch import checkpointing, hook_errors
 from stashd.torch.handle import StashedTensor
@@ -306,6 +306,8 @@ class stash_saved_tensors:
             count = dict(device_count=count_tensor.data_ptr())
         else:
             count = dict(count=int(self.num_tokens))
+        if self.client.on_stream:
+            return self._stash_on_stream(t, source, rows, row_bytes, divisor, count)
         stream = torch.cuda.current_stream(t.device).cuda_stream
         try:
             with state._order:
@@ -330,6 +332,42 @@ class stash_saved_tensors:
         handle._ctx = weakref.ref(self)
         state.track_stash(handle)
         state.reap()
+        return handle
+
+    def _stash_on_stream(self, t: torch.Tensor, source: torch.Tensor, rows: int, row_bytes: int,
+                         divisor: int, count: dict):
+        """Mapped mode on the cuda backend: the library's kernels page the rows into this
+        process's leased chunks on the current stream, after the kernels that wrote them; the
+        tensor's memory goes back to PyTorch's allocator at once (keep_source=False: the
+        allocator reuses it only after the stream passed the stash). A stash that finds no room
+        is known on the GPU only: it flags the step, whose backward then reads stale rows, and
+        overflow_guard reruns that step with the stash off."""
+        stream = torch.cuda.current_stream(t.device)
+        source.record_stream(stream)  # allocated on another stream: reused only after the stash
+        try:
+            done = self.client.stash_device(source.data_ptr(), row_bytes=row_bytes,
+                                            max_rows=rows, divisor=divisor, layer=self.layer,
+                                            microbatch=self.microbatch, name=self.name,
+                                            stream=stream.cuda_stream, keep_source=False,
+                                            **count)
+        except StashError as e:
+            if e.code != UNAVAILABLE:
+                raise
+            return self._kept(t, e)
+        stats = self._state.key_stats(self.key)
+        if done.overflowed:  # a disabled client: nothing was enqueued
+            self.overflowed += 1
+            stats.overflowed += 1
+            return t
+        self.stashed += 1
+        stats.stashed += 1
+        if "count" in count:  # a count on the GPU is not known here: not counted
+            stats.bytes_stashed += min(valid_rows(count["count"], divisor), rows) * row_bytes
+        handle = StashedTensor(self._state, done.ticket, t, rows, rows, row_bytes, divisor,
+                               Tier.NONE, self.zero_tail, self.key)
+        handle._cuda = True
+        handle._stream = stream
+        self._state.reap()
         return handle
 
     def _stash(self, t: torch.Tensor, divisor: int):

@@ -184,12 +184,14 @@ class _TorchState:
         with self._lock:
             self._free.setdefault(staging.buffer.size, []).append(staging)
 
-    def release_later(self, ticket: int) -> None:
-        """Queues a release without blocking (safe from __del__ on any thread)."""
+    def release_later(self, ticket: int, stream=None) -> None:
+        """Queues a release without blocking (safe from __del__ on any thread). stream: the
+        torch.cuda.Stream a stash of mapped mode on the cuda backend was enqueued on."""
         client = self._live_client()
         if client is None:
             return  # the session is over: the daemon returned the pages already
-        self._releases.append(client.release(ticket, wait=False))
+        on = None if stream is None else stream.cuda_stream
+        self._releases.append(client.release(ticket, stream=on, wait=False))
 
     def orphan(self, op: int, staging: _Staging) -> None:
         """A prefetched reload nobody will read: its staging returns once it is answered."""
@@ -294,10 +296,15 @@ def flush(client: Client) -> None:
     """Waits until the daemon has answered the release of every stash autograd dropped without
     unpacking it (a graph freed before backward): their pages are free when this returns. On the
     cuda path it also waits for every stash and reload answer and raises the first failed
-    reload: call it before optimizer.step()."""
+    reload; in mapped mode on the cuda backend it synchronizes the current stream, so that
+    step_flags() has the whole step's: call it before optimizer.step()."""
     state = client._extensions.get("torch")
     if state is not None:
         state.reap(wait=True)
+    if client.on_stream and torch.cuda.is_initialized():
+        # Mapped mode on the cuda backend: the step's flags reach the host as the GPU runs its
+        # stashes; overflow_guard reads them next.
+        torch.cuda.current_stream(client.device).synchronize()
 
 
 def empty_cache(client: Client) -> None:
