@@ -69,6 +69,21 @@ int Stash(stash_client_t* client, const stash::StashArgs& a, uint64_t* ticket) {
   return 0;
 }
 
+// The *_on_stream calls are mapped mode on the cuda backend's: elsewhere a NULL stream would
+// read as "no stream" and the call would run unordered with the caller's kernels.
+bool OnStream(const stash_client_t* client) {
+  return client->client->mode() == stash::Mode::kMapped &&
+         client->client->backend() == stash::Backend::kCuda;
+}
+
+#define STASH_C_REQUIRE_ON_STREAM(client, call)                                            \
+  if (!OnStream(client)) {                                                                 \
+    return Fail(stash::StatusCode::kFailedPrecondition, call                               \
+                ": the session is not in mapped mode on the cuda backend (open it with "   \
+                "mode STASH_MODE_MAPPED and STASH_BACKEND_CUDA), or use the call without " \
+                "_on_stream");                                                             \
+  }
+
 int Answer(const stash::StatusOr<uint64_t>& id, uint64_t* op) {
   if (!id.ok()) return Fail(id.status());
   *op = *id;
@@ -186,6 +201,7 @@ int stash_stash_on_stream(stash_client_t* client, const stash_stash_args_t* args
                   "stash_stash_on_stream: client, args and ticket must not be NULL");
   STASH_C_REQUIRE(args->device_source != nullptr,
                   "stash_stash_on_stream: set args->device_source (a device pointer)");
+  STASH_C_REQUIRE_ON_STREAM(client, "stash_stash_on_stream");
   stash::StashArgs a = StashArgsOf(args);
   a.keep_source = keep_source != 0;
   a.stream = stream;
@@ -196,6 +212,7 @@ int stash_reload_on_stream(stash_client_t* client, uint64_t ticket, void* destin
                            int zero_tail, void* stream, uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && destination != nullptr && op != nullptr,
                   "stash_reload_on_stream: client, destination and op must not be NULL");
+  STASH_C_REQUIRE_ON_STREAM(client, "stash_reload_on_stream");
   stash::ReloadArgs a;
   a.ticket = ticket;
   a.device_destination = destination;
@@ -206,11 +223,13 @@ int stash_reload_on_stream(stash_client_t* client, uint64_t ticket, void* destin
 
 int stash_release_on_stream(stash_client_t* client, uint64_t ticket, void* stream, uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_release_on_stream: NULL argument");
+  STASH_C_REQUIRE_ON_STREAM(client, "stash_release_on_stream");
   return Answer(client->client->Release(ticket, stream), op);
 }
 
 int stash_begin_step_on_stream(stash_client_t* client, uint64_t step, void* stream, uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && op != nullptr, "stash_begin_step_on_stream: NULL argument");
+  STASH_C_REQUIRE_ON_STREAM(client, "stash_begin_step_on_stream");
   return Answer(client->client->BeginStep(step, stream), op);
 }
 

@@ -415,5 +415,6 @@ Backend Client::backend() const {
   if (gpu_mapped_) return Backend::kCuda;
   return mapped_ ? Backend::kHost : copy_->backend();
 }
+Mode Client::mode() const { return gpu_mapped_ || mapped_ ? Mode::kMapped : Mode::kDaemonCopy; }
 
 }  // namespace stash

@@ -420,6 +420,7 @@ StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
   STASH_RETURN_IF_ERROR(scope.status());
   if (!Capturing(driver_, s)) ChangeLease(s);
   STASH_RETURN_IF_ERROR(copier_->BeginStep(s, step));
+  last_step_ = step;
   Completion enqueued;
   enqueued.kind = Completion::Kind::kBeginStep;
   return Answered(enqueued);
@@ -445,7 +446,10 @@ std::optional<StatusOr<Completion>> CudaMappedSession::Poll(uint64_t op) {
 
 StepFlags CudaMappedSession::CurrentStepFlags() const {
   MutexLock lock(&mu_);
-  const uint64_t flags = copier_->CurrentStep().flags;
+  // Until the GPU reaches the last BeginStep enqueued, the word is the step before's: the new
+  // step has no flags yet.
+  const StreamCopier::StepFlagsReport current = copier_->CurrentStep();
+  const uint64_t flags = current.step == last_step_ ? current.flags : 0;
   StepFlags out;
   out.overflow = (flags & kernels::kStepOverflow) != 0;
   out.spilled = (flags & kernels::kStepSpilled) != 0;

@@ -82,8 +82,9 @@ class CudaMappedSession {
   StatusOr<uint64_t> BeginStep(uint64_t step, void* stream);
   StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms);
   std::optional<StatusOr<Completion>> Poll(uint64_t op);
-  // The current step's flags as far as the GPU got (StreamCopier::CurrentStep). Synchronize the
-  // stream (or wait for an event after the step's last stash) first to have the whole step's.
+  // The current step's flags as far as the GPU got (StreamCopier::CurrentStep); none while the
+  // GPU has not reached the last BeginStep enqueued. Synchronize the stream (or wait for an
+  // event after the step's last stash) first to have the whole step's.
   StepFlags CurrentStepFlags() const;
   // The daemon's view (it reads the control block as published at the last step boundary).
   StatusOr<SessionStats> Stats();
@@ -153,6 +154,7 @@ class CudaMappedSession {
   std::unordered_map<uint64_t, Completion> answers_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> answer_order_ ABSL_GUARDED_BY(mu_);
   uint64_t short_seen_ ABSL_GUARDED_BY(mu_) = 0;  // LeaseShortReports() acted on
+  uint64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;   // the last BeginStep enqueued
   std::atomic<bool> growing_{false};              // a mid-step lease is asked, not answered
   std::atomic<bool> unavailable_logged_{false};
 

@@ -177,7 +177,10 @@ TEST_F(PagingKernelsTest, StashesAndReloadsMatchTheHostRulesByteForByte) {
   };
   std::vector<Live> live;
   int placed = 0, spilled = 0, overflowed = 0, reloads = 0;
-  for (int op = 0; op < 160; ++op) {
+  // 160 operations, and on until every outcome was seen (a seed may place no spill in 160).
+  for (int op = 0;
+       op < 4000 && (op < 160 || placed == 0 || spilled == 0 || overflowed == 0 || reloads == 0);
+       ++op) {
     SCOPED_TRACE("operation " + std::to_string(op));
     if (live.size() < 6 && (live.empty() || rng() % 3 != 0)) {
       Live s;

@@ -34,6 +34,7 @@ struct Session {
   std::array<Tier, kLeaseTiers> tiers;
   SessionControl control{};
   CopierState state{};
+  uint64_t host_step_flags = 0;  // the host-visible word (MappedSessionView.d_step_flags)
   MappedSessionView view{};
 
   explicit Session(uint64_t slots, bool allow_host = true) {
@@ -46,6 +47,7 @@ struct Session {
     }
     view.d_control = &control;
     view.d_state = &state;
+    view.d_step_flags = &host_step_flags;
     view.page_bytes = kPageBytes;
     view.allow_host = allow_host ? 1 : 0;
   }
@@ -233,11 +235,13 @@ TEST(MappedPaging, APlanSlotIsConsumedOnceSoReplaysOutOfTurnNeitherLeakNorDuplic
   EXPECT_EQ(dst, st.data);
   EXPECT_EQ(RingFree(s.tiers[kLeaseDevice].ring), kPagesPerChunk);
   EXPECT_EQ(s.control.step_flags, 0u);
+  EXPECT_EQ(ReportedFlags(s.host_step_flags), 0u);
   std::vector<uint8_t> again(128, 0xEE);
   Reload(s, st, again.data(), false);  // the reload replayed without its stash
   EXPECT_EQ(again, std::vector<uint8_t>(128, 0xEE));
   EXPECT_EQ(RingFree(s.tiers[kLeaseDevice].ring), kPagesPerChunk);  // no page twice
   EXPECT_EQ(s.control.step_flags, kStepOverflow);
+  EXPECT_EQ(ReportedFlags(s.host_step_flags), kStepOverflow) << "the host sees it at once";
   EXPECT_EQ(s.control.rejected, 1u);
 
   // The stash replayed twice before its reload: the first replay's pages come back.

@@ -356,3 +356,20 @@ def test_mapped_mode_on_the_cuda_backend_without_a_driver_says_what_is_missing(t
     assert info.value.code_name == "FAILED_PRECONDITION", str(info.value)
     assert "NVIDIA driver" in str(info.value), str(info.value)
     assert "none.sock" in str(info.value), str(info.value)
+
+
+def test_stream_calls_outside_mapped_mode_on_cuda_are_refused_saying_which_mode(client):
+    """A stream (even 0, the legacy default stream) asks for the stream-ordered calls of mapped
+    mode on the cuda backend; elsewhere they would run unordered with the caller's kernels."""
+    assert not client.on_stream
+    with pytest.raises(stashd.StashError) as info:
+        client.stash_device(0x1000, row_bytes=64, max_rows=1, count=1, stream=0)
+    assert info.value.code_name == "FAILED_PRECONDITION", str(info.value)
+    assert "mapped mode on the cuda backend" in str(info.value)
+    for call in (lambda: client.reload_device(1, 0x1000, stream=0),
+                 lambda: client.release(1, stream=0),
+                 lambda: client.begin_step(1, stream=0)):
+        with pytest.raises(stashd.StashError, match="_on_stream"):
+            call()
+    with pytest.raises(ValueError, match="keep_source=False is for mapped mode"):
+        client.stash_device(0x1000, row_bytes=64, max_rows=1, count=1, keep_source=False)

@@ -139,9 +139,14 @@ STASH_EXPORT int stash_reload_device(stash_client_t* client, uint64_t ticket, vo
  * whether a stash fitted. keep_source 1: an overflowed stash is reloaded from its source, which
  * must stay unchanged until its reload or release; 0: the source may be reused once the stream
  * passes the stash, and an overflowed stash's reload leaves the destination as it was and sets
- * the step's overflow flag (stash_step_flags after a later stash_begin_step_on_stream): rerun
- * that step. begin_step_on_stream is also where the lease grows and shrinks (outside capture).
- * In the other modes a non-NULL stream is INVALID_ARGUMENT. */
+ * the step's overflow flag: synchronize the stream, then read stash_step_flags, before the next
+ * stash_begin_step_on_stream (which starts a step without flags): rerun that step.
+ * begin_step_on_stream is also where the lease grows and shrinks (outside capture).
+ * The rules: every operation of one session runs one after another on the GPU (one stream, or
+ * streams the caller orders with events); stream must be a valid stream of the session's
+ * device's primary context, and the pointers valid device memory of that device: the kernels
+ * read and write them, and a bad one faults the caller's context as any kernel's would.
+ * In the other modes these calls are FAILED_PRECONDITION. */
 STASH_EXPORT int stash_stash_on_stream(stash_client_t* client, const stash_stash_args_t* args,
                                        int keep_source, void* stream, uint64_t* ticket);
 STASH_EXPORT int stash_reload_on_stream(stash_client_t* client, uint64_t ticket, void* destination,

@@ -300,6 +300,7 @@ class STASH_EXPORT Client {
   uint64_t host_tier_pages() const;
   const std::string& socket() const;
   Backend backend() const;
+  Mode mode() const;
 
  private:
   Client() = default;

@@ -284,6 +284,9 @@ class Client:
             args.name = name.encode()
         ticket = ctypes.c_uint64()
         on = self._stream(stream)
+        if not keep_source and on is None:
+            raise ValueError("stashd: keep_source=False is for mapped mode on the cuda backend "
+                             "(client.on_stream), where the stash runs on a stream; drop it")
         if on is None:
             self._check(self._lib.stash_stash(self._h(), ctypes.byref(args),
                                               ctypes.byref(ticket)))

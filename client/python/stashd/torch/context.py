@@ -307,7 +307,8 @@ class stash_saved_tensors:
         else:
             count = dict(count=int(self.num_tokens))
         if self.client.on_stream:
-            return self._stash_on_stream(t, source, rows, row_bytes, divisor, count)
+            return self._stash_on_stream(t, source, count_tensor, rows, row_bytes, divisor,
+                                         count)
         stream = torch.cuda.current_stream(t.device).cuda_stream
         try:
             with state._order:
@@ -334,22 +335,27 @@ class stash_saved_tensors:
         state.reap()
         return handle
 
-    def _stash_on_stream(self, t: torch.Tensor, source: torch.Tensor, rows: int, row_bytes: int,
+    def _stash_on_stream(self, t: torch.Tensor, source: torch.Tensor,
+                         count_tensor: Optional[torch.Tensor], rows: int, row_bytes: int,
                          divisor: int, count: dict):
         """Mapped mode on the cuda backend: the library's kernels page the rows into this
-        process's leased chunks on the current stream, after the kernels that wrote them; the
-        tensor's memory goes back to PyTorch's allocator at once (keep_source=False: the
-        allocator reuses it only after the stream passed the stash). A stash that finds no room
-        is known on the GPU only: it flags the step, whose backward then reads stale rows, and
-        overflow_guard reruns that step with the stash off."""
-        stream = torch.cuda.current_stream(t.device)
-        source.record_stream(stream)  # allocated on another stream: reused only after the stash
+        process's leased chunks on the session's stream, after the kernels that wrote them
+        (keep_source=False: autograd holds the handle instead of the tensor, so its memory
+        returns to PyTorch's allocator once nothing else holds it, and is reused only after
+        the stream passed the stash). A stash that finds no room is known on the GPU only: it
+        flags the step, whose backward then reads stale rows, and overflow_guard reruns that
+        step with the stash off."""
         try:
-            done = self.client.stash_device(source.data_ptr(), row_bytes=row_bytes,
-                                            max_rows=rows, divisor=divisor, layer=self.layer,
-                                            microbatch=self.microbatch, name=self.name,
-                                            stream=stream.cuda_stream, keep_source=False,
-                                            **count)
+            with self._state.on_session_stream(t.device) as stream:
+                # Allocated on another stream: reused only after the stash read them.
+                source.record_stream(stream)
+                if count_tensor is not None:
+                    count_tensor.record_stream(stream)
+                done = self.client.stash_device(source.data_ptr(), row_bytes=row_bytes,
+                                                max_rows=rows, divisor=divisor, layer=self.layer,
+                                                microbatch=self.microbatch, name=self.name,
+                                                stream=stream.cuda_stream, keep_source=False,
+                                                **count)
         except StashError as e:
             if e.code != UNAVAILABLE:
                 raise
@@ -366,7 +372,7 @@ class stash_saved_tensors:
         handle = StashedTensor(self._state, done.ticket, t, rows, rows, row_bytes, divisor,
                                Tier.NONE, self.zero_tail, self.key)
         handle._cuda = True
-        handle._stream = stream
+        handle._on_stream = True
         self._state.reap()
         return handle
 
@@ -377,6 +383,14 @@ class stash_saved_tensors:
             return self._kept(t, state.lost)
         if t.is_cuda and self.client.backend == "cuda":
             return self._stash_device(t, rows, row_bytes, divisor)
+        if self.client.on_stream:
+            # The library pages GPU memory only: a CPU tensor stays in-process.
+            state.warn_once("cpu-tensor-on-stream",
+                            f"stashd.torch: a marked CPU tensor (shape {tuple(t.shape)}) was kept "
+                            "in-process: mapped mode on the cuda backend pages CUDA tensors only")
+            self.overflowed += 1
+            state.key_stats(self.key).overflowed += 1
+            return t
         if isinstance(self.num_tokens, torch.Tensor):
             # Host staging: the count goes into the shared cell the daemon reads at copy time.
             # (The cuda path hands the device scalar itself to the daemon: no sync there.)

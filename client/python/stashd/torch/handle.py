@@ -21,7 +21,7 @@ class StashedTensor:
 
     __slots__ = ("_state", "_client", "ticket", "key", "shape", "dtype", "device", "rows",
                  "max_rows", "row_bytes", "divisor", "tier", "zero_tail", "_tensor", "_spent",
-                 "_source", "_count", "_ctx", "_cuda", "_stream", "_lock", "_prefetch", "read",
+                 "_source", "_count", "_ctx", "_cuda", "_on_stream", "_lock", "_prefetch", "read",
                  "__weakref__")
 
     def __init__(self, state: _TorchState, ticket: int, tensor: torch.Tensor, rows: int,
@@ -48,9 +48,9 @@ class StashedTensor:
         self._count: Optional[torch.Tensor] = None
         self._ctx = None
         self._cuda = False  # stashed by the cuda path
-        # Mapped mode on the cuda backend: the torch.cuda.Stream the stash was enqueued on; its
-        # reload and release go there too (the session's operations run one after another).
-        self._stream = None
+        # Mapped mode on the cuda backend: the stash, its reload and release are enqueued on the
+        # session's stream (_TorchState.on_session_stream).
+        self._on_stream = False
         self._lock = threading.Lock()  # one thread collects an answer or starts a reload
         # A reload started by prefetch(): (op, staging) until load() collects it.
         self._prefetch: Optional[Tuple[int, _Staging]] = None
@@ -109,29 +109,23 @@ class StashedTensor:
         return True
 
     def _load_on_stream(self) -> torch.Tensor:
-        """Mapped mode on the cuda backend: the library's kernels reload the rows on the stash's
-        stream, which the current stream then waits for (one stream in the usual case: autograd
-        runs a node's backward on its forward's stream)."""
+        """Mapped mode on the cuda backend: the library's kernels reload the rows on the
+        session's stream, ordered with the current one (the same stream in the usual case)."""
         out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-        current = torch.cuda.current_stream(self.device)
-        stream = self._stream
-        if stream != current:
-            stream.wait_stream(current)  # out was allocated on current
-            out.record_stream(stream)
         self._spent = True  # the ticket is spent even when the reload fails
-        try:
-            self._client.reload_device(self.ticket, out.data_ptr(), zero_tail=self.zero_tail,
-                                       stream=stream.cuda_stream, wait=False)
-        except StashError as e:
-            raise self._lost(e) from e
-        if stream != current:
-            current.wait_stream(stream)
+        with self._state.on_session_stream(self.device) as stream:
+            out.record_stream(stream)  # allocated on the current stream, written on this one
+            try:
+                self._client.reload_device(self.ticket, out.data_ptr(), zero_tail=self.zero_tail,
+                                           stream=stream.cuda_stream, wait=False)
+            except StashError as e:
+                raise self._lost(e) from e
         self._state.key_stats(self.key, create=False).reloaded += 1
         return out
 
     def _load_device(self) -> torch.Tensor:
         """The cuda path: reload into a fresh tensor, ordered on the current stream."""
-        if self._stream is not None:
+        if self._on_stream:
             return self._load_on_stream()
         state = self._state
         if self.tier is None:
@@ -247,6 +241,6 @@ class StashedTensor:
                 self._spent = True
                 self._state.key_stats(self.key, create=False).released += 1
                 if self._state.lost is None:
-                    self._state.release_later(self.ticket, self._stream)
+                    self._state.release_later(self.ticket)
         except Exception:  # interpreter shutdown or a dead daemon: the session end frees it
             pass

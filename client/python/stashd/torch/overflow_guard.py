@@ -2,8 +2,12 @@
 the step flags over a process group so every rank takes the same branch, and reruns the step
 with the stash off when any rank overflowed or lost its daemon.
 
-Overflow costs memory, never correctness: an overflowed tensor stays in the trainer's process
-and backward uses it, so the gradients of an overflowed step are exact. What the trainer may
+In daemon-copy mode and mapped mode on the host backend, overflow costs memory, never
+correctness: an overflowed tensor stays in the trainer's process and backward uses it, so the
+gradients of an overflowed step are exact. In mapped mode on the cuda backend the GPU alone sees
+the overflow, after the tensor's memory went back to PyTorch: that step's backward reads stale
+rows, and the rerun is what makes the step exact (flush synchronizes the stream first, so the
+flag is there). What the trainer may
 not afford is the memory: on a GPU an overflowed activation keeps its worst-case-sized buffer.
 A rerun of the same step would overflow again the same way (same data, same pool), so the
 guard reruns with what changes the outcome: the stash off for that one step (nothing is sent,
@@ -11,7 +15,8 @@ nothing can overflow; memory as without stashd). A daemon that died mid-step is 
 way: backward of the stashes it held raises, and the rerun with the stash off recomputes the
 step without it; the next step's begin_step reconnects to the restarted daemon, so every later
 step runs once. A drained daemon (stashctl drain) costs no rerun: the rank keeps its tensors
-without a flag. (In mapped mode, once it exists, a rerun may instead take a larger lease.)
+without a flag. (In mapped mode with an automatic lease, the next begin_step also grows the lease
+to the overflowed step's demand, so the same overflow does not come back.)
 
     guard = stash_torch.overflow_guard(client, group=torch.distributed.group.WORLD,
                                        on_rerun=lambda: optimizer.zero_grad(set_to_none=True))

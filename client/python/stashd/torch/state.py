@@ -4,10 +4,11 @@ per-(layer, microbatch) accounting and the prefetcher."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Deque, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -83,6 +84,11 @@ class _TorchState:
         self._events: Optional[_Staging] = None
         self._slots: Dict[Tuple[int, str], int] = {}
         self._values: Dict[int, int] = {}
+        # Mapped mode on the cuda backend: the torch.cuda.Stream every operation of the session
+        # is enqueued on (the library's rings have one writer, so the operations must run one
+        # after another): PyTorch's current stream at the last begin_step, or at the first
+        # operation. None until then.
+        self.stream = None
         # False while overflow_guard reruns a step with the stash off.
         self.enabled = True
         # The daemon could not be reached: the first error (None while it could). Once set,
@@ -122,6 +128,13 @@ class _TorchState:
         lost daemon is tried again (the library reconnects at begin_step once one answers; a
         begin_step that finds none raises Unavailable, and overflow_guard flags the step)."""
         self.step_unavailable = False
+        client = self._live_client()
+        if client is not None and client.on_stream and torch.cuda.is_initialized():
+            # The session moves to the stream this step begins on, after the old one's work.
+            current = torch.cuda.current_stream(client.device)
+            if self.stream is not None and self.stream != current:
+                current.wait_stream(self.stream)
+            self.stream = current
         if self.lost is not None:
             self.lost = None
             with self._lock:
@@ -129,6 +142,23 @@ class _TorchState:
         with self._lock:
             self.accounting = {}
         self.prefetcher.begin_step()
+
+    @contextlib.contextmanager
+    def on_session_stream(self, device) -> Iterator["torch.cuda.Stream"]:
+        """Mapped mode on the cuda backend: yields the session's stream (self.stream), ordered
+        after the work the current stream has enqueued so far; when they differ, the current
+        stream's later work waits for what was enqueued on it. Tensors allocated on the current
+        stream and used on the yielded one need record_stream()."""
+        current = torch.cuda.current_stream(device)
+        if self.stream is None:
+            self.stream = current
+        stream = self.stream
+        if stream == current:
+            yield stream
+            return
+        stream.wait_stream(current)
+        yield stream
+        current.wait_stream(stream)
 
     def step_flags(self) -> Dict[str, bool]:
         return {"unavailable": self.step_unavailable}
@@ -184,13 +214,13 @@ class _TorchState:
         with self._lock:
             self._free.setdefault(staging.buffer.size, []).append(staging)
 
-    def release_later(self, ticket: int, stream=None) -> None:
-        """Queues a release without blocking (safe from __del__ on any thread). stream: the
-        torch.cuda.Stream a stash of mapped mode on the cuda backend was enqueued on."""
+    def release_later(self, ticket: int) -> None:
+        """Queues a release without blocking (safe from __del__ on any thread); in mapped mode
+        on the cuda backend, on the session's stream."""
         client = self._live_client()
         if client is None:
             return  # the session is over: the daemon returned the pages already
-        on = None if stream is None else stream.cuda_stream
+        on = self.stream.cuda_stream if client.on_stream and self.stream is not None else None
         self._releases.append(client.release(ticket, stream=on, wait=False))
 
     def orphan(self, op: int, staging: _Staging) -> None:
@@ -301,10 +331,13 @@ def flush(client: Client) -> None:
     state = client._extensions.get("torch")
     if state is not None:
         state.reap(wait=True)
-    if client.on_stream and torch.cuda.is_initialized():
+    if client.on_stream and not getattr(client, "disabled", False) and \
+            torch.cuda.is_initialized():
         # Mapped mode on the cuda backend: the step's flags reach the host as the GPU runs its
-        # stashes; overflow_guard reads them next.
-        torch.cuda.current_stream(client.device).synchronize()
+        # stashes (all on the session's stream); overflow_guard reads them next.
+        stream = state.stream if state is not None and state.stream is not None else \
+            torch.cuda.current_stream(client.device)
+        stream.synchronize()
 
 
 def empty_cache(client: Client) -> None:

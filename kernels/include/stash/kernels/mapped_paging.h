@@ -244,11 +244,8 @@ STASH_HOST_DEVICE void PublishMappedStash(const MappedStashArgs& a) {
   ReportStepFlags(a.session);
 }
 
-// After the pop: publishes the new tail and keeps the books (a reload or a release of a placed
-// stash; nothing for one that overflowed or was not tried), then consumes the plan slot. A slot
-// already consumed (reloaded twice, say by a graph replayed twice without its stash) returns
-// nothing: the destination was left as it was, so the step is flagged.
-STASH_HOST_DEVICE void PublishMappedReload(const MappedReloadArgs& a) {
+// PublishMappedReload's books.
+STASH_HOST_DEVICE void PublishMappedReloadBooks(const MappedReloadArgs& a) {
   const MappedSessionView& s = a.session;
   const StashPlan plan = *a.d_plan;
   SessionControl& c = *s.d_control;
@@ -267,6 +264,16 @@ STASH_HOST_DEVICE void PublishMappedReload(const MappedReloadArgs& a) {
   } else {
     RecordReleased(c);
   }
+}
+
+// After the pop: publishes the new tail and keeps the books (a reload or a release of a placed
+// stash; nothing for one that overflowed or was not tried), then consumes the plan slot, and the
+// step's flags to the host. A slot already consumed (reloaded twice, say by a graph replayed
+// twice without its stash) returns nothing: the destination was left as it was, so the step is
+// flagged.
+STASH_HOST_DEVICE void PublishMappedReload(const MappedReloadArgs& a) {
+  PublishMappedReloadBooks(a);
+  ReportStepFlags(a.session);
 }
 
 // The counters of a control block the rank keeps on the device, copied from `from` to `to` (the
