@@ -12,6 +12,7 @@
 #include "common/cuda_vmm.h"
 #include "common/logging.h"
 #include "common/macros.h"
+#include "common/socket_path.h"
 #include "stash/kernels/mapped_paging_fatbin.h"
 
 namespace stash {
@@ -56,9 +57,16 @@ StatusOr<std::unique_ptr<CudaMappedSession>> CudaMappedSession::Open(const Optio
   STASH_ASSIGN_OR_RETURN(PrimaryContext context,
                          PrimaryContext::Retain(s->driver_, options.device));
   s->context_ = std::make_shared<PrimaryContext>(std::move(context));
-  STASH_ASSIGN_OR_RETURN(s->stream_, SessionStream::Open(options, v1::MODE_MAPPED, cuda));
-  const v1::Welcome& w = s->stream_->welcome;
-  STASH_RETURN_IF_ERROR(CheckLeasesChunks(w, s->stream_->socket));
+  STASH_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream,
+                         SessionStream::Open(options, v1::MODE_MAPPED, cuda));
+  {
+    std::lock_guard<std::mutex> lock(s->stream_mu_);
+    s->stream_ = stream;
+  }
+  s->socket_ = stream->socket;
+  const v1::Welcome& w = stream->welcome;
+  STASH_RETURN_IF_ERROR(CheckLeasesChunks(w, stream->socket));
+  s->page_bytes_ = w.page_bytes();
   STASH_ASSIGN_OR_RETURN(s->memory_, CudaLeaseMemory::Create(s->driver_, options.device,
                                                              w.chunk_bytes(), LeaseTierBytes(w)));
   StreamCopier::Geometry g;
@@ -88,10 +96,10 @@ StatusOr<std::unique_ptr<CudaMappedSession>> CudaMappedSession::Open(const Optio
   std::vector<std::pair<int, uint64_t>> want;
   if (!options.lease.automatic) want = FixedLeaseWant(options, w);
   STASH_ASSIGN_OR_RETURN(LeaseAnswer answer,
-                         s->stream_->descriptors->Lease(options.lease.automatic, want));
+                         stream->descriptors->Lease(options.lease.automatic, want));
   Status first = Status::Ok();
   std::vector<uint64_t> unmapped = s->Apply(answer, &first);
-  if (!unmapped.empty()) (void)s->stream_->descriptors->Return(unmapped);
+  if (!unmapped.empty()) (void)stream->descriptors->Return(unmapped);
   STASH_RETURN_IF_ERROR(answer.status);
   STASH_RETURN_IF_ERROR(first);
   CUstream own = nullptr;
@@ -118,6 +126,7 @@ CudaMappedSession::~CudaMappedSession() {
   lease_cv_.SignalAll();
   if (lease_thread_.joinable()) lease_thread_.join();
   std::vector<uint64_t> ids;
+  std::unique_ptr<Fresh> fresh;
   {
     MutexLock lock(&mu_);
     if (copier_ != nullptr) {
@@ -126,21 +135,36 @@ CudaMappedSession::~CudaMappedSession() {
     }
     for (const std::vector<SlotInfo>& tier : slots_) {
       for (const SlotInfo& slot : tier) {
-        if (slot.state != Slot::kFree && slot.state != Slot::kMapping) {
+        if (slot.state != Slot::kFree && slot.state != Slot::kMapping && !slot.old) {
           ids.push_back(slot.chunk_id);
         }
       }
     }
     if (control_release_) control_release_();
+    fresh = std::move(fresh_);
   }
   {
     MutexLock lock(&work_mu_);
-    ids.insert(ids.end(), give_back_.begin(), give_back_.end());
+    ids.insert(ids.end(), work_.give_back.begin(), work_.give_back.end());
   }
-  memory_.reset();  // unmapped before the daemon hears they are back
-  if (stream_ == nullptr) return;
-  if (!ids.empty() && !stream_->broken_now()) (void)stream_->descriptors->Return(ids);
-  stream_->Close();
+  memory_.reset();         // unmapped before the daemon hears they are back
+  if (fresh != nullptr) {  // a new session never used: its chunks were never mapped
+    std::vector<uint64_t> unused;
+    for (const LeaseAnswer::Chunk& c : fresh->answer.chunks) unused.push_back(c.id);
+    if (!unused.empty() && !fresh->stream->broken_now()) {
+      (void)fresh->stream->descriptors->Return(unused);
+    }
+    fresh->stream->Close();
+  }
+  const std::shared_ptr<SessionStream> s = stream();
+  if (s == nullptr) return;
+  if (!ids.empty() && !s->broken_now()) (void)s->descriptors->Return(ids);
+  s->Close();
+}
+
+std::shared_ptr<SessionStream> CudaMappedSession::stream() const {
+  std::lock_guard<std::mutex> lock(stream_mu_);
+  return stream_;
 }
 
 std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, Status* first) {
@@ -264,7 +288,8 @@ void CudaMappedSession::ChangeLease(void* gpu_stream) {
   }
   CudaLeaseMemory::Reaped reaped = memory_->Reap();
   for (const CudaLeaseMemory::SlotRef& r : reaped.freed) {
-    freed.push_back(slots_[r.tier][r.slot].chunk_id);
+    // A chunk of a session before a reconnect means nothing to this one's daemon.
+    if (!slots_[r.tier][r.slot].old) freed.push_back(slots_[r.tier][r.slot].chunk_id);
     slots_[r.tier][r.slot] = SlotInfo{};
   }
   if (!reaped.status.ok()) {
@@ -287,12 +312,16 @@ void CudaMappedSession::ChangeLease(void* gpu_stream) {
       }
     }
   }
-  if (!freed.empty()) Ask(false, std::move(freed));
+  if (!freed.empty()) {
+    LeaseWork work;
+    work.give_back = std::move(freed);
+    Ask(std::move(work));
+  }
 }
 
 void CudaMappedSession::ShrinkTo(void* gpu_stream, uint32_t tier, uint64_t target_pages) {
   const auto stream = static_cast<CUstream>(gpu_stream);
-  const uint64_t page = stream_->welcome.page_bytes();
+  const uint64_t page = page_bytes_;
   std::vector<SlotInfo>& slots = slots_[tier];
   uint64_t held = 0;
   bool removing = false;
@@ -334,7 +363,9 @@ void CudaMappedSession::AskIfShort() {
   if (reports == short_seen_) return;
   short_seen_ = reports;
   if (!options_.lease.automatic || growing_.exchange(true)) return;
-  Ask(true, {});
+  LeaseWork work;
+  work.lease = true;
+  Ask(std::move(work));
 }
 
 StatusOr<uint64_t> CudaMappedSession::Stash(const StashArgs& args) {
@@ -397,22 +428,35 @@ StatusOr<uint64_t> CudaMappedSession::Release(uint64_t ticket, void* stream) {
 
 StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
   const auto s = static_cast<CUstream>(stream);
-  if (options_.lease.automatic && !stream_->broken_now()) {
+  bool live = false;
+  bool fresh = false;
+  {
+    MutexLock lock(&mu_);
+    live = copier_->live() != 0;
+    fresh = fresh_ != nullptr;
+  }
+  if (this->stream()->broken_now()) {
+    // The chunks held carry the step; a new session once none is live (as MappedSession).
+    if (!live && !fresh) {
+      LeaseWork work;
+      work.reconnect = true;
+      WaitForRound(Ask(std::move(work)), kStepReconnectWait);
+      MutexLock lock(&mu_);
+      fresh = fresh_ != nullptr;
+    }
+  } else if (options_.lease.automatic) {
     // As MappedSession: a daemon that answers in time sizes the lease before the step's first
     // stash; one that does not costs this step the wait once, and later steps nothing until it
     // answers again (its chunks then join at a later boundary).
-    const uint64_t round = Ask(true, {});
-    if (!slow_.load(std::memory_order_relaxed)) {
-      MutexLock lock(&work_mu_);
-      const auto deadline = std::chrono::steady_clock::now() + kStepLeaseWait;
-      while (leased_round_ < round && !stop_) {
-        const auto now = std::chrono::steady_clock::now();
-        if (now >= deadline) {
-          slow_ = true;
-          break;
-        }
-        lease_cv_.WaitWithTimeout(&work_mu_, deadline - now);
-      }
+    LeaseWork work;
+    work.lease = true;
+    WaitForRound(Ask(std::move(work)), kStepLeaseWait);
+  }
+  if (fresh && !live) {
+    const Status switched = SwitchSession(stream);
+    if (!switched.ok()) {
+      Log("client")->warn("mapped session: the new session is not in use yet ({})",
+                          switched.ToString());
     }
   }
   MutexLock lock(&mu_);
@@ -457,57 +501,85 @@ StepFlags CudaMappedSession::CurrentStepFlags() const {
 }
 
 StatusOr<SessionStats> CudaMappedSession::Stats() {
-  if (stream_->broken_now()) {
-    std::lock_guard<std::mutex> lock(stream_->mu);
-    return UnavailableError(stream_->broken_status.message() +
-                            "; the chunks held carry on (reconnecting is not built for mapped "
-                            "mode on the cuda backend yet: open a new client)");
+  const std::shared_ptr<SessionStream> s = stream();
+  if (s->broken_now()) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    return UnavailableError(s->broken_status.message() +
+                            "; the chunks held carry on, and the first BeginStep with no stash "
+                            "live reconnects once a daemon answers");
   }
-  return stream_->Stats();
+  return s->Stats();
 }
 
-uint64_t CudaMappedSession::Ask(bool lease, std::vector<uint64_t> give_back) {
+uint64_t CudaMappedSession::Ask(LeaseWork work) {
   uint64_t round = 0;
   {
     MutexLock lock(&work_mu_);
-    if (lease) {
-      round = ++asked_round_;
-      lease_asked_ = true;
+    if (work.lease || work.reconnect) round = ++asked_round_;
+    work_.lease = work_.lease || work.lease;
+    work_.reconnect = work_.reconnect || work.reconnect;
+    work_.give_back.insert(work_.give_back.end(), work.give_back.begin(), work.give_back.end());
+    if (!work.orphans.empty()) {
+      work_.orphans.insert(work_.orphans.end(), work.orphans.begin(), work.orphans.end());
+      work_.orphans_of = std::move(work.orphans_of);
     }
-    give_back_.insert(give_back_.end(), give_back.begin(), give_back.end());
   }
   work_cv_.Signal();
   return round;
 }
 
+bool CudaMappedSession::LeaseWork::empty() const {
+  return !lease && !reconnect && give_back.empty() && orphans.empty();
+}
+
+void CudaMappedSession::WaitForRound(uint64_t round, std::chrono::milliseconds wait_for) {
+  if (round == 0 || slow_.load(std::memory_order_relaxed)) return;
+  MutexLock lock(&work_mu_);
+  const auto deadline = std::chrono::steady_clock::now() + wait_for;
+  while (leased_round_ < round && !stop_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      slow_ = true;
+      return;
+    }
+    lease_cv_.WaitWithTimeout(&work_mu_, deadline - now);
+  }
+}
+
 void CudaMappedSession::LeaseLoop() {
   for (;;) {
-    bool lease = false;
-    std::vector<uint64_t> ids;
+    LeaseWork work;
     uint64_t round = 0;
     {
       MutexLock lock(&work_mu_);
-      while (!stop_ && !lease_asked_ && give_back_.empty()) work_cv_.Wait(&work_mu_);
+      while (!stop_ && work_.empty()) work_cv_.Wait(&work_mu_);
       if (stop_) return;  // the destructor gives back what is left
-      lease = lease_asked_;
-      lease_asked_ = false;
-      ids.swap(give_back_);
+      work = std::move(work_);
+      work_ = LeaseWork{};
       round = asked_round_;
     }
-    if (!ids.empty() && !stream_->broken_now()) {
-      StatusOr<uint64_t> returned = stream_->descriptors->Return(ids);
+    const std::shared_ptr<SessionStream> current = stream();
+    if (!work.give_back.empty() && !current->broken_now()) {
+      StatusOr<uint64_t> returned = current->descriptors->Return(work.give_back);
       if (!returned.ok()) {
         Log("client")->warn("mapped session: chunks were not given back ({})",
                             returned.status().ToString());
       }
     }
-    if (lease && !stream_->broken_now()) {
-      StatusOr<LeaseAnswer> answer = stream_->descriptors->Lease(/*automatic=*/true, {});
+    if (!work.orphans.empty() && !current->broken_now()) {
+      // A daemon that still lives takes the ended session's chunks back at once instead of at
+      // this process's exit; a restarted one does not know them and answers NOT_FOUND.
+      (void)current->descriptors->Return(work.orphans, work.orphans_of);
+    }
+    if (work.reconnect && current->broken_now()) {
+      Reconnect();
+    } else if (work.lease && !current->broken_now()) {
+      StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
       Status st = answer.ok() ? answer->status : answer.status();
       if (answer.ok()) {
         Status first = Status::Ok();
         std::vector<uint64_t> unmapped = Apply(*answer, &first);
-        if (!unmapped.empty()) (void)stream_->descriptors->Return(unmapped);
+        if (!unmapped.empty()) (void)current->descriptors->Return(unmapped);
         if (st.ok()) st = first;
       }
       if (!st.ok() && !unavailable_logged_.exchange(true)) {
@@ -517,7 +589,7 @@ void CudaMappedSession::LeaseLoop() {
             st.ToString());
       }
     }
-    if (lease) {
+    if (work.lease || work.reconnect) {
       {
         MutexLock lock(&work_mu_);
         leased_round_ = round;
@@ -527,6 +599,135 @@ void CudaMappedSession::LeaseLoop() {
       lease_cv_.SignalAll();
     }
   }
+}
+
+void CudaMappedSession::Reconnect() {
+  {
+    MutexLock lock(&mu_);
+    if (fresh_ != nullptr) return;  // one new session waits for its boundary already
+  }
+  const auto now = ReconnectBackoff::Clock::now();
+  const PathIdentity at_path = PathIdentity::Of(ClientSocketPath(options_.socket));
+  if (!backoff_.Due(now, at_path)) return;  // no daemon answered a moment ago
+  auto fresh = std::make_unique<Fresh>();
+  const Status st = OpenFresh(fresh.get());
+  if (!st.ok()) {
+    backoff_.Failed(now, at_path);
+    if (!unavailable_logged_.exchange(true)) {
+      Log("client")->warn(
+          "mapped session: cannot reconnect to stashd yet ({}); the step goes on with the "
+          "chunks held",
+          st.ToString());
+    }
+    return;
+  }
+  backoff_.Succeeded();
+  unavailable_logged_ = false;
+  MutexLock lock(&mu_);
+  fresh_ = std::move(fresh);
+}
+
+Status CudaMappedSession::OpenFresh(Fresh* fresh) {
+  STASH_ASSIGN_OR_RETURN(fresh->stream, SessionStream::Open(options_, v1::MODE_MAPPED, cuda_));
+  const v1::Welcome& w = fresh->stream->welcome;
+  Status st = CheckLeasesChunks(w, fresh->stream->socket);
+  const std::array<uint64_t, kernels::kLeaseTiers> tiers = LeaseTierBytes(w);
+  for (uint32_t t = 0; st.ok() && t < kernels::kLeaseTiers; ++t) {
+    if (w.page_bytes() != page_bytes_ || w.chunk_bytes() != memory_->chunk_bytes() ||
+        tiers[t] > memory_->slots(t) * memory_->chunk_bytes()) {
+      st = FailedPreconditionError(
+          "the daemon now pages in " + std::to_string(w.page_bytes()) + "-byte pages and " +
+          std::to_string(w.chunk_bytes()) + "-byte chunks, or leases more of a tier, than this " +
+          "session's ranges were made for (" + std::to_string(page_bytes_) + ", " +
+          std::to_string(memory_->chunk_bytes()) + "): open a new client");
+    }
+  }
+  if (st.ok()) {
+    std::vector<std::pair<int, uint64_t>> want;
+    if (!options_.lease.automatic) want = FixedLeaseWant(options_, w);
+    StatusOr<LeaseAnswer> answer =
+        fresh->stream->descriptors->Lease(options_.lease.automatic, want);
+    st = answer.ok() ? answer->status : answer.status();
+    if (answer.ok()) fresh->answer = std::move(answer).value();
+  }
+  if (!st.ok()) fresh->stream->Close();
+  return st;
+}
+
+Status CudaMappedSession::SwitchSession(void* gpu_stream) {
+  const auto stream = static_cast<CUstream>(gpu_stream);
+  std::unique_ptr<Fresh> fresh;
+  {
+    MutexLock lock(&mu_);
+    PrimaryContext::Scope scope(*context_);
+    STASH_RETURN_IF_ERROR(scope.status());
+    if (fresh_ == nullptr || copier_->live() != 0 || Capturing(driver_, stream)) {
+      return Status::Ok();  // a later boundary
+    }
+    fresh = std::move(fresh_);
+    // Every chunk of the old session leaves: out of the rings (no stash holds a page of one),
+    // then unmapped once that ran.
+    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+      targets_[t] = kNoTarget;
+      std::vector<SlotInfo>& slots = slots_[t];
+      for (uint64_t s = 0; s < slots.size(); ++s) {
+        if (slots[s].state == Slot::kFree) continue;
+        slots[s].old = true;
+        if (slots[s].state == Slot::kInRing &&
+            copier_->RemoveChunk(stream, t, s, slots[s].bytes).ok()) {
+          slots[s].state = Slot::kRemoving;
+        } else if (slots[s].state == Slot::kMapped && memory_->Unmap(t, s, stream).ok()) {
+          slots[s].state = Slot::kUnmapping;
+        }
+      }
+    }
+  }
+  // A reconnect is rare: the stream is waited for here, twice (the removals' answers, then the
+  // unmaps' work), so that the new chunks find their slots free.
+  STASH_CU_RETURN_IF_ERROR(driver_, StreamSynchronize(stream));
+  {
+    MutexLock lock(&mu_);
+    PrimaryContext::Scope scope(*context_);
+    STASH_RETURN_IF_ERROR(scope.status());
+    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+      std::vector<SlotInfo>& slots = slots_[t];
+      for (uint64_t s = 0; s < slots.size(); ++s) {
+        if (slots[s].state != Slot::kRemoving || copier_->RemovalDone(t, s) != true) continue;
+        if (memory_->Unmap(t, s, stream).ok()) slots[s].state = Slot::kUnmapping;
+      }
+    }
+  }
+  STASH_CU_RETURN_IF_ERROR(driver_, StreamSynchronize(stream));
+  LeaseWork orphans;
+  {
+    MutexLock lock(&mu_);
+    PrimaryContext::Scope scope(*context_);
+    STASH_RETURN_IF_ERROR(scope.status());
+    CudaLeaseMemory::Reaped reaped = memory_->Reap();
+    for (const CudaLeaseMemory::SlotRef& r : reaped.freed) {
+      orphans.orphans.push_back(slots_[r.tier][r.slot].chunk_id);
+      slots_[r.tier][r.slot] = SlotInfo{};
+    }
+    if (!reaped.status.ok()) {
+      Log("client")->warn("mapped session: a chunk of the old session is not unmapped yet ({})",
+                          reaped.status.ToString());
+    }
+  }
+  orphans.orphans_of = this->stream()->welcome.session_id();
+  const std::shared_ptr<SessionStream> now = fresh->stream;
+  {
+    std::lock_guard<std::mutex> lock(stream_mu_);
+    stream_ = now;
+  }
+  // The new chunks are mapped here and join the rings at this boundary's ChangeLease.
+  Status first = Status::Ok();
+  LeaseWork back;
+  back.give_back = Apply(fresh->answer, &first);
+  if (!back.give_back.empty()) Ask(std::move(back));
+  if (!orphans.orphans.empty()) Ask(std::move(orphans));
+  Log("client")->info("mapped session: reconnected to stashd (session {})",
+                      now->welcome.session_id());
+  return first;
 }
 
 }  // namespace stash

@@ -21,6 +21,11 @@
 // The session's operations must run one after another on the GPU (StreamCopier's rule): one
 // stream, or streams the caller orders with events.
 //
+// When the daemon dies, the chunks held stay mapped: stashes made reload and the step goes on.
+// The first BeginStep with no stash live asks the lease thread for a new session (with
+// MappedSession's backoff), and a BeginStep after it arrived swaps the old chunks for the new
+// session's, on the same copier and at the same addresses.
+//
 // Thread-safe: every method may be called from any thread (the enqueues are serialised).
 #ifndef STASH_CLIENT_CUDA_MAPPED_SESSION_H_
 #define STASH_CLIENT_CUDA_MAPPED_SESSION_H_
@@ -34,6 +39,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -42,6 +48,8 @@
 #include <vector>
 
 #include "client/cuda_memory.h"
+#include "client/descriptor_channel.h"
+#include "client/reconnect_backoff.h"
 #include "client/session_stream.h"
 #include "common/mutex.h"
 #include "stash/client.h"
@@ -89,10 +97,10 @@ class CudaMappedSession {
   // The daemon's view (it reads the control block as published at the last step boundary).
   StatusOr<SessionStats> Stats();
 
-  v1::Welcome welcome() const { return stream_->welcome; }
+  v1::Welcome welcome() const { return stream()->welcome; }
   // The device side EnqueueSignal / EnqueueWait use.
   CudaSide* cuda() const { return cuda_.get(); }
-  const std::string& socket() const { return stream_->socket; }
+  const std::string& socket() const { return socket_; }
 
  private:
   // Where a chunk slot stands, as this session sees it (CudaLeaseMemory keeps the mappings).
@@ -108,8 +116,40 @@ class CudaMappedSession {
     Slot state = Slot::kFree;
     uint64_t chunk_id = 0;
     uint64_t bytes = 0;
+    bool old = false;  // a chunk of a session before a reconnect: never given back to this one
+  };
+  // What the lease thread is asked to do.
+  struct LeaseWork {
+    bool lease = false;      // an automatic lease round
+    bool reconnect = false;  // a new session (the old one broke)
+    std::vector<uint64_t> give_back;
+    // Chunks of an ended session (orphans_of), given back through the new one.
+    std::vector<uint64_t> orphans;
+    std::string orphans_of;
+    bool empty() const;
+  };
+  // A new session with the daemon and its first lease, waiting for a boundary with no stash
+  // live (SwitchSession).
+  struct Fresh {
+    std::shared_ptr<SessionStream> stream;
+    LeaseAnswer answer;
   };
   CudaMappedSession(Options options, std::shared_ptr<CudaSide> cuda);
+  std::shared_ptr<SessionStream> stream() const;
+  // The lease thread: a new session once the old one broke, at most one attempt per backoff
+  // (ReconnectBackoff); the result waits in fresh_.
+  void Reconnect();
+  // Says Hello and takes the first lease; FAILED_PRECONDITION when the daemon's page or chunk
+  // size or tier sizes do not fit the ranges this session reserved (open a new client).
+  Status OpenFresh(Fresh* fresh);
+  // At a boundary with no stash live and `stream` not capturing (mu_ not held): the old
+  // session's chunks leave the rings and are unmapped (the stream is synchronized twice: a
+  // reconnect is rare), the new session's chunks are mapped (added to the rings by the
+  // ChangeLease that follows). The copier, its rings and the tiers' addresses stay: graphs
+  // captured before still replay.
+  Status SwitchSession(void* stream);
+  // Waits up to `wait_for` for lease round `round` (not once a round came late: slow_).
+  void WaitForRound(uint64_t round, std::chrono::milliseconds wait_for);
   // Maps a lease answer's control block and chunks (lease thread, or Open's); returns the ids
   // that could not be mapped, to give back.
   std::vector<uint64_t> Apply(LeaseAnswer& answer, Status* first);
@@ -123,17 +163,19 @@ class CudaMappedSession {
   void ShrinkTo(void* stream, uint32_t tier, uint64_t target_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t Answered(Completion completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Asks the lease thread for an automatic lease (and/or to give `give_back` back); returns the
-  // round it joins (0: no lease asked).
-  uint64_t Ask(bool lease, std::vector<uint64_t> give_back);
+  // Asks the lease thread for `work`; returns the round it joins (0: no lease or reconnect).
+  uint64_t Ask(LeaseWork work);
   void LeaseLoop();
   // The lease short mid-step: one automatic lease until its answer is in.
   void AskIfShort() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   const std::shared_ptr<CudaSide> cuda_;
-  const CudaDriver* driver_ = nullptr;     // set in Open; process-wide
-  std::shared_ptr<SessionStream> stream_;  // never changes after Open
+  const CudaDriver* driver_ = nullptr;  // set in Open; process-wide
+  std::string socket_;                  // set in Open
+  uint64_t page_bytes_ = 0;             // set in Open: the copier's pages
+  mutable std::mutex stream_mu_;
+  std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(stream_mu_);  // replaced by reconnects
   std::shared_ptr<CudaLeaseMemory> memory_;
   // The rank's GPU's primary context, current around every enqueue.
   std::shared_ptr<PrimaryContext> context_;
@@ -155,16 +197,18 @@ class CudaMappedSession {
   std::deque<uint64_t> answer_order_ ABSL_GUARDED_BY(mu_);
   uint64_t short_seen_ ABSL_GUARDED_BY(mu_) = 0;  // LeaseShortReports() acted on
   uint64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;   // the last BeginStep enqueued
-  std::atomic<bool> growing_{false};              // a mid-step lease is asked, not answered
+  std::unique_ptr<Fresh> fresh_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> growing_{false};  // a mid-step lease is asked, not answered
   std::atomic<bool> unavailable_logged_{false};
 
   // The lease thread.
   static constexpr std::chrono::milliseconds kStepLeaseWait{50};
+  static constexpr std::chrono::milliseconds kStepReconnectWait{2000};
   Mutex work_mu_;
   CondVar work_cv_;
   CondVar lease_cv_;
-  bool lease_asked_ ABSL_GUARDED_BY(work_mu_) = false;
-  std::vector<uint64_t> give_back_ ABSL_GUARDED_BY(work_mu_);
+  LeaseWork work_ ABSL_GUARDED_BY(work_mu_);
+  ReconnectBackoff backoff_;  // the lease thread's
   uint64_t asked_round_ ABSL_GUARDED_BY(work_mu_) = 0;
   uint64_t leased_round_ ABSL_GUARDED_BY(work_mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(work_mu_) = false;

@@ -321,6 +321,52 @@ TEST_F(CudaMapped, StashesSurviveTheDaemonsDeathMidStep) {
   EXPECT_EQ(client_->Stats().status().code(), StatusCode::kUnavailable);
 }
 
+// A restarted daemon: the first step boundary with no stash live opens a new session; the old
+// chunks leave the rings and are unmapped, the new daemon's take their place at the same
+// addresses, and stashes page into them byte for byte.
+TEST_F(CudaMapped, TheNextStepWithNoStashLiveLeasesFromARestartedDaemon) {
+  const std::string socket = "--socket=" + registry_.path() + "/stashd.sock";
+  StartDaemon({socket});
+  Open(MappedOptions(2 * kChunk));
+  const std::string first_session = client_->session_id();
+  const std::vector<uint8_t> source = Pattern(64 * kRow, 13);
+  const CUdeviceptr src = Device(source);
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(64 * kRow));
+  auto held = client_->Stash(Args(src, 64, 64));
+  ASSERT_TRUE(held.ok());
+  ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+  ASSERT_EQ(kill(daemon_->process().pid(), SIGKILL), 0);
+  daemon_->process().Wait(std::chrono::seconds(10));
+  daemon_.reset();
+  StartDaemon({socket});
+  // A stash is live: the step goes on with the old chunks.
+  ASSERT_TRUE(client_->BeginStep(1, stream_).ok());
+  EXPECT_EQ(client_->session_id(), first_session);
+  ASSERT_TRUE(client_->Reload(Into(*held, dst)).ok());
+  EXPECT_EQ(Host(dst, 64 * kRow), source) << "a stash made before the restart";
+  // None live: a new session (the lease thread's backoff may cost a boundary or two).
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  for (uint64_t step = 2; client_->session_id() == first_session && Clock::now() < deadline;
+       ++step) {
+    ASSERT_TRUE(client_->BeginStep(step, stream_).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_NE(client_->session_id(), first_session) << "no new session within 10 s";
+  ASSERT_TRUE(client_->BeginStep(100, stream_).ok());
+  EXPECT_EQ(Gpu().chunks_leased(), 2u) << "the fixed lease, from the new daemon";
+  auto again = client_->Stash(Args(src, 64, 64));
+  ASSERT_TRUE(again.ok());
+  const CUdeviceptr dst2 = Device(std::vector<uint8_t>(64 * kRow, 0x5A));
+  ASSERT_TRUE(client_->Reload(Into(*again, dst2)).ok());
+  EXPECT_EQ(Host(dst2, 64 * kRow), source) << "paged through the new session's chunks";
+  EXPECT_FALSE(FlagsThenStep(101).overflow);
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_GE(stats->stashes, 1u);
+  client_.reset();
+  EXPECT_EQ(Gpu().chunks_leased(), 0u) << "given back at close";
+}
+
 // What this mode cannot take is refused with what to change, and nothing is enqueued.
 TEST_F(CudaMapped, HostBuffersAndEventsAreRefusedWithWhatToChange) {
   StartDaemon();
