@@ -387,6 +387,17 @@ StatusOr<uint64_t> CudaMappedSession::Stash(const StashArgs& args) {
   r.row_bytes = args.row_bytes;
   r.keep_source = args.keep_source;
   MutexLock lock(&mu_);
+  if (shared_control_ != nullptr &&
+      (ControlLoad(shared_control_->daemon_flags) & kernels::kDaemonDraining) != 0) {
+    // The daemon drains (stashctl drain, or a stop): nothing is enqueued and the caller keeps
+    // its buffer, without the step's overflow flag, as daemon-copy's library answers. (The
+    // device sees the drain at the next step kernel; until then this answer comes first.)
+    Completion kept;
+    kept.kind = Completion::Kind::kStash;
+    kept.tier = Tier::kOverflow;
+    kept.ticket = kOpBit | ++next_op_;
+    return Answered(kept);
+  }
   PrimaryContext::Scope scope(*context_);
   STASH_RETURN_IF_ERROR(scope.status());
   STASH_ASSIGN_OR_RETURN(uint64_t ticket, copier_->Stash(static_cast<CUstream>(args.stream), r));

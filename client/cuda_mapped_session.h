@@ -81,7 +81,8 @@ class CudaMappedSession {
 
   // Client::Stash / Reload checked the shape and the ticket. Device pointers only (any memory
   // this GPU reaches: expandable segments too, since nothing is exported); events are refused:
-  // the stream orders the work.
+  // the stream orders the work. While the daemon drains, Stash enqueues nothing and answers
+  // OVERFLOW (the caller keeps its buffer; no step flag).
   StatusOr<uint64_t> Stash(const StashArgs& args);
   StatusOr<uint64_t> Reload(const ReloadArgs& args);
   StatusOr<uint64_t> Release(uint64_t ticket, void* stream);

@@ -367,6 +367,41 @@ TEST_F(CudaMapped, TheNextStepWithNoStashLiveLeasesFromARestartedDaemon) {
   EXPECT_EQ(Gpu().chunks_leased(), 0u) << "given back at close";
 }
 
+// While the daemon drains, a stash is answered OVERFLOW by the library without enqueueing
+// anything: the caller keeps its buffer (even one it meant to free) and the step is not flagged,
+// so nothing reruns; earlier stashes reload. After undrain, stashes page again.
+TEST_F(CudaMapped, WhileTheDaemonDrainsTheCallerKeepsItsBuffersWithoutARerun) {
+  StartDaemon();
+  Open(MappedOptions(2 * kChunk));
+  const std::vector<uint8_t> source = Pattern(64 * kRow, 17);
+  const CUdeviceptr src = Device(source);
+  auto held = client_->Stash(Args(src, 64, 64));
+  ASSERT_TRUE(held.ok());
+  ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+  ASSERT_TRUE(DrainDaemon(daemon_->socket(), /*undrain=*/false));
+  StashArgs freed = Args(src, 64, 64);
+  freed.keep_source = false;
+  auto kept = client_->Stash(freed);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  auto answer = client_->Wait(*kept);
+  ASSERT_TRUE(answer.ok());
+  EXPECT_EQ(answer->tier, Tier::kOverflow) << "the caller keeps its buffer";
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(64 * kRow));
+  ASSERT_TRUE(client_->Reload(Into(*held, dst)).ok());
+  EXPECT_EQ(Host(dst, 64 * kRow), source) << "a stash from before the drain";
+  EXPECT_FALSE(FlagsThenStep(1).overflow) << "nothing was lost: no rerun";
+
+  EXPECT_FALSE(DrainDaemon(daemon_->socket(), /*undrain=*/true));
+  ASSERT_TRUE(client_->BeginStep(2, stream_).ok());  // the device sees the undrain here
+  auto paged = client_->Stash(freed);
+  ASSERT_TRUE(paged.ok());
+  EXPECT_NE(client_->Wait(*paged)->tier, Tier::kOverflow);
+  const CUdeviceptr dst2 = Device(std::vector<uint8_t>(64 * kRow));
+  ASSERT_TRUE(client_->Reload(Into(*paged, dst2)).ok());
+  EXPECT_EQ(Host(dst2, 64 * kRow), source);
+  EXPECT_FALSE(FlagsThenStep(3).overflow);
+}
+
 // What this mode cannot take is refused with what to change, and nothing is enqueued.
 TEST_F(CudaMapped, HostBuffersAndEventsAreRefusedWithWhatToChange) {
   StartDaemon();

@@ -25,6 +25,20 @@ inline stash::v1::GetStatsResponse DaemonStats(const std::string& socket) {
   return r;
 }
 
+// stashctl drain (undrain = false) or undrain over the RPC on `socket`: whether it drains now.
+inline bool DrainDaemon(const std::string& socket, bool undrain) {
+  auto stub = stash::v1::StashService::NewStub(
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  stash::v1::DrainRequest request;
+  request.set_undrain(undrain);
+  stash::v1::DrainResponse r;
+  const grpc::Status s = stub->Drain(&ctx, request, &r);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return r.draining();
+}
+
 // Pages in use over every tier.
 inline uint64_t PagesUsed(const stash::v1::GetStatsResponse& r) {
   uint64_t used = 0;
