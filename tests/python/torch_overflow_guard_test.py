@@ -106,3 +106,39 @@ def test_guard_rejects_unknown_flags(client):
         stash_torch.overflow_guard(client, rerun_on=("overflows",))
     with pytest.raises(TypeError):
         stash_torch.overflow_guard(object())
+
+
+class _OnStreamClient:
+    """What stashd.torch's state reads of a client in mapped mode on the cuda backend, with the
+    step's overflow flag as given (the GPU path itself runs in tests/gpu)."""
+
+    closed = False
+    on_stream = True
+    device = 0
+
+    def __init__(self, overflow: bool):
+        self.overflow = overflow
+        self._extensions: dict = {}
+
+    def step_flags(self):
+        import stashd
+        return stashd.StepFlags(self.overflow, False, False)
+
+
+def test_an_unguarded_overflow_on_the_cuda_path_warns_once_that_gradients_are_wrong():
+    import warnings
+
+    from stashd.torch.state import StashWarning, _TorchState
+
+    client = _OnStreamClient(overflow=True)
+    state = _TorchState(client)
+    with pytest.warns(StashWarning, match="gradients are wrong.*overflow_guard"):
+        state.begin_step(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state.begin_step(2)  # once per client
+        other, clean = _OnStreamClient(overflow=True), _OnStreamClient(overflow=False)
+        guarded = _TorchState(other)  # the state holds its client weakly: `other` keeps it
+        guarded.guarded = True  # overflow_guard reruns such steps: nothing to say
+        guarded.begin_step(1)
+        _TorchState(clean).begin_step(1)

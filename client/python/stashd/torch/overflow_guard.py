@@ -83,6 +83,7 @@ class overflow_guard:
         self.on_rerun = on_rerun
         self.rerun_on = tuple(rerun_on)
         self._state = _TorchState.of(client)
+        self._state.guarded = True
 
     def _distributed(self) -> bool:
         dist = torch.distributed

@@ -89,8 +89,10 @@ class _TorchState:
         # after another): PyTorch's current stream at the last begin_step, or at the first
         # operation. None until then.
         self.stream = None
-        # False while overflow_guard reruns a step with the stash off.
+        # False while overflow_guard reruns a step with the stash off; `guarded` once an
+        # overflow_guard runs this client's steps.
         self.enabled = True
+        self.guarded = False
         # The daemon could not be reached: the first error (None while it could). Once set,
         # stashes are not tried again until the next step (whose begin_step reconnects once a
         # daemon answers); `step_unavailable` is the step flag.
@@ -129,6 +131,8 @@ class _TorchState:
         begin_step that finds none raises Unavailable, and overflow_guard flags the step)."""
         self.step_unavailable = False
         client = self._live_client()
+        if client is not None and client.on_stream and not self.guarded:
+            self._warn_if_the_step_overflowed(client)
         if client is not None and client.on_stream and torch.cuda.is_initialized():
             # The session moves to the stream this step begins on, after the old one's work.
             current = torch.cuda.current_stream(client.device)
@@ -142,6 +146,23 @@ class _TorchState:
         with self._lock:
             self.accounting = {}
         self.prefetcher.begin_step()
+
+    def _warn_if_the_step_overflowed(self, client: Client) -> None:
+        """Mapped mode on the cuda backend without overflow_guard: a step whose stash found no
+        room read stale rows in backward. Said once, loudly: the flags are there as far as the
+        GPU got (a trainer that read its loss synchronized the stream)."""
+        try:
+            overflowed = client.step_flags().overflow
+        except StashError:
+            return
+        if overflowed:
+            self.warn_once("unguarded-overflow",
+                           "stashd.torch: a step overflowed in mapped mode on the cuda backend: "
+                           "a stash found no room in the lease, so that step's backward read "
+                           "stale rows and its gradients are wrong. Run the steps under "
+                           "stash_torch.overflow_guard (it reruns such a step with the stash "
+                           "off), or lease more (stashd.connect(lease=...), stashd "
+                           "--max-lease-bytes)")
 
     @contextlib.contextmanager
     def on_session_stream(self, device) -> Iterator["torch.cuda.Stream"]:
