@@ -118,12 +118,7 @@ StatusOr<std::unique_ptr<CudaMappedSession>> CudaMappedSession::Open(const Optio
 }
 
 CudaMappedSession::~CudaMappedSession() {
-  {
-    MutexLock lock(&work_mu_);
-    stop_ = true;
-  }
-  work_cv_.SignalAll();
-  lease_cv_.SignalAll();
+  rounds_.Stop();
   if (lease_thread_.joinable()) lease_thread_.join();
   std::vector<uint64_t> ids;
   std::unique_ptr<Fresh> fresh;
@@ -143,10 +138,8 @@ CudaMappedSession::~CudaMappedSession() {
     if (control_release_) control_release_();
     fresh = std::move(fresh_);
   }
-  {
-    MutexLock lock(&work_mu_);
-    ids.insert(ids.end(), work_.give_back.begin(), work_.give_back.end());
-  }
+  const LeaseWork left = rounds_.TakeLeft();
+  ids.insert(ids.end(), left.give_back.begin(), left.give_back.end());
   memory_.reset();         // unmapped before the daemon hears they are back
   if (fresh != nullptr) {  // a new session never used: its chunks were never mapped
     std::vector<uint64_t> unused;
@@ -159,6 +152,9 @@ CudaMappedSession::~CudaMappedSession() {
   const std::shared_ptr<SessionStream> s = stream();
   if (s == nullptr) return;
   if (!ids.empty() && !s->broken_now()) (void)s->descriptors->Return(ids);
+  if (!left.orphans.empty() && !s->broken_now()) {
+    (void)s->descriptors->Return(left.orphans, left.orphans_of);
+  }
   s->Close();
 }
 
@@ -315,7 +311,7 @@ void CudaMappedSession::ChangeLease(void* gpu_stream) {
   if (!freed.empty()) {
     LeaseWork work;
     work.give_back = std::move(freed);
-    Ask(std::move(work));
+    rounds_.Ask(std::move(work));
   }
 }
 
@@ -365,7 +361,7 @@ void CudaMappedSession::AskIfShort() {
   if (!options_.lease.automatic || growing_.exchange(true)) return;
   LeaseWork work;
   work.lease = true;
-  Ask(std::move(work));
+  rounds_.Ask(std::move(work));
 }
 
 StatusOr<uint64_t> CudaMappedSession::Stash(const StashArgs& args) {
@@ -451,7 +447,7 @@ StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
     if (!live && !fresh) {
       LeaseWork work;
       work.reconnect = true;
-      WaitForRound(Ask(std::move(work)), kStepReconnectWait);
+      rounds_.WaitFor(rounds_.Ask(std::move(work)), kStepReconnectWait);
       MutexLock lock(&mu_);
       fresh = fresh_ != nullptr;
     }
@@ -461,7 +457,7 @@ StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
     // answers again (its chunks then join at a later boundary).
     LeaseWork work;
     work.lease = true;
-    WaitForRound(Ask(std::move(work)), kStepLeaseWait);
+    rounds_.WaitFor(rounds_.Ask(std::move(work)), kStepLeaseWait);
   }
   if (fresh && !live) {
     const Status switched = SwitchSession(stream);
@@ -522,53 +518,10 @@ StatusOr<SessionStats> CudaMappedSession::Stats() {
   return s->Stats();
 }
 
-uint64_t CudaMappedSession::Ask(LeaseWork work) {
-  uint64_t round = 0;
-  {
-    MutexLock lock(&work_mu_);
-    if (work.lease || work.reconnect) round = ++asked_round_;
-    work_.lease = work_.lease || work.lease;
-    work_.reconnect = work_.reconnect || work.reconnect;
-    work_.give_back.insert(work_.give_back.end(), work.give_back.begin(), work.give_back.end());
-    if (!work.orphans.empty()) {
-      work_.orphans.insert(work_.orphans.end(), work.orphans.begin(), work.orphans.end());
-      work_.orphans_of = std::move(work.orphans_of);
-    }
-  }
-  work_cv_.Signal();
-  return round;
-}
-
-bool CudaMappedSession::LeaseWork::empty() const {
-  return !lease && !reconnect && give_back.empty() && orphans.empty();
-}
-
-void CudaMappedSession::WaitForRound(uint64_t round, std::chrono::milliseconds wait_for) {
-  if (round == 0 || slow_.load(std::memory_order_relaxed)) return;
-  MutexLock lock(&work_mu_);
-  const auto deadline = std::chrono::steady_clock::now() + wait_for;
-  while (leased_round_ < round && !stop_) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      slow_ = true;
-      return;
-    }
-    lease_cv_.WaitWithTimeout(&work_mu_, deadline - now);
-  }
-}
-
 void CudaMappedSession::LeaseLoop() {
-  for (;;) {
-    LeaseWork work;
-    uint64_t round = 0;
-    {
-      MutexLock lock(&work_mu_);
-      while (!stop_ && work_.empty()) work_cv_.Wait(&work_mu_);
-      if (stop_) return;  // the destructor gives back what is left
-      work = std::move(work_);
-      work_ = LeaseWork{};
-      round = asked_round_;
-    }
+  LeaseWork work;
+  uint64_t round = 0;
+  while (rounds_.Next(&work, &round)) {  // after Stop the destructor gives back what is left
     const std::shared_ptr<SessionStream> current = stream();
     if (!work.give_back.empty() && !current->broken_now()) {
       StatusOr<uint64_t> returned = current->descriptors->Return(work.give_back);
@@ -601,13 +554,8 @@ void CudaMappedSession::LeaseLoop() {
       }
     }
     if (work.lease || work.reconnect) {
-      {
-        MutexLock lock(&work_mu_);
-        leased_round_ = round;
-      }
       growing_ = false;
-      slow_ = false;
-      lease_cv_.SignalAll();
+      rounds_.Answered(round);
     }
   }
 }
@@ -734,8 +682,8 @@ Status CudaMappedSession::SwitchSession(void* gpu_stream) {
   Status first = Status::Ok();
   LeaseWork back;
   back.give_back = Apply(fresh->answer, &first);
-  if (!back.give_back.empty()) Ask(std::move(back));
-  if (!orphans.orphans.empty()) Ask(std::move(orphans));
+  if (!back.give_back.empty()) rounds_.Ask(std::move(back));
+  if (!orphans.orphans.empty()) rounds_.Ask(std::move(orphans));
   Log("client")->info("mapped session: reconnected to stashd (session {})",
                       now->welcome.session_id());
   return first;

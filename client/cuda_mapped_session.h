@@ -49,6 +49,7 @@
 
 #include "client/cuda_memory.h"
 #include "client/descriptor_channel.h"
+#include "client/lease_rounds.h"
 #include "client/reconnect_backoff.h"
 #include "client/session_stream.h"
 #include "common/mutex.h"
@@ -119,16 +120,6 @@ class CudaMappedSession {
     uint64_t bytes = 0;
     bool old = false;  // a chunk of a session before a reconnect: never given back to this one
   };
-  // What the lease thread is asked to do.
-  struct LeaseWork {
-    bool lease = false;      // an automatic lease round
-    bool reconnect = false;  // a new session (the old one broke)
-    std::vector<uint64_t> give_back;
-    // Chunks of an ended session (orphans_of), given back through the new one.
-    std::vector<uint64_t> orphans;
-    std::string orphans_of;
-    bool empty() const;
-  };
   // A new session with the daemon and its first lease, waiting for a boundary with no stash
   // live (SwitchSession).
   struct Fresh {
@@ -149,8 +140,6 @@ class CudaMappedSession {
   // ChangeLease that follows). The copier, its rings and the tiers' addresses stay: graphs
   // captured before still replay.
   Status SwitchSession(void* stream);
-  // Waits up to `wait_for` for lease round `round` (not once a round came late: slow_).
-  void WaitForRound(uint64_t round, std::chrono::milliseconds wait_for);
   // Maps a lease answer's control block and chunks (lease thread, or Open's); returns the ids
   // that could not be mapped, to give back.
   std::vector<uint64_t> Apply(LeaseAnswer& answer, Status* first);
@@ -164,8 +153,7 @@ class CudaMappedSession {
   void ShrinkTo(void* stream, uint32_t tier, uint64_t target_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t Answered(Completion completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Asks the lease thread for `work`; returns the round it joins (0: no lease or reconnect).
-  uint64_t Ask(LeaseWork work);
+  // The lease thread (client/lease_rounds.h).
   void LeaseLoop();
   // The lease short mid-step: one automatic lease until its answer is in.
   void AskIfShort() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -205,15 +193,8 @@ class CudaMappedSession {
   // The lease thread.
   static constexpr std::chrono::milliseconds kStepLeaseWait{50};
   static constexpr std::chrono::milliseconds kStepReconnectWait{2000};
-  Mutex work_mu_;
-  CondVar work_cv_;
-  CondVar lease_cv_;
-  LeaseWork work_ ABSL_GUARDED_BY(work_mu_);
+  LeaseRounds rounds_;
   ReconnectBackoff backoff_;  // the lease thread's
-  uint64_t asked_round_ ABSL_GUARDED_BY(work_mu_) = 0;
-  uint64_t leased_round_ ABSL_GUARDED_BY(work_mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(work_mu_) = false;
-  std::atomic<bool> slow_{false};
   std::thread lease_thread_;
 };
 

@@ -140,24 +140,12 @@ void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live
   } else {
     work.lease = options_.lease.automatic;
   }
-  const bool wait = work.lease || work.reconnect;
   const std::chrono::milliseconds wait_for = work.reconnect ? kStepReconnectWait : kStepLeaseWait;
-  if (!wait && work.give_back.empty()) return;
-  const uint64_t round = Ask(std::move(work));
-  if (!wait || slow_.load(std::memory_order_relaxed)) return;
+  if (work.empty()) return;
   // A daemon that answers in time sizes the lease (or opens the new session) before the step's
   // first stash, as if in stream order; one that does not costs this step the wait once, and
   // later steps nothing until it answers again (the answer then lands between two operations).
-  MutexLock lock(&work_mu_);
-  const auto deadline = std::chrono::steady_clock::now() + wait_for;
-  while (leased_round_ < round && !stop_) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      slow_ = true;
-      return;
-    }
-    lease_cv_.WaitWithTimeout(&work_mu_, deadline - now);
-  }
+  rounds_.WaitFor(rounds_.Ask(std::move(work)), wait_for);
 }
 
 void MappedSession::EndDrained(std::unique_ptr<LeaseTable>& table,
@@ -178,7 +166,7 @@ void MappedSession::EndDrained(std::unique_ptr<LeaseTable>& table,
   LeaseWork work;
   work.give_back = std::move(ids);
   work.end_session = true;
-  Ask(std::move(work));
+  rounds_.Ask(std::move(work));
 }
 
 void MappedSession::OnOutgrown() {
@@ -187,45 +175,15 @@ void MappedSession::OnOutgrown() {
   if (!options_.lease.automatic || ended_drained_ || growing_.exchange(true)) return;
   LeaseWork work;
   work.lease = true;
-  Ask(std::move(work));
-}
-
-uint64_t MappedSession::Ask(LeaseWork work) {
-  uint64_t round = 0;
-  {
-    MutexLock lock(&work_mu_);
-    if (work.lease || work.reconnect) round = ++asked_round_;
-    work_.lease = work_.lease || work.lease;
-    work_.reconnect = work_.reconnect || work.reconnect;
-    work_.end_session = work_.end_session || work.end_session;
-    work_.give_back.insert(work_.give_back.end(), work.give_back.begin(), work.give_back.end());
-    if (!work.orphans.empty()) {
-      work_.orphans = std::move(work.orphans);
-      work_.orphans_of = std::move(work.orphans_of);
-    }
-  }
-  work_cv_.Signal();
-  return round;
-}
-
-bool MappedSession::LeaseWork::empty() const {
-  return !lease && !reconnect && !end_session && give_back.empty() && orphans.empty();
+  rounds_.Ask(std::move(work));
 }
 
 void MappedSession::LeaseLoop() {
-  for (;;) {
-    LeaseWork work;
-    uint64_t round = 0;
-    {
-      MutexLock lock(&work_mu_);
-      while (!stop_ && work_.empty()) work_cv_.Wait(&work_mu_);
-      if (stop_) return;  // the destructor returns what is left
-      work = std::move(work_);
-      work_ = LeaseWork{};
-      round = asked_round_;
-      if (reconnecting_) work.reconnect = false;  // one new session at a time
-      if (work.reconnect) reconnecting_ = true;
-    }
+  LeaseWork work;
+  uint64_t round = 0;
+  while (rounds_.Next(&work, &round)) {  // after Stop the destructor returns what is left
+    // One new session at a time.
+    if (work.reconnect && reconnecting_.exchange(true)) work.reconnect = false;
     std::shared_ptr<SessionStream> current = stream();
     if (!work.give_back.empty() && !current->broken_now()) {
       StatusOr<uint64_t> returned = current->descriptors->Return(work.give_back);
@@ -247,13 +205,8 @@ void MappedSession::LeaseLoop() {
       LeaseAsync(current);
     }
     if (work.lease || work.reconnect) {
-      {
-        MutexLock lock(&work_mu_);
-        leased_round_ = round;
-      }
       growing_ = false;
-      slow_ = false;
-      lease_cv_.SignalAll();
+      rounds_.Answered(round);
     }
   }
 }
@@ -281,7 +234,7 @@ void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
     if (!give_back.empty()) {
       LeaseWork work;
       work.give_back = std::move(give_back);
-      Ask(std::move(work));
+      rounds_.Ask(std::move(work));
     }
     return true;
   });
@@ -290,10 +243,7 @@ void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
 void MappedSession::ReconnectAsync(const std::shared_ptr<SessionStream>& current) {
   const auto now = ReconnectBackoff::Clock::now();
   const PathIdentity at_path = PathIdentity::Of(ClientSocketPath(options_.socket));
-  auto not_now = [this] {
-    MutexLock lock(&work_mu_);
-    reconnecting_ = false;
-  };
+  auto not_now = [this] { reconnecting_ = false; };
   if (!backoff_.Due(now, at_path)) return not_now();  // no daemon answered a moment ago
   auto fresh = std::make_shared<std::shared_ptr<SessionStream>>();
   auto fresh_table = std::make_shared<std::unique_ptr<LeaseTable>>();
@@ -323,11 +273,8 @@ void MappedSession::ReconnectAsync(const std::shared_ptr<SessionStream>& current
       stream_ = std::move(*fresh);
     }
     ended_drained_ = false;
-    {
-      MutexLock lock(&work_mu_);
-      reconnecting_ = false;
-    }
-    if (!work.orphans.empty()) Ask(std::move(work));
+    reconnecting_ = false;
+    if (!work.orphans.empty()) rounds_.Ask(std::move(work));
     return true;
   });
 }
@@ -335,24 +282,14 @@ void MappedSession::ReconnectAsync(const std::shared_ptr<SessionStream>& current
 MappedSession::~MappedSession() {
   if (copier_ == nullptr) return;
   // The lease thread first: what it would still give back, this gives back below.
-  {
-    MutexLock lock(&work_mu_);
-    stop_ = true;
-  }
-  work_cv_.SignalAll();
-  lease_cv_.SignalAll();
+  rounds_.Stop();
   if (lease_thread_.joinable()) lease_thread_.join();
   std::unique_ptr<LeaseTable> table = copier_->Stop();
   copier_.reset();
   std::shared_ptr<SessionStream> s = stream();
   std::vector<uint64_t> ids = table != nullptr ? table->ChunkIds() : std::vector<uint64_t>{};
-  LeaseWork left;
-  {
-    MutexLock lock(&work_mu_);
-    ids.insert(ids.end(), work_.give_back.begin(), work_.give_back.end());
-    left.orphans = std::move(work_.orphans);
-    left.orphans_of = std::move(work_.orphans_of);
-  }
+  LeaseWork left = rounds_.TakeLeft();
+  ids.insert(ids.end(), left.give_back.begin(), left.give_back.end());
   table.reset();  // unmapped before the daemon hears they are back
   if (!ids.empty() && !s->broken_now()) (void)s->descriptors->Return(ids);
   if (!left.orphans.empty() && !s->broken_now()) {

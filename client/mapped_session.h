@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "client/copier.h"
+#include "client/lease_rounds.h"
 #include "client/lease_table.h"
 #include "client/reconnect_backoff.h"
 #include "client/session_stream.h"
@@ -68,19 +69,6 @@ class MappedSession {
     MutexLock lock(&mu_);
     return stream_;
   }
-  // What the lease thread does next: every round trip after Open runs there, never on the
-  // copier, so a slow or hung daemon never stalls a rank's stashes; the copier applies what
-  // comes back between two operations (Copier::Post).
-  struct LeaseWork {
-    bool lease = false;               // an automatic lease for the step just begun
-    bool reconnect = false;           // the stream broke (or ended drained), no stash is live
-    bool end_session = false;         // drained: end the session after giving back
-    std::vector<uint64_t> give_back;  // chunk ids no stash uses any more
-    // Chunks of an ended session of this process (`orphans_of`), returned through the new one.
-    std::vector<uint64_t> orphans;
-    std::string orphans_of;
-    bool empty() const;
-  };
   // LeaseChunks (automatic, or Options.lease when `fixed`) into `table` (not the copier's yet):
   // maps what comes, returns what the daemon wants back and holds no stash. The first error.
   Status Lease(LeaseTable& table, DescriptorChannel& channel, const v1::Welcome& welcome,
@@ -101,9 +89,8 @@ class MappedSession {
   // session's end to the lease thread.
   void EndDrained(std::unique_ptr<LeaseTable>& table, const std::shared_ptr<SessionStream>& old,
                   std::vector<uint64_t> give_back);
-  // Adds `work` to what the lease thread does next (any thread); returns the lease round it
-  // joins (0 when it asks neither a lease nor a reconnect).
-  uint64_t Ask(LeaseWork work);
+  // The lease thread (client/lease_rounds.h): every round trip after Open runs there, never on
+  // the copier; the copier applies what comes back between two operations (Copier::Post).
   void LeaseLoop();
   // One automatic lease, then its answer posted to the copier (lease thread).
   void LeaseAsync(const std::shared_ptr<SessionStream>& current);
@@ -127,15 +114,8 @@ class MappedSession {
   // The same for a new session after the daemon went away (a Hello and a first lease).
   static constexpr std::chrono::milliseconds kStepReconnectWait{2000};
 
-  Mutex work_mu_;
-  CondVar work_cv_;
-  CondVar lease_cv_;                                     // leased_round_ moved
-  uint64_t asked_round_ ABSL_GUARDED_BY(work_mu_) = 0;   // leases and reconnects asked so far
-  uint64_t leased_round_ ABSL_GUARDED_BY(work_mu_) = 0;  // the last round answered (or failed)
-  std::atomic<bool> slow_{false};  // a BeginStep's lease did not come in time: stop waiting
-  LeaseWork work_ ABSL_GUARDED_BY(work_mu_);
-  bool reconnecting_ ABSL_GUARDED_BY(work_mu_) = false;  // a new session is on its way
-  bool stop_ ABSL_GUARDED_BY(work_mu_) = false;
+  LeaseRounds rounds_;
+  std::atomic<bool> reconnecting_{false};  // a new session is on its way
   ReconnectBackoff backoff_;  // lease thread only: when the next reconnect may be tried
   std::thread lease_thread_;  // started in Open, after copier_
 };

@@ -1,0 +1,82 @@
+#include "client/lease_rounds.h"
+
+#include <utility>
+
+namespace stash {
+
+bool LeaseWork::empty() const {
+  return !lease && !reconnect && !end_session && give_back.empty() && orphans.empty();
+}
+
+void LeaseWork::Merge(LeaseWork other) {
+  lease = lease || other.lease;
+  reconnect = reconnect || other.reconnect;
+  end_session = end_session || other.end_session;
+  give_back.insert(give_back.end(), other.give_back.begin(), other.give_back.end());
+  if (!other.orphans.empty()) {
+    orphans.insert(orphans.end(), other.orphans.begin(), other.orphans.end());
+    orphans_of = std::move(other.orphans_of);
+  }
+}
+
+uint64_t LeaseRounds::Ask(LeaseWork work) {
+  uint64_t round = 0;
+  {
+    MutexLock lock(&mu_);
+    if (work.lease || work.reconnect) round = ++asked_;
+    work_.Merge(std::move(work));
+  }
+  work_cv_.Signal();
+  return round;
+}
+
+bool LeaseRounds::Next(LeaseWork* work, uint64_t* round) {
+  MutexLock lock(&mu_);
+  while (!stop_ && work_.empty()) work_cv_.Wait(&mu_);
+  if (stop_) return false;
+  *work = std::move(work_);
+  work_ = LeaseWork{};
+  *round = asked_;
+  return true;
+}
+
+void LeaseRounds::Answered(uint64_t round) {
+  {
+    MutexLock lock(&mu_);
+    if (round > answered_) answered_ = round;
+  }
+  slow_ = false;
+  answered_cv_.SignalAll();
+}
+
+void LeaseRounds::WaitFor(uint64_t round, std::chrono::milliseconds wait_for) {
+  if (round == 0 || slow_.load(std::memory_order_relaxed)) return;
+  MutexLock lock(&mu_);
+  const auto deadline = std::chrono::steady_clock::now() + wait_for;
+  while (answered_ < round && !stop_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      slow_ = true;
+      return;
+    }
+    answered_cv_.WaitWithTimeout(&mu_, deadline - now);
+  }
+}
+
+void LeaseRounds::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  work_cv_.SignalAll();
+  answered_cv_.SignalAll();
+}
+
+LeaseWork LeaseRounds::TakeLeft() {
+  MutexLock lock(&mu_);
+  LeaseWork left = std::move(work_);
+  work_ = LeaseWork{};
+  return left;
+}
+
+}  // namespace stash
