@@ -98,7 +98,7 @@ StatusOr<std::unique_ptr<CudaMappedSession>> CudaMappedSession::Open(const Optio
   STASH_ASSIGN_OR_RETURN(LeaseAnswer answer,
                          stream->descriptors->Lease(options.lease.automatic, want));
   Status first = Status::Ok();
-  std::vector<uint64_t> unmapped = s->Apply(answer, &first);
+  std::vector<uint64_t> unmapped = s->Apply(answer, stream.get(), &first);
   if (!unmapped.empty()) (void)stream->descriptors->Return(unmapped);
   STASH_RETURN_IF_ERROR(answer.status);
   STASH_RETURN_IF_ERROR(first);
@@ -121,6 +121,8 @@ CudaMappedSession::~CudaMappedSession() {
   rounds_.Stop();
   if (lease_thread_.joinable()) lease_thread_.join();
   std::vector<uint64_t> ids;
+  std::vector<uint64_t> old_ids;  // of the session before a reconnect
+  std::string old_session;
   std::unique_ptr<Fresh> fresh;
   {
     MutexLock lock(&mu_);
@@ -130,16 +132,22 @@ CudaMappedSession::~CudaMappedSession() {
     }
     for (const std::vector<SlotInfo>& tier : slots_) {
       for (const SlotInfo& slot : tier) {
-        if (slot.state != Slot::kFree && slot.state != Slot::kMapping && !slot.old) {
-          ids.push_back(slot.chunk_id);
-        }
+        if (slot.state == Slot::kFree || slot.state == Slot::kMapping) continue;
+        (slot.old ? old_ids : ids).push_back(slot.chunk_id);
       }
     }
     if (control_release_) control_release_();
     fresh = std::move(fresh_);
+    old_session = old_session_;
   }
-  const LeaseWork left = rounds_.TakeLeft();
+  LeaseWork left = rounds_.TakeLeft();
   ids.insert(ids.end(), left.give_back.begin(), left.give_back.end());
+  if (!old_ids.empty()) {
+    LeaseWork old;
+    old.orphans = std::move(old_ids);
+    old.orphans_of = std::move(old_session);
+    left.Merge(std::move(old));
+  }
   memory_.reset();         // unmapped before the daemon hears they are back
   if (fresh != nullptr) {  // a new session never used: its chunks were never mapped
     std::vector<uint64_t> unused;
@@ -163,15 +171,21 @@ std::shared_ptr<SessionStream> CudaMappedSession::stream() const {
   return stream_;
 }
 
-std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, Status* first) {
+std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, const SessionStream* from,
+                                               Status* first) {
   auto fail = [first](const Status& st) {
     if (first->ok()) *first = st;
   };
+  std::vector<uint64_t> give_back;
+  if (from != stream().get()) {  // a reconnect came between: these belong to the old session
+    for (const LeaseAnswer::Chunk& c : answer.chunks) give_back.push_back(c.id);
+    answer.chunks.clear();
+    return give_back;
+  }
   if (answer.control_block.valid()) {
     Status st = SetControlBlock(std::move(answer.control_block), answer.control_block_bytes);
     if (!st.ok()) fail(st);
   }
-  std::vector<uint64_t> give_back;
   for (LeaseAnswer::Chunk& c : answer.chunks) {
     const uint32_t tier = LeaseTierOf(c.tier);
     int owner = -1;
@@ -194,6 +208,10 @@ std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, Status* firs
     uint64_t slot = 0;
     {
       MutexLock lock(&mu_);
+      if (from != stream().get()) {
+        give_back.push_back(c.id);
+        continue;
+      }
       std::vector<SlotInfo>& slots = slots_[tier];
       while (slot < slots.size() && slots[slot].state != Slot::kFree) ++slot;
       if (slot == slots.size()) {
@@ -220,6 +238,7 @@ std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, Status* firs
   }
   answer.chunks.clear();
   MutexLock lock(&mu_);
+  if (from != stream().get()) return give_back;
   for (const LeaseAnswer::Held& held : answer.lease) {
     targets_[LeaseTierOf(held.tier)] =
         held.pages_target < held.pages ? held.pages_target : kNoTarget;
@@ -283,10 +302,16 @@ void CudaMappedSession::ChangeLease(void* gpu_stream) {
     }
   }
   CudaLeaseMemory::Reaped reaped = memory_->Reap();
+  LeaseWork orphans;
   for (const CudaLeaseMemory::SlotRef& r : reaped.freed) {
-    // A chunk of a session before a reconnect means nothing to this one's daemon.
-    if (!slots_[r.tier][r.slot].old) freed.push_back(slots_[r.tier][r.slot].chunk_id);
+    // A chunk of a session before a reconnect goes back to that session, as an orphan.
+    const SlotInfo& slot = slots_[r.tier][r.slot];
+    (slot.old ? orphans.orphans : freed).push_back(slot.chunk_id);
     slots_[r.tier][r.slot] = SlotInfo{};
+  }
+  if (!orphans.orphans.empty()) {
+    orphans.orphans_of = old_session_;
+    rounds_.Ask(std::move(orphans));
   }
   if (!reaped.status.ok()) {
     Log("client")->warn("mapped session: a chunk is not unmapped yet ({})",
@@ -299,6 +324,10 @@ void CudaMappedSession::ChangeLease(void* gpu_stream) {
     std::vector<SlotInfo>& slots = slots_[t];
     for (uint64_t s = 0; s < slots.size(); ++s) {
       if (slots[s].state != Slot::kMapped) continue;
+      if (slots[s].old) {  // mapped for a session a reconnect replaced: out again
+        if (memory_->Unmap(t, s, stream).ok()) slots[s].state = Slot::kUnmapping;
+        continue;
+      }
       const Status added = copier_->AddChunk(stream, t, s, slots[s].bytes);
       if (added.ok()) {
         slots[s].state = Slot::kInRing;
@@ -440,7 +469,7 @@ StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
   {
     MutexLock lock(&mu_);
     live = copier_->live() != 0;
-    fresh = fresh_ != nullptr;
+    fresh = fresh_ != nullptr || switching_;
   }
   if (this->stream()->broken_now()) {
     // The chunks held carry the step; a new session once none is live (as MappedSession).
@@ -449,7 +478,7 @@ StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
       work.reconnect = true;
       rounds_.WaitFor(rounds_.Ask(std::move(work)), kStepReconnectWait);
       MutexLock lock(&mu_);
-      fresh = fresh_ != nullptr;
+      fresh = fresh_ != nullptr || switching_;
     }
   } else if (options_.lease.automatic) {
     // As MappedSession: a daemon that answers in time sizes the lease before the step's first
@@ -542,7 +571,7 @@ void CudaMappedSession::LeaseLoop() {
       Status st = answer.ok() ? answer->status : answer.status();
       if (answer.ok()) {
         Status first = Status::Ok();
-        std::vector<uint64_t> unmapped = Apply(*answer, &first);
+        std::vector<uint64_t> unmapped = Apply(*answer, current.get(), &first);
         if (!unmapped.empty()) (void)current->descriptors->Return(unmapped);
         if (st.ok()) st = first;
       }
@@ -563,7 +592,7 @@ void CudaMappedSession::LeaseLoop() {
 void CudaMappedSession::Reconnect() {
   {
     MutexLock lock(&mu_);
-    if (fresh_ != nullptr) return;  // one new session waits for its boundary already
+    if (fresh_ != nullptr || switching_) return;  // one new session at a time
   }
   const auto now = ReconnectBackoff::Clock::now();
   const PathIdentity at_path = PathIdentity::Of(ClientSocketPath(options_.socket));
@@ -620,12 +649,17 @@ Status CudaMappedSession::SwitchSession(void* gpu_stream) {
     MutexLock lock(&mu_);
     PrimaryContext::Scope scope(*context_);
     STASH_RETURN_IF_ERROR(scope.status());
-    if (fresh_ == nullptr || copier_->live() != 0 || Capturing(driver_, stream)) {
-      return Status::Ok();  // a later boundary
+    if (fresh_ == nullptr || switching_ || copier_->live() != 0 || Capturing(driver_, stream)) {
+      return Status::Ok();  // a later boundary (or another thread switches)
     }
     fresh = std::move(fresh_);
+    switching_ = true;
     // Every chunk of the old session leaves: out of the rings (no stash holds a page of one),
-    // then unmapped once that ran.
+    // then unmapped once that ran. Its control block is no longer read here (a drain flag the
+    // old daemon left must not answer this session's stashes).
+    old_session_ = this->stream()->welcome.session_id();
+    shared_control_ = nullptr;
+    pending_control_ = nullptr;
     for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
       targets_[t] = kNoTarget;
       std::vector<SlotInfo>& slots = slots_[t];
@@ -641,13 +675,21 @@ Status CudaMappedSession::SwitchSession(void* gpu_stream) {
       }
     }
   }
+  // On an error the new session waits for the next boundary, which goes on from here.
+  auto keep = [this, &fresh](const Status& st) {
+    MutexLock lock(&mu_);
+    fresh_ = std::move(fresh);
+    switching_ = false;
+    return st;
+  };
   // A reconnect is rare: the stream is waited for here, twice (the removals' answers, then the
   // unmaps' work), so that the new chunks find their slots free.
-  STASH_CU_RETURN_IF_ERROR(driver_, StreamSynchronize(stream));
+  Status synced = driver_->Check(driver_->StreamSynchronize(stream), "cuStreamSynchronize");
+  if (!synced.ok()) return keep(synced);
   {
     MutexLock lock(&mu_);
     PrimaryContext::Scope scope(*context_);
-    STASH_RETURN_IF_ERROR(scope.status());
+    if (!scope.status().ok()) return keep(scope.status());
     for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
       std::vector<SlotInfo>& slots = slots_[t];
       for (uint64_t s = 0; s < slots.size(); ++s) {
@@ -656,12 +698,13 @@ Status CudaMappedSession::SwitchSession(void* gpu_stream) {
       }
     }
   }
-  STASH_CU_RETURN_IF_ERROR(driver_, StreamSynchronize(stream));
+  synced = driver_->Check(driver_->StreamSynchronize(stream), "cuStreamSynchronize");
+  if (!synced.ok()) return keep(synced);
   LeaseWork orphans;
   {
     MutexLock lock(&mu_);
     PrimaryContext::Scope scope(*context_);
-    STASH_RETURN_IF_ERROR(scope.status());
+    if (!scope.status().ok()) return keep(scope.status());
     CudaLeaseMemory::Reaped reaped = memory_->Reap();
     for (const CudaLeaseMemory::SlotRef& r : reaped.freed) {
       orphans.orphans.push_back(slots_[r.tier][r.slot].chunk_id);
@@ -672,20 +715,32 @@ Status CudaMappedSession::SwitchSession(void* gpu_stream) {
                           reaped.status.ToString());
     }
   }
-  orphans.orphans_of = this->stream()->welcome.session_id();
-  const std::shared_ptr<SessionStream> now = fresh->stream;
+  std::shared_ptr<SessionStream> old;
   {
     std::lock_guard<std::mutex> lock(stream_mu_);
-    stream_ = now;
+    old = std::move(stream_);
+    stream_ = fresh->stream;
   }
+  // What was still to be given back belonged to the old session: orphans of it now. An ended
+  // session's orphans are taken back by a daemon that still lives.
+  LeaseWork pending = rounds_.TakeLeft();
+  orphans.orphans.insert(orphans.orphans.end(), pending.give_back.begin(), pending.give_back.end());
+  pending.give_back.clear();
+  orphans.orphans_of = old->welcome.session_id();
+  old->Close();
   // The new chunks are mapped here and join the rings at this boundary's ChangeLease.
   Status first = Status::Ok();
   LeaseWork back;
-  back.give_back = Apply(fresh->answer, &first);
-  if (!back.give_back.empty()) rounds_.Ask(std::move(back));
-  if (!orphans.orphans.empty()) rounds_.Ask(std::move(orphans));
+  back.give_back = Apply(fresh->answer, fresh->stream.get(), &first);
+  pending.Merge(std::move(orphans));
+  pending.Merge(std::move(back));
+  if (!pending.empty()) rounds_.Ask(std::move(pending));
+  {
+    MutexLock lock(&mu_);
+    switching_ = false;
+  }
   Log("client")->info("mapped session: reconnected to stashd (session {})",
-                      now->welcome.session_id());
+                      fresh->stream->welcome.session_id());
   return first;
 }
 

@@ -140,9 +140,10 @@ class CudaMappedSession {
   // ChangeLease that follows). The copier, its rings and the tiers' addresses stay: graphs
   // captured before still replay.
   Status SwitchSession(void* stream);
-  // Maps a lease answer's control block and chunks (lease thread, or Open's); returns the ids
-  // that could not be mapped, to give back.
-  std::vector<uint64_t> Apply(LeaseAnswer& answer, Status* first);
+  // Maps a lease answer's control block and chunks (lease thread, or Open's) that came over
+  // `from`; returns the ids that could not be mapped, to give back over `from` (all of them
+  // when `from` is no longer the session's stream: a reconnect replaced it).
+  std::vector<uint64_t> Apply(LeaseAnswer& answer, const SessionStream* from, Status* first);
   Status SetControlBlock(UniqueFd fd, uint64_t bytes);
   // The boundary's lease changes on `stream` (not capturing), mu_ held: removal answers read,
   // unmaps reaped, chunks asked back taken out, mapped chunks added. Ids freed go to the lease
@@ -187,6 +188,9 @@ class CudaMappedSession {
   uint64_t short_seen_ ABSL_GUARDED_BY(mu_) = 0;  // LeaseShortReports() acted on
   uint64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;   // the last BeginStep enqueued
   std::unique_ptr<Fresh> fresh_ ABSL_GUARDED_BY(mu_);
+  bool switching_ ABSL_GUARDED_BY(mu_) = false;  // SwitchSession runs (fresh_ taken)
+  // The session the `old` slots came from: they go back to it as orphans once unmapped.
+  std::string old_session_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> growing_{false};  // a mid-step lease is asked, not answered
   std::atomic<bool> unavailable_logged_{false};
 

@@ -14,6 +14,9 @@ void LeaseWork::Merge(LeaseWork other) {
   end_session = end_session || other.end_session;
   give_back.insert(give_back.end(), other.give_back.begin(), other.give_back.end());
   if (!other.orphans.empty()) {
+    // Orphans of an older session than these are dropped: the daemon takes a batch whole or
+    // not at all, and that session's daemon is gone (it frees them at this process's exit).
+    if (other.orphans_of != orphans_of) orphans.clear();
     orphans.insert(orphans.end(), other.orphans.begin(), other.orphans.end());
     orphans_of = std::move(other.orphans_of);
   }

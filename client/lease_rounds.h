@@ -29,7 +29,7 @@ struct LeaseWork {
   std::string orphans_of;
 
   bool empty() const;
-  // Adds `other`'s asks to these (ids appended; the newer orphans_of wins).
+  // Adds `other`'s asks to these (ids appended; orphans of another session replace these).
   void Merge(LeaseWork other);
 };
 

@@ -39,6 +39,18 @@ TEST(LeaseRounds, AsksMergeIntoOneTakeAndOnlyLeasesAndReconnectsAreRounds) {
   EXPECT_EQ(work.orphans, (std::vector<uint64_t>{1, 2}));
   EXPECT_EQ(work.orphans_of, "old");
   EXPECT_TRUE(rounds.TakeLeft().empty()) << "taken whole";
+
+  // Orphans of two sessions are never sent as one batch: the newer session's win.
+  LeaseWork older, newer;
+  older.orphans = {5};
+  older.orphans_of = "a";
+  newer.orphans = {6};
+  newer.orphans_of = "b";
+  rounds.Ask(older);
+  rounds.Ask(newer);
+  const LeaseWork left = rounds.TakeLeft();
+  EXPECT_EQ(left.orphans, (std::vector<uint64_t>{6}));
+  EXPECT_EQ(left.orphans_of, "b");
 }
 
 TEST(LeaseRounds, AStepWaitsForItsRoundThenNotAtAllWhileRoundsComeLate) {

@@ -191,11 +191,13 @@ TEST(MappedPaging, WhileTheDaemonDrainsAStashIsUntriedUnflaggedAndReloadsFromThe
   std::vector<uint8_t> dst(64, 0);
   Reload(s, st, dst.data(), false, src.data());
   EXPECT_EQ(dst, src);
-  // A caller that freed its source lost the activation: the step is flagged.
-  Stashed gone = Stash(s, src, 2, 2, 32, /*keep_source=*/false);
-  EXPECT_EQ(gone.plan.tier, kUntriedTier);
-  EXPECT_EQ(s.control.step_flags, kStepOverflow);
-  EXPECT_EQ(s.control.overflows, 0u);
+  // A caller that freed its source is placed as usual: untried would lose the activation.
+  Stashed freed = Stash(s, src, 2, 2, 32, /*keep_source=*/false);
+  EXPECT_EQ(freed.plan.placement, Placement::kDevice);
+  EXPECT_EQ(s.control.step_flags, 0u);
+  std::vector<uint8_t> back(64, 0);
+  Reload(s, freed, back.data(), false);
+  EXPECT_EQ(back, src);
 }
 
 TEST(MappedPaging, ANegativeCountTakesNothingAndFlagsTheStep) {

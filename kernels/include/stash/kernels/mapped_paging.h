@@ -147,7 +147,9 @@ STASH_HOST_DEVICE LeaseTierView TierAt(const MappedSessionView& s, uint32_t tier
 }
 
 // The plan of a stash: PlanStashInOrder over the tiers the session holds (the host tier only
-// when allowed), or untried while the daemon drains.
+// when allowed), or untried while the daemon drains and the caller kept its source (it reloads
+// from there). A caller that freed its source is placed as usual: the chunks are the session's
+// until it gives them back, and untried would lose the activation.
 STASH_HOST_DEVICE StashPlan PlanMappedStash(const MappedStashArgs& a) {
   const MappedSessionView& s = a.session;
   const TierChoice tiers[kLeaseTiers] = {
@@ -157,7 +159,7 @@ STASH_HOST_DEVICE StashPlan PlanMappedStash(const MappedStashArgs& a) {
   const int64_t count = a.d_count != nullptr ? *a.d_count : a.count;
   StashPlan plan =
       PlanStashInOrder(count, a.divisor, a.max_rows, a.row_bytes, s.page_bytes, tiers, kLeaseTiers);
-  if (Draining(*s.d_control) && plan.placement != Placement::kInvalidCount) {
+  if (Draining(*s.d_control) && a.keep_source != 0 && plan.placement != Placement::kInvalidCount) {
     plan.placement = Placement::kOverflow;
     plan.tier = kUntriedTier;
     plan.bytes = 0;
