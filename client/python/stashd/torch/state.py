@@ -347,7 +347,7 @@ def flush(client: Client) -> None:
     """Waits until the daemon has answered the release of every stash autograd dropped without
     unpacking it (a graph freed before backward): their pages are free when this returns. On the
     cuda path it also waits for every stash and reload answer and raises the first failed
-    reload; in mapped mode on the cuda backend it synchronizes the current stream, so that
+    reload; in mapped mode on the cuda backend it synchronizes the session's stream, so that
     step_flags() has the whole step's: call it before optimizer.step()."""
     state = client._extensions.get("torch")
     if state is not None:
