@@ -166,11 +166,6 @@ CudaMappedSession::~CudaMappedSession() {
   s->Close();
 }
 
-std::shared_ptr<SessionStream> CudaMappedSession::stream() const {
-  std::lock_guard<std::mutex> lock(stream_mu_);
-  return stream_;
-}
-
 std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, const SessionStream* from,
                                                Status* first) {
   auto fail = [first](const Status& st) {

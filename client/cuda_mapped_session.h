@@ -127,7 +127,10 @@ class CudaMappedSession {
     LeaseAnswer answer;
   };
   CudaMappedSession(Options options, std::shared_ptr<CudaSide> cuda);
-  std::shared_ptr<SessionStream> stream() const;
+  std::shared_ptr<SessionStream> stream() const {
+    std::lock_guard<std::mutex> lock(stream_mu_);
+    return stream_;
+  }
   // The lease thread: a new session once the old one broke, at most one attempt per backoff
   // (ReconnectBackoff); the result waits in fresh_.
   void Reconnect();
