@@ -547,18 +547,7 @@ void CudaMappedSession::LeaseLoop() {
   uint64_t round = 0;
   while (rounds_.Next(&work, &round)) {  // after Stop the destructor gives back what is left
     const std::shared_ptr<SessionStream> current = stream();
-    if (!work.give_back.empty() && !current->broken_now()) {
-      StatusOr<uint64_t> returned = current->descriptors->Return(work.give_back);
-      if (!returned.ok()) {
-        Log("client")->warn("mapped session: chunks were not given back ({})",
-                            returned.status().ToString());
-      }
-    }
-    if (!work.orphans.empty() && !current->broken_now()) {
-      // A daemon that still lives takes the ended session's chunks back at once instead of at
-      // this process's exit; a restarted one does not know them and answers NOT_FOUND.
-      (void)current->descriptors->Return(work.orphans, work.orphans_of);
-    }
+    GiveBack(work, *current);
     if (work.reconnect && current->broken_now()) {
       Reconnect();
     } else if (work.lease && !current->broken_now()) {

@@ -2,7 +2,26 @@
 
 #include <utility>
 
+#include "client/session_stream.h"
+#include "common/logging.h"
+
 namespace stash {
+
+void GiveBack(const LeaseWork& work, SessionStream& current) {
+  if (!work.give_back.empty() && !current.broken_now()) {
+    StatusOr<uint64_t> returned = current.descriptors->Return(work.give_back);
+    if (!returned.ok()) {
+      Log("client")->warn("mapped session: chunks were not given back ({})",
+                          returned.status().ToString());
+    }
+  }
+  if (!work.orphans.empty() && !current.broken_now()) {
+    // A daemon that still lives (the old stream ended, the daemon did not) takes an ended
+    // session's chunks back at once instead of at this process's exit; a restarted daemon does
+    // not know them and answers NOT_FOUND, which is fine.
+    (void)current.descriptors->Return(work.orphans, work.orphans_of);
+  }
+}
 
 bool LeaseWork::empty() const {
   return !lease && !reconnect && !end_session && give_back.empty() && orphans.empty();

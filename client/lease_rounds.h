@@ -19,6 +19,8 @@
 
 namespace stash {
 
+class SessionStream;
+
 struct LeaseWork {
   bool lease = false;               // an automatic lease for the step just begun
   bool reconnect = false;           // the stream broke (or ended drained), no stash is live
@@ -32,6 +34,10 @@ struct LeaseWork {
   // Adds `other`'s asks to these (ids appended; orphans of another session replace these).
   void Merge(LeaseWork other);
 };
+
+// The lease thread: gives `work`'s chunks back over `current` (its give-backs, then an ended
+// session's orphans), unless that stream broke; a failure is logged, never fatal.
+void GiveBack(const LeaseWork& work, SessionStream& current);
 
 class LeaseRounds {
  public:

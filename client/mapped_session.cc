@@ -185,19 +185,7 @@ void MappedSession::LeaseLoop() {
     // One new session at a time.
     if (work.reconnect && reconnecting_.exchange(true)) work.reconnect = false;
     std::shared_ptr<SessionStream> current = stream();
-    if (!work.give_back.empty() && !current->broken_now()) {
-      StatusOr<uint64_t> returned = current->descriptors->Return(work.give_back);
-      if (!returned.ok()) {
-        Log("client")->warn("mapped session: chunks were not given back ({})",
-                            returned.status().ToString());
-      }
-    }
-    if (!work.orphans.empty() && !current->broken_now()) {
-      // A daemon that still lives (the old stream ended, the daemon did not) takes an ended
-      // session's chunks back through the new one at once instead of at this process's exit;
-      // a restarted daemon does not know them and answers NOT_FOUND, which is fine.
-      (void)current->descriptors->Return(work.orphans, work.orphans_of);
-    }
+    GiveBack(work, *current);
     if (work.end_session) current->Close();
     if (work.reconnect) {
       ReconnectAsync(current);
