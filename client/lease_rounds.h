@@ -19,7 +19,7 @@
 
 namespace stash {
 
-class SessionStream;
+struct SessionStream;
 
 struct LeaseWork {
   bool lease = false;               // an automatic lease for the step just begun
