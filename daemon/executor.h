@@ -11,7 +11,8 @@
 //
 // Rules every implementation keeps:
 //  - Work runs in the order it was submitted (a stream, or the serial worker).
-//  - `then` runs exactly once, on the pool worker thread, after the work and everything submitted
+//  - `then` runs exactly once, on the thread that holds the pool's run token (its worker, or a
+//    gRPC thread running a small request inline), after the work and everything submitted
 //    before it finished, and after the executor filled in the results it promises.
 //  - A record's page record and plan stay valid until Reload or Release of that record finished.
 #ifndef STASH_DAEMON_EXECUTOR_H_
@@ -145,6 +146,11 @@ class CopyExecutor {
   // event will ever run again) ends the process here, so that clients see UNAVAILABLE at once
   // and the service manager restarts the daemon, instead of every waiter hanging.
   virtual void CheckHealth() {}
+
+  // Whether Stash, Reload and Fence run their work and `then` before they return (the host
+  // executor). The pool may then run a small request on the thread that received it, instead
+  // of handing it to the worker (Pool::Enqueue).
+  virtual bool Synchronous() const { return false; }
 };
 
 }  // namespace stash::daemon

@@ -25,6 +25,7 @@ class HostExecutor final : public CopyExecutor {
   void Reload(const ReloadWork& work, Then then) override;
   void Raise(const DoneSignal& done) override;
   void Fence(Then then) override { then(); }
+  bool Synchronous() const override { return true; }
 
  private:
   // Never change after construction.

@@ -111,22 +111,76 @@ Pool::~Pool() { Stop(); }
 
 void Pool::Enqueue(std::shared_ptr<Session> session, v1::SessionRequest request,
                    Clock::time_point received) {
+  Op op;
+  op.session = std::move(session);
+  op.request = std::move(request);
+  op.received = received;
+  bool stopping = false;
   {
     MutexLock lock(&mu_);
-    if (!stopping_) {
-      session->counters().inflight.fetch_add(1, std::memory_order_relaxed);
-      Lane& lane = lanes_[session.get()];
-      if (lane.session == nullptr) lane.session = session;
-      lane.ops.push_back(
-          Op{std::move(session), std::move(request), received, false, nullptr, next_seq_++});
-      cv_.Signal();
-      return;
+    stopping = stopping_;
+    if (!stopping) {
+      op.session->counters().inflight.fetch_add(1, std::memory_order_relaxed);
+      op.seq = next_seq_++;
+      // Inline only when nothing could be owed a turn before it: no op runs, no teardown or
+      // completion waits, and nothing of this session is queued (its order). Other sessions'
+      // lane heads wait on their ready events, or the worker has not woken for them yet; a
+      // small op going first costs them microseconds.
+      const bool run_here = executor_->Synchronous() && !running_ && teardowns_.empty() &&
+                            completions_.empty() && !lanes_.contains(op.session.get());
+      if (!run_here) {
+        Queue(std::move(op));
+        return;
+      }
+      running_ = true;
     }
   }
-  // Nothing is submitted for it: its done event (if any) may go up with this answer.
-  session->Send(Reply(request.request_id(),
-                      UnavailableError("stashd is shutting down: nothing was taken; reconnect "
-                                       "when it is back")));
+  if (stopping) {
+    // Nothing is submitted for it: its done event (if any) may go up with this answer.
+    op.session->Send(Reply(op.request.request_id(),
+                           UnavailableError("stashd is shutting down: nothing was taken; "
+                                            "reconnect when it is back")));
+    return;
+  }
+  RunInline(std::move(op));
+}
+
+void Pool::Queue(Op op) {
+  Lane& lane = lanes_[op.session.get()];
+  if (lane.session == nullptr) lane.session = op.session;
+  lane.ops.push_back(std::move(op));
+  cv_.Signal();
+}
+
+void Pool::RunInline(Op op) {
+  const bool run = Ready(op) && Light(op);
+  if (run) Execute(op);
+  MutexLock lock(&mu_);
+  running_ = false;
+  if (!run) {
+    Queue(std::move(op));
+  } else if (!lanes_.empty() || !teardowns_.empty() || !completions_.empty() || stopping_) {
+    cv_.Signal();  // the worker may have waited for the token
+  }
+}
+
+bool Pool::Light(const Op& op) {
+  const v1::SessionRequest& req = op.request;
+  switch (req.kind_case()) {
+    case v1::SessionRequest::kStash: {
+      const uint64_t row_bytes = req.stash().row_bytes();
+      return row_bytes == 0 || req.stash().max_rows() <= kInlineBytes / row_bytes;
+    }
+    case v1::SessionRequest::kReload: {
+      auto it = op.session->stashes().find(req.reload().ticket());
+      return it == op.session->stashes().end() || it->second->plan.bytes <= kInlineBytes;
+    }
+    case v1::SessionRequest::kRelease:
+    case v1::SessionRequest::kBeginStep:
+      return true;
+    default:  // registrations map and unmap client memory: the worker's
+      return false;
+  }
 }
 
 void Pool::Post(CopyExecutor::Then then) {
@@ -230,13 +284,21 @@ bool Pool::TakeNext(Op* op, Clock::time_point* wake) {
 }
 
 void Pool::Run() {
+  bool held = false;  // this thread holds the run token
   while (true) {
     Op op;
     std::deque<CopyExecutor::Then> completions;
     {
       MutexLock lock(&mu_);
+      if (held) running_ = false;  // the op before finished
+      held = false;
       bool found = false;
-      while (!found && completions_.empty()) {
+      while (running_ || (!found && completions_.empty())) {
+        if (running_) {
+          // A small request runs inline (RunInline): it signals when it gives the token back.
+          cv_.Wait(&mu_);
+          continue;
+        }
         if (outstanding_ > 0 && Clock::now() - health_checked_ > std::chrono::milliseconds(20)) {
           health_checked_ = Clock::now();
           // Not under mu_: the check calls into the driver, and the executor's host callbacks
@@ -281,6 +343,7 @@ void Pool::Run() {
         }
       }
       completions.swap(completions_);
+      running_ = held = true;
     }
     for (CopyExecutor::Then& then : completions) then();
     if (op.session != nullptr) {

@@ -4,6 +4,10 @@
 // move a counter back (the cuda executor's writes are plain stores) and hang a stream waiting
 // on it. Tested on the host backend's executor, run the way a GPU stream runs it: submitted
 // work waits in a queue until the test lets it run.
+//
+// And the run token (InlinePoolTest): with the synchronous host executor, a small request that
+// finds the worker idle runs on the thread that received it; anything else goes to the worker,
+// and a session's order holds either way.
 #include "daemon/pool.h"
 
 #include <gtest/gtest.h>
@@ -128,7 +132,27 @@ class RecordingSink final : public ResponseSink {
   void Send(v1::SessionResponse response) override {
     std::lock_guard<std::mutex> lock(mu_);
     responses_.push_back(std::move(response));
+    threads_.push_back(std::this_thread::get_id());
     cv_.notify_all();
+  }
+  // The thread that sent the answer to `request_id` (after Await).
+  std::thread::id ThreadOf(uint64_t request_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < responses_.size(); ++i) {
+      if (responses_[i].request_id() == request_id) return threads_[i];
+    }
+    return {};
+  }
+  // The answers so far, in the order they were sent.
+  std::vector<uint64_t> Order() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<uint64_t> ids;
+    for (const auto& r : responses_) ids.push_back(r.request_id());
+    return ids;
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return responses_.size();
   }
   v1::SessionResponse Await(uint64_t request_id) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -149,6 +173,7 @@ class RecordingSink final : public ResponseSink {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<v1::SessionResponse> responses_;
+  std::vector<std::thread::id> threads_;
 };
 
 // Signals once, from any thread; records the done counter's value when it was signalled.
@@ -202,7 +227,7 @@ class PoolTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    executor_->RunAll();  // nothing may stay queued behind Stop
+    if (executor_ != nullptr) executor_->RunAll();  // nothing may stay queued behind Stop
     pool_.reset();
   }
 
@@ -309,6 +334,126 @@ TEST_F(PoolTest, RequestsAfterStopAreAnsweredUnavailable) {
   EXPECT_EQ(r.code(), static_cast<int>(StatusCode::kUnavailable));
   EXPECT_NE(r.message().find("shutting down"), std::string::npos) << r.message();
   EXPECT_EQ(session_->counters().inflight.load(), 0u);
+}
+
+// The same pool on the host backend's own executor, which runs work before it returns.
+class InlinePoolTest : public PoolTest {
+ protected:
+  void SetUp() override {
+    PoolTest::SetUp();
+    pool_.reset();
+    executor_ = nullptr;
+    pool_ = std::make_unique<Pool>(
+        0, std::make_unique<HostExecutor>(tier_.get(), nullptr, &workers_), &counters_);
+  }
+
+  // A stash of the source's rows with room for `max_rows` (what decides whether it is light).
+  static v1::SessionRequest Stash(uint64_t request_id, uint64_t max_rows) {
+    v1::SessionRequest r = StashWithDone(request_id, request_id);
+    r.mutable_stash()->set_max_rows(max_rows);
+    return r;
+  }
+  // The same, waiting for the ready counter (the second word of `events_`) to reach 1.
+  static v1::SessionRequest StashAfterReady(uint64_t request_id) {
+    v1::SessionRequest r = Stash(request_id, kRows);
+    r.mutable_stash()->mutable_ready()->mutable_counter()->set_memory_id(kCounters);
+    r.mutable_stash()->mutable_ready()->mutable_counter()->set_offset(8);
+    r.mutable_stash()->mutable_ready()->set_value(1);
+    return r;
+  }
+  static v1::SessionRequest Release(uint64_t request_id, uint64_t ticket) {
+    v1::SessionRequest r;
+    r.set_request_id(request_id);
+    r.mutable_release()->set_ticket(ticket);
+    return r;
+  }
+};
+
+TEST_F(InlinePoolTest, ASmallStashIsAnsweredOnTheThreadThatReceivedIt) {
+  pool_->Enqueue(session_, Stash(7, kRows), std::chrono::steady_clock::now());
+  // Answered before Enqueue returned: no hand-off to the worker.
+  ASSERT_EQ(sink_.size(), 1u);
+  EXPECT_EQ(sink_.Await(7).code(), 0) << sink_.Await(7).message();
+  EXPECT_EQ(sink_.ThreadOf(7), std::this_thread::get_id());
+  EXPECT_EQ(EventValue(counter()), 7u) << "the done event went up";
+  EXPECT_EQ(tier_->Snapshot().pages_used, 3u);
+
+  pool_->Enqueue(session_, Release(8, 7), std::chrono::steady_clock::now());
+  ASSERT_EQ(sink_.size(), 2u);
+  EXPECT_EQ(sink_.Await(8).code(), 0) << sink_.Await(8).message();
+  EXPECT_EQ(tier_->Snapshot().pages_used, 0u);
+  EXPECT_EQ(session_->counters().inflight.load(), 0u);
+}
+
+TEST_F(InlinePoolTest, ALargeStashGoesToTheWorker) {
+  // Room for 300 rows of 256 bytes (75 KiB): more than a gRPC thread copies.
+  pool_->Enqueue(session_, Stash(7, 300), std::chrono::steady_clock::now());
+  EXPECT_EQ(sink_.Await(7).code(), 0) << sink_.Await(7).message();
+  EXPECT_NE(sink_.ThreadOf(7), std::this_thread::get_id());
+}
+
+TEST_F(InlinePoolTest, ARequestBehindAWaitingOneOfItsSessionKeepsItsTurn) {
+  pool_->Enqueue(session_, StashAfterReady(7), std::chrono::steady_clock::now());
+  // Its release, small and ready, must not run before the stash it releases.
+  pool_->Enqueue(session_, Release(8, 7), std::chrono::steady_clock::now());
+  EXPECT_EQ(sink_.size(), 0u) << "nothing may be answered before the ready event";
+  EventSignal(counter() + 1, 1);
+  EXPECT_EQ(sink_.Await(8).code(), 0) << sink_.Await(8).message();
+  EXPECT_EQ(sink_.Order(), (std::vector<uint64_t>{7, 8}));
+  EXPECT_EQ(sink_.Await(7).code(), 0);
+  EXPECT_NE(sink_.ThreadOf(7), std::this_thread::get_id()) << "the worker ran the waiting stash";
+  EXPECT_EQ(tier_->Snapshot().pages_used, 0u);
+}
+
+// Threads enqueue for several sessions at once, small and large, as gRPC's threads do: the
+// token keeps one runner at a time (TSan checks the rings and records), and every stash and
+// release is answered and accounted for.
+TEST_F(InlinePoolTest, ManyReceivingThreadsShareOnePool) {
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 200;
+  std::vector<std::unique_ptr<RecordingSink>> sinks;
+  std::vector<std::shared_ptr<Session>> sessions;
+  for (int t = 0; t < kThreads; ++t) {
+    sinks.push_back(std::make_unique<RecordingSink>());
+    sessions.push_back(std::make_shared<Session>(SessionInfo{}, sinks.back().get(), nullptr));
+    sessions.back()->memories()[kSource] =
+        ClientMemory{std::make_shared<HeapMemory>(&source_), {}, source_.size()};
+    sessions.back()->memories()[kCounters] =
+        ClientMemory{std::make_shared<HeapMemory>(&events_), {}, events_.size()};
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint64_t i = 0; i < kRounds; ++i) {
+        const uint64_t id = 2 * i + 1;
+        // Every other stash is large (the worker's); the rest may run here.
+        v1::SessionRequest stash = Stash(id, i % 2 == 0 ? kRows : 300);
+        stash.mutable_stash()->clear_done();
+        pool_->Enqueue(sessions[t], std::move(stash), std::chrono::steady_clock::now());
+        pool_->Enqueue(sessions[t], Release(id + 1, id), std::chrono::steady_clock::now());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    for (uint64_t i = 0; i < kRounds; ++i) {
+      const uint64_t id = 2 * i + 1;
+      const v1::SessionResponse stashed = sinks[t]->Await(id);
+      const v1::SessionResponse released = sinks[t]->Await(id + 1);
+      // A stash may overflow when the other threads hold the pool's 16 pages; its release then
+      // says it holds no data. Either way the two answers agree.
+      if (stashed.stash().tier() == v1::TIER_OVERFLOW) {
+        EXPECT_NE(released.code(), 0);
+      } else {
+        EXPECT_EQ(stashed.code(), 0) << stashed.message();
+        EXPECT_EQ(released.code(), 0) << released.message();
+      }
+    }
+    EXPECT_EQ(sinks[t]->size(), 2u * kRounds);
+  }
+  EXPECT_EQ(tier_->Snapshot().pages_used, 0u);
+  for (const auto& s : sessions) EXPECT_EQ(s->counters().inflight.load(), 0u);
 }
 
 }  // namespace
