@@ -407,8 +407,7 @@ StatusOr<uint64_t> CudaMappedSession::Stash(const StashArgs& args) {
   r.row_bytes = args.row_bytes;
   r.keep_source = args.keep_source;
   MutexLock lock(&mu_);
-  if (shared_control_ != nullptr &&
-      (ControlLoad(shared_control_->daemon_flags) & kernels::kDaemonDraining) != 0) {
+  if (ended_drained_ || Draining()) {
     // The daemon drains (stashctl drain, or a stop): nothing is enqueued and the caller keeps
     // its buffer, without the step's overflow flag, as daemon-copy's library answers. (The
     // device sees the drain at the next step kernel; until then this answer comes first.)
@@ -461,12 +460,14 @@ StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
   const auto s = static_cast<CUstream>(stream);
   bool live = false;
   bool fresh = false;
+  bool draining = false;
   {
     MutexLock lock(&mu_);
     live = copier_->live() != 0;
     fresh = fresh_ != nullptr || switching_;
+    draining = Draining();
   }
-  if (this->stream()->broken_now()) {
+  if (this->stream()->broken_now() || ended_drained_) {
     // The chunks held carry the step; a new session once none is live (as MappedSession).
     if (!live && !fresh) {
       LeaseWork work;
@@ -474,6 +475,13 @@ StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
       rounds_.WaitFor(rounds_.Ask(std::move(work)), kStepReconnectWait);
       MutexLock lock(&mu_);
       fresh = fresh_ != nullptr || switching_;
+    }
+  } else if (draining && !live && !fresh) {
+    // Drained and nothing is live: the chunks go back and the session ends, as MappedSession's.
+    const Status ended = EndDrained(stream);
+    if (!ended.ok()) {
+      Log("client")->warn("mapped session: the drained session is not ended yet ({})",
+                          ended.ToString());
     }
   } else if (options_.lease.automatic) {
     // As MappedSession: a daemon that answers in time sizes the lease before the step's first
@@ -533,6 +541,11 @@ StepFlags CudaMappedSession::CurrentStepFlags() const {
 
 StatusOr<SessionStats> CudaMappedSession::Stats() {
   const std::shared_ptr<SessionStream> s = stream();
+  if (ended_drained_) {
+    return UnavailableError("no session is open with stashd on " + socket_ +
+                            ": it drained, and the session ended once every stash was back; "
+                            "the next BeginStep opens one once it takes sessions again");
+  }
   if (s->broken_now()) {
     std::lock_guard<std::mutex> lock(s->mu);
     return UnavailableError(s->broken_status.message() +
@@ -548,9 +561,10 @@ void CudaMappedSession::LeaseLoop() {
   while (rounds_.Next(&work, &round)) {  // after Stop the destructor gives back what is left
     const std::shared_ptr<SessionStream> current = stream();
     GiveBack(work, *current);
-    if (work.reconnect && current->broken_now()) {
+    if (work.end_session) current->Close();
+    if (work.reconnect && (current->broken_now() || ended_drained_)) {
       Reconnect();
-    } else if (work.lease && !current->broken_now()) {
+    } else if (work.lease && !current->broken_now() && !ended_drained_) {
       StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
       Status st = answer.ok() ? answer->status : answer.status();
       if (answer.ok()) {
@@ -638,67 +652,23 @@ Status CudaMappedSession::SwitchSession(void* gpu_stream) {
     }
     fresh = std::move(fresh_);
     switching_ = true;
-    // Every chunk of the old session leaves: out of the rings (no stash holds a page of one),
-    // then unmapped once that ran. Its control block is no longer read here (a drain flag the
-    // old daemon left must not answer this session's stashes).
+    // Its control block is no longer read here (a drain flag the old daemon left must not
+    // answer this session's stashes).
     old_session_ = this->stream()->welcome.session_id();
     shared_control_ = nullptr;
     pending_control_ = nullptr;
-    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
-      targets_[t] = kNoTarget;
-      std::vector<SlotInfo>& slots = slots_[t];
-      for (uint64_t s = 0; s < slots.size(); ++s) {
-        if (slots[s].state == Slot::kFree) continue;
-        slots[s].old = true;
-        if (slots[s].state == Slot::kInRing &&
-            copier_->RemoveChunk(stream, t, s, slots[s].bytes).ok()) {
-          slots[s].state = Slot::kRemoving;
-        } else if (slots[s].state == Slot::kMapped && memory_->Unmap(t, s, stream).ok()) {
-          slots[s].state = Slot::kUnmapping;
-        }
-      }
-    }
   }
-  // On an error the new session waits for the next boundary, which goes on from here.
-  auto keep = [this, &fresh](const Status& st) {
+  // Every chunk of the old session leaves, to go back to it as orphans. On an error the new
+  // session waits for the next boundary, which goes on from here.
+  StatusOr<std::vector<uint64_t>> retired = RetireChunks(gpu_stream);
+  if (!retired.ok()) {
     MutexLock lock(&mu_);
     fresh_ = std::move(fresh);
     switching_ = false;
-    return st;
-  };
-  // A reconnect is rare: the stream is waited for here, twice (the removals' answers, then the
-  // unmaps' work), so that the new chunks find their slots free.
-  Status synced = driver_->Check(driver_->StreamSynchronize(stream), "cuStreamSynchronize");
-  if (!synced.ok()) return keep(synced);
-  {
-    MutexLock lock(&mu_);
-    PrimaryContext::Scope scope(*context_);
-    if (!scope.status().ok()) return keep(scope.status());
-    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
-      std::vector<SlotInfo>& slots = slots_[t];
-      for (uint64_t s = 0; s < slots.size(); ++s) {
-        if (slots[s].state != Slot::kRemoving || copier_->RemovalDone(t, s) != true) continue;
-        if (memory_->Unmap(t, s, stream).ok()) slots[s].state = Slot::kUnmapping;
-      }
-    }
+    return retired.status();
   }
-  synced = driver_->Check(driver_->StreamSynchronize(stream), "cuStreamSynchronize");
-  if (!synced.ok()) return keep(synced);
   LeaseWork orphans;
-  {
-    MutexLock lock(&mu_);
-    PrimaryContext::Scope scope(*context_);
-    if (!scope.status().ok()) return keep(scope.status());
-    CudaLeaseMemory::Reaped reaped = memory_->Reap();
-    for (const CudaLeaseMemory::SlotRef& r : reaped.freed) {
-      orphans.orphans.push_back(slots_[r.tier][r.slot].chunk_id);
-      slots_[r.tier][r.slot] = SlotInfo{};
-    }
-    if (!reaped.status.ok()) {
-      Log("client")->warn("mapped session: a chunk of the old session is not unmapped yet ({})",
-                          reaped.status.ToString());
-    }
-  }
+  orphans.orphans = std::move(retired).value();
   std::shared_ptr<SessionStream> old;
   {
     std::lock_guard<std::mutex> lock(stream_mu_);
@@ -723,9 +693,99 @@ Status CudaMappedSession::SwitchSession(void* gpu_stream) {
     MutexLock lock(&mu_);
     switching_ = false;
   }
+  ended_drained_ = false;
   Log("client")->info("mapped session: reconnected to stashd (session {})",
                       fresh->stream->welcome.session_id());
   return first;
+}
+
+Status CudaMappedSession::EndDrained(void* gpu_stream) {
+  const auto stream = static_cast<CUstream>(gpu_stream);
+  {
+    MutexLock lock(&mu_);
+    PrimaryContext::Scope scope(*context_);
+    STASH_RETURN_IF_ERROR(scope.status());
+    if (fresh_ != nullptr || switching_ || copier_->live() != 0 || Capturing(driver_, stream) ||
+        ended_drained_) {
+      return Status::Ok();  // a later boundary
+    }
+    switching_ = true;  // one change of session at a time
+    // Chunks that fail to leave now go back later as orphans of this session (ChangeLease,
+    // or the next SwitchSession).
+    old_session_ = this->stream()->welcome.session_id();
+  }
+  StatusOr<std::vector<uint64_t>> retired = RetireChunks(gpu_stream);
+  MutexLock lock(&mu_);
+  switching_ = false;
+  if (!retired.ok()) return retired.status();
+  // Stashes are answered as kept (Stash) until a BeginStep reconnects. The lease thread gives
+  // the chunks back and ends the session: `stashctl sessions` no longer lists it.
+  ended_drained_ = true;
+  shared_control_ = nullptr;
+  pending_control_ = nullptr;
+  LeaseWork work;
+  work.give_back = std::move(retired).value();
+  work.end_session = true;
+  rounds_.Ask(std::move(work));
+  return Status::Ok();
+}
+
+bool CudaMappedSession::Draining() const {
+  return shared_control_ != nullptr &&
+         (ControlLoad(shared_control_->daemon_flags) & kernels::kDaemonDraining) != 0;
+}
+
+StatusOr<std::vector<uint64_t>> CudaMappedSession::RetireChunks(void* gpu_stream) {
+  const auto stream = static_cast<CUstream>(gpu_stream);
+  {
+    MutexLock lock(&mu_);
+    PrimaryContext::Scope scope(*context_);
+    STASH_RETURN_IF_ERROR(scope.status());
+    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+      targets_[t] = kNoTarget;
+      std::vector<SlotInfo>& slots = slots_[t];
+      for (uint64_t s = 0; s < slots.size(); ++s) {
+        if (slots[s].state == Slot::kFree) continue;
+        slots[s].old = true;
+        if (slots[s].state == Slot::kInRing &&
+            copier_->RemoveChunk(stream, t, s, slots[s].bytes).ok()) {
+          slots[s].state = Slot::kRemoving;
+        } else if (slots[s].state == Slot::kMapped && memory_->Unmap(t, s, stream).ok()) {
+          slots[s].state = Slot::kUnmapping;
+        }
+      }
+    }
+  }
+  // A change of session is rare: the stream is waited for here, twice (the removals' answers,
+  // then the unmaps' work), so that the slots are free when this returns.
+  STASH_RETURN_IF_ERROR(driver_->Check(driver_->StreamSynchronize(stream), "cuStreamSynchronize"));
+  {
+    MutexLock lock(&mu_);
+    PrimaryContext::Scope scope(*context_);
+    STASH_RETURN_IF_ERROR(scope.status());
+    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+      std::vector<SlotInfo>& slots = slots_[t];
+      for (uint64_t s = 0; s < slots.size(); ++s) {
+        if (slots[s].state != Slot::kRemoving || copier_->RemovalDone(t, s) != true) continue;
+        if (memory_->Unmap(t, s, stream).ok()) slots[s].state = Slot::kUnmapping;
+      }
+    }
+  }
+  STASH_RETURN_IF_ERROR(driver_->Check(driver_->StreamSynchronize(stream), "cuStreamSynchronize"));
+  std::vector<uint64_t> ids;
+  MutexLock lock(&mu_);
+  PrimaryContext::Scope scope(*context_);
+  STASH_RETURN_IF_ERROR(scope.status());
+  CudaLeaseMemory::Reaped reaped = memory_->Reap();
+  for (const CudaLeaseMemory::SlotRef& r : reaped.freed) {
+    ids.push_back(slots_[r.tier][r.slot].chunk_id);
+    slots_[r.tier][r.slot] = SlotInfo{};
+  }
+  if (!reaped.status.ok()) {
+    Log("client")->warn("mapped session: a chunk of the old session is not unmapped yet ({})",
+                        reaped.status.ToString());
+  }
+  return ids;
 }
 
 }  // namespace stash

@@ -143,6 +143,17 @@ class CudaMappedSession {
   // ChangeLease that follows). The copier, its rings and the tiers' addresses stay: graphs
   // captured before still replay.
   Status SwitchSession(void* stream);
+  // At a boundary with no stash live while the daemon drains (mu_ not held): every chunk leaves
+  // as in a switch, goes back, and the session ends; stashes are answered as kept until a later
+  // BeginStep opens a new session (as MappedSession::EndDrained).
+  Status EndDrained(void* stream);
+  // Every chunk leaves (mu_ not held; no stash live, `stream` not capturing): out of the rings,
+  // then unmapped once that ran, the stream synchronized twice. Returns the ids freed. Each is
+  // marked `old` first: one that cannot leave now goes back to old_session_ as an orphan, at a
+  // later boundary.
+  StatusOr<std::vector<uint64_t>> RetireChunks(void* stream);
+  // Whether the daemon's control block says it drains.
+  bool Draining() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Maps a lease answer's control block and chunks (lease thread, or Open's) that came over
   // `from`; returns the ids that could not be mapped, to give back over `from` (all of them
   // when `from` is no longer the session's stream: a reconnect replaced it).
@@ -195,6 +206,8 @@ class CudaMappedSession {
   // The session the `old` slots came from: they go back to it as orphans once unmapped.
   std::string old_session_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> growing_{false};  // a mid-step lease is asked, not answered
+  // Drained: the chunks went back and the session ended (EndDrained); until a reconnect.
+  std::atomic<bool> ended_drained_{false};
   std::atomic<bool> unavailable_logged_{false};
 
   // The lease thread.

@@ -369,7 +369,9 @@ TEST_F(CudaMapped, TheNextStepWithNoStashLiveLeasesFromARestartedDaemon) {
 
 // While the daemon drains, a stash is answered OVERFLOW by the library without enqueueing
 // anything: the caller keeps its buffer (even one it meant to free) and the step is not flagged,
-// so nothing reruns; earlier stashes reload. After undrain, stashes page again.
+// so nothing reruns; earlier stashes reload. The first boundary with nothing live gives the
+// chunks back and ends the session; after undrain the next BeginStep opens a new one and
+// stashes page again.
 TEST_F(CudaMapped, WhileTheDaemonDrainsTheCallerKeepsItsBuffersWithoutARerun) {
   StartDaemon();
   Open(MappedOptions(2 * kChunk));
@@ -389,10 +391,27 @@ TEST_F(CudaMapped, WhileTheDaemonDrainsTheCallerKeepsItsBuffersWithoutARerun) {
   const CUdeviceptr dst = Device(std::vector<uint8_t>(64 * kRow));
   ASSERT_TRUE(client_->Reload(Into(*held, dst)).ok());
   EXPECT_EQ(Host(dst, 64 * kRow), source) << "a stash from before the drain";
+  const std::string first = client_->session_id();
+  // Nothing live at this boundary: the chunks go back and the session ends (as the host twin).
   EXPECT_FALSE(FlagsThenStep(1).overflow) << "nothing was lost: no rerun";
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (DaemonStats(daemon_->socket()).sessions_size() != 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(DaemonStats(daemon_->socket()).sessions_size(), 0) << "the drained session ended";
+  EXPECT_EQ(Gpu().chunks_leased(), 0u) << "its chunks went back";
+  const auto stats = client_->Stats();
+  EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(stats.status().message().find("drained"), std::string::npos)
+      << stats.status().message();
+  auto still = client_->Stash(freed);
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(client_->Wait(*still)->tier, Tier::kOverflow) << "kept while no session is open";
 
   EXPECT_FALSE(DrainDaemon(daemon_->socket(), /*undrain=*/true));
-  ASSERT_TRUE(client_->BeginStep(2, stream_).ok());  // the device sees the undrain here
+  // The next BeginStep opens a new session and its chunks join the same ranges.
+  ASSERT_TRUE(client_->BeginStep(2, stream_).ok());
+  EXPECT_NE(client_->session_id(), first);
   auto paged = client_->Stash(freed);
   ASSERT_TRUE(paged.ok());
   EXPECT_NE(client_->Wait(*paged)->tier, Tier::kOverflow);
@@ -400,6 +419,8 @@ TEST_F(CudaMapped, WhileTheDaemonDrainsTheCallerKeepsItsBuffersWithoutARerun) {
   ASSERT_TRUE(client_->Reload(Into(*paged, dst2)).ok());
   EXPECT_EQ(Host(dst2, 64 * kRow), source);
   EXPECT_FALSE(FlagsThenStep(3).overflow);
+  EXPECT_TRUE(client_->Stats().ok());
+  EXPECT_EQ(DaemonStats(daemon_->socket()).sessions_size(), 1);
 }
 
 // What this mode cannot take is refused with what to change, and nothing is enqueued.
