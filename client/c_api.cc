@@ -233,6 +233,12 @@ int stash_begin_step_on_stream(stash_client_t* client, uint64_t step, void* stre
   return Answer(client->client->BeginStep(step, stream), op);
 }
 
+int stash_graphs_destroyed(stash_client_t* client) {
+  STASH_C_REQUIRE(client != nullptr, "stash_graphs_destroyed: client is NULL");
+  const stash::Status st = client->client->GraphsDestroyed();
+  return st.ok() ? 0 : Fail(st);
+}
+
 int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destination,
                  uint64_t offset, int zero_tail, uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && destination != nullptr && op != nullptr,

@@ -387,6 +387,16 @@ std::optional<StatusOr<Completion>> Client::Poll(uint64_t op) {
   return copy_->Poll(op);
 }
 
+Status Client::GraphsDestroyed() {
+  if (!gpu_mapped_) {
+    return FailedPreconditionError(
+        "GraphsDestroyed: only mapped mode on the cuda backend pages inside CUDA graphs; this "
+        "session keeps nothing for graphs");
+  }
+  gpu_mapped_->GraphsDestroyed();
+  return Status::Ok();
+}
+
 StepFlags Client::CurrentStepFlags() const {
   if (gpu_mapped_) return gpu_mapped_->CurrentStepFlags();
   if (mapped_) return mapped_->CurrentStepFlags();

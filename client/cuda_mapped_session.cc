@@ -463,6 +463,16 @@ StatusOr<uint64_t> CudaMappedSession::BeginStep(uint64_t step, void* stream) {
   bool draining = false;
   {
     MutexLock lock(&mu_);
+    PrimaryContext::Scope scope(*context_);
+    STASH_RETURN_IF_ERROR(scope.status());
+    if (!Capturing(driver_, s)) {
+      // Releases made while the stream captured (StreamCopier::Release) run here, first.
+      const StatusOr<uint64_t> ran = copier_->RunDeferredReleases(s);
+      if (!ran.ok()) {
+        Log("client")->warn("mapped session: releases made during a capture wait ({})",
+                            ran.status().ToString());
+      }
+    }
     live = copier_->live() != 0;
     fresh = fresh_ != nullptr || switching_;
     draining = Draining();
@@ -525,6 +535,11 @@ std::optional<StatusOr<Completion>> CudaMappedSession::Poll(uint64_t op) {
   Completion c = it->second;
   answers_.erase(it);
   return StatusOr<Completion>(c);
+}
+
+void CudaMappedSession::GraphsDestroyed() {
+  MutexLock lock(&mu_);
+  copier_->ReleaseCapturedSlots();
 }
 
 StepFlags CudaMappedSession::CurrentStepFlags() const {

@@ -96,6 +96,9 @@ class CudaMappedSession {
   // GPU has not reached the last BeginStep enqueued. Synchronize the stream (or wait for an
   // event after the step's last stash) first to have the whole step's.
   StepFlags CurrentStepFlags() const;
+  // Every graph captured so far is destroyed: the plan slots of their stashes come back
+  // (StreamCopier::ReleaseCapturedSlots).
+  void GraphsDestroyed();
   // The daemon's view (it reads the control block as published at the last step boundary).
   StatusOr<SessionStats> Stats();
 

@@ -303,7 +303,38 @@ Status StreamCopier::Reload(CUstream stream, uint64_t ticket, void* dst, bool ze
 }
 
 Status StreamCopier::Release(CUstream stream, uint64_t ticket) {
+  auto it = tickets_.find(ticket);
+  if (it != tickets_.end() && !it->second.captured) {
+    const RelaxedCaptureMode relaxed(driver_);
+    if (Capturing(stream)) {
+      if (std::find(deferred_releases_.begin(), deferred_releases_.end(), ticket) ==
+          deferred_releases_.end()) {
+        deferred_releases_.push_back(ticket);
+      }
+      return Status::Ok();
+    }
+  }
   return EndTicket(stream, ticket, nullptr, false);
+}
+
+StatusOr<uint64_t> StreamCopier::RunDeferredReleases(CUstream stream) {
+  {
+    const RelaxedCaptureMode relaxed(driver_);
+    if (Capturing(stream)) {
+      return FailedPreconditionError("deferred releases cannot run while the stream captures");
+    }
+  }
+  uint64_t ran = 0;
+  while (!deferred_releases_.empty()) {
+    const uint64_t ticket = deferred_releases_.back();
+    // Reloaded since (a reload of a deferred ticket is the caller's to order): nothing to do.
+    if (tickets_.count(ticket) != 0) {
+      STASH_RETURN_IF_ERROR(EndTicket(stream, ticket, nullptr, false));
+      ++ran;
+    }
+    deferred_releases_.pop_back();
+  }
+  return ran;
 }
 
 Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool zero_tail) {

@@ -110,8 +110,15 @@ class StreamCopier {
   // overflowed copies from its kept source instead. NOT_FOUND for a ticket that is not live;
   // INVALID_ARGUMENT when `dst` partly overlaps the kept source.
   Status Reload(CUstream stream, uint64_t ticket, void* dst, bool zero_tail);
-  // Enqueues the pages' return without a copy.
+  // Enqueues the pages' return without a copy. A stash made outside capture and released while
+  // `stream` captures (a tensor freed during a capture, say) is not released in the graph: its
+  // first replay would release it, a second one nothing, and a graph never replayed would keep
+  // its pages forever. Its release waits for RunDeferredReleases instead (the ticket stays live
+  // until then; NOT_FOUND afterwards as for any released ticket).
   Status Release(CUstream stream, uint64_t ticket);
+  // Enqueues the releases deferred by Release on `stream`, which must not capture (a step
+  // boundary does it). How many ran.
+  StatusOr<uint64_t> RunDeferredReleases(CUstream stream);
 
   // Points the step kernel at a new shared control block: `d_shared` is its device address (the
   // memfd the daemon created, registered for the device by the caller, who also marks it
@@ -195,7 +202,8 @@ class StreamCopier {
   std::vector<uint32_t> free_plans_;
   RangeAllocator records_;
   std::unordered_map<uint64_t, Ticket> tickets_;
-  std::vector<Ticket> captured_ended_;  // slots kept for graphs (ReleaseCapturedSlots)
+  std::vector<Ticket> captured_ended_;       // slots kept for graphs (ReleaseCapturedSlots)
+  std::vector<uint64_t> deferred_releases_;  // released while capturing (RunDeferredReleases)
   std::array<std::vector<SlotState>, kernels::kLeaseTiers> slots_;
   std::unordered_map<uint64_t, uint64_t> removals_;  // (tier << 48 | slot) -> answer index
   std::vector<uint32_t> free_answers_;

@@ -388,6 +388,42 @@ TEST_F(StreamCopierTest, AChunkLeavesTheRingOnlyOnceNoStashHoldsItAndTheHostLear
   EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 0), std::optional<bool>(true));
 }
 
+// A stash made before a capture and released during it (a tensor freed while PyTorch
+// captures) is not released in the graph, which may replay it never or many times: the release
+// waits for the next boundary outside capture, and until then the stash holds its page.
+TEST_F(StreamCopierTest, AReleaseDuringACaptureOfAStashFromBeforeItWaitsForTheBoundary) {
+  std::mt19937_64 rng(16);
+  MakeCopier(1);
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  const CUdeviceptr src = Alloc(kPageBytes);
+  Put(src, Random(rng, kPageBytes));
+  auto before = copier_->Stash(stream_, Request(src, 1, 1, kPageBytes));
+  ASSERT_TRUE(before.ok());
+
+  ASSERT_EQ(driver_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  ASSERT_TRUE(copier_->Release(stream_, *before).ok());
+  ASSERT_TRUE(copier_->Release(stream_, *before).ok()) << "a second release is the same one";
+  EXPECT_EQ(copier_->RunDeferredReleases(stream_).status().code(), StatusCode::kFailedPrecondition);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(driver_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+  EXPECT_EQ(copier_->live(), 1u) << "released at the boundary, not in the graph";
+  EXPECT_EQ(driver_->GraphDestroy(graph), CUDA_SUCCESS);  // never replayed
+  ASSERT_TRUE(copier_->RemoveChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  Sync();
+  EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 0), std::optional<bool>(false))
+      << "the stash still holds its page";
+
+  auto ran = copier_->RunDeferredReleases(stream_);
+  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+  EXPECT_EQ(*ran, 1u);
+  EXPECT_EQ(copier_->live(), 0u);
+  EXPECT_EQ(*copier_->RunDeferredReleases(stream_), 0u);
+  EXPECT_EQ(copier_->Release(stream_, *before).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(copier_->RemoveChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  Sync();
+  EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 0), std::optional<bool>(true)) << "page back";
+}
+
 // Work on another stream is the caller's to order (an event); what the host can check is
 // refused before anything is launched.
 TEST_F(StreamCopierTest, BadArgumentsAndLeaseChangesOutOfTurnAreRefusedBeforeAnyLaunch) {

@@ -220,6 +220,62 @@ TEST_F(CudaMapped, OverflowReloadsTheKeptSourceOrFlagsTheStep) {
   EXPECT_FALSE(FlagsThenStep(3).overflow) << "flags are per step";
 }
 
+// Stashes and reloads captured in a CUDA graph through the client replay with each replay's
+// device count (an overflow included: reloaded from the kept source and flagged), with step
+// boundaries between replays, outside capture. A release during the capture of a stash made
+// before it is not captured: it runs at the first boundary after. GraphsDestroyed then gives
+// the captured stash's slot back.
+TEST_F(CudaMapped, ACapturedStashAndReloadReplayWithEachReplaysCount) {
+  StartDaemon();
+  Open(MappedOptions(kChunk));
+  const uint64_t max_rows = 2 * kChunk / kRow;  // more than the lease: the largest count overflows
+  const uint64_t bytes = max_rows * kRow;
+  const CUdeviceptr src = Device(std::vector<uint8_t>(bytes));
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(bytes));
+  const CUdeviceptr count = Device(std::vector<uint8_t>(sizeof(int64_t)));
+  auto before = client_->Stash(Args(src, 1, 1));
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  ASSERT_TRUE(client_->BeginStep(1, stream_).ok());
+
+  ASSERT_EQ(d_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  StashArgs args = Args(src, 0, max_rows);
+  args.count.device_count =
+      reinterpret_cast<const void*>(count);  // NOLINT(performance-no-int-to-ptr)
+  auto captured = client_->Stash(args);
+  ASSERT_TRUE(captured.ok()) << captured.status().ToString();
+  ASSERT_TRUE(client_->Reload(Into(*captured, dst)).ok());
+  ASSERT_TRUE(client_->Release(*before, stream_).ok());
+  CUgraph graph = nullptr;
+  ASSERT_EQ(d_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(d_->GraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+
+  uint64_t step = 2;
+  uint8_t seed = 1;
+  for (const int64_t rows :
+       {int64_t{16}, int64_t{0}, static_cast<int64_t>(max_rows), int64_t{300}}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    const std::vector<uint8_t> data = Pattern(bytes, seed++);
+    ASSERT_EQ(d_->MemcpyHtoD(src, data.data(), bytes), CUDA_SUCCESS);
+    const std::vector<uint8_t> stale(bytes, 0xEE);
+    ASSERT_EQ(d_->MemcpyHtoD(dst, stale.data(), bytes), CUDA_SUCCESS);
+    ASSERT_EQ(d_->MemcpyHtoD(count, &rows, sizeof(rows)), CUDA_SUCCESS);
+    ASSERT_EQ(d_->StreamSynchronize(CU_STREAM_LEGACY), CUDA_SUCCESS);
+    ASSERT_EQ(d_->GraphLaunch(exec, stream_), CUDA_SUCCESS);
+    const std::vector<uint8_t> got = Host(dst, bytes);
+    const uint64_t valid = static_cast<uint64_t>(rows) * kRow;
+    for (uint64_t i = 0; i < bytes; ++i) {
+      ASSERT_EQ(got[i], i < valid ? data[i] : 0) << "byte " << i;
+    }
+    EXPECT_EQ(FlagsThenStep(step++).overflow, valid > kChunk);
+  }
+  EXPECT_EQ(client_->Reload(Into(*before, dst)).status().code(), StatusCode::kNotFound)
+      << "the release made during the capture ran at the first boundary after it";
+  EXPECT_EQ(d_->GraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(d_->GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_TRUE(client_->GraphsDestroyed().ok());
+}
+
 // An automatic lease grows when a step finds it short: the chunks come on the lease thread and
 // join the ring at the next BeginStep, after which the same stash fits.
 TEST_F(CudaMapped, AnAutomaticLeaseGrowsAtTheNextStepWhenAStashFindsItShort) {

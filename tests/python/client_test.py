@@ -373,3 +373,6 @@ def test_stream_calls_outside_mapped_mode_on_cuda_are_refused_saying_which_mode(
             call()
     with pytest.raises(ValueError, match="keep_source=False is for mapped mode"):
         client.stash_device(0x1000, row_bytes=64, max_rows=1, count=1, keep_source=False)
+    with pytest.raises(stashd.StashError, match="CUDA graphs") as info:
+        client.graphs_destroyed()
+    assert info.value.code_name == "FAILED_PRECONDITION", str(info.value)

@@ -49,3 +49,4 @@ def test_device_buffers_page_on_the_callers_stream_and_overflow_flags_the_step(s
     assert seen["flags_next_step"] is False, "flags are per step"
     assert seen["reload_after_release"] == "NOT_FOUND"
     assert "no ready or done event" in seen["events_on_a_stream"]
+    assert seen["graphs_destroyed"] is True

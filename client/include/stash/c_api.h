@@ -155,6 +155,10 @@ STASH_EXPORT int stash_release_on_stream(stash_client_t* client, uint64_t ticket
                                          uint64_t* op);
 STASH_EXPORT int stash_begin_step_on_stream(stash_client_t* client, uint64_t step, void* stream,
                                             uint64_t* op);
+/* Mapped mode on the cuda backend: every CUDA graph that captured this client's operations has
+ * been destroyed; the plan slots kept for their replays come back (stash::Client::
+ * GraphsDestroyed). FAILED_PRECONDITION in the other modes. */
+STASH_EXPORT int stash_graphs_destroyed(stash_client_t* client);
 /* Cuda backend: enqueue on stream (a cudaStream_t; NULL = the legacy default stream) raising
  * the event at buffer + offset to value after the stream's earlier work, or a wait until it
  * reaches value before the stream's later work. */

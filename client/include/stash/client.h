@@ -248,6 +248,13 @@ class STASH_EXPORT Client {
   // Mapped mode on the cuda backend: the lease changes (outside capture) and the step kernel are
   // enqueued on `stream`; refused elsewhere.
   StatusOr<uint64_t> BeginStep(uint64_t step, void* stream = nullptr);
+  // Mapped mode on the cuda backend: every CUDA graph that captured this client's stashes,
+  // reloads or releases has been destroyed (cuGraphExecDestroy and cuGraphDestroy, or
+  // torch.cuda.CUDAGraph.reset()). A captured stash's plan slot stays taken while a graph may
+  // replay it (4,096 slots in all), so a job that captures again and again calls this after it
+  // destroyed the old graphs; calling it while one may still replay lets two stashes share a
+  // slot. FAILED_PRECONDITION in the other modes (nothing is captured there).
+  Status GraphsDestroyed();
   // Tells the daemon to close its mapping of `buffer` before the caller frees it.
   StatusOr<uint64_t> Unregister(const HostBuffer& buffer);
   // Cuda backend: the same for the cudaMalloc allocation holding `pointer`. Wait for its answer

@@ -151,6 +151,7 @@ _PROTOTYPES = {
     "stash_enqueue_wait": (_INT, [c_client_p, c_buffer_p, _U64, _U64, ctypes.c_void_p]),
     "stash_unregister_device": (_INT, [c_client_p, ctypes.c_void_p, _P_U64]),
     "stash_release_device_mappings": (_INT, [c_client_p, _I64]),
+    "stash_graphs_destroyed": (_INT, [c_client_p]),
     "stash_release": (_INT, [c_client_p, _U64, _P_U64]),
     "stash_begin_step": (_INT, [c_client_p, _U64, _P_U64]),
     "stash_stash_on_stream": (_INT, [c_client_p, ctypes.POINTER(StashArgs), _INT, ctypes.c_void_p,

@@ -349,6 +349,14 @@ class Client:
         to do on the host backend."""
         self._check(self._lib.stash_release_device_mappings(self._h(), _timeout(timeout_ms)))
 
+    def graphs_destroyed(self) -> None:
+        """Mapped mode on the cuda backend: every CUDA graph that captured this client's stashes,
+        reloads or releases is gone (torch.cuda.CUDAGraph.reset(), or the graph deleted), so
+        the plan slots kept for their replays come back. A job that captures again and again
+        calls it after dropping the old graphs; never while one may still replay. Raises
+        (FAILED_PRECONDITION) in the other modes."""
+        self._check(self._lib.stash_graphs_destroyed(self._h()))
+
     def release(self, ticket: int, *, stream: Optional[int] = None, wait: bool = True,
                 timeout_ms: Optional[float] = None) -> Union[Completion, int]:
         """Drops a stash without copying it back; its pages return. Mapped mode on the cuda

@@ -134,6 +134,9 @@ class DisabledClient(Client):
     def release_device_mappings(self, timeout_ms: Optional[float] = None) -> None:
         pass
 
+    def graphs_destroyed(self) -> None:
+        pass  # nothing was captured
+
     def begin_step(self, step: int, *, stream: Optional[int] = None, wait: bool = True,
                    timeout_ms: Optional[float] = None) -> Union[Completion, int]:
         for ext in list(self._extensions.values()):
