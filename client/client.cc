@@ -393,8 +393,7 @@ Status Client::GraphsDestroyed() {
         "GraphsDestroyed: only mapped mode on the cuda backend pages inside CUDA graphs; this "
         "session keeps nothing for graphs");
   }
-  gpu_mapped_->GraphsDestroyed();
-  return Status::Ok();
+  return gpu_mapped_->GraphsDestroyed();
 }
 
 StepFlags Client::CurrentStepFlags() const {

@@ -203,7 +203,7 @@ std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, const Sessio
     uint64_t slot = 0;
     {
       MutexLock lock(&mu_);
-      if (from != stream().get()) {
+      if (from != stream().get() || ended_drained_) {  // the session ended meanwhile: back
         give_back.push_back(c.id);
         continue;
       }
@@ -303,6 +303,13 @@ void CudaMappedSession::ChangeLease(void* gpu_stream) {
     const SlotInfo& slot = slots_[r.tier][r.slot];
     (slot.old ? orphans.orphans : freed).push_back(slot.chunk_id);
     slots_[r.tier][r.slot] = SlotInfo{};
+  }
+  if (ended_drained_) {
+    // The session they belong to ended: they go back with the next session (SwitchSession).
+    ended_orphans_.insert(ended_orphans_.end(), orphans.orphans.begin(), orphans.orphans.end());
+    ended_orphans_.insert(ended_orphans_.end(), freed.begin(), freed.end());
+    orphans.orphans.clear();
+    freed.clear();
   }
   if (!orphans.orphans.empty()) {
     orphans.orphans_of = old_session_;
@@ -537,9 +544,9 @@ std::optional<StatusOr<Completion>> CudaMappedSession::Poll(uint64_t op) {
   return StatusOr<Completion>(c);
 }
 
-void CudaMappedSession::GraphsDestroyed() {
+Status CudaMappedSession::GraphsDestroyed() {
   MutexLock lock(&mu_);
-  copier_->ReleaseCapturedSlots();
+  return copier_->ReleaseCapturedSlots();
 }
 
 StepFlags CudaMappedSession::CurrentStepFlags() const {
@@ -684,12 +691,18 @@ Status CudaMappedSession::SwitchSession(void* gpu_stream) {
   }
   LeaseWork orphans;
   orphans.orphans = std::move(retired).value();
+  {
+    MutexLock lock(&mu_);
+    orphans.orphans.insert(orphans.orphans.end(), ended_orphans_.begin(), ended_orphans_.end());
+    ended_orphans_.clear();
+  }
   std::shared_ptr<SessionStream> old;
   {
     std::lock_guard<std::mutex> lock(stream_mu_);
     old = std::move(stream_);
     stream_ = fresh->stream;
   }
+  ended_drained_ = false;  // before Apply: the new session's chunks are mapped
   // What was still to be given back belonged to the old session: orphans of it now. An ended
   // session's orphans are taken back by a daemon that still lives.
   LeaseWork pending = rounds_.TakeLeft();
@@ -708,7 +721,6 @@ Status CudaMappedSession::SwitchSession(void* gpu_stream) {
     MutexLock lock(&mu_);
     switching_ = false;
   }
-  ended_drained_ = false;
   Log("client")->info("mapped session: reconnected to stashd (session {})",
                       fresh->stream->welcome.session_id());
   return first;
@@ -721,7 +733,7 @@ Status CudaMappedSession::EndDrained(void* gpu_stream) {
     PrimaryContext::Scope scope(*context_);
     STASH_RETURN_IF_ERROR(scope.status());
     if (fresh_ != nullptr || switching_ || copier_->live() != 0 || Capturing(driver_, stream) ||
-        ended_drained_) {
+        ended_drained_ || !Settled()) {
       return Status::Ok();  // a later boundary
     }
     switching_ = true;  // one change of session at a time
@@ -743,6 +755,17 @@ Status CudaMappedSession::EndDrained(void* gpu_stream) {
   work.end_session = true;
   rounds_.Ask(std::move(work));
   return Status::Ok();
+}
+
+bool CudaMappedSession::Settled() const {
+  for (const std::vector<SlotInfo>& slots : slots_) {
+    for (const SlotInfo& s : slots) {
+      const bool resting =
+          s.state == Slot::kFree || s.state == Slot::kMapped || s.state == Slot::kInRing;
+      if (!resting || (s.state != Slot::kFree && s.old)) return false;
+    }
+  }
+  return true;
 }
 
 bool CudaMappedSession::Draining() const {

@@ -98,7 +98,7 @@ class CudaMappedSession {
   StepFlags CurrentStepFlags() const;
   // Every graph captured so far is destroyed: the plan slots of their stashes come back
   // (StreamCopier::ReleaseCapturedSlots).
-  void GraphsDestroyed();
+  Status GraphsDestroyed();
   // The daemon's view (it reads the control block as published at the last step boundary).
   StatusOr<SessionStats> Stats();
 
@@ -157,6 +157,9 @@ class CudaMappedSession {
   StatusOr<std::vector<uint64_t>> RetireChunks(void* stream);
   // Whether the daemon's control block says it drains.
   bool Draining() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every slot is free, mapped or in the ring, and none holds an older session's chunk:
+  // then every chunk held is this session's, and EndDrained may give them all back at once.
+  bool Settled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Maps a lease answer's control block and chunks (lease thread, or Open's) that came over
   // `from`; returns the ids that could not be mapped, to give back over `from` (all of them
   // when `from` is no longer the session's stream: a reconnect replaced it).
@@ -208,6 +211,9 @@ class CudaMappedSession {
   bool switching_ ABSL_GUARDED_BY(mu_) = false;  // SwitchSession runs (fresh_ taken)
   // The session the `old` slots came from: they go back to it as orphans once unmapped.
   std::string old_session_ ABSL_GUARDED_BY(mu_);
+  // Chunks unmapped after EndDrained ended their session: given back as its orphans through the
+  // next session (SwitchSession).
+  std::vector<uint64_t> ended_orphans_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> growing_{false};  // a mid-step lease is asked, not answered
   // Drained: the chunks went back and the session ended (EndDrained); until a reconnect.
   std::atomic<bool> ended_drained_{false};

@@ -226,6 +226,7 @@ Status StreamCopier::Launch(CUfunction function, uint64_t blocks, bool one_threa
 StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   if (r.src == nullptr) return InvalidArgumentError("the stash's source is null");
   if (r.row_bytes == 0) return InvalidArgumentError("row_bytes is 0");
+  RunDeferredOutsideCapture(stream);
   if (r.max_rows > UINT64_MAX / r.row_bytes) {
     return InvalidArgumentError("max_rows " + std::to_string(r.max_rows) + " * row_bytes " +
                                 std::to_string(r.row_bytes) + " overflows 64 bits");
@@ -299,22 +300,31 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
 
 Status StreamCopier::Reload(CUstream stream, uint64_t ticket, void* dst, bool zero_tail) {
   if (dst == nullptr) return InvalidArgumentError("the reload's destination is null");
+  RunDeferredOutsideCapture(stream);
   return EndTicket(stream, ticket, dst, zero_tail);
 }
 
 Status StreamCopier::Release(CUstream stream, uint64_t ticket) {
+  RunDeferredOutsideCapture(stream);
   auto it = tickets_.find(ticket);
-  if (it != tickets_.end() && !it->second.captured) {
+  if (it != tickets_.end() && !it->second.captured && !it->second.release_deferred) {
     const RelaxedCaptureMode relaxed(driver_);
     if (Capturing(stream)) {
-      if (std::find(deferred_releases_.begin(), deferred_releases_.end(), ticket) ==
-          deferred_releases_.end()) {
-        deferred_releases_.push_back(ticket);
-      }
+      it->second.release_deferred = true;
+      deferred_releases_.push_back(ticket);
       return Status::Ok();
     }
   }
   return EndTicket(stream, ticket, nullptr, false);
+}
+
+void StreamCopier::RunDeferredOutsideCapture(CUstream stream) {
+  if (deferred_releases_.empty()) return;
+  {
+    const RelaxedCaptureMode relaxed(driver_);
+    if (Capturing(stream)) return;
+  }
+  (void)RunDeferredReleases(stream);  // an error leaves them for the next call
 }
 
 StatusOr<uint64_t> StreamCopier::RunDeferredReleases(CUstream stream) {
@@ -327,9 +337,15 @@ StatusOr<uint64_t> StreamCopier::RunDeferredReleases(CUstream stream) {
   uint64_t ran = 0;
   while (!deferred_releases_.empty()) {
     const uint64_t ticket = deferred_releases_.back();
-    // Reloaded since (a reload of a deferred ticket is the caller's to order): nothing to do.
-    if (tickets_.count(ticket) != 0) {
-      STASH_RETURN_IF_ERROR(EndTicket(stream, ticket, nullptr, false));
+    auto it = tickets_.find(ticket);
+    if (it != tickets_.end()) {
+      it->second.release_deferred = false;  // EndTicket refuses released tickets
+      const Status ended = EndTicket(stream, ticket, nullptr, false);
+      if (!ended.ok()) {
+        it = tickets_.find(ticket);
+        if (it != tickets_.end()) it->second.release_deferred = true;
+        return ended;
+      }
       ++ran;
     }
     deferred_releases_.pop_back();
@@ -339,7 +355,7 @@ StatusOr<uint64_t> StreamCopier::RunDeferredReleases(CUstream stream) {
 
 Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool zero_tail) {
   auto it = tickets_.find(ticket);
-  if (it == tickets_.end()) {
+  if (it == tickets_.end() || it->second.release_deferred) {
     return NotFoundError("ticket " + std::to_string(ticket) +
                          " is not a live stash of this session (never stashed here, or already "
                          "reloaded or released)");
@@ -384,12 +400,21 @@ Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool
   return Status::Ok();
 }
 
-void StreamCopier::ReleaseCapturedSlots() {
+Status StreamCopier::ReleaseCapturedSlots() {
+  for (const auto& [id, t] : tickets_) {
+    if (t.captured) {
+      return FailedPreconditionError(
+          "ticket " + std::to_string(id) +
+          " was stashed in a capture and is not reloaded or released yet, so a graph may still "
+          "replay it: reload or release it, destroy the graphs, then call this again");
+    }
+  }
   for (const Ticket& t : captured_ended_) {
     free_plans_.push_back(t.plan_slot);
     records_.Free(t.record_offset, t.record_pages);
   }
   captured_ended_.clear();
+  return Status::Ok();
 }
 
 Status StreamCopier::AttachControl(CUstream stream, SessionControl* d_shared) {

@@ -113,8 +113,9 @@ class StreamCopier {
   // Enqueues the pages' return without a copy. A stash made outside capture and released while
   // `stream` captures (a tensor freed during a capture, say) is not released in the graph: its
   // first replay would release it, a second one nothing, and a graph never replayed would keep
-  // its pages forever. Its release waits for RunDeferredReleases instead (the ticket stays live
-  // until then; NOT_FOUND afterwards as for any released ticket).
+  // its pages forever. Its release waits for the next operation on a stream that does not
+  // capture (or RunDeferredReleases); it counts as released at once: a reload or release of it
+  // is NOT_FOUND.
   Status Release(CUstream stream, uint64_t ticket);
   // Enqueues the releases deferred by Release on `stream`, which must not capture (a step
   // boundary does it). How many ran.
@@ -160,7 +161,9 @@ class StreamCopier {
 
   // The caller destroyed every graph captured so far: the plan slots and page-record ranges of
   // their stashes that were reloaded or released go back to the free lists.
-  void ReleaseCapturedSlots();
+  // FAILED_PRECONDITION while a stash taken during a capture is still live (a graph may replay
+  // it): nothing changes then.
+  Status ReleaseCapturedSlots();
 
   // Live stashes the host knows of (enqueued, not yet reloaded or released).
   uint64_t live() const { return tickets_.size(); }
@@ -172,7 +175,8 @@ class StreamCopier {
     uint64_t record_pages = 0;
     const uint8_t* src = nullptr;
     uint64_t max_rows = 0, row_bytes = 0;
-    bool captured = false;  // taken while capturing: its slots stay reserved
+    bool captured = false;          // taken while capturing: its slots stay reserved
+    bool release_deferred = false;  // released during a capture (RunDeferredReleases)
   };
   // Where a chunk slot stands, as far as the host enqueued.
   enum class SlotState : uint8_t { kAbsent, kInRing, kRemoving };
@@ -184,6 +188,9 @@ class StreamCopier {
   Status Launch(CUfunction function, uint64_t blocks, bool one_thread, CUstream stream, void* args,
                 const char* what);
   Status EndTicket(CUstream stream, uint64_t ticket, void* dst, bool zero_tail);
+  // RunDeferredReleases when some wait and `stream` does not capture: a job whose step
+  // boundaries are all captured still gets them back at its next operation outside capture.
+  void RunDeferredOutsideCapture(CUstream stream);
 
   const CudaDriver* const driver_;
   const Geometry geometry_;

@@ -126,8 +126,10 @@ void Pool::Enqueue(std::shared_ptr<Session> session, v1::SessionRequest request,
       // completion waits, and nothing of this session is queued (its order). Other sessions'
       // lane heads wait on their ready events, or the worker has not woken for them yet; a
       // small op going first costs them microseconds.
-      const bool run_here = executor_->Synchronous() && !running_ && teardowns_.empty() &&
-                            completions_.empty() && !lanes_.contains(op.session.get());
+      // The worker waiting for the token goes first: inline ops never starve queued ones.
+      const bool run_here = executor_->Synchronous() && InlineKind(op.request) && !running_ &&
+                            !worker_waiting_ && teardowns_.empty() && completions_.empty() &&
+                            !lanes_.contains(op.session.get());
       if (!run_here) {
         Queue(std::move(op));
         return;
@@ -158,28 +160,58 @@ void Pool::RunInline(Op op) {
   MutexLock lock(&mu_);
   running_ = false;
   if (!run) {
+    if (op.session->closed()) {
+      // Its teardown is queued already: nothing of the session may run after it.
+      op.session->counters().inflight.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
     Queue(std::move(op));
-  } else if (!lanes_.empty() || !teardowns_.empty() || !completions_.empty() || stopping_) {
-    cv_.Signal();  // the worker may have waited for the token
+  } else if (worker_waiting_ || !teardowns_.empty() || !completions_.empty() || stopping_) {
+    cv_.Signal();
   }
 }
 
-bool Pool::Light(const Op& op) {
-  const v1::SessionRequest& req = op.request;
+bool Pool::InlineKind(const v1::SessionRequest& req) {
   switch (req.kind_case()) {
-    case v1::SessionRequest::kStash: {
-      const uint64_t row_bytes = req.stash().row_bytes();
-      return row_bytes == 0 || req.stash().max_rows() <= kInlineBytes / row_bytes;
-    }
-    case v1::SessionRequest::kReload: {
-      auto it = op.session->stashes().find(req.reload().ticket());
-      return it == op.session->stashes().end() || it->second->plan.bytes <= kInlineBytes;
-    }
+    case v1::SessionRequest::kStash:
+      // Admission refused row_bytes 0 and products that overflow.
+      return req.stash().row_bytes() != 0 &&
+             req.stash().max_rows() <= kInlineBytes / req.stash().row_bytes();
+    case v1::SessionRequest::kReload:
     case v1::SessionRequest::kRelease:
     case v1::SessionRequest::kBeginStep:
       return true;
     default:  // registrations map and unmap client memory: the worker's
       return false;
+  }
+}
+
+bool Pool::Light(const Op& op) {
+  const v1::SessionRequest& req = op.request;
+  Tier* device = executor_->device_tier();
+  switch (req.kind_case()) {
+    case v1::SessionRequest::kStash: {
+      // Only when the pool's own tier has room for every row it may take: a spill would lock
+      // the host tier, which another pool's worker may hold for a large copy.
+      const uint64_t pages =
+          kernels::PagesFor(req.stash().max_rows() * req.stash().row_bytes(), device->page_bytes());
+      MutexLock lock(&device->mu());
+      return kernels::RingFree(device->ring()) >= pages;
+    }
+    case v1::SessionRequest::kReload:
+    case v1::SessionRequest::kRelease: {
+      const uint64_t ticket = req.has_reload() ? req.reload().ticket() : req.release().ticket();
+      auto it = op.session->stashes().find(ticket);
+      if (it == op.session->stashes().end()) return true;  // answered at once
+      const StashRecord& record = *it->second;
+      // The bytes a reload writes: its rows, and with zero_tail every byte up to max_rows.
+      const uint64_t written = req.has_reload() && req.reload().zero_tail()
+                                   ? record.max_rows * record.row_bytes
+                                   : record.plan.bytes;
+      return record.tier == device && (req.has_release() || written <= kInlineBytes);
+    }
+    default:
+      return true;
   }
 }
 
@@ -295,10 +327,13 @@ void Pool::Run() {
       bool found = false;
       while (running_ || (!found && completions_.empty())) {
         if (running_) {
-          // A small request runs inline (RunInline): it signals when it gives the token back.
+          // A small request runs inline (RunInline): it signals when it gives the token back,
+          // and no other takes it before this thread (Enqueue).
+          worker_waiting_ = true;
           cv_.Wait(&mu_);
           continue;
         }
+        worker_waiting_ = false;
         if (outstanding_ > 0 && Clock::now() - health_checked_ > std::chrono::milliseconds(20)) {
           health_checked_ = Clock::now();
           // Not under mu_: the check calls into the driver, and the executor's host callbacks

@@ -95,8 +95,12 @@ class Pool {
   // Runs `op` on the calling thread, which took the run token in Enqueue, when it is ready and
   // light; queues it for the worker otherwise. Gives the token back.
   void RunInline(Op op);
-  // Whether `op` is cheap enough to run on a gRPC thread: a release, a step boundary, or a stash
-  // or reload of at most kInlineBytes. Token holder only.
+  // Whether a request of this kind and size may run on a gRPC thread: a release, a step boundary,
+  // or a reload, or a stash of at most kInlineBytes (what the request alone says).
+  static bool InlineKind(const stash::v1::SessionRequest& req);
+  // The rest, which needs the token: a stash whose every row fits in the pool's own tier (a
+  // spill would lock the shared host tier), a reload writing at most kInlineBytes, a reload or
+  // release of a stash on the pool's own tier.
   bool Light(const Op& op);
   // Appends `op` to its session's lane and wakes the worker.
   void Queue(Op op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -141,8 +145,9 @@ class Pool {
   std::deque<Op> teardowns_ ABSL_GUARDED_BY(mu_);                         // always ready: run first
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<CopyExecutor::Then> completions_ ABSL_GUARDED_BY(mu_);
-  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted continuations not yet run
-  bool running_ ABSL_GUARDED_BY(mu_) = false;      // the run token is taken (worker or inline)
+  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;     // submitted continuations not yet run
+  bool running_ ABSL_GUARDED_BY(mu_) = false;         // the run token is taken (worker or inline)
+  bool worker_waiting_ ABSL_GUARDED_BY(mu_) = false;  // the worker waits for the token
   std::chrono::steady_clock::time_point health_checked_;  // worker thread only
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // the worker has returned: nothing runs any more

@@ -24,6 +24,7 @@
 #include "stash/kernels/mapped_paging.h"
 #if defined(STASH_STREAM_COPIER_ON_GPU)
 #include "stash/kernels/mapped_paging_fatbin.h"
+#include "tests/cuda_device.h"
 #endif
 
 namespace stash {
@@ -43,13 +44,9 @@ class StreamCopierTest : public ::testing::Test {
  protected:
   void SetUp() override {
 #if defined(STASH_STREAM_COPIER_ON_GPU)
-    auto got = CudaDriver::Get();
-    if (!got.ok()) GTEST_SKIP() << "no CUDA device: " << got.status().ToString();
-    driver_ = *got;
-    int count = 0;
-    if (driver_->DeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
-      GTEST_SKIP() << "no CUDA device";
-    }
+    std::string why;
+    driver_ = stash::testing::DriverWithADevice(&why);
+    if (driver_ == nullptr) GTEST_SKIP() << why;
     fatbin_ = stash_mapped_paging_fatbin;
 #else
     setenv("STASH_STANDIN_REGISTRY", dir_.c_str(), 1);
@@ -402,7 +399,9 @@ TEST_F(StreamCopierTest, AReleaseDuringACaptureOfAStashFromBeforeItWaitsForTheBo
 
   ASSERT_EQ(driver_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   ASSERT_TRUE(copier_->Release(stream_, *before).ok());
-  ASSERT_TRUE(copier_->Release(stream_, *before).ok()) << "a second release is the same one";
+  EXPECT_EQ(copier_->Release(stream_, *before).code(), StatusCode::kNotFound) << "released";
+  EXPECT_EQ(copier_->Reload(stream_, *before, reinterpret_cast<void*>(src), false).code(),
+            StatusCode::kNotFound);
   EXPECT_EQ(copier_->RunDeferredReleases(stream_).status().code(), StatusCode::kFailedPrecondition);
   CUgraph graph = nullptr;
   ASSERT_EQ(driver_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
@@ -422,6 +421,41 @@ TEST_F(StreamCopierTest, AReleaseDuringACaptureOfAStashFromBeforeItWaitsForTheBo
   ASSERT_TRUE(copier_->RemoveChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
   Sync();
   EXPECT_EQ(copier_->RemovalDone(kLeaseDevice, 0), std::optional<bool>(true)) << "page back";
+
+  // A job whose boundaries are all captured: the next operation outside capture runs them.
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  auto again = copier_->Stash(stream_, Request(src, 1, 1, kPageBytes));
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(driver_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  ASSERT_TRUE(copier_->Release(stream_, *again).ok());
+  ASSERT_EQ(driver_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+  EXPECT_EQ(driver_->GraphDestroy(graph), CUDA_SUCCESS);
+  auto next = copier_->Stash(stream_, Request(src, 1, 1, kPageBytes));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(copier_->live(), 1u) << "the deferred release ran before the stash";
+  EXPECT_EQ(*copier_->RunDeferredReleases(stream_), 0u);
+  ASSERT_TRUE(copier_->Release(stream_, *next).ok());
+  Sync();
+}
+
+// The slots of captured stashes come back only once no graph can replay one: a captured stash
+// not yet reloaded or released keeps the call refused.
+TEST_F(StreamCopierTest, CapturedSlotsStayWhileACapturedStashIsLive) {
+  MakeCopier(1);
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  const CUdeviceptr src = Alloc(64);
+  ASSERT_EQ(driver_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  auto ticket = copier_->Stash(stream_, Request(src, 1, 1, 64));
+  ASSERT_TRUE(ticket.ok());
+  CUgraph graph = nullptr;
+  ASSERT_EQ(driver_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+  EXPECT_EQ(driver_->GraphDestroy(graph), CUDA_SUCCESS);
+  const Status refused = copier_->ReleaseCapturedSlots();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("reload or release it"), std::string::npos) << refused.message();
+  ASSERT_TRUE(copier_->Release(stream_, *ticket).ok());
+  EXPECT_TRUE(copier_->ReleaseCapturedSlots().ok());
+  Sync();
 }
 
 // Work on another stream is the caller's to order (an event); what the host can check is
@@ -516,7 +550,7 @@ TEST_F(StreamCopierTest, SlotsOfCapturedStashesComeBackWhenTheCallerSaysItsGraph
   EXPECT_EQ(copier_->Stash(stream_, Request(src, 1, 1, 64)).status().code(),
             StatusCode::kResourceExhausted);
   EXPECT_EQ(driver_->GraphDestroy(graph), CUDA_SUCCESS);
-  copier_->ReleaseCapturedSlots();
+  ASSERT_TRUE(copier_->ReleaseCapturedSlots().ok());
   auto ticket = copier_->Stash(stream_, Request(src, 1, 1, 64));
   ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
   ASSERT_TRUE(copier_->Release(stream_, *ticket).ok());

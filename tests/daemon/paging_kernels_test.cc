@@ -17,6 +17,7 @@
 #include "common/cuda_vmm.h"
 #include "stash/kernels/daemon_paging.h"
 #include "stash/kernels/daemon_paging_fatbin.h"
+#include "tests/cuda_device.h"
 #include "tests/kernels/paging_harness.h"
 #if !defined(STASH_PAGING_KERNELS_ON_GPU)
 #include "tests/vmm_standin.h"
@@ -122,11 +123,9 @@ class PagingKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override {
 #if defined(STASH_PAGING_KERNELS_ON_GPU)
-    auto got = CudaDriver::Get();
-    if (!got.ok()) GTEST_SKIP() << "no CUDA device: " << got.status().ToString();
-    d_ = *got;
-    int count = 0;
-    if (d_->DeviceGetCount(&count) != CUDA_SUCCESS || count == 0) GTEST_SKIP() << "no CUDA device";
+    std::string why;
+    d_ = stash::testing::DriverWithADevice(&why);
+    if (d_ == nullptr) GTEST_SKIP() << why;
 #else
     d_ = Standin::Reset();
 #endif

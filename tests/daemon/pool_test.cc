@@ -392,6 +392,38 @@ TEST_F(InlinePoolTest, ALargeStashGoesToTheWorker) {
   EXPECT_NE(sink_.ThreadOf(7), std::this_thread::get_id());
 }
 
+// What a request writes decides, not what it names: a reload of 10 KiB that zeroes up to its
+// 75 KiB max_rows, and a stash the pool's own tier cannot hold (it would spill or overflow,
+// locking the host tier another pool may hold), go to the worker.
+TEST_F(InlinePoolTest, AReloadZeroingALargeTailAndAStashThatWouldNotFitGoToTheWorker) {
+  v1::SessionRequest wide = Stash(7, 300);  // 40 rows of room for 300
+  pool_->Enqueue(session_, std::move(wide), std::chrono::steady_clock::now());
+  ASSERT_EQ(sink_.Await(7).code(), 0) << sink_.Await(7).message();
+  std::vector<uint8_t> wide_destination(300 * kRowBytes, 0xEE);
+  constexpr uint64_t kWide = 3;
+  session_->memories()[kWide] =
+      ClientMemory{std::make_shared<HeapMemory>(&wide_destination), {}, wide_destination.size()};
+  v1::SessionRequest reload;
+  reload.set_request_id(8);
+  reload.mutable_reload()->set_ticket(7);
+  reload.mutable_reload()->mutable_destination()->set_memory_id(kWide);
+  reload.mutable_reload()->set_zero_tail(true);
+  pool_->Enqueue(session_, std::move(reload), std::chrono::steady_clock::now());
+  ASSERT_EQ(sink_.Await(8).code(), 0) << sink_.Await(8).message();
+  EXPECT_NE(sink_.ThreadOf(8), std::this_thread::get_id()) << "75 KiB zeroed on a gRPC thread";
+  EXPECT_EQ(wide_destination[kRows * kRowBytes], 0) << "the tail was zeroed";
+
+  // 16 pages of 4 KiB: five stashes of 3 pages leave one page.
+  for (uint64_t id = 10; id < 15; ++id) {
+    pool_->Enqueue(session_, Stash(id, kRows), std::chrono::steady_clock::now());
+    ASSERT_EQ(sink_.Await(id).code(), 0) << sink_.Await(id).message();
+    EXPECT_EQ(sink_.ThreadOf(id), std::this_thread::get_id());
+  }
+  pool_->Enqueue(session_, Stash(15, kRows), std::chrono::steady_clock::now());
+  EXPECT_EQ(sink_.Await(15).stash().tier(), v1::TIER_OVERFLOW);
+  EXPECT_NE(sink_.ThreadOf(15), std::this_thread::get_id());
+}
+
 TEST_F(InlinePoolTest, ARequestBehindAWaitingOneOfItsSessionKeepsItsTurn) {
   pool_->Enqueue(session_, StashAfterReady(7), std::chrono::steady_clock::now());
   // Its release, small and ready, must not run before the stash it releases.

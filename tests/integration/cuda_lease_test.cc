@@ -28,6 +28,7 @@
 #include "client/cuda_lease_memory.h"
 #include "common/cuda_driver.h"
 #include "stash/client.h"
+#include "tests/cuda_device.h"
 #include "tests/integration/daemon_stats.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/host_buffers.h"
@@ -47,12 +48,9 @@ class CudaLeases : public ::testing::Test {
  protected:
   void SetUp() override {
 #if defined(STASH_LEASES_ON_GPU)
-    auto driver = CudaDriver::Get();
-    int count = 0;
-    if (!driver.ok() || (*driver)->Init(0) != CUDA_SUCCESS ||
-        (*driver)->DeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
-      GTEST_SKIP() << "no CUDA device";
-    }
+    std::string why;
+    d_ = DriverWithADevice(&why);
+    if (d_ == nullptr) GTEST_SKIP() << why;
 #else
     setenv("STASH_STANDIN_REGISTRY", registry_.path().c_str(), 1);
     setenv("STASH_STANDIN_DEVICES", "2", 1);
@@ -60,8 +58,8 @@ class CudaLeases : public ::testing::Test {
     auto driver = CudaDriver::Get();
     ASSERT_TRUE(driver.ok()) << driver.status().ToString();
     ASSERT_EQ((*driver)->Init(0), CUDA_SUCCESS);
-#endif
     d_ = *driver;
+#endif
   }
   void TearDown() override { unsetenv("STASH_STANDIN_VRAM_BYTES"); }
   // A pool of 8 MiB on each GPU: 4 chunks of 32 pages.

@@ -22,6 +22,7 @@
 #include "common/cuda_driver.h"
 #include "common/cuda_vmm.h"
 #include "stash/client.h"
+#include "tests/cuda_device.h"
 #include "tests/integration/daemon_stats.h"
 #include "tests/integration/harness.h"
 
@@ -37,19 +38,16 @@ class CudaMapped : public ::testing::Test {
  protected:
   void SetUp() override {
 #if defined(STASH_MAPPED_ON_GPU)
-    auto driver = CudaDriver::Get();
-    int count = 0;
-    if (!driver.ok() || (*driver)->Init(0) != CUDA_SUCCESS ||
-        (*driver)->DeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
-      GTEST_SKIP() << "no CUDA device";
-    }
+    std::string why;
+    d_ = DriverWithADevice(&why);
+    if (d_ == nullptr) GTEST_SKIP() << why;
 #else
     setenv("STASH_STANDIN_REGISTRY", registry_.path().c_str(), 1);
     ASSERT_NE(std::getenv("LD_LIBRARY_PATH"), nullptr) << "run it through ctest";
     auto driver = CudaDriver::Get();
     ASSERT_TRUE(driver.ok()) << driver.status().ToString();
-#endif
     d_ = *driver;
+#endif
     auto context = PrimaryContext::Retain(d_, 0);
     ASSERT_TRUE(context.ok()) << context.status().ToString();
     context_ = std::make_unique<PrimaryContext>(std::move(context).value());

@@ -253,7 +253,8 @@ class STASH_EXPORT Client {
   // torch.cuda.CUDAGraph.reset()). A captured stash's plan slot stays taken while a graph may
   // replay it (4,096 slots in all), so a job that captures again and again calls this after it
   // destroyed the old graphs; calling it while one may still replay lets two stashes share a
-  // slot. FAILED_PRECONDITION in the other modes (nothing is captured there).
+  // slot. FAILED_PRECONDITION in the other modes (nothing is captured there), and while a stash
+  // taken during a capture is not reloaded or released yet (a graph may still replay it).
   Status GraphsDestroyed();
   // Tells the daemon to close its mapping of `buffer` before the caller frees it.
   StatusOr<uint64_t> Unregister(const HostBuffer& buffer);
