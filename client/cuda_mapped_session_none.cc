@@ -30,6 +30,9 @@ StatusOr<Completion> CudaMappedSession::Wait(uint64_t, int64_t) {
 std::optional<StatusOr<Completion>> CudaMappedSession::Poll(uint64_t) {
   return StatusOr<Completion>(FailedPreconditionError("built without CUDA"));
 }
+Status CudaMappedSession::GraphsDestroyed() {
+  return FailedPreconditionError("built without CUDA");
+}
 StepFlags CudaMappedSession::CurrentStepFlags() const { return {}; }
 StatusOr<SessionStats> CudaMappedSession::Stats() {
   return FailedPreconditionError("built without CUDA");
