@@ -233,10 +233,18 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     lease.max_lease_bytes = core->max_lease_bytes_;
     lease.peer_tier = config.peer_tier;
     lease.first_share_divisor = 16;
-    // The cuda backend's host tier is each GPU's pinned share, which no chunk of is lent yet.
-    Tier* host =
-        backend == v1::BACKEND_CUDA || core->pools_.empty() ? nullptr : core->pools_[0]->host();
-    core->leases_ = std::make_unique<Leases>(pool_tiers, host, lease);
+    // The host tier: one all pools share (host backend), or each GPU's own share (cuda).
+    std::vector<Tier*> hosts;
+    for (const auto& pool : core->pools_) {
+      Tier* host = pool->host();
+      if (host == nullptr) continue;
+      if (backend != v1::BACKEND_CUDA) {
+        hosts = {host};
+        break;
+      }
+      hosts.push_back(host);
+    }
+    core->leases_ = std::make_unique<Leases>(pool_tiers, hosts, lease);
     DaemonCore* raw = core.get();
     core->leases_->SetActivityListener(
         [raw](const MappedActivity& activity) { raw->FoldMapped(activity); });

@@ -1,9 +1,10 @@
-// The cuda backend's ChunkLender (daemon/chunk_lender.h): one GPU pool's chunks, lent to mapped
-// sessions out of the same memory daemon-copy's ring pages. The twin of a host-backend tier's
-// lender (tier.cc) beside it:
-//   memory  VmmChunkMemory (daemon/vmm_chunk_memory.h): one VMM allocation per chunk, mapped
-//           once into the pool's reserved range, exported as a POSIX fd for a lease, renewed
-//           (unmap, release, create, map, zero) when it comes back and before it is lent.
+// The cuda backend's ChunkLender (daemon/chunk_lender.h): the chunks of one tier of one GPU (its
+// pool, or its share of the host tier), lent to mapped sessions out of the same memory
+// daemon-copy's ring pages. The twin of a host-backend tier's lender (tier.cc) beside it:
+//   memory  LendableMemory (daemon/lendable_memory.h): the pool's VMM allocations
+//           (daemon/vmm_chunk_memory.h), or the host share's memfds page-locked for the GPU
+//           (daemon/pinned_chunk_memory.h); exported as POSIX fds for a lease, renewed when they
+//           come back and before they are lent.
 //   ring    in device memory, written only by kernels in the copy stream's order (daemon-copy's
 //           plan and publish kernels, and these): Take snapshots the ring (one copy on the
 //           stream, waited for), chooses among the chunks wholly free in the snapshot, and launches
@@ -14,8 +15,8 @@
 // The daemon cannot know which pages daemon-copy stashes wrote (plans are made on the device),
 // so every chunk taken is renewed before it is lent (Taken.written is always true).
 //
-// Chunks the GPU had no memory for at start (created lazily: a restarted daemon's GPU may still
-// hold the old daemon's chunks for ranks that map them) are out of the ring from the start
+// Pool chunks the GPU had no memory for at start (created lazily: a restarted daemon's GPU may
+// still hold the old daemon's chunks for ranks that map them) are out of the ring from the start
 // (Waiting) until Leases renews them.
 //
 // Calls come from Leases, one at a time; the pool worker enqueues stashes on the same stream
@@ -39,9 +40,9 @@
 #include "common/mutex.h"
 #include "daemon/chunk_lender.h"
 #include "daemon/cuda_buffer.h"
+#include "daemon/lendable_memory.h"
 #include "daemon/paging_kernels.h"
 #include "daemon/tier.h"
-#include "daemon/vmm_chunk_memory.h"
 #include "stash/kernels/paging.h"
 
 namespace stash::daemon {
@@ -49,7 +50,7 @@ namespace stash::daemon {
 class CudaChunkLender final : public ChunkLender {
  public:
   // What the lender works with, all borrowed from the executor, which outlives it: the GPU's
-  // context, its copy stream and loaded kernels, the pool's ring in device memory, its memory
+  // context, its copy stream and loaded kernels, the tier's ring in device memory, its memory
   // and its accounting tier (whose pages are the ring's page ids and whose chunk_pages() cut
   // them into chunks).
   struct Pool {
@@ -58,9 +59,9 @@ class CudaChunkLender final : public ChunkLender {
     CUstream stream = nullptr;
     const PagingKernels* kernels = nullptr;
     kernels::PageRing* d_ring = nullptr;  // its ids follow it in the same allocation
-    VmmChunkMemory* memory = nullptr;
+    LendableMemory* memory = nullptr;     // its chunks are the tier's chunks
     Tier* tier = nullptr;
-    std::string gpu_uuid;  // 16 raw bytes
+    std::string gpu_uuid;  // 16 raw bytes; empty for host memory
   };
   // Allocates the answer and scratch buffers (before the pool's chunks, so a full GPU leaves
   // chunks waiting, never the lender without its buffers); the context need not be current.
@@ -75,7 +76,7 @@ class CudaChunkLender final : public ChunkLender {
   StatusOr<UniqueFd> Export(uint64_t chunk) override;
   uint64_t ChunkBytes(uint64_t chunk) const override;
   std::string gpu_uuid() const override { return pool_.gpu_uuid; }
-  bool ChargeReturnsUntilExit() const override { return true; }
+  bool ChargeReturnsUntilExit() const override { return pool_.memory->ChargeReturnsUntilExit(); }
   std::vector<uint64_t> Waiting() override;
   // Once, before Leases starts: the chunks with no memory, out of the ring (counted as used).
   void SetWaiting(std::vector<uint64_t> waiting);

@@ -17,7 +17,9 @@
 #include "daemon/cuda_buffer.h"
 #include "daemon/cuda_chunk_lender.h"
 #include "daemon/paging_kernels.h"
+#include "daemon/pinned_chunk_memory.h"
 #include "daemon/tier.h"
+#include "daemon/vmm_chunk_memory.h"
 #include "stash/kernels/daemon_paging_fatbin.h"
 #include "stash/kernels/paging_cuda.h"
 
@@ -110,8 +112,10 @@ struct Wake {
 
 class CudaExecutor final : public CopyExecutor {
  public:
+  // `host_pages` of the host tier for this GPU, its memfd chunks made with `host_memory`.
   static StatusOr<std::unique_ptr<CudaExecutor>> Create(int device, const DaemonConfig& config,
                                                         uint64_t host_pages,
+                                                        const ChunkMemoryOptions& host_memory,
                                                         const CudaDriver* driver);
   ~CudaExecutor() override {
     if (stream_ == nullptr) return;
@@ -119,6 +123,7 @@ class CudaExecutor final : public CopyExecutor {
     if (!current.status().ok()) return;
     LogIfError(driver_, driver_->StreamSynchronize(stream_), "cuStreamSynchronize");
     lender_.reset();
+    host_lender_.reset();
     kernels_.reset();
     LogIfError(driver_, driver_->StreamDestroy(stream_), "cuStreamDestroy");
   }
@@ -155,7 +160,7 @@ class CudaExecutor final : public CopyExecutor {
   }
   kernels::CudaTier HostTier() const {
     if (host_tier_ == nullptr) return {};
-    return {host_ring_.device<kernels::PageRing>(), host_pages_.device<uint8_t>()};
+    return {host_ring_.device<kernels::PageRing>(), host_memory_->base()};
   }
   // Creates the pool's chunks (those the GPU has room for; the others wait, out of the ring),
   // writes the ring and sets up the device tier and its lender. Context current; the ring's
@@ -176,13 +181,14 @@ class CudaExecutor final : public CopyExecutor {
   CUstream stream_ = nullptr;
   std::unique_ptr<PagingKernels> kernels_;
   std::unique_ptr<Tier> device_tier_;
-  std::unique_ptr<Tier> host_tier_;          // null = no spill tier on this GPU
-  std::unique_ptr<VmmChunkMemory> pool_;     // device pages, in chunks
-  std::unique_ptr<CudaChunkLender> lender_;  // lends pool_'s chunks to mapped sessions
+  std::unique_ptr<Tier> host_tier_;                 // null = no spill tier on this GPU
+  std::unique_ptr<VmmChunkMemory> pool_;            // device pages, in chunks
+  std::unique_ptr<CudaChunkLender> lender_;         // lends pool_'s chunks to mapped sessions
+  std::unique_ptr<PinnedChunkMemory> host_memory_;  // this GPU's share of the host tier
+  std::unique_ptr<CudaChunkLender> host_lender_;    // lends host_memory_'s chunks
   CudaBuffer plain_pool_;   // instead of pool_ on a GPU setup without VMM or POSIX-fd handles
   CudaBuffer device_ring_;  // PageRing, then the ids
   kernels::PageRing* d_device_ring_ = nullptr;
-  CudaBuffer host_pages_;            // pinned, mapped
   CudaBuffer host_ring_;             // device: the host tier's PageRing, then its ids
   CudaBuffer plans_;                 // device: one StashPlan per slot
   CudaBuffer plan_copies_;           // pinned: the plan of each slot, copied back after the stash
@@ -198,6 +204,7 @@ class CudaExecutor final : public CopyExecutor {
 
 StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const DaemonConfig& config,
                                                              uint64_t host_pages,
+                                                             const ChunkMemoryOptions& host_memory,
                                                              const CudaDriver* driver) {
   STASH_ASSIGN_OR_RETURN(PrimaryContext context, PrimaryContext::Retain(driver, device));
   STASH_ASSIGN_OR_RETURN(std::string uuid, GpuUuid(driver, device));
@@ -282,12 +289,15 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
   std::vector<uint64_t> ids(host_pages);
   std::iota(ids.begin(), ids.end(), uint64_t{0});
 
-  // This GPU's share of the host tier: pinned, mapped pages. Its ring lives in device memory:
-  // the copy kernels read a page id per chunk and would otherwise read them across PCIe.
+  // This GPU's share of the host tier: memfd chunks page-locked and mapped for the GPU, cut as
+  // the pool's chunks are (a session's slots take chunks of one size). Its ring lives in device
+  // memory: the copy kernels read a page id per chunk and would otherwise read them across PCIe.
   if (host_pages > 0) {
-    STASH_RETURN_IF_ERROR(e->host_pages_.Allocate(driver, ctx, CudaBuffer::Kind::kPinnedMapped,
-                                                  host_pages * page,
-                                                  "this GPU's share of the host tier (pinned)"));
+    const uint64_t host_chunk =
+        e->pool_ != nullptr ? e->pool_->chunk_bytes() : ChunkPages(config) * page;
+    STASH_ASSIGN_OR_RETURN(
+        e->host_memory_, PinnedChunkMemory::Create(driver, device, "host" + std::to_string(device),
+                                                   host_pages * page, host_chunk, host_memory));
     STASH_RETURN_IF_ERROR(e->host_ring_.Allocate(driver, ctx, CudaBuffer::Kind::kDevice,
                                                  sizeof(kernels::PageRing) + host_pages * 8,
                                                  "the host tier's ring"));
@@ -298,8 +308,8 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
                                                 &host_ring, sizeof(host_ring)));
     STASH_CU_RETURN_IF_ERROR(
         driver, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_host_ids), ids.data(), host_pages * 8));
-    e->host_tier_ =
-        Tier::CreateAccounting("host" + std::to_string(device), device, page, host_pages);
+    e->host_tier_ = Tier::CreateAccounting("host" + std::to_string(device), device, page,
+                                           host_pages, host_chunk / page);
   }
 
   // Plans and page records of live stashes. A stash's page record never exceeds the larger
@@ -320,8 +330,12 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
 
   STASH_RETURN_IF_ERROR(e->StartPool(pages, name));
   STASH_CU_RETURN_IF_ERROR(driver, CtxSynchronize());
-  Log("pool")->info("{}: pool {} in {} pages, host tier share {}", name, FormatBytes(pages * page),
-                    pages, FormatBytes(host_pages * page));
+  Log("pool")->info("{}: pool {} in {} pages, host tier share {}{}", name,
+                    FormatBytes(pages * page), pages, FormatBytes(host_pages * page),
+                    e->host_memory_ == nullptr
+                        ? std::string()
+                        : std::string(" in ") + PageKindName(e->host_memory_->page_kind()) +
+                              (e->host_lender_ != nullptr ? ", lent to mapped sessions" : ""));
   return e;
 }
 
@@ -355,6 +369,17 @@ Status CudaExecutor::StartPool(uint64_t pages, const std::string& name) {
   lent.gpu_uuid.assign(reinterpret_cast<const char*>(raw_uuid_.bytes), 16);
   STASH_ASSIGN_OR_RETURN(lender_, CudaChunkLender::Create(lent));
   device_tier_->SetLender(lender_.get());
+  // The host tier's share lends its chunks beside the pool's (to this GPU's sessions only).
+  if (host_tier_ != nullptr) {
+    CudaChunkLender::Pool host = lent;
+    host.d_ring = host_ring_.device<kernels::PageRing>();
+    host.memory = host_memory_.get();
+    host.tier = host_tier_.get();
+    host.gpu_uuid.clear();  // host memory: the rank maps it on whichever GPU it pages with
+    STASH_ASSIGN_OR_RETURN(host_lender_, CudaChunkLender::Create(host));
+    host_tier_->SetLender(host_lender_.get());
+    host_lender_->SetWaiting({});
+  }
 
   std::vector<uint64_t> present;
   std::vector<uint64_t> waiting;
@@ -666,9 +691,15 @@ StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
   if (count == 0) return FailedPreconditionError("no CUDA device is visible");
   const uint64_t host_pages =
       config.host_tier_bytes / config.page_bytes / static_cast<uint64_t>(count);
+  // The host tier's chunks as a host backend makes them; page-locking them for the GPU pins
+  // their pages, so --lock-memory adds nothing.
+  ChunkMemoryOptions host_memory;
+  host_memory.hugetlb = config.huge_pages == HugePages::kHugetlb;
+  host_memory.transparent_huge =
+      config.huge_pages == HugePages::kAuto && ShmemHugePagesOffered(ShmemHugePageSetting());
   std::vector<std::unique_ptr<CopyExecutor>> out;
   for (int d = 0; d < count; ++d) {
-    auto created = CudaExecutor::Create(d, config, host_pages, driver);
+    auto created = CudaExecutor::Create(d, config, host_pages, host_memory, driver);
     if (!created.ok()) {
       const Status& st = created.status();
       if (st.message().rfind("gpu", 0) == 0) return st;  // names the GPU already

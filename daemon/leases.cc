@@ -53,15 +53,17 @@ UniqueFd Dup(int fd) { return UniqueFd(fcntl(fd, F_DUPFD_CLOEXEC, 0)); }
 
 }  // namespace
 
-Leases::Leases(std::vector<Tier*> pools, Tier* host, LeaseConfig config)
+Leases::Leases(std::vector<Tier*> pools, std::vector<Tier*> hosts, LeaseConfig config)
     : config_(config),
       tiers_([&] {
+        STASH_CHECK(hosts.size() <= 1 || hosts.size() == pools.size())
+            << hosts.size() << " host tiers for " << pools.size() << " pools";
         std::vector<Tier*> all = pools;
-        if (host != nullptr) all.push_back(host);
+        all.insert(all.end(), hosts.begin(), hosts.end());
         return all;
       }()),
       pools_(pools.size()),
-      has_host_(host != nullptr),
+      has_host_(!hosts.empty()),
       chunk_pages_(std::max<uint64_t>(1, config.chunk_bytes / config.page_bytes)),
       quota_pages_(config.max_lease_bytes / config.page_bytes),
       wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
@@ -220,7 +222,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
   for (size_t p = 0; p < pools_; ++p) {
     if (static_cast<int>(p) != h->pool) capacity[kPeer] += tiers_[p]->pages();
   }
-  capacity[kHost] = has_host_ ? tiers_.back()->pages() : 0;
+  capacity[kHost] = has_host_ ? tiers_[HostSource(h->pool)]->pages() : 0;
 
   DescriptorReply reply;
   // Grows tier t to `want` pages where that is above what is held, within the quota (chunks may
@@ -243,7 +245,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     // next BeginStep, where the three steps' hysteresis keeps them used.
     if (request.automatic() && h->samples <= 1 && t != kPeer && held[t] < want &&
         held[t] + chunk_pages_ <= quota_pages_ && reply.parts.size() < max_chunks) {
-      const size_t source = t == kDevice ? static_cast<size_t>(h->pool) : tiers_.size() - 1;
+      const size_t source = t == kDevice ? static_cast<size_t>(h->pool) : HostSource(h->pool);
       AskForReturns(*h, t, /*same_user_only=*/shares_[source]->Headroom(h->uid) == 0);
     }
   };
@@ -405,7 +407,7 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
       if (static_cast<int>(p) != h.pool) sources.push_back(p);
     }
   } else {
-    sources.push_back(tiers_.size() - 1);
+    sources.push_back(HostSource(h.pool));
   }
   uint64_t held = HeldPages(h, lease_tier);
   // First the chunks it returned and may still hold: the same memory, no renew, no new charge.

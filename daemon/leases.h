@@ -102,9 +102,10 @@ struct MappedActivity {
 // Thread-safe.
 class Leases {
  public:
-  // `pools` are the device tiers by pool index, `host` the host tier (may be null); non-owning,
-  // they outlive this. Starts the reaper thread.
-  Leases(std::vector<Tier*> pools, Tier* host, LeaseConfig config);
+  // `pools` are the device tiers by pool index; `hosts` the host tier: none, one every pool's
+  // sessions lease from (host backend), or one per pool, by pool index (the cuda backend's
+  // per-GPU shares). Non-owning, they outlive this. Starts the reaper thread.
+  Leases(std::vector<Tier*> pools, std::vector<Tier*> hosts, LeaseConfig config);
   Leases(const Leases&) = delete;
   Leases& operator=(const Leases&) = delete;
   ~Leases();  // stops the reaper
@@ -243,7 +244,13 @@ class Leases {
 
   // Never change after construction.
   const LeaseConfig config_;
-  const std::vector<Tier*> tiers_;  // pools, then the host tier if any
+  // The index in tiers_ of the host tier the sessions of pool `pool` lease from (has_host_).
+  size_t HostSource(int pool) const {
+    return pools_ + (tiers_.size() - pools_ == 1 ? 0 : static_cast<size_t>(pool));
+  }
+
+  // Never change after construction.
+  const std::vector<Tier*> tiers_;  // pools, then the host tiers if any
   const size_t pools_;
   const bool has_host_;
   const uint64_t chunk_pages_;

@@ -38,11 +38,12 @@
 #include "common/cuda_driver.h"
 #include "common/cuda_vmm.h"
 #include "common/unique_fd.h"
+#include "daemon/lendable_memory.h"
 #include "stash/status.h"
 
 namespace stash::daemon {
 
-class VmmChunkMemory {
+class VmmChunkMemory final : public LendableMemory {
  public:
   // Checks that GPU `device` (an ordinal of this process) supports VMM and POSIX-fd handles
   // (FAILED_PRECONDITION naming the GPU, what is missing and what to do otherwise), rounds
@@ -60,7 +61,7 @@ class VmmChunkMemory {
   VmmChunkMemory(const VmmChunkMemory&) = delete;
   VmmChunkMemory& operator=(const VmmChunkMemory&) = delete;
   // Unmaps and releases every present chunk and frees the range. Holders' mappings stay valid.
-  ~VmmChunkMemory();
+  ~VmmChunkMemory() override;
 
   // The pool's device address; never moves.
   uint8_t* base() const { return base_; }
@@ -73,16 +74,18 @@ class VmmChunkMemory {
   uint64_t chunks() const { return chunks_; }
   // The size of chunk `chunk` (< chunks()): chunk_bytes(), or less (still whole granularity
   // units and whole pages) for the last one.
-  uint64_t ChunkBytes(uint64_t chunk) const;
+  uint64_t ChunkBytes(uint64_t chunk) const override;
   // cuMemGetAllocationGranularity(RECOMMENDED) for this pool's allocations.
   uint64_t granularity() const { return granularity_; }
-  int device() const { return device_; }
+  int device() const override { return device_; }
   // The GPU's UUID as nvidia-smi spells it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". A leased
   // chunk names its GPU by this (a pool index means nothing under a rank's
   // CUDA_VISIBLE_DEVICES).
   const std::string& uuid() const { return uuid_; }
   // Whether chunk `chunk` is present (may change right after on the thread that owns it).
-  bool present(uint64_t chunk) const { return present_[chunk].load(std::memory_order_acquire); }
+  bool present(uint64_t chunk) const override {
+    return present_[chunk].load(std::memory_order_acquire);
+  }
   // Bytes of present chunks: the GPU memory this pool holds now (holders' old allocations not
   // counted).
   uint64_t bytes_present() const { return bytes_present_.load(std::memory_order_relaxed); }
@@ -96,11 +99,13 @@ class VmmChunkMemory {
   // old allocation first, so a renew never holds two allocations of one chunk at once (a holder
   // that still maps the old one keeps that alive: it is the holder's), then does what Ensure
   // does. RESOURCE_EXHAUSTED leaves the chunk absent until a later Renew or Ensure succeeds.
-  Status Renew(uint64_t chunk);
+  Status Renew(uint64_t chunk) override;
   // A new POSIX file descriptor for chunk `chunk`'s allocation (cuMemExportToShareableHandle),
   // owned by the caller, for leasing. FAILED_PRECONDITION when the chunk is absent (Ensure
   // first). The descriptor keeps this allocation alive after a Renew, as a mapping does.
-  StatusOr<UniqueFd> ExportFd(uint64_t chunk) const;
+  StatusOr<UniqueFd> ExportFd(uint64_t chunk) const override;
+  // A holder that returns a chunk may still map it (its VRAM stays alive): charged until exit.
+  bool ChargeReturnsUntilExit() const override { return true; }
 
  private:
   VmmChunkMemory(const CudaDriver* driver, int device, PrimaryContext context, std::string label,

@@ -72,7 +72,21 @@ class LeasesTest : public ::testing::Test {
     config.chunk_bytes = kChunkPages * kPage;
     if (config.max_lease_bytes == 0) config.max_lease_bytes = 32 * kPage;
     leases_ = std::make_unique<Leases>(std::vector<Tier*>{pools_[0].get(), pools_[1].get()},
-                                       host_.get(), config);
+                                       std::vector<Tier*>{host_.get()}, config);
+  }
+  // As the cuda backend: each pool with its own host tier of 4 chunks (the GPU's share).
+  void BuildPerPoolHosts() {
+    LeaseConfig config;
+    for (int p = 0; p < 2; ++p) {
+      pools_.push_back(Tier::Create("gpu" + std::to_string(p), p, kPage, 32, kChunkPages).value());
+      hosts_.push_back(Tier::Create("host" + std::to_string(p), p, kPage, 16, kChunkPages).value());
+    }
+    config.page_bytes = kPage;
+    config.chunk_bytes = kChunkPages * kPage;
+    config.max_lease_bytes = 32 * kPage;
+    leases_ =
+        std::make_unique<Leases>(std::vector<Tier*>{pools_[0].get(), pools_[1].get()},
+                                 std::vector<Tier*>{hosts_[0].get(), hosts_[1].get()}, config);
   }
   LeaseHolder Holder(const std::string& id, int64_t pid = getpid(), uint32_t uid = 1000) {
     LeaseHolder h;
@@ -117,8 +131,39 @@ class LeasesTest : public ::testing::Test {
 
   std::vector<std::unique_ptr<Tier>> pools_;
   std::unique_ptr<Tier> host_;
-  std::unique_ptr<Leases> leases_;  // last: it points into the tiers
+  std::vector<std::unique_ptr<Tier>> hosts_;  // BuildPerPoolHosts
+  std::unique_ptr<Leases> leases_;            // last: it points into the tiers
 };
+
+// The cuda backend's host tier is one share per GPU: a session leases host chunks from its own
+// GPU's share only, sized by it, and one GPU's sessions never exhaust another's.
+TEST_F(LeasesTest, WithAHostTierPerPoolASessionLeasesFromItsOwnPoolsShare) {
+  BuildPerPoolHosts();
+  LeaseHolder on1 = Holder("on1");
+  on1.pool = 1;
+  // More than one share holds: it gets that share whole, nothing of the other.
+  const Granted g = Want(on1, {{v1::TIER_HOST, 24}});
+  ASSERT_TRUE(g.status.ok()) << g.status.message();
+  EXPECT_EQ(g.chunks.size(), 4u);
+  for (const v1::LeasedChunk& c : g.chunks) {
+    EXPECT_EQ(c.tier(), v1::TIER_HOST);
+    EXPECT_EQ(c.pool(), 1) << "a chunk of pool 0's host share went to a session of pool 1";
+  }
+  EXPECT_EQ(leases_->Counts(hosts_[1].get()).leased, 4u);
+  EXPECT_EQ(leases_->Counts(hosts_[0].get()).leased, 0u);
+  EXPECT_EQ(hosts_[1]->chunks_free(), 0u);
+  EXPECT_EQ(hosts_[0]->chunks_free(), 4u);
+  // Pool 0's sessions still find their share whole.
+  const Granted on0 = Want(Holder("on0"), {{v1::TIER_HOST, 8}});
+  ASSERT_TRUE(on0.status.ok()) << on0.status.message();
+  ASSERT_EQ(on0.chunks.size(), 2u);
+  EXPECT_EQ(on0.chunks[0].pool(), 0);
+  std::vector<uint64_t> ids;
+  for (const v1::LeasedChunk& c : g.chunks) ids.push_back(c.chunk_id());
+  ASSERT_TRUE(Return(on1, ids).ok());
+  EXPECT_EQ(leases_->Counts(hosts_[1].get()).leased, 0u);
+  EXPECT_TRUE(hosts_[1]->RingIsPermutation());
+}
 
 TEST_F(LeasesTest, QuotaRefusalSaysTheNumbersAndGrantsNothing) {
   Build();

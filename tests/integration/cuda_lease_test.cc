@@ -70,10 +70,13 @@ class CudaLeases : public ::testing::Test {
     daemon_ = std::make_unique<DaemonProcess>(flags);
     ASSERT_TRUE(daemon_->Ready()) << daemon_->process().Stderr();
   }
-  v1::TierStats Gpu(int device) {
+  v1::TierStats Gpu(int device) { return TierNamed("gpu" + std::to_string(device)); }
+  // GPU `device`'s share of the host tier.
+  v1::TierStats Host(int device) { return TierNamed("host" + std::to_string(device)); }
+  v1::TierStats TierNamed(const std::string& name) {
     const v1::GetStatsResponse stats = DaemonStats(daemon_->socket());
     for (const v1::TierStats& t : stats.tiers()) {
-      if (t.name() == "gpu" + std::to_string(device)) return t;
+      if (t.name() == name) return t;
     }
     return {};
   }
@@ -85,29 +88,31 @@ class CudaLeases : public ::testing::Test {
     return std::string(reinterpret_cast<const char*>(uuid.bytes), 16);
   }
   // The bytes of a mapped slot, read through the driver as a kernel would see them.
-  std::vector<uint8_t> Read(const CudaLeaseMemory& memory, uint64_t slot) {
+  std::vector<uint8_t> Read(const CudaLeaseMemory& memory, uint64_t slot,
+                            uint32_t tier = kernels::kLeaseDevice) {
     std::vector<uint8_t> out(kChunk);
     const PrimaryContext::Scope scope(*context_);
-    const auto at =
-        reinterpret_cast<CUdeviceptr>(memory.base(kernels::kLeaseDevice) + slot * kChunk);
+    const auto at = reinterpret_cast<CUdeviceptr>(memory.base(tier) + slot * kChunk);
     EXPECT_EQ(d_->MemcpyDtoH(out.data(), at, kChunk), CUDA_SUCCESS);
     return out;
   }
-  // A daemon-copy client of the daemon (device 0, no host spill); null when it cannot open.
-  std::unique_ptr<Client> DaemonCopier() {
+  // A daemon-copy client of the daemon (device 0, no host spill unless asked); null when it
+  // cannot open.
+  std::unique_ptr<Client> DaemonCopier(bool allow_host_spill = false) {
     Options o;
     o.socket = daemon_->socket();
     o.backend = Backend::kCuda;
-    o.allow_host_spill = false;
+    o.allow_host_spill = allow_host_spill;
     auto copier = Client::Open(o);
     EXPECT_TRUE(copier.ok()) << copier.status().ToString();
     return copier.ok() ? std::move(copier).value() : nullptr;
   }
-  // Unmaps device slots [0, slots) (their work was on the legacy stream) and reaps until the GPU
-  // finished that work; returns how many slots are free again.
-  static size_t UnmapAndReap(CudaLeaseMemory& memory, uint64_t slots) {
+  // Unmaps slots [0, slots) of `tier` (their work was on the legacy stream) and reaps until the
+  // GPU finished that work; returns how many slots are free again.
+  static size_t UnmapAndReap(CudaLeaseMemory& memory, uint64_t slots,
+                             uint32_t tier = kernels::kLeaseDevice) {
     for (uint64_t slot = 0; slot < slots; ++slot) {
-      EXPECT_TRUE(memory.Unmap(kernels::kLeaseDevice, slot, nullptr).ok());
+      EXPECT_TRUE(memory.Unmap(tier, slot, nullptr).ok());
     }
     size_t freed = 0;
     for (const Clock::time_point until = Clock::now() + std::chrono::seconds(10 * TimeScale());
@@ -117,10 +122,10 @@ class CudaLeases : public ::testing::Test {
     }
     return freed;
   }
-  void Fill(const CudaLeaseMemory& memory, uint64_t slot, uint8_t value) {
+  void Fill(const CudaLeaseMemory& memory, uint64_t slot, uint8_t value,
+            uint32_t tier = kernels::kLeaseDevice) {
     const PrimaryContext::Scope scope(*context_);
-    const auto at =
-        reinterpret_cast<CUdeviceptr>(memory.base(kernels::kLeaseDevice) + slot * kChunk);
+    const auto at = reinterpret_cast<CUdeviceptr>(memory.base(tier) + slot * kChunk);
     EXPECT_EQ(d_->MemsetD8Async(at, value, kChunk, nullptr), CUDA_SUCCESS);
     EXPECT_EQ(d_->CtxSynchronize(), CUDA_SUCCESS);
   }
@@ -128,7 +133,7 @@ class CudaLeases : public ::testing::Test {
     auto context = PrimaryContext::Retain(d_, 0);
     EXPECT_TRUE(context.ok()) << context.status().ToString();
     context_ = std::make_unique<PrimaryContext>(std::move(context).value());
-    auto memory = CudaLeaseMemory::Create(d_, 0, kChunk, {8 * kChunk, 0, 0});
+    auto memory = CudaLeaseMemory::Create(d_, 0, kChunk, {8 * kChunk, 0, 4 * kChunk});
     EXPECT_TRUE(memory.ok()) << memory.status().ToString();
     return memory.ok() ? std::move(memory).value() : nullptr;
   }
@@ -226,6 +231,89 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
   EXPECT_EQ(Gpu(0).chunks_leased(), 2u);
   EXPECT_EQ(Gpu(0).chunks_kept(), 0u);
   EXPECT_EQ(Gpu(1).chunks_leased(), 0u) << "GPU 1's pool lends nothing to GPU 0's rank";
+}
+
+// The host tier's share of a GPU lends its chunks to that GPU's mapped sessions: memfds the rank
+// maps and registers for its GPU, zero-filled, with no GPU UUID; daemon-copy spills stay out of
+// them while they are held and use them again once they are back; a chunk daemon-copy wrote is
+// renewed (registered anew for the daemon's GPU) before it is lent again.
+TEST_F(CudaLeases, HostTierChunksAreLentFromTheSessionsGpuShare) {
+  // 16 MiB of host tier over 2 GPUs: 4 chunks each.
+  StartDaemon({"--host-tier-bytes=16MiB"});
+  EXPECT_EQ(Host(0).chunks_total(), 4u);
+  EXPECT_EQ(Host(1).chunks_total(), 4u);
+  RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA,
+                     /*allow_host_spill=*/true);
+  ASSERT_FALSE(session.welcome().session_id().empty());
+  EXPECT_EQ(session.welcome().host_tier_pages(), 4 * kChunkPages) << "this GPU's share";
+  UniqueFd channel = ConnectUnix(daemon_->socket() + ".fd");
+  ASSERT_TRUE(channel.valid());
+  Lease lease = AskLease(channel.get(), session.welcome().session_id(),
+                         session.welcome().descriptor_secret(), 0, 2 * kChunkPages);
+  ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
+  ASSERT_EQ(lease.chunks.size(), 2u);
+  EXPECT_EQ(Host(0).chunks_leased(), 2u);
+  EXPECT_EQ(Host(1).chunks_leased(), 0u) << "GPU 1's share lends nothing to GPU 0's rank";
+  EXPECT_EQ(Gpu(0).chunks_leased(), 0u);
+
+  auto memory = Memory();
+  ASSERT_NE(memory, nullptr);
+  for (size_t i = 0; i < lease.chunks.size(); ++i) {
+    const v1::LeasedChunk& chunk = lease.leased[i];
+    EXPECT_EQ(chunk.tier(), v1::TIER_HOST);
+    EXPECT_EQ(chunk.bytes(), kChunk);
+    EXPECT_TRUE(chunk.gpu_uuid().empty()) << "host memory names no GPU";
+    ASSERT_TRUE(
+        memory->Map(kernels::kLeaseHost, i, std::move(lease.chunks[i]), chunk.bytes(), -1).ok());
+    const std::vector<uint8_t> bytes = Read(*memory, i, kernels::kLeaseHost);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0), static_cast<long>(kChunk));
+    Fill(*memory, i, static_cast<uint8_t>(0xb0 + i), kernels::kLeaseHost);
+  }
+
+  // Daemon-copy fills the pool; the next stash (3 chunks) would spill, but only 2 chunks of the
+  // share are free.
+  std::unique_ptr<Client> copier = DaemonCopier(/*allow_host_spill=*/true);
+  ASSERT_NE(copier, nullptr);
+  auto pool = Buffer(4 * kChunk, 3);
+  auto in_pool = copier->Wait(*copier->Stash(Args(*pool, kPage, 4 * kChunkPages)));
+  ASSERT_TRUE(in_pool.ok()) << in_pool.status().ToString();
+  EXPECT_EQ(in_pool->tier, Tier::kDevice);
+  auto spill = Buffer(3 * kChunk, 5);
+  auto refused = copier->Wait(*copier->Stash(Args(*spill, kPage, 3 * kChunkPages)));
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->tier, Tier::kOverflow) << "a spill went into a leased host chunk";
+  for (uint64_t slot = 0; slot < 2; ++slot) {
+    const std::vector<uint8_t> bytes = Read(*memory, slot, kernels::kLeaseHost);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0xb0 + slot), static_cast<long>(kChunk));
+  }
+
+  // Given back (host chunks are renewed at once, never kept), they take daemon-copy's spills
+  // again, byte for byte.
+  ASSERT_EQ(UnmapAndReap(*memory, 2, kernels::kLeaseHost), 2u);
+  ASSERT_EQ(AskReturn(channel.get(), session.welcome().session_id(),
+                      session.welcome().descriptor_secret(), lease.ids),
+            0);
+  EXPECT_EQ(Host(0).chunks_leased(), 0u);
+  EXPECT_EQ(Host(0).chunks_kept(), 0u);
+  auto spilled = copier->Wait(*copier->Stash(Args(*spill, kPage, 3 * kChunkPages)));
+  ASSERT_TRUE(spilled.ok()) << spilled.status().ToString();
+  ASSERT_EQ(spilled->tier, Tier::kHost);
+  auto dst = Buffer(3 * kChunk);
+  ASSERT_TRUE(copier->Wait(*copier->Reload({spilled->ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), spill->data(), 3 * kChunk), 0);
+
+  // Leased again (3 chunks: one user's most while another's first session may come), the
+  // chunks the rank and daemon-copy wrote are fresh memory: zeros only.
+  Lease again = AskLease(channel.get(), session.welcome().session_id(),
+                         session.welcome().descriptor_secret(), 0, 3 * kChunkPages);
+  ASSERT_EQ(again.last.code(), 0) << again.last.message();
+  ASSERT_EQ(again.chunks.size(), 3u);
+  for (size_t i = 0; i < again.chunks.size(); ++i) {
+    ASSERT_TRUE(memory->Map(kernels::kLeaseHost, i, std::move(again.chunks[i]), kChunk, -1).ok());
+    const std::vector<uint8_t> bytes = Read(*memory, i, kernels::kLeaseHost);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0), static_cast<long>(kChunk))
+        << "host chunk " << again.ids[i] << " was lent again without fresh memory";
+  }
 }
 
 // A forked rank that leases `pages` device pages in a mapped session this process opens for it

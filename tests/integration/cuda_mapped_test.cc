@@ -84,10 +84,12 @@ class CudaMapped : public ::testing::Test {
     ASSERT_TRUE(opened.ok()) << opened.status().ToString();
     client_ = std::move(opened).value();
   }
-  v1::TierStats Gpu() {
+  v1::TierStats Gpu() { return TierNamed("gpu0"); }
+  v1::TierStats HostShare() { return TierNamed("host0"); }  // the GPU's share of the host tier
+  v1::TierStats TierNamed(const std::string& name) {
     const v1::GetStatsResponse stats = DaemonStats(daemon_->socket());
     for (const v1::TierStats& t : stats.tiers()) {
-      if (t.name() == "gpu0") return t;
+      if (t.name() == name) return t;
     }
     return {};
   }
@@ -184,6 +186,38 @@ TEST_F(CudaMapped, DeviceBuffersRoundTripThroughLeasedChunksOnTheCallersStream) 
   EXPECT_FALSE(FlagsThenStep(1).overflow);
   client_.reset();
   EXPECT_EQ(Gpu().chunks_leased(), 0u) << "closing gives every chunk back";
+}
+
+// With allow_host_spill, a session leases chunks of its GPU's share of the host tier too: a
+// stash past the device lease goes whole into the host chunks (page-locked for the GPU in this
+// process at lease time) and comes back byte for byte, with no overflow.
+TEST_F(CudaMapped, AStashPastTheDeviceLeaseSpillsIntoLeasedHostChunks) {
+  StartDaemon({"--host-tier-bytes=16MiB"});  // 4 chunks for each of the stand-in's 2 GPUs
+  Options o = MappedOptions(kChunk);
+  o.allow_host_spill = true;
+  o.lease.host_bytes = 2 * kChunk;
+  Open(o);
+  EXPECT_EQ(Gpu().chunks_leased(), 1u);
+  EXPECT_EQ(HostShare().chunks_leased(), 2u);
+
+  const uint64_t max_rows = 2 * kChunk / kRow;  // more than the device lease holds
+  const std::vector<uint8_t> source = Pattern(max_rows * kRow, 21);
+  const CUdeviceptr src = Device(source);
+  auto ticket = client_->Stash(Args(src, max_rows - 3, max_rows));
+  ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+  // The source changes after the stash ran: the reload must come from the host chunks.
+  ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+  ASSERT_EQ(d_->MemsetD8Async(src, 0xee, max_rows * kRow, stream_), CUDA_SUCCESS);
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(max_rows * kRow, 0x55));
+  ASSERT_TRUE(client_->Reload(Into(*ticket, dst)).ok());
+  const std::vector<uint8_t> got = Host(dst, max_rows * kRow);
+  const uint64_t valid = (max_rows - 3) * kRow;
+  EXPECT_EQ(std::memcmp(got.data(), source.data(), valid), 0);
+  EXPECT_EQ(std::count(got.begin() + static_cast<long>(valid), got.end(), 0),
+            static_cast<long>(3 * kRow));
+  EXPECT_FALSE(FlagsThenStep(1).overflow) << "the host chunks took the stash";
+  client_.reset();
+  EXPECT_EQ(HostShare().chunks_leased(), 0u) << "closing gives them back";
 }
 
 // A stash bigger than the lease overflows on the device: with the source kept (the default) the

@@ -24,7 +24,7 @@ namespace stash::testing {
 class RawSession {
  public:
   RawSession(const std::string& socket, int64_t pid, v1::Mode mode,
-             v1::Backend backend = v1::BACKEND_HOST)
+             v1::Backend backend = v1::BACKEND_HOST, bool allow_host_spill = false)
       : stub_(v1::StashService::NewStub(
             grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()))) {
     ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60 * TimeScale()));
@@ -33,6 +33,7 @@ class RawSession {
     hello.mutable_hello()->set_backend(backend);
     hello.mutable_hello()->set_pid(pid);
     hello.mutable_hello()->set_mode(mode);
+    hello.mutable_hello()->set_allow_host_spill(allow_host_spill);
     hello.mutable_hello()->set_client_version("raw-lease-test");
     v1::SessionResponse r;
     if (stream_->Write(hello) && stream_->Read(&r) && r.has_welcome()) welcome_ = r.welcome();
@@ -75,7 +76,7 @@ struct Lease {
 };
 
 inline Lease AskLease(int c, const std::string& session_id, const std::string& secret,
-                      uint64_t device_pages) {
+                      uint64_t device_pages, uint64_t host_pages = 0) {
   Lease lease;
   lease.last.set_code(-1);
   v1::DescriptorRequest request;
@@ -84,6 +85,11 @@ inline Lease AskLease(int c, const std::string& session_id, const std::string& s
   v1::TierPages* want = request.mutable_lease_chunks()->add_want();
   want->set_tier(v1::TIER_DEVICE);
   want->set_pages(device_pages);
+  if (host_pages > 0) {
+    v1::TierPages* host = request.mutable_lease_chunks()->add_want();
+    host->set_tier(v1::TIER_HOST);
+    host->set_pages(host_pages);
+  }
   if (!SendPacket(c, request.SerializeAsString(), {}).ok()) return lease;
   while (true) {
     if (!WaitReadable(c, 10000 * TimeScale()).ok()) return lease;
