@@ -24,11 +24,9 @@ StatusOr<std::unique_ptr<PinnedChunkMemory>> PinnedChunkMemory::Create(
   STASH_RETURN_IF_ERROR(scope.status());
   for (uint64_t c = 0; c < pinned->chunks(); ++c) {
     if (const Status registered = pinned->Register(c); !registered.ok()) {
-      return Status(registered.code(),
-                    registered.message() + " (" + FormatBytes(bytes) + " of host tier for GPU " +
-                        std::to_string(device) +
-                        "): lower --host-tier-bytes, or raise the locked-memory limit "
-                        "(LimitMEMLOCK= in the systemd unit, ulimit -l)");
+      return Status(registered.code(), registered.message() + " (" + FormatBytes(bytes) +
+                                           " of host tier for GPU " + std::to_string(device) +
+                                           "): lower --host-tier-bytes");
     }
   }
   return pinned;
