@@ -290,7 +290,8 @@ Status CudaLeaseMemory::MapHost(uint64_t slot, int fd, uint64_t bytes) {
                                 " bytes, less than the " + std::to_string(bytes) + " it says");
   }
   uint8_t* const at = ranges_[kernels::kLeaseHost].base + slot * chunk_bytes_;
-  // Populated: registration pins every page anyway, and the holder pays for its lease's pages.
+  // Populated: registration pins every page anyway (a chunk of the cuda backend's host tier
+  // comes populated by the daemon, which registered it for its own copies).
   void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     Status failed = ErrnoStatus("mapping a leased host chunk");

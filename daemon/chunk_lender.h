@@ -4,7 +4,9 @@
 //   host (tier.cc, Tier::lender() of a host-backend tier): the ring in host memory, changed
 //        under the tier's lock; memfd chunks (daemon/chunk_memory.h).
 //   cuda (daemon/cuda_chunk_lender.h): the ring in device memory, changed only by kernels on the
-//        GPU's copy stream; VMM chunks exported as POSIX fds (daemon/vmm_chunk_memory.h).
+//        GPU's copy stream; a GPU pool's VMM chunks exported as POSIX fds
+//        (daemon/vmm_chunk_memory.h), or the GPU's share of the host tier, memfds page-locked for
+//        it (daemon/pinned_chunk_memory.h).
 //
 // Calls come from Leases under its lock (one at a time per lender); the daemon-copy path runs
 // beside them.
@@ -56,7 +58,8 @@ class ChunkLender {
   // (Leases lends it again only to that holder): a holder that keeps a mapping or an exported
   // descriptor keeps the old memory alive after a renew, so renewing at once would let a client
   // that leases and returns in a loop take memory nobody accounts for. True for GPU chunks
-  // (VRAM); host memfds are renewed at once.
+  // (VRAM) and for the cuda backend's host chunks (populated and locked by the daemon); a host
+  // backend's memfds are renewed at once (their next holder populates them).
   virtual bool ChargeReturnsUntilExit() const { return false; }
   // Chunks out of the ring since start because they have no memory yet (created lazily: a GPU
   // still holding a restarted daemon's old chunks for ranks that map them). Leases renews them

@@ -1,4 +1,5 @@
-// The memory of a host-backend tier cut into chunks (docs/design.md, "Mapped mode" and "Warm
+// Host memory of a tier cut into chunks (a host-backend tier; the cuda backend's host tier share
+// through daemon/pinned_chunk_memory.h) (docs/design.md, "Mapped mode" and "Warm
 // memory"): each chunk is a sealed memfd of its own, mapped by the daemon MAP_FIXED into one
 // reserved address range, so the tier's base address and its page ids never move while chunks
 // are leased, handed back and renewed.

@@ -266,12 +266,13 @@ const Knob kKnobs[] = {
      "pages are taken as they are first written",
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->warm_memory); }},
     {"huge_pages", "auto|off|hugetlb",
-     "Host backend: auto = ask for shmem transparent huge pages (2 MiB) for every tier where "
+     "The tiers in host memory (every tier of the host backend, the cuda backend's host tier): "
+     "auto = ask for shmem transparent huge pages (2 MiB) where "
      "/sys/kernel/mm/transparent_hugepage/shmem_enabled offers them (always, within_size, advise "
-     "or force) and --chunk-bytes is a multiple of 2 MiB; off = 4 KiB pages; hugetlb = huge pages "
-     "reserved by the kernel (vm.nr_hugepages, 2 MiB), refused at start with the numbers when too "
-     "few are free, and needing --chunk-bytes, --pool-bytes and --host-tier-bytes in whole huge "
-     "pages. The start-up log and stats say which each tier got",
+     "or force) and --chunk-bytes is a multiple of 2 MiB; off = 4 KiB pages; hugetlb (host "
+     "backend only) = huge pages reserved by the kernel (vm.nr_hugepages, 2 MiB), refused at "
+     "start with the numbers when too few are free, and needing --chunk-bytes, --pool-bytes and "
+     "--host-tier-bytes in whole huge pages. The start-up log and stats say which each tier got",
      [](std::string_view v, DaemonConfig* c) {
        if (v == "auto") {
          c->huge_pages = HugePages::kAuto;

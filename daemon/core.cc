@@ -69,13 +69,16 @@ StatusOr<int> PoolOfUuid(const std::vector<std::string>& uuids, const std::strin
                                  "): start stashd with that GPU visible (check "
                                  "CUDA_VISIBLE_DEVICES and the container's GPU list)");
 }
-// Every chunk is a descriptor the daemon keeps open (to lease it again). Raises the soft limit
-// of open files to the hard one (systemd units get a high hard limit), then checks the chunks
-// take at most half of it: the rest is for sessions, deposits and gRPC.
-Status CheckChunkDescriptors(const DaemonConfig& config, uint64_t chunk_pages) {
+// Every memfd chunk is a descriptor the daemon keeps open (to lease it again): the host
+// backend's pools and host tier, the cuda backend's host tier (its pools are VMM handles, no
+// descriptors). Raises the soft limit of open files to the hard one (systemd units get a high
+// hard limit), then checks the chunks take at most half of it: the rest is for sessions,
+// deposits and gRPC.
+Status CheckChunkDescriptors(const DaemonConfig& config, uint64_t chunk_pages,
+                             bool pools_are_memfds) {
   const uint64_t page = config.page_bytes;
   auto chunks_of = [&](uint64_t bytes) { return (bytes / page + chunk_pages - 1) / chunk_pages; };
-  const uint64_t chunks = config.devices * chunks_of(config.pool_bytes) +
+  const uint64_t chunks = (pools_are_memfds ? config.devices * chunks_of(config.pool_bytes) : 0) +
                           (config.host_tier_bytes != 0 ? chunks_of(config.host_tier_bytes) : 0);
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return Status::Ok();
@@ -144,13 +147,14 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
   std::vector<std::unique_ptr<CopyExecutor>> executors;
   if (backend == v1::BACKEND_CUDA) {
 #if defined(STASH_HAVE_CUDA)
+    STASH_RETURN_IF_ERROR(CheckChunkDescriptors(config, chunk_pages, /*pools_are_memfds=*/false));
     STASH_ASSIGN_OR_RETURN(executors, CreateCudaExecutors(config, nullptr, &core->pool_uuids_));
 #else
     return UnimplementedError(
         "this stashd was built without CUDA (STASH_ENABLE_CUDA=OFF): run with --backend=host");
 #endif
   } else {
-    STASH_RETURN_IF_ERROR(CheckChunkDescriptors(config, chunk_pages));
+    STASH_RETURN_IF_ERROR(CheckChunkDescriptors(config, chunk_pages, /*pools_are_memfds=*/true));
     ChunkMemoryOptions memory;
     memory.lock = config.lock_memory;
     const std::string shmem = ShmemHugePageSetting();
@@ -618,7 +622,7 @@ v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
       t->set_chunks_waiting(counts.waiting);
       t->set_chunks_free(tier.chunks_free());
     }
-    if (const ChunkMemory* memory = tier.chunk_memory(); memory != nullptr) {
+    if (const ChunkMemory* memory = tier.reported_memory(); memory != nullptr) {
       t->set_bytes_warm(memory->bytes_warm());
       t->set_page_kind(PageKindName(memory->page_kind()));
     }

@@ -308,8 +308,10 @@ StatusOr<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(int device, const D
                                                 &host_ring, sizeof(host_ring)));
     STASH_CU_RETURN_IF_ERROR(
         driver, MemcpyHtoD(reinterpret_cast<CUdeviceptr>(d_host_ids), ids.data(), host_pages * 8));
+    // In chunks only where they are lent (a VMM pool: its chunk size is every session's slot).
     e->host_tier_ = Tier::CreateAccounting("host" + std::to_string(device), device, page,
-                                           host_pages, host_chunk / page);
+                                           host_pages, e->pool_ != nullptr ? host_chunk / page : 0,
+                                           e->host_memory_->memory());
   }
 
   // Plans and page records of live stashes. A stash's page record never exceeds the larger
@@ -693,8 +695,8 @@ StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
       config.host_tier_bytes / config.page_bytes / static_cast<uint64_t>(count);
   // The host tier's chunks as a host backend makes them; page-locking them for the GPU pins
   // their pages, so --lock-memory adds nothing.
+  // (--huge-pages=hugetlb is refused for the cuda backend at start: CheckMemoryFits.)
   ChunkMemoryOptions host_memory;
-  host_memory.hugetlb = config.huge_pages == HugePages::kHugetlb;
   host_memory.transparent_huge =
       config.huge_pages == HugePages::kAuto && ShmemHugePagesOffered(ShmemHugePageSetting());
   std::vector<std::unique_ptr<CopyExecutor>> out;

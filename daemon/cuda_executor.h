@@ -4,13 +4,14 @@
 // links no CUDA runtime, and the driver stand-in (tests/cuda_standin) runs the whole backend on a
 // machine without a GPU.
 //
-// Per GPU: the pool (one cuMemAlloc: addresses never move) and its page ring in device memory;
-// this GPU's share of the host tier (--host-tier-bytes split evenly across GPUs, pinned and
-// mapped, so no two GPUs' streams ever plan on one ring); one non-blocking copy stream; the
-// stashes' plans and page records in device memory. Every stash, reload and release is enqueued
-// on the copy stream (paging_cuda.h kernels: the count is read on the device, the tier and pages
-// chosen on the device), then the plan is copied to pinned memory and a host function hands the
-// continuation to the pool worker. Done events are 64-bit counters the stream raises after the
+// Per GPU: the pool (VMM chunks in one reserved range, or one cuMemAlloc where VMM is missing:
+// addresses never move) and its page ring in device memory; this GPU's share of the host tier
+// (--host-tier-bytes split evenly across GPUs, so no two GPUs' streams ever plan on one ring;
+// memfd chunks page-locked for the GPU); both lend chunks to mapped sessions; one non-blocking copy
+// stream; the stashes' plans and page records in device memory. Every stash, reload and release is
+// enqueued on the copy stream (paging_cuda.h kernels: the count is read on the device, the tier and
+// pages chosen on the device), then the plan is copied to pinned memory and a host function hands
+// the continuation to the pool worker. Done events are 64-bit counters the stream raises after the
 // kernels (a barrier and a 64-bit write, one cuStreamBatchMemOp); the trainer's stream waits on
 // them with cuStreamWaitValue64, so neither side synchronises with the host in the steady state.
 //

@@ -213,7 +213,10 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
         "those answers first");
   }
   const uint64_t max_chunks = who.max_descriptors - (send_control ? 1 : 0);
-  const bool host_ok = has_host_ && h->allow_host_spill;
+  // A host tier without a lender (the cuda backend's share beside a pool without VMM) lends
+  // nothing: as no host tier at all.
+  const bool host_ok =
+      has_host_ && h->allow_host_spill && tiers_[HostSource(h->pool)]->lender() != nullptr;
   std::array<bool, k::kLeaseTiers> allowed{true, config_.peer_tier && pools_ > 1, host_ok};
   std::array<uint64_t, k::kLeaseTiers> held{};
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(*h, t);
@@ -268,7 +271,8 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
           return FailedPreconditionError(
               t == kPeer ? "this daemon lends no peer chunks (start stashd with --peer-tier and "
                            "--devices > 1), so TIER_PEER cannot be leased"
-                         : "this session cannot lease TIER_HOST: the daemon has no host tier or "
+                         : "this session cannot lease TIER_HOST: the daemon has no host tier "
+                           "that lends chunks (--host-tier-bytes=0, or a GPU without VMM) or "
                            "the session's Hello did not set allow_host_spill");
         }
         target[t] = std::min(w.pages(), quota_pages_ + 1);  // bounded: no overflow below
@@ -377,7 +381,10 @@ void Leases::AskForReturns(const Holder& wanting, uint32_t lease_tier, bool same
     Holder& g = *other;
     if (&g == &wanting || g.ended || !g.automatic || g.samples == 0) continue;
     if (same_user_only && g.uid != wanting.uid) continue;
+    // Only holders of the tier the wanting session leases from: its pool, or its host tier (the
+    // cuda backend's host tier is a share per pool).
     if (lease_tier == kDevice && g.pool != wanting.pool) continue;
+    if (lease_tier == kHost && HostSource(g.pool) != HostSource(wanting.pool)) continue;
     // Its next automatic lease goes down to its new aim at once, not after three steps.
     const bool asked_before = g.return_asked[lease_tier];
     g.return_asked[lease_tier] = true;

@@ -152,10 +152,11 @@ class Leases {
   size_t holders();
   // Chunks waiting to be renewed before they go back to their ring, for tests.
   size_t renewing();
-  // The fair share of tier `tier` (pools, then host), for tests and stats.
+  // The fair share of tier `tier` (pools, then the host tiers), for tests and stats.
   const FairShare& share(size_t tier) const { return *shares_[tier]; }
 
-  // Chunk ids: the tier index (pools, then host) in the high 32 bits, the chunk in the low.
+  // Chunk ids: the tier index (pools, then the host tiers) in the high 32 bits, the chunk in the
+  // low.
   static uint64_t ChunkId(uint64_t tier, uint64_t chunk) { return (tier << 32) | chunk; }
 
  private:

@@ -126,7 +126,15 @@ Status CheckMemoryFits(const DaemonConfig& config, stash::v1::Backend backend,
   const bool cuda = backend == stash::v1::BACKEND_CUDA;
   const uint64_t host_pools = cuda ? 0 : pool * config.devices;
   const uint64_t host_needed = host_pools + host_tier;
-  if (!cuda && config.huge_pages == HugePages::kHugetlb) return CheckHugePagesFit(config, free);
+  if (config.huge_pages == HugePages::kHugetlb) {
+    if (cuda) {
+      return InvalidArgumentError(
+          "--huge-pages=hugetlb is for the host backend; the cuda backend's host tier takes "
+          "transparent huge pages where the kernel offers them (--huge-pages=auto) or 4 KiB pages "
+          "(--huge-pages=off)");
+    }
+    return CheckHugePagesFit(config, free);
+  }
   if (free.host_bytes > 0 && host_needed > free.host_bytes) {
     std::ostringstream why;
     why << "the tiers need " << FormatBytes(host_needed) << " of host memory (";

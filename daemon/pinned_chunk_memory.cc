@@ -55,6 +55,9 @@ std::string PinnedChunkMemory::ChunkName(uint64_t chunk) const {
 
 Status PinnedChunkMemory::Register(uint64_t chunk) {
   void* host = ChunkBase(chunk);
+  // The registration would fault every page in anyway; populating first counts them as warm
+  // (stats). A short populate leaves the rest to the registration.
+  (void)memory_->Populate(chunk);
   STASH_CU_RETURN_IF_ERROR(
       driver_, MemHostRegister(host, ChunkBytes(chunk),
                                CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
@@ -77,8 +80,10 @@ Status PinnedChunkMemory::Register(uint64_t chunk) {
 }
 
 Status PinnedChunkMemory::Unregister(uint64_t chunk) {
+  STASH_RETURN_IF_ERROR(
+      driver_->Check(driver_->MemHostUnregister(ChunkBase(chunk)), "cuMemHostUnregister"));
   registered_[chunk].store(false, std::memory_order_release);
-  return driver_->Check(driver_->MemHostUnregister(ChunkBase(chunk)), "cuMemHostUnregister");
+  return Status::Ok();
 }
 
 Status PinnedChunkMemory::Renew(uint64_t chunk) {

@@ -56,6 +56,8 @@ class PinnedChunkMemory final : public LendableMemory {
   uint64_t chunk_bytes() const { return memory_->chunk_bytes(); }
   uint64_t chunks() const { return memory_->chunks(); }
   PageKind page_kind() const { return memory_->page_kind(); }
+  // The memfd chunks themselves (page kind, warm bytes: every present chunk is populated).
+  const ChunkMemory* memory() const { return memory_.get(); }
 
   int device() const override { return device_; }
   bool present(uint64_t chunk) const override {
@@ -68,16 +70,21 @@ class PinnedChunkMemory final : public LendableMemory {
   // A duplicate of the chunk's memfd, owned by the caller.
   StatusOr<UniqueFd> ExportFd(uint64_t chunk) const override;
   uint64_t ChunkBytes(uint64_t chunk) const override { return memory_->ChunkBytes(chunk); }
-  // Host memfds are renewed as soon as they come back: whatever a holder still maps is its own.
-  bool ChargeReturnsUntilExit() const override { return false; }
+  // A registered chunk is populated by the daemon (the driver locks every page), and a holder
+  // that keeps the descriptor of a returned one keeps those pages alive: renewing it at once
+  // would let a rank that leases and returns in a loop grow the daemon's memory without bound.
+  // So a returned chunk stays charged to its holder until its process exits, as a GPU chunk.
+  bool ChargeReturnsUntilExit() const override { return true; }
 
  private:
   PinnedChunkMemory(const CudaDriver* driver, int device, PrimaryContext context,
                     std::unique_ptr<ChunkMemory> memory);
-  // Registers an absent chunk and checks the GPU reaches it at its host address. Context
-  // current.
+  // Populates an absent chunk, registers it and checks the GPU reaches it at its host address.
+  // Context current.
   Status Register(uint64_t chunk);
-  // Unregisters a present chunk (absent after). Context current.
+  // Unregisters a present chunk: absent after, or still present when the driver refused (a
+  // later Renew tries again; the chunk's memory is never replaced under a registration).
+  // Context current.
   Status Unregister(uint64_t chunk);
   uint8_t* ChunkBase(uint64_t chunk) const { return base() + chunk * chunk_bytes(); }
   std::string ChunkName(uint64_t chunk) const;

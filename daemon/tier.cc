@@ -64,9 +64,12 @@ StatusOr<std::unique_ptr<Tier>> Tier::Create(std::string name, int pool, uint64_
 }
 
 std::unique_ptr<Tier> Tier::CreateAccounting(std::string name, int pool, uint64_t page_bytes,
-                                             uint64_t pages, uint64_t chunk_pages) {
-  return std::unique_ptr<Tier>(
+                                             uint64_t pages, uint64_t chunk_pages,
+                                             const ChunkMemory* reported) {
+  std::unique_ptr<Tier> tier(
       new Tier(std::move(name), pool, page_bytes, pages, chunk_pages, nullptr));
+  tier->reported_ = reported;
+  return tier;
 }
 
 Tier::~Tier() = default;

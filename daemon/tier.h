@@ -46,9 +46,12 @@ class Tier {
                                                 const ChunkMemoryOptions& memory = {});
   // The accounting of a tier whose memory and ring live elsewhere (base() is null, ring() must
   // not be used). `chunk_pages` > 0: its memory is cut into chunks of that many pages (the last
-  // may be shorter), which a lender set with SetLender lends.
+  // may be shorter), which a lender set with SetLender lends. `reported` (borrowed, may be null):
+  // memory held elsewhere whose page kind and warm bytes the stats show (the cuda backend's host
+  // tier share).
   static std::unique_ptr<Tier> CreateAccounting(std::string name, int pool, uint64_t page_bytes,
-                                                uint64_t pages, uint64_t chunk_pages = 0);
+                                                uint64_t pages, uint64_t chunk_pages = 0,
+                                                const ChunkMemory* reported = nullptr);
   ~Tier();
 
   Tier(const Tier&) = delete;
@@ -62,6 +65,11 @@ class Tier {
 
   // Chunks (mapped mode). A host-backend tier's memory; null on an accounting-only tier.
   ChunkMemory* chunk_memory() const { return memory_.get(); }
+  // What the stats report of the tier's host memory: its own, or the memory an accounting tier
+  // was given; null for GPU memory.
+  const ChunkMemory* reported_memory() const {
+    return memory_ != nullptr ? memory_.get() : reported_;
+  }
   uint64_t chunk_pages() const { return chunk_pages_; }
   uint64_t chunks() const {
     return chunk_pages_ == 0 ? 0 : (pages_ + chunk_pages_ - 1) / chunk_pages_;
@@ -129,6 +137,7 @@ class Tier {
   const uint64_t pages_;
   const uint64_t chunk_pages_;  // 0 = no chunks (an accounting-only tier without a lender)
   const std::unique_ptr<ChunkMemory> memory_;
+  const ChunkMemory* reported_ = nullptr;   // an accounting tier's, for stats
   std::vector<uint64_t> ids_;               // the ring's storage; touched only under mu_
   std::unique_ptr<HostLender> own_lender_;  // a host-backend tier's
   ChunkLender* lender_ = nullptr;

@@ -91,6 +91,16 @@ TEST(MemoryFit, HugetlbTiersBeyondTheFreeHugePagesAreRefusedWithTheNumbers) {
   EXPECT_THAT(s.message(), HasSubstr("sysctl vm.nr_hugepages=3592"));
 }
 
+// The cuda backend's host tier takes transparent huge pages or none: hugetlb is refused with
+// what to use instead, whatever the pool of huge pages holds.
+TEST(MemoryFit, HugetlbIsRefusedOnTheCudaBackendWithTheChoicesItHas) {
+  const Status s =
+      CheckMemoryFits(Hugetlb(2 * kGiB, 1, kGiB, 64 << 20), v1::BACKEND_CUDA, HugePool(8192, 8192));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--huge-pages=auto"));
+  EXPECT_THAT(s.message(), HasSubstr("--huge-pages=off"));
+}
+
 TEST(MemoryFit, HugetlbSizesMustBeWholeHugePages) {
   const FreeMemory pool = HugePool(8192, 8192);
   Status s = CheckMemoryFits(Hugetlb(kGiB + (256 << 10), 1, 0, 64 << 20), v1::BACKEND_HOST, pool);

@@ -52,7 +52,9 @@ TEST(PinnedChunkMemory, EveryChunkIsReachableFromTheGpuAtItsHostAddress) {
   PinnedChunkMemory& m = **created;
   ASSERT_EQ(m.chunks(), 3u);
   EXPECT_EQ(m.ChunkBytes(2), kMiB);  // the last chunk is shorter
-  EXPECT_FALSE(m.ChargeReturnsUntilExit());
+  // The daemon populated and locked every page: a returned chunk stays its holder's until exit.
+  EXPECT_TRUE(m.ChargeReturnsUntilExit());
+  EXPECT_EQ(m.memory()->bytes_warm(), 5 * kMiB) << "registered chunks count as warm";
   auto context = PrimaryContext::Retain(d, 0);
   ASSERT_TRUE(context.ok());
   const PrimaryContext::Scope scope(*context);  // for cuMemHostGetDevicePointer

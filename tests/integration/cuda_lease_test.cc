@@ -9,6 +9,7 @@
 // library's CudaLeaseMemory, as mapped mode's GPU seam will.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -233,95 +234,14 @@ TEST_F(CudaLeases, GpuChunksAreLentZeroedWithTheirGpusUuidAndDaemonCopyStaysOutO
   EXPECT_EQ(Gpu(1).chunks_leased(), 0u) << "GPU 1's pool lends nothing to GPU 0's rank";
 }
 
-// The host tier's share of a GPU lends its chunks to that GPU's mapped sessions: memfds the rank
-// maps and registers for its GPU, zero-filled, with no GPU UUID; daemon-copy spills stay out of
-// them while they are held and use them again once they are back; a chunk daemon-copy wrote is
-// renewed (registered anew for the daemon's GPU) before it is lent again.
-TEST_F(CudaLeases, HostTierChunksAreLentFromTheSessionsGpuShare) {
-  // 16 MiB of host tier over 2 GPUs: 4 chunks each.
-  StartDaemon({"--host-tier-bytes=16MiB"});
-  EXPECT_EQ(Host(0).chunks_total(), 4u);
-  EXPECT_EQ(Host(1).chunks_total(), 4u);
-  RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA,
-                     /*allow_host_spill=*/true);
-  ASSERT_FALSE(session.welcome().session_id().empty());
-  EXPECT_EQ(session.welcome().host_tier_pages(), 4 * kChunkPages) << "this GPU's share";
-  UniqueFd channel = ConnectUnix(daemon_->socket() + ".fd");
-  ASSERT_TRUE(channel.valid());
-  Lease lease = AskLease(channel.get(), session.welcome().session_id(),
-                         session.welcome().descriptor_secret(), 0, 2 * kChunkPages);
-  ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
-  ASSERT_EQ(lease.chunks.size(), 2u);
-  EXPECT_EQ(Host(0).chunks_leased(), 2u);
-  EXPECT_EQ(Host(1).chunks_leased(), 0u) << "GPU 1's share lends nothing to GPU 0's rank";
-  EXPECT_EQ(Gpu(0).chunks_leased(), 0u);
-
-  auto memory = Memory();
-  ASSERT_NE(memory, nullptr);
-  for (size_t i = 0; i < lease.chunks.size(); ++i) {
-    const v1::LeasedChunk& chunk = lease.leased[i];
-    EXPECT_EQ(chunk.tier(), v1::TIER_HOST);
-    EXPECT_EQ(chunk.bytes(), kChunk);
-    EXPECT_TRUE(chunk.gpu_uuid().empty()) << "host memory names no GPU";
-    ASSERT_TRUE(
-        memory->Map(kernels::kLeaseHost, i, std::move(lease.chunks[i]), chunk.bytes(), -1).ok());
-    const std::vector<uint8_t> bytes = Read(*memory, i, kernels::kLeaseHost);
-    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0), static_cast<long>(kChunk));
-    Fill(*memory, i, static_cast<uint8_t>(0xb0 + i), kernels::kLeaseHost);
-  }
-
-  // Daemon-copy fills the pool; the next stash (3 chunks) would spill, but only 2 chunks of the
-  // share are free.
-  std::unique_ptr<Client> copier = DaemonCopier(/*allow_host_spill=*/true);
-  ASSERT_NE(copier, nullptr);
-  auto pool = Buffer(4 * kChunk, 3);
-  auto in_pool = copier->Wait(*copier->Stash(Args(*pool, kPage, 4 * kChunkPages)));
-  ASSERT_TRUE(in_pool.ok()) << in_pool.status().ToString();
-  EXPECT_EQ(in_pool->tier, Tier::kDevice);
-  auto spill = Buffer(3 * kChunk, 5);
-  auto refused = copier->Wait(*copier->Stash(Args(*spill, kPage, 3 * kChunkPages)));
-  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
-  EXPECT_EQ(refused->tier, Tier::kOverflow) << "a spill went into a leased host chunk";
-  for (uint64_t slot = 0; slot < 2; ++slot) {
-    const std::vector<uint8_t> bytes = Read(*memory, slot, kernels::kLeaseHost);
-    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0xb0 + slot), static_cast<long>(kChunk));
-  }
-
-  // Given back (host chunks are renewed at once, never kept), they take daemon-copy's spills
-  // again, byte for byte.
-  ASSERT_EQ(UnmapAndReap(*memory, 2, kernels::kLeaseHost), 2u);
-  ASSERT_EQ(AskReturn(channel.get(), session.welcome().session_id(),
-                      session.welcome().descriptor_secret(), lease.ids),
-            0);
-  EXPECT_EQ(Host(0).chunks_leased(), 0u);
-  EXPECT_EQ(Host(0).chunks_kept(), 0u);
-  auto spilled = copier->Wait(*copier->Stash(Args(*spill, kPage, 3 * kChunkPages)));
-  ASSERT_TRUE(spilled.ok()) << spilled.status().ToString();
-  ASSERT_EQ(spilled->tier, Tier::kHost);
-  auto dst = Buffer(3 * kChunk);
-  ASSERT_TRUE(copier->Wait(*copier->Reload({spilled->ticket, dst.get(), 0, false, {}, {}})).ok());
-  EXPECT_EQ(std::memcmp(dst->data(), spill->data(), 3 * kChunk), 0);
-
-  // Leased again (3 chunks: one user's most while another's first session may come), the
-  // chunks the rank and daemon-copy wrote are fresh memory: zeros only.
-  Lease again = AskLease(channel.get(), session.welcome().session_id(),
-                         session.welcome().descriptor_secret(), 0, 3 * kChunkPages);
-  ASSERT_EQ(again.last.code(), 0) << again.last.message();
-  ASSERT_EQ(again.chunks.size(), 3u);
-  for (size_t i = 0; i < again.chunks.size(); ++i) {
-    ASSERT_TRUE(memory->Map(kernels::kLeaseHost, i, std::move(again.chunks[i]), kChunk, -1).ok());
-    const std::vector<uint8_t> bytes = Read(*memory, i, kernels::kLeaseHost);
-    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0), static_cast<long>(kChunk))
-        << "host chunk " << again.ids[i] << " was lent again without fresh memory";
-  }
-}
-
-// A forked rank that leases `pages` device pages in a mapped session this process opens for it
-// (`*session`, which says Hello with the child's pid) and then exits, or waits to be killed when
-// `hold`. Returns how many chunks it got (-100 - code when the lease failed); `*pid` is the
-// child's. Syscalls and protobuf only in the child (a child of a gRPC process).
+// A forked rank that leases `pages` device pages (and `host_pages` of its GPU's host tier share,
+// each host chunk filled with 0x5a through a mapping of its memfd) in a mapped session this
+// process opens for it (`*session`, which says Hello with the child's pid) and then exits, or
+// waits to be killed when `hold`. Returns how many chunks it got (-100 - code when the lease
+// failed); `*pid` is the child's. Syscalls and protobuf only in the child (a child of a gRPC
+// process).
 int LeaseInChild(const std::string& socket, uint64_t pages, bool hold, pid_t* pid,
-                 std::unique_ptr<RawSession>* session) {
+                 std::unique_ptr<RawSession>* session, uint64_t host_pages = 0) {
   int to_child[2];
   int report[2];
   if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(report, O_CLOEXEC) != 0) return -1;
@@ -335,7 +255,16 @@ int LeaseInChild(const std::string& socket, uint64_t pages, bool hold, pid_t* pi
       got += static_cast<size_t>(n);
     }
     UniqueFd c = ConnectUnix(socket + ".fd");
-    Lease lease = AskLease(c.get(), std::string(ids, 32), std::string(ids + 32, 32), pages);
+    Lease lease =
+        AskLease(c.get(), std::string(ids, 32), std::string(ids + 32, 32), pages, host_pages);
+    for (size_t i = 0; i < lease.chunks.size(); ++i) {
+      if (lease.leased[i].tier() != v1::TIER_HOST) continue;
+      void* p = mmap(nullptr, lease.leased[i].bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
+                     lease.chunks[i].get(), 0);
+      if (p == MAP_FAILED) _exit(1);
+      std::memset(p, 0x5a, lease.leased[i].bytes());
+      munmap(p, lease.leased[i].bytes());
+    }
     const int n =
         lease.last.code() == 0 ? static_cast<int>(lease.chunks.size()) : -100 - lease.last.code();
     if (write(report[1], &n, sizeof(n)) != sizeof(n)) _exit(1);
@@ -344,7 +273,8 @@ int LeaseInChild(const std::string& socket, uint64_t pages, bool hold, pid_t* pi
   }
   close(to_child[0]);
   close(report[1]);
-  *session = std::make_unique<RawSession>(socket, *pid, v1::MODE_MAPPED, v1::BACKEND_CUDA);
+  *session = std::make_unique<RawSession>(socket, *pid, v1::MODE_MAPPED, v1::BACKEND_CUDA,
+                                          /*allow_host_spill=*/host_pages > 0);
   const std::string hello =
       (*session)->welcome().session_id() + (*session)->welcome().descriptor_secret();
   int n = -1;
@@ -355,6 +285,103 @@ int LeaseInChild(const std::string& socket, uint64_t pages, bool hold, pid_t* pi
   close(to_child[1]);
   close(report[0]);
   return n;
+}
+
+// The host tier's share of a GPU lends its chunks to that GPU's mapped sessions: memfds the rank
+// maps and registers for its GPU, zero-filled, with no GPU UUID. Daemon-copy spills stay out of
+// them while they are held; a chunk a live rank returns stays charged to it until it exits (the
+// daemon populated and locked it, and the rank may keep its descriptor) and is lent back to it
+// first; once the rank exits, its chunks get fresh memory and take daemon-copy's spills again,
+// and a chunk daemon-copy wrote is renewed before it is lent.
+TEST_F(CudaLeases, HostTierChunksAreLentFromTheSessionsGpuShare) {
+  // 16 MiB of host tier over 2 GPUs: 4 chunks each.
+  StartDaemon({"--host-tier-bytes=16MiB"});
+  EXPECT_EQ(Host(0).chunks_total(), 4u);
+  EXPECT_EQ(Host(1).chunks_total(), 4u);
+  std::unique_ptr<Client> copier = DaemonCopier(/*allow_host_spill=*/true);
+  ASSERT_NE(copier, nullptr);
+  auto pool = Buffer(4 * kChunk, 3);
+  auto in_pool = copier->Wait(*copier->Stash(Args(*pool, kPage, 4 * kChunkPages)));
+  ASSERT_TRUE(in_pool.ok()) << in_pool.status().ToString();
+  EXPECT_EQ(in_pool->tier, Tier::kDevice) << "daemon-copy fills the pool; what follows spills";
+  auto spill = Buffer(3 * kChunk, 5);
+
+  // A rank leases two host chunks, writes them and exits: they come back renewed and take a
+  // spill of three chunks, byte for byte.
+  std::unique_ptr<RawSession> child;
+  pid_t pid = 0;
+  ASSERT_EQ(LeaseInChild(daemon_->socket(), 0, /*hold=*/false, &pid, &child, 2 * kChunkPages), 2);
+  waitpid(pid, nullptr, 0);
+  const Clock::time_point exited = Clock::now();
+  while (Host(0).chunks_leased() + Host(0).chunks_kept() + Host(0).chunks_orphaned() != 0) {
+    ASSERT_LT(Clock::now() - exited, std::chrono::seconds(10 * TimeScale()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto spilled = copier->Wait(*copier->Stash(Args(*spill, kPage, 3 * kChunkPages)));
+  ASSERT_TRUE(spilled.ok()) << spilled.status().ToString();
+  ASSERT_EQ(spilled->tier, Tier::kHost);
+  auto dst = Buffer(3 * kChunk);
+  ASSERT_TRUE(copier->Wait(*copier->Reload({spilled->ticket, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), spill->data(), 3 * kChunk), 0);
+
+  // This process's session: its GPU's share only, zero-filled (the child's bytes and the
+  // spill's are gone), no GPU UUID.
+  RawSession session(daemon_->socket(), getpid(), v1::MODE_MAPPED, v1::BACKEND_CUDA,
+                     /*allow_host_spill=*/true);
+  ASSERT_FALSE(session.welcome().session_id().empty());
+  EXPECT_EQ(session.welcome().host_tier_pages(), 4 * kChunkPages) << "this GPU's share";
+  UniqueFd channel = ConnectUnix(daemon_->socket() + ".fd");
+  ASSERT_TRUE(channel.valid());
+  Lease lease = AskLease(channel.get(), session.welcome().session_id(),
+                         session.welcome().descriptor_secret(), 0, 2 * kChunkPages);
+  ASSERT_EQ(lease.last.code(), 0) << lease.last.message();
+  ASSERT_EQ(lease.chunks.size(), 2u);
+  EXPECT_EQ(Host(0).chunks_leased(), 2u);
+  EXPECT_EQ(Host(1).chunks_leased(), 0u) << "GPU 1's share lends nothing to GPU 0's rank";
+  EXPECT_EQ(Gpu(0).chunks_leased(), 0u);
+  auto memory = Memory();
+  ASSERT_NE(memory, nullptr);
+  for (size_t i = 0; i < lease.chunks.size(); ++i) {
+    const v1::LeasedChunk& chunk = lease.leased[i];
+    EXPECT_EQ(chunk.tier(), v1::TIER_HOST);
+    EXPECT_EQ(chunk.bytes(), kChunk);
+    EXPECT_TRUE(chunk.gpu_uuid().empty()) << "host memory names no GPU";
+    ASSERT_TRUE(
+        memory->Map(kernels::kLeaseHost, i, std::move(lease.chunks[i]), chunk.bytes(), -1).ok());
+    const std::vector<uint8_t> bytes = Read(*memory, i, kernels::kLeaseHost);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0), static_cast<long>(kChunk))
+        << "host chunk " << lease.ids[i] << " was lent without fresh memory";
+    Fill(*memory, i, static_cast<uint8_t>(0xb0 + i), kernels::kLeaseHost);
+  }
+  // Two chunks of the share are free: a three-chunk spill does not fit, and no spill touches
+  // the leased ones.
+  auto refused = copier->Wait(*copier->Stash(Args(*spill, kPage, 3 * kChunkPages)));
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->tier, Tier::kOverflow) << "a spill went into a leased host chunk";
+
+  // Returned while this process lives: kept for it (not renewed, not spilled into), and lent
+  // back to it first, with its own bytes.
+  ASSERT_EQ(UnmapAndReap(*memory, 2, kernels::kLeaseHost), 2u);
+  ASSERT_EQ(AskReturn(channel.get(), session.welcome().session_id(),
+                      session.welcome().descriptor_secret(), lease.ids),
+            0);
+  EXPECT_EQ(Host(0).chunks_leased(), 0u);
+  EXPECT_EQ(Host(0).chunks_kept(), 2u);
+  auto still = copier->Wait(*copier->Stash(Args(*spill, kPage, 3 * kChunkPages)));
+  ASSERT_TRUE(still.ok()) << still.status().ToString();
+  EXPECT_EQ(still->tier, Tier::kOverflow) << "a kept host chunk went back to daemon-copy";
+  Lease again = AskLease(channel.get(), session.welcome().session_id(),
+                         session.welcome().descriptor_secret(), 0, 2 * kChunkPages);
+  ASSERT_EQ(again.last.code(), 0) << again.last.message();
+  ASSERT_EQ(again.chunks.size(), 2u);
+  for (size_t i = 0; i < again.chunks.size(); ++i) {
+    ASSERT_TRUE(memory->Map(kernels::kLeaseHost, i, std::move(again.chunks[i]), kChunk, -1).ok());
+    const size_t was = static_cast<size_t>(
+        std::find(lease.ids.begin(), lease.ids.end(), again.ids[i]) - lease.ids.begin());
+    ASSERT_LT(was, lease.ids.size()) << "the kept chunks come back first";
+    const std::vector<uint8_t> bytes = Read(*memory, i, kernels::kLeaseHost);
+    EXPECT_EQ(std::count(bytes.begin(), bytes.end(), 0xb0 + was), static_cast<long>(kChunk));
+  }
 }
 
 // Leases and returns race daemon-copy's stashes and reloads on the same copy stream: a chunk is
