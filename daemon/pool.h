@@ -58,6 +58,13 @@ class Pool {
   // pool has stopped (all work drained).
   void CloseSession(const std::shared_ptr<Session>& session, CopyExecutor::Then closed = nullptr);
 
+  // Whether no thread holds the run token now and nothing is queued (tests: the worker has
+  // finished what it answered, so the next small request may run inline).
+  bool Idle() {
+    MutexLock lock(&mu_);
+    return !running_ && lanes_.empty() && teardowns_.empty() && completions_.empty();
+  }
+
   // Finishes the request running now, the work in flight and the queued teardowns, then stops
   // the worker. Requests queued later are answered UNAVAILABLE.
   void Stop();

@@ -76,6 +76,8 @@ TEST(LeaseRounds, AStepWaitsForItsRoundThenNotAtAllWhileRoundsComeLate) {
   // An answer ends the slow spell: the next round is waited for again (and is answered).
   rounds.Answered(late);
   const uint64_t next = rounds.Ask(Lease());
+  // Before the thread starts: it may sleep and answer before this thread runs again.
+  const auto t2 = std::chrono::steady_clock::now();
   std::thread later([&] {
     LeaseWork work;
     uint64_t round = 0;
@@ -83,7 +85,6 @@ TEST(LeaseRounds, AStepWaitsForItsRoundThenNotAtAllWhileRoundsComeLate) {
     std::this_thread::sleep_for(milliseconds(20));
     rounds.Answered(round);
   });
-  const auto t2 = std::chrono::steady_clock::now();
   rounds.WaitFor(next, milliseconds(10000));
   EXPECT_GE(std::chrono::steady_clock::now() - t2, milliseconds(20)) << "waited for it";
   later.join();
