@@ -304,10 +304,12 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
     sample = view.last_step_stashes > 0 || view.step_stashes > 0;
     new_step = view.steps != h->steps_seen;
     h->steps_seen = view.steps;
-    if (h->samples == 0 && held == std::array<uint64_t, k::kLeaseTiers>{}) {
+    if (h->samples == 0 && held == std::array<uint64_t, k::kLeaseTiers>{} && !sample) {
       // No step behind: half the own pool's free chunks (at least one, at most the quota), so
       // ranks that start together each get room and a lone rank most of its pool. Steps then
-      // size it to demand; a rank holding more than it needs gives back when asked.
+      // size it to demand; a rank holding more than it needs gives back when asked. (A rank
+      // that got nothing, its pool leased out, is sized by its steps' demand as soon as it has
+      // one: into the host tier, and asking others back.)
       Tier* pool = tiers_[static_cast<size_t>(h->pool)];
       const uint64_t free_pages = pool->chunks_free() * chunk_pages_;
       const uint64_t want = std::min(RoundUp(quota_pages_, chunk_pages_),

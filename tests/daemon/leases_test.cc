@@ -607,6 +607,55 @@ TEST_F(LeasesTest, ASessionFindingThePoolLeasedOutAsksOthersToGiveBack) {
   munmap(block, k::kControlBlockBytes);
 }
 
+// With a host tier per pool, a session short of host chunks asks back only holders of its own
+// pool's share: another pool's chunks could never reach it.
+TEST_F(LeasesTest, AShortSessionAsksForHostChunksOnlyOfItsOwnPoolsShare) {
+  BuildPerPoolHosts();
+  auto step = [](k::SessionControl* block, uint64_t steps, uint64_t demand) {
+    block->steps = steps;
+    block->last_step_stashes = 1;
+    block->last_step_demand_high_water = demand;
+  };
+  // a (pool 0) grows into its whole pool and host share, then needs less of the share: it holds
+  // more than its aim there.
+  const LeaseHolder a = Holder("a");
+  const Granted first = Auto(a);
+  auto* block_a =
+      reinterpret_cast<k::SessionControl*>(Map(first.control.get(), k::kControlBlockBytes));
+  step(block_a, 1, 40);  // 40 + 5: the pool's 32 pages, then 13 of the host share (16)
+  EXPECT_EQ(Pages(Auto(a), v1::TIER_HOST), 16u);
+  step(block_a, 2, 36);  // 36 + 5: the host share's aim drops to 12
+  EXPECT_EQ(Pages(Auto(a), v1::TIER_HOST), 16u);
+  EXPECT_EQ(k::ControlLoad(block_a->return_request), 0u);
+
+  // Pool 1's share is leased out; c (pool 1) finds it short and asks... not a.
+  LeaseHolder b1 = Holder("b1");
+  b1.pool = 1;
+  ASSERT_EQ(Want(b1, {{v1::TIER_HOST, 16}}).chunks.size(), 4u);
+  LeaseHolder c = Holder("c");
+  c.pool = 1;
+  const Granted c_first = Auto(c);
+  auto* block_c =
+      reinterpret_cast<k::SessionControl*>(Map(c_first.control.get(), k::kControlBlockBytes));
+  step(block_c, 1, 40);
+  EXPECT_EQ(Pages(Auto(c), v1::TIER_HOST), 0u);
+  EXPECT_EQ(k::ControlLoad(block_a->return_request), 0u)
+      << "asked to give back host chunks of pool 0's share for a session of pool 1";
+
+  // d (pool 0) short of host chunks does ask a.
+  const Granted d_first = Auto(Holder("d"));
+  auto* block_d =
+      reinterpret_cast<k::SessionControl*>(Map(d_first.control.get(), k::kControlBlockBytes));
+  step(block_d, 1, 8);
+  // (Its pool leased out, it got nothing at first: its step's demand sizes it all the same.)
+  (void)Auto(Holder("d"));
+  EXPECT_EQ(k::ControlLoad(block_a->return_request), 1u);
+  EXPECT_EQ(k::ControlLoad(block_a->return_target_pages[k::kLeaseHost]), 12u);
+  munmap(block_a, k::kControlBlockBytes);
+  munmap(block_c, k::kControlBlockBytes);
+  munmap(block_d, k::kControlBlockBytes);
+}
+
 TEST_F(LeasesTest, PeerChunksComeOnlyFromPoolsThatKeepHalfTheirChunksFree) {
   LeaseConfig config;
   config.peer_tier = true;
