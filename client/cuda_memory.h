@@ -72,10 +72,11 @@ class CudaSide {
  private:
   CudaSide() = default;
 
-  const CudaDriver* driver_ = nullptr;
+  // (Unused in a library built without CUDA, whose twin, cuda_memory_none.cc, touches none.)
+  [[maybe_unused]] const CudaDriver* driver_ = nullptr;
   int device_ = 0;
   std::string uuid_;
-  void* context_ = nullptr;  // CUcontext: the device's primary context (retained)
+  [[maybe_unused]] void* context_ = nullptr;  // CUcontext: the primary context (retained)
 
   std::mutex mu_;
   AllocationTable allocations_;  // guarded by mu_

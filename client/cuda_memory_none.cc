@@ -17,6 +17,7 @@ StatusOr<DeviceLocation> CudaSide::Locate(const void*, uint64_t, const char*) {
 }
 uint64_t CudaSide::Forget(const void*) { return 0; }
 std::vector<uint64_t> CudaSide::ForgetAll() { return {}; }
+// NOLINTNEXTLINE(performance-unnecessary-value-param): the cuda twin's signature, unused here
 StatusOr<uint64_t> CudaSide::MapHost(void*, uint64_t, std::shared_ptr<void>,
                                      std::function<void()>*) {
   return FailedPreconditionError("built without CUDA");
