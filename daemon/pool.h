@@ -58,11 +58,13 @@ class Pool {
   // pool has stopped (all work drained).
   void CloseSession(const std::shared_ptr<Session>& session, CopyExecutor::Then closed = nullptr);
 
-  // Whether no thread holds the run token now and nothing is queued (tests: the worker has
-  // finished what it answered, so the next small request may run inline).
+  // Whether a small request enqueued now would run inline: no thread holds the run token, the
+  // worker does not wait for it, and nothing is queued (tests: the worker has finished what it
+  // answered and woke from the last inline op's hand-back).
   bool Idle() {
     MutexLock lock(&mu_);
-    return !running_ && lanes_.empty() && teardowns_.empty() && completions_.empty();
+    return !running_ && !worker_waiting_ && lanes_.empty() && teardowns_.empty() &&
+           completions_.empty();
   }
 
   // Finishes the request running now, the work in flight and the queued teardowns, then stops

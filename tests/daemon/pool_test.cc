@@ -367,9 +367,19 @@ class InlinePoolTest : public PoolTest {
     r.mutable_release()->set_ticket(ticket);
     return r;
   }
+  // Until the worker holds no token and has nothing to do: an answer goes out before the
+  // worker (or an inline op's completion, which the worker runs) gives the token back, and a
+  // small request runs inline only once it has.
+  void AwaitIdle() {
+    for (int i = 0; i < 30000 && !pool_->Idle(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(pool_->Idle());
+  }
 };
 
 TEST_F(InlinePoolTest, ASmallStashIsAnsweredOnTheThreadThatReceivedIt) {
+  AwaitIdle();
   pool_->Enqueue(session_, Stash(7, kRows), std::chrono::steady_clock::now());
   // Answered before Enqueue returned: no hand-off to the worker.
   ASSERT_EQ(sink_.size(), 1u);
@@ -378,6 +388,7 @@ TEST_F(InlinePoolTest, ASmallStashIsAnsweredOnTheThreadThatReceivedIt) {
   EXPECT_EQ(EventValue(counter()), 7u) << "the done event went up";
   EXPECT_EQ(tier_->Snapshot().pages_used, 3u);
 
+  AwaitIdle();
   pool_->Enqueue(session_, Release(8, 7), std::chrono::steady_clock::now());
   ASSERT_EQ(sink_.size(), 2u);
   EXPECT_EQ(sink_.Await(8).code(), 0) << sink_.Await(8).message();
@@ -412,14 +423,9 @@ TEST_F(InlinePoolTest, AReloadZeroingALargeTailAndAStashThatWouldNotFitGoToTheWo
   ASSERT_EQ(sink_.Await(8).code(), 0) << sink_.Await(8).message();
   EXPECT_NE(sink_.ThreadOf(8), std::this_thread::get_id()) << "75 KiB zeroed on a gRPC thread";
   EXPECT_EQ(wide_destination[kRows * kRowBytes], 0) << "the tail was zeroed";
-  // The worker answered before it gave the token back: small requests run inline once it has.
-  for (int i = 0; i < 10000 && !pool_->Idle(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_TRUE(pool_->Idle());
-
   // 16 pages of 4 KiB: five stashes of 3 pages leave one page.
   for (uint64_t id = 10; id < 15; ++id) {
+    AwaitIdle();
     pool_->Enqueue(session_, Stash(id, kRows), std::chrono::steady_clock::now());
     ASSERT_EQ(sink_.Await(id).code(), 0) << sink_.Await(id).message();
     EXPECT_EQ(sink_.ThreadOf(id), std::this_thread::get_id());
