@@ -251,6 +251,7 @@ Status CudaMappedSession::SetControlBlock(UniqueFd fd, uint64_t bytes) {
   if (control_release_) control_release_();
   control_release_ = std::move(release);
   shared_control_ = block;
+  shared_control_bytes_ = bytes;
   // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address
   pending_control_ = reinterpret_cast<kernels::SessionControl*>(device);
   return Status::Ok();
@@ -259,7 +260,9 @@ Status CudaMappedSession::SetControlBlock(UniqueFd fd, uint64_t bytes) {
 void CudaMappedSession::ChangeLease(void* gpu_stream) {
   const auto stream = static_cast<CUstream>(gpu_stream);
   if (pending_control_ != nullptr) {
-    Status st = copier_->AttachControl(stream, pending_control_);
+    Status st =
+        copier_->AttachControl(stream, pending_control_,
+                               reinterpret_cast<uint8_t*>(shared_control_), shared_control_bytes_);
     if (st.ok()) {
       pending_control_ = nullptr;
     } else {
@@ -413,6 +416,9 @@ StatusOr<uint64_t> CudaMappedSession::Stash(const StashArgs& args) {
   r.max_rows = args.max_rows;
   r.row_bytes = args.row_bytes;
   r.keep_source = args.keep_source;
+  r.layer = args.layer;
+  r.microbatch = args.microbatch;
+  r.name = args.name;
   MutexLock lock(&mu_);
   if (ended_drained_ || Draining()) {
     // The daemon drains (stashctl drain, or a stop): nothing is enqueued and the caller keeps

@@ -199,6 +199,7 @@ class CudaMappedSession {
   // process exits: CudaSide::MapHost), and its device address for the step kernel, attached at
   // the next boundary when pending.
   kernels::SessionControl* shared_control_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t shared_control_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   kernels::SessionControl* pending_control_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::function<void()> control_release_ ABSL_GUARDED_BY(mu_);
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 0;

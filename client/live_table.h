@@ -8,11 +8,13 @@
 // until the rank says it attached) gets every live entry again.
 //
 // Thread-compatible: owned by the copier thread, with the lease table that maps the block.
+// (The GPU twin's side is LiveTagWriter, below.)
 #ifndef STASH_CLIENT_LIVE_TABLE_H_
 #define STASH_CLIENT_LIVE_TABLE_H_
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "stash/kernels/lease_live_table.h"
@@ -29,7 +31,7 @@ class LiveTableWriter {
   void Attach(uint8_t* block, uint64_t bytes);
   // Records a stash that took data; returns its entry, or -1 when every entry is taken (the
   // daemon counts the stash as untagged).
-  int32_t Add(uint64_t ticket, uint32_t layer, uint32_t microbatch, const std::string& name,
+  int32_t Add(uint64_t ticket, uint32_t layer, uint32_t microbatch, std::string_view name,
               uint64_t bytes, uint64_t pages);
   // Clears an entry Add returned (-1: nothing). Each entry is its stash's until then.
   void Remove(int32_t entry);
@@ -40,6 +42,32 @@ class LiveTableWriter {
   kernels::LiveTable* table_ = nullptr;  // in the mapped block; null before one is attached
   std::vector<kernels::LiveEntry> own_;  // every entry as the table should hold it
   std::vector<int32_t> free_;            // entries free, the next one last
+};
+
+// The GPU twin's side of the table (StreamCopier): the host knows a stash's tags when it
+// enqueues it, the stream's kernels know whether it took pages and how many when they run. So
+// this writes an entry's tags and name, and the kernels its ticket, bytes and pages
+// (kernels::WriteLiveEntry: set by the stash's publish, cleared by its reload's or release's).
+// Entry i belongs to the stash in plan slot i (slots past the table count as untagged), so an
+// entry is free exactly when its slot is, and a captured stash keeps its entry with its slot.
+// The host rewrites the tags of a reused slot's entry at once, while the stream may not have
+// reached the reload of the entry's previous stash yet: `stashctl sessions --detail` can show
+// that stash under the new tags for as long (no number is wrong, only the row).
+//
+// Thread-compatible: owned by the StreamCopier.
+class LiveTagWriter {
+ public:
+  LiveTagWriter();
+
+  // As LiveTableWriter::Attach: every entry's tags are written there; a block too small for a
+  // table leaves the writer without one.
+  void Attach(uint8_t* block, uint64_t bytes);
+  // The tags of `entry` (< kernels::kLiveEntries) for the stash about to be enqueued in it.
+  void Tag(uint32_t entry, uint32_t layer, uint32_t microbatch, std::string_view name);
+
+ private:
+  kernels::LiveTable* table_ = nullptr;
+  std::vector<kernels::LiveEntry> own_;  // every entry's tags and name (numbers unused)
 };
 
 }  // namespace stash

@@ -58,8 +58,9 @@ uint64_t CopyBlocks(uint64_t max_bytes, uint64_t page_bytes) {
 // The pinned host block: the shared block's device address, the step report, the lease-short
 // count, the current step's flags, removal answers.
 struct HostBlock {
-  SessionControl* shared;  // read by the step kernel
-  uint64_t lease_short;    // written by the stash publish kernel
+  SessionControl* shared;    // read by the step kernel
+  kernels::LiveTable* live;  // read by the stashes' publish kernels
+  uint64_t lease_short;      // written by the stash publish kernel
   StepReport report;
   uint64_t current_step;  // written by the stash publish and step kernels
   uint64_t answers[kMaxRemovals];
@@ -191,6 +192,7 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   v.allow_host = g.allow_host ? 1 : 0;
   v.d_lease_short = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, lease_short));
   v.d_step_flags = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, current_step));
+  v.d_live = At<kernels::LiveTable* const>(c->host_block_device_ + offsetof(HostBlock, live));
 
   c->free_plans_.reserve(g.max_stashes);
   for (uint32_t i = g.max_stashes; i > 0; --i) c->free_plans_.push_back(i - 1);
@@ -256,6 +258,9 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
                                   " free): reload or release stashes first");
   }
   const uint32_t plan_slot = free_plans_.back();
+  const uint64_t ticket = next_ticket_ + 1;
+  const uint32_t live_entry = plan_slot < kernels::kLiveEntries ? plan_slot : kernels::kNoLiveEntry;
+  live_tags_.Tag(live_entry, r.layer, r.microbatch, r.name);
   MappedStashArgs a{};
   a.session = view_;
   a.d_src = static_cast<const uint8_t*>(r.src);
@@ -267,6 +272,8 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   a.keep_source = r.keep_source ? 1 : 0;
   a.d_plan = At<StashPlan>(d_plans_ + plan_slot * sizeof(StashPlan));
   a.d_page_record = At<uint64_t>(d_records_ + *record * sizeof(uint64_t));
+  a.ticket = ticket;
+  a.live_entry = live_entry;
   Status s = Launch(functions_[kPlan], 1, true, stream, &a, "cuLaunchKernel(stash plan)");
   if (!s.ok()) {
     records_.Free(*record, record_pages);
@@ -293,7 +300,7 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   t.max_rows = r.max_rows;
   t.row_bytes = r.row_bytes;
   t.captured = Capturing(stream);
-  const uint64_t ticket = ++next_ticket_;
+  next_ticket_ = ticket;
   tickets_.emplace(ticket, t);
   return ticket;
 }
@@ -381,6 +388,7 @@ Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool
   a.max_rows = t.max_rows;
   a.row_bytes = t.row_bytes;
   a.zero_tail = zero_tail ? 1 : 0;
+  a.live_entry = t.plan_slot < kernels::kLiveEntries ? t.plan_slot : kernels::kNoLiveEntry;
   const uint64_t blocks =
       dst != nullptr ? CopyBlocks(len, geometry_.page_bytes)
                      : CopyBlocks(t.record_pages * geometry_.page_bytes, geometry_.page_bytes);
@@ -417,12 +425,23 @@ Status StreamCopier::ReleaseCapturedSlots() {
   return Status::Ok();
 }
 
-Status StreamCopier::AttachControl(CUstream stream, SessionControl* d_shared) {
+Status StreamCopier::AttachControl(CUstream stream, SessionControl* d_shared, uint8_t* host,
+                                   uint64_t bytes) {
   const RelaxedCaptureMode relaxed(driver_);
   if (Capturing(stream)) {
     return FailedPreconditionError("a control block cannot be attached while the stream captures");
   }
-  __atomic_store_n(&static_cast<HostBlock*>(host_block_)->shared, d_shared, __ATOMIC_RELEASE);
+  auto* block = static_cast<HostBlock*>(host_block_);
+  live_tags_.Attach(host, bytes);  // the tags there before a kernel writes numbers next to them
+  kernels::LiveTable* d_live = nullptr;
+  if (d_shared != nullptr && host != nullptr &&
+      bytes >= kernels::kLiveTableOffset + sizeof(kernels::LiveTable)) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address
+    d_live = reinterpret_cast<kernels::LiveTable*>(reinterpret_cast<uintptr_t>(d_shared) +
+                                                   kernels::kLiveTableOffset);
+  }
+  __atomic_store_n(&block->live, d_live, __ATOMIC_RELEASE);
+  __atomic_store_n(&block->shared, d_shared, __ATOMIC_RELEASE);
   // A step kernel already enqueued may have read the old address: the old block stays in use
   // until the work enqueued so far is done.
   STASH_CU_RETURN_IF_ERROR(driver_, EventRecord(attach_event_, stream));

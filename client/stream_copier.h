@@ -46,9 +46,11 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "client/live_table.h"
 #include "common/cuda_driver.h"
 #include "common/range_allocator.h"
 #include "stash/kernels/lease_control.h"
@@ -100,6 +102,11 @@ class StreamCopier {
     // memory saving upstream's paged stash makes): an overflowed stash's reload leaves the
     // destination as it is, and the step's overflow flag (LastStep) says to rerun the step.
     bool keep_source = true;
+    // Its tags in the control block's live-stash table (`stashctl sessions --detail`); `name`
+    // is copied there before Stash returns.
+    uint32_t layer = 0;
+    uint32_t microbatch = 0;
+    std::string_view name;
   };
   // Enqueues plan, copy and publish on `stream`; returns the ticket. RESOURCE_EXHAUSTED when
   // max_stashes stashes are live or the page-record arena is full (nothing enqueued);
@@ -123,10 +130,13 @@ class StreamCopier {
 
   // Points the step kernel at a new shared control block: `d_shared` is its device address (the
   // memfd the daemon created, registered for the device by the caller, who also marks it
-  // attached from the host as LeaseTable::SetControlBlock does). Later steps, graph replays
-  // included, publish into it. A step kernel already running may still write the previous
-  // block: keep it mapped and registered until OldControlReleasable(). Not while capturing.
-  Status AttachControl(CUstream stream, kernels::SessionControl* d_shared);
+  // attached from the host as LeaseTable::SetControlBlock does), `host` its mapping here, of
+  // `bytes`. Later steps, graph replays included, publish into it, and the stashes' kernels
+  // write their live-stash table entries there. A kernel already running may still write the
+  // previous block: keep it mapped and registered until OldControlReleasable(). Not while
+  // capturing.
+  Status AttachControl(CUstream stream, kernels::SessionControl* d_shared, uint8_t* host,
+                       uint64_t bytes);
   // Whether the work enqueued before the last AttachControl has completed.
   bool OldControlReleasable() const;
 
@@ -214,6 +224,7 @@ class StreamCopier {
   std::array<std::vector<SlotState>, kernels::kLeaseTiers> slots_;
   std::unordered_map<uint64_t, uint64_t> removals_;  // (tier << 48 | slot) -> answer index
   std::vector<uint32_t> free_answers_;
+  LiveTagWriter live_tags_;  // entry i: the stash in plan slot i
 };
 
 }  // namespace stash

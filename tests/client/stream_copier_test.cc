@@ -245,8 +245,10 @@ TEST_F(StreamCopierTest, TheControlBlockReachesTheSharedBlockAtEachStepAndTheDae
   shared->daemon_flags = kernels::kDaemonDraining;
   CUdeviceptr d_shared = 0;
   ASSERT_EQ(driver_->MemHostGetDevicePointer(&d_shared, shared_host, 0), CUDA_SUCCESS);
-  ASSERT_TRUE(
-      copier_->AttachControl(stream_, reinterpret_cast<kernels::SessionControl*>(d_shared)).ok());
+  ASSERT_TRUE(copier_
+                  ->AttachControl(stream_, reinterpret_cast<kernels::SessionControl*>(d_shared),
+                                  static_cast<uint8_t*>(shared_host), sizeof(*shared))
+                  .ok());
   const CUdeviceptr src = Alloc(kPageBytes);
   Put(src, Random(rng, kPageBytes));
   ASSERT_TRUE(copier_->Stash(stream_, Request(src, 1, 1, kPageBytes)).ok());
@@ -521,8 +523,10 @@ TEST_F(StreamCopierTest,
   ASSERT_EQ(driver_->MemHostGetDevicePointer(&d_block, block, 0), CUDA_SUCCESS);
   EXPECT_TRUE(copier_->OldControlReleasable());
   ASSERT_TRUE(copier_->BeginStep(stream_, 1).ok());
-  ASSERT_TRUE(
-      copier_->AttachControl(stream_, reinterpret_cast<kernels::SessionControl*>(d_block)).ok());
+  ASSERT_TRUE(copier_
+                  ->AttachControl(stream_, reinterpret_cast<kernels::SessionControl*>(d_block),
+                                  static_cast<uint8_t*>(block), sizeof(kernels::SessionControl))
+                  .ok());
   Sync();
   EXPECT_TRUE(copier_->OldControlReleasable());
   ASSERT_TRUE(copier_->BeginStep(stream_, 2).ok());
@@ -555,6 +559,81 @@ TEST_F(StreamCopierTest, SlotsOfCapturedStashesComeBackWhenTheCallerSaysItsGraph
   ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
   ASSERT_TRUE(copier_->Release(stream_, *ticket).ok());
   Sync();
+}
+
+// The live-stash table of the shared block (`stashctl sessions --detail`): the host writes a
+// stash's tags when it enqueues it, the stash's publish its ticket, bytes and pages; a stash
+// that took no page holds no entry, and a reload clears it. A second reload of the same plan
+// slot (a graph replayed twice) leaves the entry, which may be another stash's by then, alone.
+TEST_F(StreamCopierTest, EachStashsLiveEntryCarriesItsTagsAndWhatItHoldsUntilItsReload) {
+  MakeCopier(1, /*allow_host=*/false);
+  ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
+  void* host = nullptr;
+  ASSERT_EQ(driver_->MemHostAlloc(&host, kernels::kControlBlockBytes, CU_MEMHOSTALLOC_DEVICEMAP),
+            CUDA_SUCCESS);
+  host_allocations_.push_back(host);
+  std::memset(host, 0, kernels::kControlBlockBytes);
+  CUdeviceptr d_block = 0;
+  ASSERT_EQ(driver_->MemHostGetDevicePointer(&d_block, host, 0), CUDA_SUCCESS);
+  ASSERT_TRUE(copier_
+                  ->AttachControl(stream_, reinterpret_cast<kernels::SessionControl*>(d_block),
+                                  static_cast<uint8_t*>(host), kernels::kControlBlockBytes)
+                  .ok());
+  const auto* table = reinterpret_cast<const kernels::LiveTable*>(static_cast<uint8_t*>(host) +
+                                                                  kernels::kLiveTableOffset);
+  EXPECT_EQ(table->magic, kernels::kLiveTableMagic);
+  auto name_of = [](const kernels::LiveEntry& e) {
+    return std::string(reinterpret_cast<const char*>(e.name), e.name_bytes);
+  };
+
+  const uint64_t row_bytes = 4096;
+  const CUdeviceptr src = Alloc(3 * row_bytes), dst = Alloc(3 * row_bytes);
+  StreamCopier::StashRequest r = Request(src, 3, 3, row_bytes);
+  r.layer = 7;
+  r.microbatch = 2;
+  r.name = "fc1_input";
+  auto placed = copier_->Stash(stream_, r);
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  // A stash larger than the whole lease overflows: its entry keeps ticket 0.
+  const uint64_t too_big_rows = 2 * kChunkBytes / row_bytes;
+  StreamCopier::StashRequest big =
+      Request(Alloc(too_big_rows * row_bytes), too_big_rows, too_big_rows, row_bytes);
+  big.layer = 8;
+  big.name = "fc2_input";
+  auto overflowed = copier_->Stash(stream_, big);
+  ASSERT_TRUE(overflowed.ok()) << overflowed.status().ToString();
+  Sync();
+  // Plan slots are taken from 0 up: the first stash's entry is 0, the second's 1.
+  const kernels::LiveEntry& first = table->entries[0];
+  EXPECT_EQ(first.ticket, *placed);
+  EXPECT_EQ(first.tags, uint64_t{7} | uint64_t{2} << 32);
+  EXPECT_EQ(name_of(first), "fc1_input");
+  EXPECT_EQ(first.bytes, 3 * row_bytes);
+  EXPECT_EQ(first.pages, 1u);
+  EXPECT_EQ(first.seq % 2, 0u);
+  const kernels::LiveEntry& second = table->entries[1];
+  EXPECT_EQ(second.ticket, 0u) << "an overflowed stash holds no pages: no live entry";
+  EXPECT_EQ(name_of(second), "fc2_input");
+
+  ASSERT_TRUE(copier_->Release(stream_, *overflowed).ok());
+  ASSERT_TRUE(copier_->Reload(stream_, *placed, reinterpret_cast<void*>(dst), false).ok());
+  Sync();
+  EXPECT_EQ(first.ticket, 0u);
+  EXPECT_EQ(first.bytes, 0u);
+  EXPECT_EQ(first.pages, 0u);
+
+  // The slot freed last serves the next stash: its entry, with the new stash's tags.
+  r.layer = 9;
+  r.name = "attn";
+  auto next = copier_->Stash(stream_, r);
+  ASSERT_TRUE(next.ok());
+  Sync();
+  EXPECT_EQ(first.ticket, *next);
+  EXPECT_EQ(first.tags, uint64_t{9} | uint64_t{2} << 32);
+  EXPECT_EQ(name_of(first), "attn");
+  ASSERT_TRUE(copier_->Release(stream_, *next).ok());
+  Sync();
+  EXPECT_EQ(first.ticket, 0u);
 }
 
 TEST_F(StreamCopierTest, LiveStashesAreBoundedAndTheLimitSaysWhatToDo) {

@@ -461,7 +461,10 @@ TEST_F(MappedCheck, AnotherProcessReadsThePublishedBlockWhole) {
   auto copier = StreamCopier::Create(driver_, g, Fatbin());
   ASSERT_TRUE(copier.ok()) << copier.status().ToString();
   ASSERT_TRUE((*copier)->AddChunk(stream_, kLeaseDevice, 0, chunk_).ok());
-  ASSERT_TRUE((*copier)->AttachControl(stream_, AsPointer<kernels::SessionControl>(d_shared)).ok());
+  ASSERT_TRUE((*copier)
+                  ->AttachControl(stream_, AsPointer<kernels::SessionControl>(d_shared),
+                                  static_cast<uint8_t*>(block), block_bytes)
+                  .ok());
   const CUdeviceptr src = Alloc(bytes), dst = Alloc(bytes);
   Write(AsPointer(src), Pattern(bytes, 9));
   StreamCopier::StashRequest request;

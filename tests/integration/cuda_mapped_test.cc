@@ -511,6 +511,55 @@ TEST_F(CudaMapped, WhileTheDaemonDrainsTheCallerKeepsItsBuffersWithoutARerun) {
   EXPECT_EQ(DaemonStats(daemon_->socket()).sessions_size(), 1);
 }
 
+// `stashctl sessions --detail` shows a GPU rank's live stashes by (layer, microbatch, name), as
+// for host ranks: the library writes a stash's tags when it enqueues it and the stash's kernels
+// its ticket, bytes and pages; the daemon counts them against what the last step boundary
+// published, so the rows follow the boundaries.
+TEST_F(CudaMapped, SessionsShowAGpuRanksLiveStashesByTag) {
+  StartDaemon();
+  Open(MappedOptions(2 * kChunk));
+  const CUdeviceptr src = Device(Pattern(256 * kRow, 3));
+  auto tagged = [&](uint32_t layer, uint32_t microbatch, const std::string& name, uint64_t rows) {
+    StashArgs a = Args(src, rows, 256);
+    a.layer = layer;
+    a.microbatch = microbatch;
+    a.name = name;
+    auto ticket = client_->Stash(a);
+    EXPECT_TRUE(ticket.ok()) << ticket.status().ToString();
+    return ticket.ok() ? *ticket : 0;
+  };
+  tagged(1, 0, "fc1", 100);
+  tagged(1, 0, "fc1", 10);
+  const uint64_t experts = tagged(2, 1, "experts", 256);
+  EXPECT_FALSE(FlagsThenStep(1).overflow);
+  ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);  // the boundary published
+  v1::GetStatsResponse stats = DaemonStats(daemon_->socket());
+  ASSERT_EQ(stats.sessions_size(), 1);
+  v1::SessionStats s = stats.sessions(0);
+  EXPECT_EQ(s.stashes_live(), 3u);
+  EXPECT_EQ(s.live_untagged(), 0u);
+  ASSERT_EQ(s.live_size(), 2) << s.DebugString();
+  EXPECT_EQ(s.live(0).layer(), 1u);
+  EXPECT_EQ(s.live(0).name(), "fc1");
+  EXPECT_EQ(s.live(0).stashes(), 2u);
+  EXPECT_EQ(s.live(0).bytes(), 110 * kRow);
+  EXPECT_EQ(s.live(0).pages(), 8u);  // 7 + 1 pages of 64 KiB
+  EXPECT_EQ(s.live(1).layer(), 2u);
+  EXPECT_EQ(s.live(1).microbatch(), 1u);
+  EXPECT_EQ(s.live(1).name(), "experts");
+  EXPECT_EQ(s.live(1).bytes(), 256 * kRow);
+
+  // Reloaded, its row goes at the next boundary.
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(256 * kRow, 0));
+  ASSERT_TRUE(client_->Reload(Into(experts, dst)).ok());
+  EXPECT_FALSE(FlagsThenStep(2).overflow);
+  ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+  s = DaemonStats(daemon_->socket()).sessions(0);
+  EXPECT_EQ(s.stashes_live(), 2u);
+  ASSERT_EQ(s.live_size(), 1) << s.DebugString();
+  EXPECT_EQ(s.live(0).name(), "fc1");
+}
+
 // What this mode cannot take is refused with what to change, and nothing is enqueued.
 TEST_F(CudaMapped, HostBuffersAndEventsAreRefusedWithWhatToChange) {
   StartDaemon();

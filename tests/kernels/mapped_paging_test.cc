@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -74,7 +75,8 @@ struct Stashed {
 };
 
 Stashed Stash(Session& s, std::vector<uint8_t> data, uint64_t rows, uint64_t max_rows,
-              uint64_t row_bytes, bool keep_source = true) {
+              uint64_t row_bytes, bool keep_source = true, uint32_t live_entry = kNoLiveEntry,
+              uint64_t ticket = 1) {
   Stashed st;
   st.data = std::move(data);
   st.max_rows = max_rows;
@@ -90,6 +92,8 @@ Stashed Stash(Session& s, std::vector<uint8_t> data, uint64_t rows, uint64_t max
   a.keep_source = keep_source ? 1 : 0;
   a.d_plan = &st.plan;
   a.d_page_record = st.record.data();
+  a.ticket = ticket;
+  a.live_entry = live_entry;
   st.plan = ConsumedPlan();  // a fresh plan slot
   PlanMappedStashSlot(a);    // the plan kernel
   MappedStashCopySerial(a);  // the copy kernel
@@ -98,7 +102,8 @@ Stashed Stash(Session& s, std::vector<uint8_t> data, uint64_t rows, uint64_t max
 }
 
 // Reloads (dst non-null) or releases `st`; `kept` is the source the rank kept.
-void Reload(Session& s, Stashed& st, uint8_t* dst, bool zero_tail, const uint8_t* kept = nullptr) {
+void Reload(Session& s, Stashed& st, uint8_t* dst, bool zero_tail, const uint8_t* kept = nullptr,
+            uint32_t live_entry = kNoLiveEntry) {
   MappedReloadArgs a{};
   a.session = s.view;
   a.d_dst = dst;
@@ -108,6 +113,7 @@ void Reload(Session& s, Stashed& st, uint8_t* dst, bool zero_tail, const uint8_t
   a.max_rows = st.max_rows;
   a.row_bytes = st.row_bytes;
   a.zero_tail = zero_tail ? 1 : 0;
+  a.live_entry = live_entry;
   MappedReloadPopSerial(a);
   PublishMappedReload(a);
 }
@@ -267,6 +273,45 @@ TEST(MappedPaging, APlanSlotIsConsumedOnceSoReplaysOutOfTurnNeitherLeakNorDuplic
   Reload(s, st, dst.data(), false);
   EXPECT_EQ(dst, st.data);
   EXPECT_EQ(RingFree(s.tiers[kLeaseDevice].ring), kPagesPerChunk);
+}
+
+// The live-stash table's numbers (client/live_table.h has the tags): a stash's publish writes
+// its ticket, bytes and pages into its entry, its reload's publish clears them; a stash placed
+// nowhere writes ticket 0; a reload of a consumed slot (its entry may be another stash's by
+// then) and an entry past the table write nothing, nor does a session without a table.
+TEST(MappedPaging, ALiveEntryHoldsWhatItsStashHoldsUntilItsReload) {
+  std::mt19937_64 rng(11);
+  Session s(1, /*allow_host=*/false);
+  s.AddChunk(kLeaseDevice, 0);
+  auto table = std::make_unique<LiveTable>();
+  LiveTable* attached = nullptr;  // the host-visible word: no block attached yet
+  s.view.d_live = &attached;
+  Stashed unseen = Stash(s, Random(rng, 64), 1, 1, 64, true, 0, 5);
+  EXPECT_EQ(table->entries[0].ticket, 0u) << "no table attached: nothing written";
+  Reload(s, unseen, nullptr, false, nullptr, 0);
+
+  attached = table.get();
+  Stashed st = Stash(s, Random(rng, 128), 2, 2, 64, true, 3, 11);
+  ASSERT_EQ(st.plan.placement, Placement::kDevice);
+  const LiveEntry& e = table->entries[3];
+  EXPECT_EQ(e.ticket, 11u);
+  EXPECT_EQ(e.bytes, 128u);
+  EXPECT_EQ(e.pages, 2u);
+  Stashed big = Stash(s, Random(rng, 64 * 64), 64, 64, 64, true, 4, 12);  // past the lease
+  ASSERT_EQ(big.plan.placement, Placement::kOverflow);
+  EXPECT_EQ(table->entries[4].ticket, 0u);
+  Stash(s, Random(rng, 64), 1, 1, 64, true, kLiveEntries, 13);  // past the table: ignored
+
+  std::vector<uint8_t> dst(128, 0);
+  Reload(s, st, dst.data(), false, nullptr, 3);
+  EXPECT_EQ(dst, st.data);
+  EXPECT_EQ(e.ticket, 0u);
+  EXPECT_EQ(e.bytes, 0u);
+  EXPECT_EQ(e.pages, 0u);
+  table->entries[3].ticket = 99;                 // the entry's next stash
+  Reload(s, st, dst.data(), false, nullptr, 3);  // the reload replayed: its slot is consumed
+  EXPECT_EQ(table->entries[3].ticket, 99u);
+  EXPECT_EQ(s.control.step_flags, kStepOverflow);
 }
 
 TEST(MappedPaging, AChunkLeavesItsRingOnlyWhenNoStashHoldsItsPages) {

@@ -15,7 +15,9 @@
 // The device control block is published to the shared one (the memfd the daemon reads) by
 // kStepKernel, through the host mapping the rank registered for the device, and the daemon's
 // cache line comes back the same way; so the daemon sees a GPU rank's counters as of its last
-// step boundary.
+// step boundary. A stash's entry in the shared block's live-stash table (lease_live_table.h)
+// is different: its publish writes the entry's ticket, bytes and pages there at once (the host
+// wrote its tags when it enqueued the stash), and the reload's or release's publish clears them.
 #ifndef STASH_KERNELS_MAPPED_PAGING_H_
 #define STASH_KERNELS_MAPPED_PAGING_H_
 
@@ -24,6 +26,7 @@
 #include "stash/kernels/host_device.h"
 #include "stash/kernels/lease_bookkeeping.h"
 #include "stash/kernels/lease_control.h"
+#include "stash/kernels/lease_live_table.h"
 #include "stash/kernels/paging.h"
 
 namespace stash::kernels {
@@ -46,6 +49,9 @@ inline constexpr uint32_t kUntriedTier = 0xffffffffu;
 // pages are back, and another reload of it copies nothing and flags the step. Plan slots start
 // so (ConsumedPlan), and the reload's publish kernel leaves them so.
 inline constexpr uint32_t kConsumedTier = 0xfffffffeu;
+// MappedStashArgs/MappedReloadArgs.live_entry of a stash without an entry in the live-stash
+// table (it counts as untagged).
+inline constexpr uint32_t kNoLiveEntry = 0xffffffffu;
 
 STASH_HOST_DEVICE StashPlan ConsumedPlan() {
   StashPlan plan{};
@@ -76,6 +82,10 @@ struct alignas(16) MappedSessionView {
   // (ReportedStep / ReportedFlags: step << 2 | flags), rewritten by each stash's publish and by
   // the step kernel, so the host reads them without reading device memory. Null = none.
   uint64_t* d_step_flags;
+  // Host-visible: the device address of the shared control block's live-stash table, rewritten
+  // by the host when a new session's block arrives (so graphs captured before it write into the
+  // new one); null, or *d_live null = no table.
+  LiveTable* const* d_live;
 };
 
 struct alignas(16) MappedStashArgs {
@@ -90,6 +100,9 @@ struct alignas(16) MappedStashArgs {
                             // from it); 0: an overflowed or untried stash flags the step
   StashPlan* d_plan;        // this stash's plan slot (16-byte aligned)
   uint64_t* d_page_record;  // PagesFor(max_rows * row_bytes) entries
+  uint64_t ticket;          // the host's ticket, written to the live entry (nonzero)
+  uint32_t live_entry;      // its entry in the live-stash table; kNoLiveEntry = none
+  uint32_t reserved;
 };
 
 struct alignas(16) MappedReloadArgs {
@@ -100,8 +113,8 @@ struct alignas(16) MappedReloadArgs {
   const uint64_t* d_page_record;
   uint64_t max_rows;
   uint64_t row_bytes;
-  uint32_t zero_tail;  // 1: zeros over [bytes, max_rows * row_bytes) of d_dst
-  uint32_t reserved;
+  uint32_t zero_tail;   // 1: zeros over [bytes, max_rows * row_bytes) of d_dst
+  uint32_t live_entry;  // the stash's entry in the live-stash table; kNoLiveEntry = none
 };
 
 // What kStepKernel leaves for the host, in host-visible memory: one word, so a reader never pairs
@@ -193,6 +206,36 @@ STASH_HOST_DEVICE void PlanMappedStashSlot(const MappedStashArgs& a) {
   *a.d_plan = PlanMappedStash(a);
 }
 
+// The numbers of live-stash table entry `entry` (MappedSessionView.d_live): the stash's ticket,
+// bytes and pages, or all 0 (ticket 0: no live stash there). The ticket goes last when set and
+// first when cleared, so a reader that sees it sees the numbers that go with it; the daemon
+// clamps them anyway. The host wrote the entry's tags and name (client/live_table.h).
+STASH_HOST_DEVICE void WriteLiveEntry(const MappedSessionView& s, uint32_t entry, uint64_t ticket,
+                                      uint64_t bytes, uint64_t pages) {
+  if (s.d_live == nullptr || entry >= kLiveEntries) return;
+  LiveTable* table = *const_cast<LiveTable* const volatile*>(s.d_live);
+  if (table == nullptr) return;
+  LiveEntry& e = table->entries[entry];
+#if defined(__CUDA_ARCH__)
+  if (ticket == 0) {
+    ControlStore(e.ticket, 0);
+    __threadfence_system();
+  }
+  ControlStore(e.bytes, bytes);
+  ControlStore(e.pages, pages);
+  if (ticket != 0) {
+    __threadfence_system();
+    ControlStore(e.ticket, ticket);
+  }
+#else
+  // Release stores: none passes an earlier one (no fences: ThreadSanitizer models none).
+  if (ticket == 0) __atomic_store_n(&e.ticket, uint64_t{0}, __ATOMIC_RELEASE);
+  __atomic_store_n(&e.bytes, bytes, __ATOMIC_RELEASE);
+  __atomic_store_n(&e.pages, pages, __ATOMIC_RELEASE);
+  if (ticket != 0) __atomic_store_n(&e.ticket, ticket, __ATOMIC_RELEASE);
+#endif
+}
+
 // The current step's flags to the host (MappedSessionView.d_step_flags).
 STASH_HOST_DEVICE void ReportStepFlags(const MappedSessionView& s) {
   if (s.d_step_flags == nullptr) return;
@@ -237,12 +280,18 @@ STASH_HOST_DEVICE void PublishMappedStashBooks(const MappedStashArgs& a) {
   }
 }
 
-// After the copy: publishes the new head and keeps the books, and the step's flags to the host.
-// A bad count is counted as rejected and flags the step as an overflow (nothing was taken, and
-// no host is there to answer the operation with an error: a guarded trainer reruns the step
-// with the stash off).
+// After the copy: publishes the new head and keeps the books, the stash's live entry (its
+// numbers when it holds pages, else cleared) and the step's flags to the host. A bad count is
+// counted as rejected and flags the step as an overflow (nothing was taken, and no host is there to
+// answer the operation with an error: a guarded trainer reruns the step with the stash off).
 STASH_HOST_DEVICE void PublishMappedStash(const MappedStashArgs& a) {
   PublishMappedStashBooks(a);
+  const StashPlan plan = *a.d_plan;
+  if (PlacedLeaseTier(a.session, plan).d_ring != nullptr) {
+    WriteLiveEntry(a.session, a.live_entry, a.ticket, plan.bytes, plan.pages);
+  } else {
+    WriteLiveEntry(a.session, a.live_entry, 0, 0, 0);
+  }
   ReportStepFlags(a.session);
 }
 
@@ -253,10 +302,12 @@ STASH_HOST_DEVICE void PublishMappedReloadBooks(const MappedReloadArgs& a) {
   SessionControl& c = *s.d_control;
   *a.d_plan = ConsumedPlan();
   if (plan.tier == kConsumedTier) {
+    // Its entry may be another stash's by now: left alone.
     RecordRejected(c);
     if (a.d_dst != nullptr) RaiseStepFlags(c, *s.d_state, kStepOverflow);
     return;
   }
+  WriteLiveEntry(s, a.live_entry, 0, 0, 0);
   const LeaseTierView tier = PlacedLeaseTier(s, plan);
   if (tier.d_ring == nullptr) return;
   tier.d_ring->tail += plan.pages;
@@ -269,10 +320,10 @@ STASH_HOST_DEVICE void PublishMappedReloadBooks(const MappedReloadArgs& a) {
 }
 
 // After the pop: publishes the new tail and keeps the books (a reload or a release of a placed
-// stash; nothing for one that overflowed or was not tried), then consumes the plan slot, and the
-// step's flags to the host. A slot already consumed (reloaded twice, say by a graph replayed
-// twice without its stash) returns nothing: the destination was left as it was, so the step is
-// flagged.
+// stash; nothing for one that overflowed or was not tried), clears its live entry, then consumes
+// the plan slot, and the step's flags to the host. A slot already consumed (reloaded twice, say
+// by a graph replayed twice without its stash) returns nothing and leaves the entry alone: the
+// destination was left as it was, so the step is flagged.
 STASH_HOST_DEVICE void PublishMappedReload(const MappedReloadArgs& a) {
   PublishMappedReloadBooks(a);
   ReportStepFlags(a.session);
