@@ -185,6 +185,18 @@ StatusOr<Completion> SessionStream::Wait(uint64_t op, int64_t timeout_ms) {
     auto found = pending.find(op);
     return found == pending.end() || found->second.answered || broken;
   };
+  // `op` still waits for the writer, and no write runs: this thread writes it (and what was
+  // queued before it) instead of sleeping while the writer wakes up. Only operations that hand
+  // no memfd over: a write never blocks (gRPC queues it), a descriptor round trip could outlast
+  // the caller's timeout.
+  auto queued = [&] {
+    return std::any_of(outgoing.begin(), outgoing.end(),
+                       [&](const Outgoing& job) { return job.op == op; });
+  };
+  if (!writing && !ready() && queued()) {
+    while (!writing && queued() && outgoing.front().deposits.empty()) WriteFront(lock);
+    if (writer_sleeping) writer_cv.notify_one();  // it may wait for `writing` to clear
+  }
   if (timeout_ms < 0) {
     cv.wait(lock, ready);
   } else if (!cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
@@ -225,19 +237,27 @@ void SessionStream::WriterLoop() {
   (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
   std::unique_lock<std::mutex> lock(mu);
   while (true) {
-    if (outgoing.empty()) {
-      if (writer_stop) return;
-      writer_sleeping = true;
-      writer_cv.wait(lock, [&] { return !outgoing.empty() || writer_stop; });
-      writer_sleeping = false;
+    if (!outgoing.empty() && !writing) {
+      WriteFront(lock);
       continue;
     }
-    Outgoing job = std::move(outgoing.front());
-    outgoing.pop_front();
-    lock.unlock();
-    WriteOne(std::move(job));
-    lock.lock();
+    if (writer_stop && outgoing.empty() && !writing) return;
+    // Asleep with the flag set on every wait: a wake that finds nothing (a waiter took the
+    // operation first, Wait) sleeps again with it set, so the next Submit wakes it.
+    writer_sleeping = true;
+    writer_cv.wait(lock);
+    writer_sleeping = false;
   }
+}
+
+void SessionStream::WriteFront(std::unique_lock<std::mutex>& lock) {
+  Outgoing job = std::move(outgoing.front());
+  outgoing.pop_front();
+  writing = true;
+  lock.unlock();
+  WriteOne(std::move(job));
+  lock.lock();
+  writing = false;
 }
 
 void SessionStream::WriteOne(Outgoing job) {

@@ -6,7 +6,9 @@
 // In daemon-copy mode a thread of the stream's own (the writer) takes submitted operations in
 // order, hands the memfds they need to the daemon over the descriptor channel and writes them on
 // the stream: Submit() only queues, so Stash() and Reload() never wait on a descriptor round
-// trip or on gRPC's write path.
+// trip or on gRPC's write path. A caller that waits for an operation the writer has not taken
+// yet writes it itself (Wait): it would only sleep meanwhile, and the round trip is spared the
+// writer's wake-up.
 //
 // Thread-safe: members marked "guarded by mu" are read and written under `mu`; the rest never
 // change after Open().
@@ -299,7 +301,10 @@ struct SessionStream final
   std::deque<Outgoing> outgoing;
   std::condition_variable writer_cv;  // the writer waits here for `outgoing` or `writer_stop`
   bool writer_sleeping = false;       // guarded by mu: the writer waits on writer_cv
-  bool writer_stop = false;           // guarded by mu: Close() ran; Submit refuses
+  // Guarded by mu: a thread is in WriteOne (the writer, or a caller waiting for an operation it
+  // queued: Wait), so operations go out one at a time, in order.
+  bool writing = false;
+  bool writer_stop = false;  // guarded by mu: Close() ran; Submit refuses
   // Guarded by mu: after Close() ran, memory not handed over by then is not tried any more (its
   // operations fail), so a daemon that stopped answering holds up Close() by kCloseDrainTimeout
   // plus one descriptor round trip at most.
@@ -402,6 +407,8 @@ struct SessionStream final
 
   // The writer thread: runs WriteOne for each queued operation in order until StopWriter.
   void WriterLoop();
+  // Takes the oldest queued operation and writes it (`lock` holds mu, released meanwhile).
+  void WriteFront(std::unique_lock<std::mutex>& lock);
   // Hands `job`'s memfds to the daemon and writes its batch (writer thread).
   void WriteOne(Outgoing job);
   // Lets the writer hand over everything queued, then ends it (owner thread; Close).

@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "stash/client.h"
@@ -237,6 +239,61 @@ TEST_F(CopySubmit, AMemfdThatCannotBeHandedOverFailsItsOperationsThroughWait) {
 }
 
 // Bad arguments are still refused on the caller's thread, before anything is queued.
+// A caller that waits for an operation the writer has not taken yet writes it itself; the
+// writer still writes what nobody waits for. Threads mix both: stashes waited for at once,
+// stashes only polled (nobody but the writer sends those: a writer left asleep with one queued
+// would time this out), reloads checked byte for byte.
+TEST_F(CopySubmit, WaitersWriteTheirOwnOperationsAndTheWriterTheRest) {
+  StartDaemon({"--pool-bytes=16MiB"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 150;
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto src = Buffer(kBytes, static_cast<uint32_t>(t) + 1);
+      auto dst = Buffer(kBytes);
+      auto fail = [&](int round, const std::string& what) {
+        if (failures[t].empty()) failures[t] = "round " + std::to_string(round) + ": " + what;
+      };
+      for (int round = 0; round < kRounds && failures[t].empty(); ++round) {
+        auto ticket = client->Stash(Args(*src, kBytes, 1));
+        if (!ticket.ok()) return fail(round, ticket.status().ToString());
+        if ((round + t) % 2 == 0) {
+          auto answer = client->Wait(*ticket, WaitMs());
+          if (!answer.ok()) return fail(round, "wait: " + answer.status().ToString());
+        } else {
+          const auto deadline =
+              std::chrono::steady_clock::now() + std::chrono::milliseconds(WaitMs());
+          std::optional<StatusOr<Completion>> answer;
+          while (!(answer = client->Poll(*ticket)).has_value()) {
+            if (std::chrono::steady_clock::now() > deadline) {
+              return fail(round, "a stash nobody waited for was never answered");
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
+          if (!answer->ok()) return fail(round, "poll: " + answer->status().ToString());
+        }
+        std::memset(dst->data(), 0, kBytes);
+        ReloadArgs r;
+        r.ticket = *ticket;
+        r.destination = dst.get();
+        auto op = client->Reload(r);
+        if (!op.ok()) return fail(round, op.status().ToString());
+        auto reloaded = client->Wait(*op, WaitMs());
+        if (!reloaded.ok()) return fail(round, "reload: " + reloaded.status().ToString());
+        if (std::memcmp(dst->data(), src->data(), kBytes) != 0) {
+          return fail(round, "the reloaded bytes differ");
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+}
+
 TEST_F(CopySubmit, BadArgumentsAreRefusedAtOnce) {
   StartDaemon({"--pool-bytes=4MiB"});
   auto client = Connect();
