@@ -186,15 +186,18 @@ StatusOr<Completion> SessionStream::Wait(uint64_t op, int64_t timeout_ms) {
     return found == pending.end() || found->second.answered || broken;
   };
   // `op` still waits for the writer, and no write runs: this thread writes it (and what was
-  // queued before it) instead of sleeping while the writer wakes up. Only operations that hand
-  // no memfd over: a write never blocks (gRPC queues it), a descriptor round trip could outlast
-  // the caller's timeout.
-  auto queued = [&] {
-    return std::any_of(outgoing.begin(), outgoing.end(),
-                       [&](const Outgoing& job) { return job.op == op; });
-  };
-  if (!writing && !ready() && queued()) {
-    while (!writing && queued() && outgoing.front().deposits.empty()) WriteFront(lock);
+  // queued before it) instead of sleeping while the writer wakes up. Only as far as the queue
+  // hands no memfd over: a write never blocks (gRPC queues it), a descriptor round trip could
+  // outlast the caller's timeout. Nobody else takes from the queue meanwhile (this thread holds
+  // mu or `writing`), so its front stays the next job up to `op`.
+  const bool queued = std::any_of(outgoing.begin(), outgoing.end(),
+                                  [&](const Outgoing& job) { return job.op == op; });
+  if (queued && !writing && !ready()) {
+    while (!outgoing.empty() && outgoing.front().deposits.empty()) {
+      const uint64_t front = outgoing.front().op;
+      WriteFront(lock);
+      if (front == op) break;
+    }
     if (writer_sleeping) writer_cv.notify_one();  // it may wait for `writing` to clear
   }
   if (timeout_ms < 0) {

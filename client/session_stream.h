@@ -295,12 +295,13 @@ struct SessionStream final
   bool welcomed = false;      // guarded by mu
   bool hold_removed = false;  // guarded by mu
   IdSequence ids;             // guarded by mu: request ids, tickets
-  // Submitted operations the writer has not taken yet, in submission order. Each operation is
-  // here or in `writes`, never both: the writer moves it on as soon as its memfds are handed
-  // over, so this adds no bound and no buffering of its own. Guarded by mu.
+  // Submitted operations the writer (or a waiter: Wait) has not taken yet, in submission order.
+  // Each operation is here or in `writes`, never both: it moves on as soon as its memfds are
+  // handed over, so this adds no bound and no buffering of its own. Guarded by mu.
   std::deque<Outgoing> outgoing;
-  std::condition_variable writer_cv;  // the writer waits here for `outgoing` or `writer_stop`
-  bool writer_sleeping = false;       // guarded by mu: the writer waits on writer_cv
+  // The writer waits here for `outgoing`, `writer_stop`, or `writing` to clear.
+  std::condition_variable writer_cv;
+  bool writer_sleeping = false;  // guarded by mu: the writer waits on writer_cv
   // Guarded by mu: a thread is in WriteOne (the writer, or a caller waiting for an operation it
   // queued: Wait), so operations go out one at a time, in order.
   bool writing = false;
@@ -409,7 +410,8 @@ struct SessionStream final
   void WriterLoop();
   // Takes the oldest queued operation and writes it (`lock` holds mu, released meanwhile).
   void WriteFront(std::unique_lock<std::mutex>& lock);
-  // Hands `job`'s memfds to the daemon and writes its batch (writer thread).
+  // Hands `job`'s memfds to the daemon and writes its batch (the writer, or a waiter: Wait;
+  // one at a time, `writing` set).
   void WriteOne(Outgoing job);
   // Lets the writer hand over everything queued, then ends it (owner thread; Close).
   void StopWriter();

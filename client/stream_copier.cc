@@ -194,8 +194,7 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   v.d_step_flags = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, current_step));
   v.d_live = At<kernels::LiveTable* const>(c->host_block_device_ + offsetof(HostBlock, live));
 
-  c->free_plans_.reserve(g.max_stashes);
-  for (uint32_t i = g.max_stashes; i > 0; --i) c->free_plans_.push_back(i - 1);
+  for (uint32_t i = 0; i < g.max_stashes; ++i) c->free_plans_.insert(c->free_plans_.end(), i);
   for (uint32_t i = kMaxRemovals; i > 0; --i) c->free_answers_.push_back(i - 1);
   return c;
 }
@@ -257,10 +256,9 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
                                   std::to_string(records_.capacity()) +
                                   " free): reload or release stashes first");
   }
-  const uint32_t plan_slot = free_plans_.back();
+  const uint32_t plan_slot = *free_plans_.begin();
   const uint64_t ticket = next_ticket_ + 1;
   const uint32_t live_entry = plan_slot < kernels::kLiveEntries ? plan_slot : kernels::kNoLiveEntry;
-  live_tags_.Tag(live_entry, r.layer, r.microbatch, r.name);
   MappedStashArgs a{};
   a.session = view_;
   a.d_src = static_cast<const uint8_t*>(r.src);
@@ -279,7 +277,10 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
     records_.Free(*record, record_pages);
     return s;
   }
-  free_plans_.pop_back();
+  free_plans_.erase(free_plans_.begin());
+  // The tags before the publish kernel writes the numbers beside them (the plan kernel does not
+  // touch the entry; a plan that failed to launch left it to the slot's previous stash).
+  live_tags_.Tag(live_entry, r.layer, r.microbatch, r.name);
   s = Launch(functions_[kCopy], CopyBlocks(max_bytes, geometry_.page_bytes), false, stream, &a,
              "cuLaunchKernel(stash copy)");
   if (s.ok()) {
@@ -401,7 +402,7 @@ Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool
   if (t.captured || Capturing(stream)) {
     captured_ended_.push_back(t);
   } else {
-    free_plans_.push_back(t.plan_slot);
+    free_plans_.insert(t.plan_slot);
     records_.Free(t.record_offset, t.record_pages);
   }
   tickets_.erase(it);
@@ -418,7 +419,7 @@ Status StreamCopier::ReleaseCapturedSlots() {
     }
   }
   for (const Ticket& t : captured_ended_) {
-    free_plans_.push_back(t.plan_slot);
+    free_plans_.insert(t.plan_slot);
     records_.Free(t.record_offset, t.record_pages);
   }
   captured_ended_.clear();

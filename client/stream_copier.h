@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -216,7 +217,9 @@ class StreamCopier {
   CUevent attach_event_ = nullptr;     // recorded by AttachControl
   bool attach_recorded_ = false;
   uint64_t next_ticket_ = 0;
-  std::vector<uint32_t> free_plans_;
+  // The lowest free slot serves next, so the live-stash table (an entry per slot below
+  // kernels::kLiveEntries) covers the stashes of any order of reloads up to its size.
+  std::set<uint32_t> free_plans_;
   RangeAllocator records_;
   std::unordered_map<uint64_t, Ticket> tickets_;
   std::vector<Ticket> captured_ended_;       // slots kept for graphs (ReleaseCapturedSlots)

@@ -563,8 +563,8 @@ TEST_F(StreamCopierTest, SlotsOfCapturedStashesComeBackWhenTheCallerSaysItsGraph
 
 // The live-stash table of the shared block (`stashctl sessions --detail`): the host writes a
 // stash's tags when it enqueues it, the stash's publish its ticket, bytes and pages; a stash
-// that took no page holds no entry, and a reload clears it. A second reload of the same plan
-// slot (a graph replayed twice) leaves the entry, which may be another stash's by then, alone.
+// that took no page holds no entry, and a reload clears it. The lowest free plan slot (and so
+// entry) serves each stash.
 TEST_F(StreamCopierTest, EachStashsLiveEntryCarriesItsTagsAndWhatItHoldsUntilItsReload) {
   MakeCopier(1, /*allow_host=*/false);
   ASSERT_TRUE(copier_->AddChunk(stream_, kLeaseDevice, 0, kChunkBytes).ok());
@@ -600,6 +600,7 @@ TEST_F(StreamCopierTest, EachStashsLiveEntryCarriesItsTagsAndWhatItHoldsUntilIts
       Request(Alloc(too_big_rows * row_bytes), too_big_rows, too_big_rows, row_bytes);
   big.layer = 8;
   big.name = "fc2_input";
+  const_cast<kernels::LiveEntry&>(table->entries[1]).ticket = 77;  // as a stash before it left it
   auto overflowed = copier_->Stash(stream_, big);
   ASSERT_TRUE(overflowed.ok()) << overflowed.status().ToString();
   Sync();
@@ -622,7 +623,7 @@ TEST_F(StreamCopierTest, EachStashsLiveEntryCarriesItsTagsAndWhatItHoldsUntilIts
   EXPECT_EQ(first.bytes, 0u);
   EXPECT_EQ(first.pages, 0u);
 
-  // The slot freed last serves the next stash: its entry, with the new stash's tags.
+  // The lowest free slot serves the next stash: its entry, with the new stash's tags.
   r.layer = 9;
   r.name = "attn";
   auto next = copier_->Stash(stream_, r);

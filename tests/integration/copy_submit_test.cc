@@ -238,11 +238,11 @@ TEST_F(CopySubmit, AMemfdThatCannotBeHandedOverFailsItsOperationsThroughWait) {
   EXPECT_EQ(std::memcmp(dst->data(), src->data(), kBytes), 0);
 }
 
-// Bad arguments are still refused on the caller's thread, before anything is queued.
 // A caller that waits for an operation the writer has not taken yet writes it itself; the
 // writer still writes what nobody waits for. Threads mix both: stashes waited for at once,
-// stashes only polled (nobody but the writer sends those: a writer left asleep with one queued
-// would time this out), reloads checked byte for byte.
+// stashes only polled, reloads checked byte for byte. Then one thread alone stashes and only
+// polls: nobody but the writer sends those, so a writer left asleep with work queued (after a
+// waiter took what woke it) times that phase out.
 TEST_F(CopySubmit, WaitersWriteTheirOwnOperationsAndTheWriterTheRest) {
   StartDaemon({"--pool-bytes=16MiB"});
   auto client = Connect();
@@ -292,7 +292,30 @@ TEST_F(CopySubmit, WaitersWriteTheirOwnOperationsAndTheWriterTheRest) {
   }
   for (std::thread& t : threads) t.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+
+  auto src = Buffer(kBytes, 99);
+  for (int round = 0; round < 200; ++round) {
+    auto ticket = client->Stash(Args(*src, kBytes, 1));
+    ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+    if (round % 2 == 0) {
+      ASSERT_TRUE(client->Wait(*ticket, WaitMs()).ok());  // written here, or by the writer
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(WaitMs());
+      std::optional<StatusOr<Completion>> answer;
+      while (!(answer = client->Poll(*ticket)).has_value()) {
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+            << "round " << round << ": the writer never sent a stash nobody waited for";
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      ASSERT_TRUE(answer->ok()) << answer->status().ToString();
+    }
+    auto release = client->Release(*ticket);
+    ASSERT_TRUE(release.ok()) << release.status().ToString();
+    ASSERT_TRUE(client->Wait(*release, WaitMs()).ok());
+  }
 }
+
+// Bad arguments are still refused on the caller's thread, before anything is queued.
 
 TEST_F(CopySubmit, BadArgumentsAreRefusedAtOnce) {
   StartDaemon({"--pool-bytes=4MiB"});

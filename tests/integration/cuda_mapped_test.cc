@@ -513,8 +513,8 @@ TEST_F(CudaMapped, WhileTheDaemonDrainsTheCallerKeepsItsBuffersWithoutARerun) {
 
 // `stashctl sessions --detail` shows a GPU rank's live stashes by (layer, microbatch, name), as
 // for host ranks: the library writes a stash's tags when it enqueues it and the stash's kernels
-// its ticket, bytes and pages; the daemon counts them against what the last step boundary
-// published, so the rows follow the boundaries.
+// its ticket, bytes and pages; the daemon clamps them to the counters the last step boundary
+// published, so the test reads them right after a boundary.
 TEST_F(CudaMapped, SessionsShowAGpuRanksLiveStashesByTag) {
   StartDaemon();
   Open(MappedOptions(2 * kChunk));
@@ -549,7 +549,7 @@ TEST_F(CudaMapped, SessionsShowAGpuRanksLiveStashesByTag) {
   EXPECT_EQ(s.live(1).name(), "experts");
   EXPECT_EQ(s.live(1).bytes(), 256 * kRow);
 
-  // Reloaded, its row goes at the next boundary.
+  // Reloaded: its row goes (and the boundary's counters agree).
   const CUdeviceptr dst = Device(std::vector<uint8_t>(256 * kRow, 0));
   ASSERT_TRUE(client_->Reload(Into(experts, dst)).ok());
   EXPECT_FALSE(FlagsThenStep(2).overflow);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -283,24 +284,32 @@ TEST(MappedPaging, ALiveEntryHoldsWhatItsStashHoldsUntilItsReload) {
   std::mt19937_64 rng(11);
   Session s(1, /*allow_host=*/false);
   s.AddChunk(kLeaseDevice, 0);
-  auto table = std::make_unique<LiveTable>();
+  struct Block {
+    LiveTable table;
+    uint64_t after[sizeof(LiveEntry) / sizeof(uint64_t)];  // where an entry past it would be
+  };
+  auto block = std::make_unique<Block>();
+  std::memset(block->after, 0x5a, sizeof(block->after));
+  LiveTable* const table = &block->table;
   LiveTable* attached = nullptr;  // the host-visible word: no block attached yet
   s.view.d_live = &attached;
   Stashed unseen = Stash(s, Random(rng, 64), 1, 1, 64, true, 0, 5);
   EXPECT_EQ(table->entries[0].ticket, 0u) << "no table attached: nothing written";
   Reload(s, unseen, nullptr, false, nullptr, 0);
 
-  attached = table.get();
+  attached = table;
   Stashed st = Stash(s, Random(rng, 128), 2, 2, 64, true, 3, 11);
   ASSERT_EQ(st.plan.placement, Placement::kDevice);
   const LiveEntry& e = table->entries[3];
   EXPECT_EQ(e.ticket, 11u);
   EXPECT_EQ(e.bytes, 128u);
   EXPECT_EQ(e.pages, 2u);
+  table->entries[4].ticket = 77;  // as a stash before it left it
   Stashed big = Stash(s, Random(rng, 64 * 64), 64, 64, 64, true, 4, 12);  // past the lease
   ASSERT_EQ(big.plan.placement, Placement::kOverflow);
-  EXPECT_EQ(table->entries[4].ticket, 0u);
+  EXPECT_EQ(table->entries[4].ticket, 0u) << "a stash placed nowhere holds no entry";
   Stash(s, Random(rng, 64), 1, 1, 64, true, kLiveEntries, 13);  // past the table: ignored
+  for (uint64_t word : block->after) ASSERT_EQ(word, 0x5a5a5a5a5a5a5a5aull);
 
   std::vector<uint8_t> dst(128, 0);
   Reload(s, st, dst.data(), false, nullptr, 3);
