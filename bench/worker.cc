@@ -442,6 +442,28 @@ Status RunLatency(const Flags& flags) {
     return Status::Ok();
   };
 
+  // The one-call forms (StashAndWait, ReloadAndWait: the Python binding's wait=True).
+  std::vector<double> sync_stash_us, sync_reload_us;
+  auto sync_once = [&](bool record) -> Status {
+    const auto t0 = Clock::now();
+    uint64_t ticket = 0;
+    STASH_ASSIGN_OR_RETURN(const Completion s, client->StashAndWait(args, -1, &ticket));
+    const auto t1 = Clock::now();
+    STASH_RETURN_IF_ERROR(CheckPlaced(s, kBytes));
+    ReloadArgs r;
+    r.ticket = ticket;
+    r.destination = dst.get();
+    const auto t2 = Clock::now();
+    STASH_ASSIGN_OR_RETURN(const Completion unused, client->ReloadAndWait(r));
+    const auto t3 = Clock::now();
+    (void)unused;
+    if (record) {
+      sync_stash_us.push_back(MicrosBetween(t0, t1));
+      sync_reload_us.push_back(MicrosBetween(t2, t3));
+    }
+    return Status::Ok();
+  };
+
   // Eight Stash() calls back to back (a layer's buffers): after the first, a write is usually in
   // flight, so the call only queues.
   std::vector<double> burst_submit_us;
@@ -467,6 +489,7 @@ Status RunLatency(const Flags& flags) {
     STASH_RETURN_IF_ERROR(unary_ping(nullptr));
     STASH_RETURN_IF_ERROR(stream_ping(nullptr));
     STASH_RETURN_IF_ERROR(stash_once(false));
+    STASH_RETURN_IF_ERROR(sync_once(false));
   }
   STASH_RETURN_IF_ERROR(get_stats(nullptr));
   // Rounds interleave the kinds, so a noisy moment of the machine hits all of them alike.
@@ -474,6 +497,7 @@ Status RunLatency(const Flags& flags) {
   for (uint64_t round = 0; round < rounds; ++round) {
     for (uint64_t i = 0; i < per_round; ++i) STASH_RETURN_IF_ERROR(unary_ping(&ping_us));
     for (uint64_t i = 0; i < per_round; ++i) STASH_RETURN_IF_ERROR(stash_once(true));
+    for (uint64_t i = 0; i < per_round; ++i) STASH_RETURN_IF_ERROR(sync_once(true));
     for (uint64_t i = 0; i < per_round; ++i) STASH_RETURN_IF_ERROR(stream_ping(&stream_us));
     for (uint64_t i = 0; i < per_round / 4; ++i) STASH_RETURN_IF_ERROR(get_stats(&getstats_us));
     for (uint64_t i = 0; i < per_round / 8; ++i) STASH_RETURN_IF_ERROR(stash_burst(true));
@@ -495,6 +519,9 @@ Status RunLatency(const Flags& flags) {
       .Add("submit_p99_us", Quantile(submit_us, 0.99))
       .Add("stash_median_us", Median(stash_us))
       .Add("stash_p99_us", Quantile(stash_us, 0.99))
+      .Add("sync_stash_median_us", Median(sync_stash_us))
+      .Add("sync_stash_p99_us", Quantile(sync_stash_us, 0.99))
+      .Add("sync_reload_median_us", Median(sync_reload_us))
       .Add("burst_submit_median_us", Median(burst_submit_us))
       .Add("burst_submit_p99_us", Quantile(burst_submit_us, 0.99))
       .Add("reload_submit_median_us", Median(reload_submit_us))

@@ -90,6 +90,12 @@ int Answer(const stash::StatusOr<uint64_t>& id, uint64_t* op) {
   return 0;
 }
 
+int Answer(const stash::StatusOr<stash::Completion>& c, stash_completion_t* out) {
+  if (!c.ok()) return Fail(c.status());
+  Fill(*c, out);
+  return 0;
+}
+
 #define STASH_C_REQUIRE(cond, what) \
   if (!(cond)) return Fail(stash::StatusCode::kInvalidArgument, what)
 
@@ -195,6 +201,15 @@ int stash_stash(stash_client_t* client, const stash_stash_args_t* args, uint64_t
   return Stash(client, StashArgsOf(args), ticket);
 }
 
+int stash_stash_wait(stash_client_t* client, const stash_stash_args_t* args, int64_t timeout_ms,
+                     uint64_t* ticket, stash_completion_t* out) {
+  STASH_C_REQUIRE(client != nullptr && args != nullptr,
+                  "stash_stash_wait: client and args must not be NULL");
+  STASH_C_REQUIRE(args->source != nullptr || args->device_source != nullptr,
+                  "stash_stash_wait: set args->source (a buffer) or args->device_source");
+  return Answer(client->client->StashAndWait(StashArgsOf(args), timeout_ms, ticket), out);
+}
+
 int stash_stash_on_stream(stash_client_t* client, const stash_stash_args_t* args, int keep_source,
                           void* stream, uint64_t* ticket) {
   STASH_C_REQUIRE(client != nullptr && args != nullptr && ticket != nullptr,
@@ -249,6 +264,19 @@ int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destin
   a.offset = offset;
   a.zero_tail = zero_tail != 0;
   return Answer(client->client->Reload(a), op);
+}
+
+int stash_reload_wait(stash_client_t* client, uint64_t ticket, stash_buffer_t* destination,
+                      uint64_t offset, int zero_tail, int64_t timeout_ms, uint64_t* op,
+                      stash_completion_t* out) {
+  STASH_C_REQUIRE(client != nullptr && destination != nullptr,
+                  "stash_reload_wait: client and destination must not be NULL");
+  stash::ReloadArgs a;
+  a.ticket = ticket;
+  a.destination = destination->buffer.get();
+  a.offset = offset;
+  a.zero_tail = zero_tail != 0;
+  return Answer(client->client->ReloadAndWait(a, timeout_ms, op), out);
 }
 
 int stash_reload_device(stash_client_t* client, uint64_t ticket, void* destination, int zero_tail,
@@ -307,10 +335,7 @@ int stash_begin_step(stash_client_t* client, uint64_t step, uint64_t* op) {
 
 int stash_wait(stash_client_t* client, uint64_t op, int64_t timeout_ms, stash_completion_t* out) {
   STASH_C_REQUIRE(client != nullptr, "stash_wait: client is NULL");
-  auto c = client->client->Wait(op, timeout_ms);
-  if (!c.ok()) return Fail(c.status());
-  Fill(*c, out);
-  return 0;
+  return Answer(client->client->Wait(op, timeout_ms), out);
 }
 
 int stash_poll(stash_client_t* client, uint64_t op, stash_completion_t* out) {

@@ -101,6 +101,10 @@ struct Region {
 
 namespace {
 
+SessionStream::Writer WriterOf(bool then_wait) {
+  return then_wait ? SessionStream::Writer::kCallerWaits : SessionStream::Writer::kSessionThread;
+}
+
 // Resolves `host` + offset or `device` + offset (exactly one of them set), `bytes` long.
 StatusOr<Region> ResolveRegion(CudaSide* cuda, const HostBuffer* host, const void* device,
                                uint64_t offset, uint64_t bytes, const std::string& what,
@@ -148,7 +152,25 @@ void SetRef(const Region& region, v1::MemoryRef* out) {
 
 }  // namespace
 
-StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
+StatusOr<uint64_t> Client::Stash(const StashArgs& args) { return Queue(args, false); }
+
+StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) { return Queue(args, false); }
+
+StatusOr<Completion> Client::StashAndWait(const StashArgs& args, int64_t timeout_ms,
+                                          uint64_t* ticket) {
+  STASH_ASSIGN_OR_RETURN(const uint64_t queued, Queue(args, true));
+  if (ticket != nullptr) *ticket = queued;
+  return Wait(queued, timeout_ms);
+}
+
+StatusOr<Completion> Client::ReloadAndWait(const ReloadArgs& args, int64_t timeout_ms,
+                                           uint64_t* op) {
+  STASH_ASSIGN_OR_RETURN(const uint64_t queued, Queue(args, true));
+  if (op != nullptr) *op = queued;
+  return Wait(queued, timeout_ms);
+}
+
+StatusOr<uint64_t> Client::Queue(const StashArgs& args, bool then_wait) {
   // The shape, the same in both modes.
   if (args.row_bytes == 0 || args.max_rows == 0) {
     return InvalidArgumentError("stash needs row_bytes > 0 and max_rows > 0");
@@ -203,10 +225,11 @@ StatusOr<uint64_t> Client::Stash(const StashArgs& args) {
     kept.tier = Tier::kOverflow;
     return copy_->Local(kept);
   }
-  return stream->Submit(std::move(r), Completion::Kind::kStash, memories, stale, std::move(done));
+  return stream->Submit(std::move(r), Completion::Kind::kStash, memories, stale, std::move(done),
+                        WriterOf(then_wait));
 }
 
-StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
+StatusOr<uint64_t> Client::Queue(const ReloadArgs& args, bool then_wait) {
   if (args.ticket == 0) return InvalidArgumentError("reload needs the ticket Stash returned");
   if (gpu_mapped_) return gpu_mapped_->Reload(args);
   STASH_RETURN_IF_ERROR(NoStream(args.stream, "reload stream"));
@@ -227,7 +250,7 @@ StatusOr<uint64_t> Client::Reload(const ReloadArgs& args) {
   SessionStream::DoneEvent done = SessionStream::SetEvents(args.ready, args.done, rl, memories);
   STASH_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, copy_->ForTicket(args.ticket));
   return stream->Submit(std::move(r), Completion::Kind::kReload, memories, destination.stale,
-                        std::move(done));
+                        std::move(done), WriterOf(then_wait));
 }
 
 StatusOr<uint64_t> Client::Release(uint64_t ticket, void* gpu_stream) {

@@ -198,7 +198,10 @@ StatusOr<Completion> SessionStream::Wait(uint64_t op, int64_t timeout_ms) {
       WriteFront(lock);
       if (front == op) break;
     }
-    if (writer_sleeping) writer_cv.notify_one();  // it may wait for `writing` to clear
+    // What this thread left (behind a memfd, or queued meanwhile) is the writer's: it may sleep
+    // (it found `writing` set, or the submitter left it asleep: Writer::kCallerWaits), and a
+    // stopping writer waits for `writing` to clear. With nothing left it sleeps on.
+    if (writer_sleeping && (!outgoing.empty() || writer_stop)) writer_cv.notify_one();
   }
   if (timeout_ms < 0) {
     cv.wait(lock, ready);

@@ -365,13 +365,22 @@ struct SessionStream final
     AddInternalLocked(std::move(r), Completion::Kind::kUnregister, memory_id, out);
   }
 
+  // Who writes a submitted operation when the writer sleeps.
+  enum class Writer {
+    kSessionThread,  // the writer is woken: the caller goes on (Stash, Reload)
+    // The caller Waits for it next (StashAndWait, ReloadAndWait): the writer sleeps on, and the
+    // caller's Wait writes it, or wakes the writer for it when it must not (a memfd to hand
+    // over first, a write running).
+    kCallerWaits,
+  };
   // Queues `request` for the writer (after unregistering `stale` allocations and registering the
   // memory it names that is new to the session) and tracks it as `kind`. Sets the request id (and
   // a stash's ticket, the same) and returns it at once: what the writer finds later (a memfd the
   // daemon would not take, a stream that broke meanwhile) is that operation's answer, through Wait.
   StatusOr<uint64_t> Submit(v1::SessionRequest request, Completion::Kind kind,
                             const std::vector<MemoryDesc>& memories,
-                            const std::vector<uint64_t>& stale, DoneEvent done_event) {
+                            const std::vector<uint64_t>& stale, DoneEvent done_event,
+                            Writer writer_of = Writer::kSessionThread) {
     uint64_t id = 0;
     bool wake = false;
     {
@@ -399,8 +408,8 @@ struct SessionStream final
       pending.emplace(id, std::move(p));
       job.batch.push_back(std::move(request));
       outgoing.push_back(std::move(job));
-      wake = writer_sleeping;
-      writer_sleeping = false;
+      wake = writer_sleeping && writer_of == Writer::kSessionThread;
+      if (wake) writer_sleeping = false;
     }
     if (wake) writer_cv.notify_one();
     return id;

@@ -315,6 +315,107 @@ TEST_F(CopySubmit, WaitersWriteTheirOwnOperationsAndTheWriterTheRest) {
   }
 }
 
+// StashAndWait / ReloadAndWait: the calling thread writes its own request and the writer sleeps
+// on, except for a buffer new to the session, whose memfd only the writer hands over (it is
+// woken for it: with a writer left asleep, these first calls would never be answered). Threads
+// mix the one-call form with Stash() + Poll(), which only the writer serves.
+TEST_F(CopySubmit, StashAndWaitAnswersInOneCallAndTheWriterServesTheRest) {
+  StartDaemon({"--pool-bytes=16MiB"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 150;
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto fail = [&](int round, const std::string& what) {
+        if (failures[t].empty()) failures[t] = "round " + std::to_string(round) + ": " + what;
+      };
+      std::unique_ptr<HostBuffer> src;
+      std::unique_ptr<HostBuffer> dst;
+      for (int round = 0; round < kRounds && failures[t].empty(); ++round) {
+        // A new pair of buffers now and then: their memfds go over through the writer.
+        if (round % 50 == 0) {
+          src = Buffer(kBytes, static_cast<uint32_t>(t * 1000 + round) + 1);
+          dst = Buffer(kBytes);
+        }
+        uint64_t ticket = 0;
+        if ((round + t) % 3 != 0) {
+          auto stashed = client->StashAndWait(Args(*src, kBytes, 1), WaitMs(), &ticket);
+          if (!stashed.ok()) return fail(round, "stash: " + stashed.status().ToString());
+          if (stashed->ticket != ticket) return fail(round, "the answer names another ticket");
+          if (stashed->tier != Tier::kDevice) return fail(round, "not in the pool");
+        } else {
+          auto queued = client->Stash(Args(*src, kBytes, 1));
+          if (!queued.ok()) return fail(round, queued.status().ToString());
+          ticket = *queued;
+          const auto deadline =
+              std::chrono::steady_clock::now() + std::chrono::milliseconds(WaitMs());
+          std::optional<StatusOr<Completion>> answer;
+          while (!(answer = client->Poll(ticket)).has_value()) {
+            if (std::chrono::steady_clock::now() > deadline) {
+              return fail(round, "a stash nobody waited for was never answered");
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
+          if (!answer->ok()) return fail(round, "poll: " + answer->status().ToString());
+        }
+        std::memset(dst->data(), 0, kBytes);
+        ReloadArgs r;
+        r.ticket = ticket;
+        r.destination = dst.get();
+        uint64_t op = 0;
+        auto reloaded = client->ReloadAndWait(r, WaitMs(), &op);
+        if (!reloaded.ok()) return fail(round, "reload: " + reloaded.status().ToString());
+        if (op == 0 || reloaded->ticket != ticket) return fail(round, "reload names no op");
+        if (std::memcmp(dst->data(), src->data(), kBytes) != 0) {
+          return fail(round, "the reloaded bytes differ");
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+}
+
+// A one-call wait that times out says DEADLINE_EXCEEDED and still hands the ticket out: the
+// stash goes on, and a later Wait gets its answer. Bad arguments are refused before anything is
+// queued (no ticket), and the daemon's refusal is the answer.
+TEST_F(CopySubmit, StashAndWaitTimesOutWithTheTicketAndRefusesBadArguments) {
+  StartDaemon({"--pool-bytes=4MiB"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto src = Buffer(kBytes, 21);
+  auto dst = Buffer(kBytes);
+  ASSERT_TRUE(client->StashAndWait(Args(*src, kBytes, 1), WaitMs()).ok());  // registers src
+
+  uint64_t ticket = 0;
+  {
+    Stopped stopped(daemon_->process().pid());
+    auto late = client->StashAndWait(Args(*src, kBytes, 1), 100, &ticket);
+    EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded) << late.status().ToString();
+    ASSERT_NE(ticket, 0u);
+  }
+  auto stashed = client->Wait(ticket, WaitMs());
+  ASSERT_TRUE(stashed.ok()) << stashed.status().ToString();
+  EXPECT_EQ(stashed->ticket, ticket);
+  ReloadArgs r;
+  r.ticket = ticket;
+  r.destination = dst.get();
+  auto reloaded = client->ReloadAndWait(r, WaitMs());
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().ToString();
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), kBytes), 0);
+
+  uint64_t untouched = 0;
+  EXPECT_EQ(client->StashAndWait(Args(*src, kBytes, 2), WaitMs(), &untouched).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(untouched, 0u);
+  auto spent = client->ReloadAndWait(r, WaitMs(), &untouched);  // the ticket is spent
+  EXPECT_EQ(spent.status().code(), StatusCode::kNotFound) << spent.status().ToString();
+  EXPECT_NE(untouched, 0u);
+}
+
 // Bad arguments are still refused on the caller's thread, before anything is queued.
 
 TEST_F(CopySubmit, BadArgumentsAreRefusedAtOnce) {

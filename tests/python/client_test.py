@@ -148,6 +148,29 @@ def test_poll_returns_none_until_answered_then_the_completion(client):
         assert client.wait(ticket).rows == 4
 
 
+def test_a_waiting_stash_that_times_out_names_the_operation_still_in_flight(client):
+    # wait=True is one library call (stash_stash_wait): its timeout error carries the ticket.
+    with stashd.Buffer(ROW * 4) as src, stashd.Buffer(ROW * 4) as dest, \
+            stashd.Buffer(8) as ev:
+        data = fill(src, 4, seed=5)
+        with pytest.raises(stashd.DeadlineExceeded) as info:
+            client.stash(src, row_bytes=ROW, max_rows=4, count=4, ready=(ev, 0, 1),
+                         timeout_ms=20)
+        ticket = info.value.op
+        assert ticket
+        ev.signal(0, 1)
+        done = client.wait(ticket)
+        assert done.ticket == ticket and done.rows == 4
+        back = client.reload(ticket, dest, timeout_ms=10_000)
+        assert back.rows == 4 and dest.read(0, 4 * ROW) == data
+        with pytest.raises(stashd.StashError) as spent:
+            client.reload(ticket, dest)
+        assert spent.value.code_name == "NOT_FOUND" and spent.value.op
+        with pytest.raises(stashd.StashError) as bad:
+            client.stash(src, row_bytes=ROW, max_rows=8, count=1)  # past the buffer's end
+        assert bad.value.code_name == "INVALID_ARGUMENT" and bad.value.op is None
+
+
 def test_closed_client_raises_unavailable(daemon):
     c = daemon.connect()
     c.close()

@@ -215,7 +215,8 @@ def test_forward_goes_on_when_the_daemon_dies(start_daemon, mode):
 # --- 9. name, layer and microbatch travel with every stash --------------------------------
 
 class _SpyLib:
-    """Delegates to the ctypes library and records the tags of every stash_stash call."""
+    """Delegates to the ctypes library and records the tags of every stash (stash_stash, and
+    stash_stash_wait: a stash waited for at once)."""
 
     def __init__(self, lib):
         self._lib = lib
@@ -224,11 +225,18 @@ class _SpyLib:
     def __getattr__(self, name):
         return getattr(self._lib, name)
 
-    def stash_stash(self, handle, args_ref, ticket_ref):
+    def _record(self, args_ref):
         args = args_ref._obj  # ctypes.byref(StashArgs)
         self.tags.append((args.name.decode() if args.name else None, args.layer,
                           args.microbatch))
+
+    def stash_stash(self, handle, args_ref, ticket_ref):
+        self._record(args_ref)
         return self._lib.stash_stash(handle, args_ref, ticket_ref)
+
+    def stash_stash_wait(self, handle, args_ref, *rest):
+        self._record(args_ref)
+        return self._lib.stash_stash_wait(handle, args_ref, *rest)
 
 
 def test_name_layer_and_microbatch_are_sent_with_each_stash(torch_client):

@@ -123,6 +123,16 @@ STASH_EXPORT int stash_stash(stash_client_t* client, const stash_stash_args_t* a
 /* Queues a reload into destination + offset (must hold max_rows rows). */
 STASH_EXPORT int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destination,
                               uint64_t offset, int zero_tail, uint64_t* op);
+/* stash_stash then stash_wait as one call, for a caller that waits at once anyway: in
+ * daemon-copy mode the calling thread writes the request itself, the shortest round trip
+ * (stash::Client::StashAndWait). *ticket (when not NULL) is set once the stash is queued, also
+ * when the wait then fails: after DEADLINE_EXCEEDED wait on it again. */
+STASH_EXPORT int stash_stash_wait(stash_client_t* client, const stash_stash_args_t* args,
+                                  int64_t timeout_ms, uint64_t* ticket, stash_completion_t* out);
+/* stash_reload then stash_wait as one call (as stash_stash_wait). */
+STASH_EXPORT int stash_reload_wait(stash_client_t* client, uint64_t ticket,
+                                   stash_buffer_t* destination, uint64_t offset, int zero_tail,
+                                   int64_t timeout_ms, uint64_t* op, stash_completion_t* out);
 /* Cuda backend: queues a reload into device memory. ready (NULL buffer = now): the daemon writes
  * only after this event; done (NULL buffer = none): raised after the copy, for
  * stash_enqueue_wait. */

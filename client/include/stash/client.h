@@ -241,6 +241,19 @@ class STASH_EXPORT Client {
 
   // Queues a reload; returns the operation id to Wait on.
   StatusOr<uint64_t> Reload(const ReloadArgs& args);
+  // Stash(args), then Wait(ticket, timeout_ms), as one call, for a caller that waits at once
+  // anyway (the Python binding's wait=True): in daemon-copy mode the calling thread writes the
+  // request itself instead of waking the session's own thread, the shortest round trip
+  // (docs/benchmarks.md §2). The answer, or the error Stash or Wait gives. `ticket` (when set)
+  // receives the ticket once the stash is queued, also when the wait then fails: after
+  // DEADLINE_EXCEEDED the stash is still in flight, Wait on it again (or Release it once
+  // answered). Completion::ticket names it otherwise.
+  StatusOr<Completion> StashAndWait(const StashArgs& args, int64_t timeout_ms = -1,
+                                    uint64_t* ticket = nullptr);
+  // Reload(args), then Wait, as one call (as StashAndWait); `op` (when set) receives the
+  // operation id once queued.
+  StatusOr<Completion> ReloadAndWait(const ReloadArgs& args, int64_t timeout_ms = -1,
+                                     uint64_t* op = nullptr);
   // Queues dropping a stash without copying it back; returns the operation id. `stream`: mapped
   // mode on the cuda backend (like StashArgs::stream), refused elsewhere.
   StatusOr<uint64_t> Release(uint64_t ticket, void* stream = nullptr);
@@ -314,6 +327,10 @@ class STASH_EXPORT Client {
   Client() = default;
   // The live session's Welcome, whichever mode holds it.
   v1::Welcome welcome() const;
+  // Stash and Reload; `then_wait`: the caller Waits for the operation next (the *AndWait calls),
+  // so in daemon-copy mode its Wait writes the request and the session's thread sleeps on.
+  StatusOr<uint64_t> Queue(const StashArgs& args, bool then_wait);
+  StatusOr<uint64_t> Queue(const ReloadArgs& args, bool then_wait);
   // Exactly one is set: the mode this client was opened in. Each public method dispatches at
   // its top; nothing else looks at the mode.
   std::unique_ptr<CopySession> copy_;              // Mode::kDaemonCopy

@@ -170,6 +170,17 @@ class Client:
         if code != 0:
             raise error_for(code, _lib.last_error())
 
+    def _answered(self, code: int, op: "ctypes.c_uint64", out: "_lib.CompletionStruct"
+                  ) -> Completion:
+        """The answer of a queue-and-wait call (stash_stash_wait, stash_reload_wait). A wait
+        that failed after the queueing names the operation, still in flight after a timeout,
+        in the error's op."""
+        if code != 0:
+            error = error_for(code, _lib.last_error())
+            error.op = op.value or None
+            raise error
+        return _completion(out)
+
     @property
     def on_stream(self) -> bool:
         """True in mapped mode on the cuda backend: operations are enqueued on a CUDA stream
@@ -222,8 +233,14 @@ class Client:
         if name:
             args.name = name.encode()
         ticket = ctypes.c_uint64()
+        if wait:
+            out = _lib.CompletionStruct()
+            return self._answered(
+                self._lib.stash_stash_wait(self._h(), ctypes.byref(args), _timeout(timeout_ms),
+                                           ctypes.byref(ticket), ctypes.byref(out)),
+                ticket, out)
         self._check(self._lib.stash_stash(self._h(), ctypes.byref(args), ctypes.byref(ticket)))
-        return self.wait(ticket.value, timeout_ms) if wait else ticket.value
+        return ticket.value
 
     def reload(self, ticket: int, destination: Buffer, *, offset: int = 0,
                zero_tail: bool = False, wait: bool = True,
@@ -232,9 +249,17 @@ class Client:
         its pages. zero_tail: also write zeros to rows [rows, max_rows). The ticket is spent.
         NOT_FOUND (from the answer) for a ticket that is not a live stash of this session."""
         op = ctypes.c_uint64()
+        if wait:
+            out = _lib.CompletionStruct()
+            return self._answered(
+                self._lib.stash_reload_wait(self._h(), int(ticket), destination.handle,
+                                            int(offset), 1 if zero_tail else 0,
+                                            _timeout(timeout_ms), ctypes.byref(op),
+                                            ctypes.byref(out)),
+                op, out)
         self._check(self._lib.stash_reload(self._h(), int(ticket), destination.handle,
                                            int(offset), 1 if zero_tail else 0, ctypes.byref(op)))
-        return self.wait(op.value, timeout_ms) if wait else op.value
+        return op.value
 
     # --- Device memory (cuda backend) -------------------------------------------------------
 
@@ -287,6 +312,12 @@ class Client:
         if not keep_source and on is None:
             raise ValueError("stashd: keep_source=False is for mapped mode on the cuda backend "
                              "(client.on_stream), where the stash runs on a stream; drop it")
+        if on is None and wait:
+            out = _lib.CompletionStruct()
+            return self._answered(
+                self._lib.stash_stash_wait(self._h(), ctypes.byref(args), _timeout(timeout_ms),
+                                           ctypes.byref(ticket), ctypes.byref(out)),
+                ticket, out)
         if on is None:
             self._check(self._lib.stash_stash(self._h(), ctypes.byref(args),
                                               ctypes.byref(ticket)))

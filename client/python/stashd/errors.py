@@ -32,10 +32,14 @@ class StashError(RuntimeError):
     """A call the library or the daemon refused.
 
     code: the status code (int, google.rpc.Code numbering); code_name: its name, e.g.
-    "NOT_FOUND"; message: what the library or daemon said, without the code prefix.
+    "NOT_FOUND"; message: what the library or daemon said, without the code prefix; op: for a
+    call that queued an operation and then waited for it (stash or reload with wait=True), the
+    operation's id (a stash's ticket): after DeadlineExceeded it is still in flight, wait() on
+    it again. None otherwise.
     """
 
     def __init__(self, code: int, message: str):
+        self.op = None
         self.code = int(code)
         self.code_name = CODE_NAMES.get(self.code, f"CODE_{self.code}")
         prefix = self.code_name + ": "
