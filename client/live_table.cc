@@ -100,11 +100,12 @@ void LiveTableWriter::Publish(uint32_t entry) {
 
 LiveTagWriter::LiveTagWriter() : own_(ZeroEntries()) {}
 
-void LiveTagWriter::Attach(uint8_t* block, uint64_t bytes) {
+bool LiveTagWriter::Attach(uint8_t* block, uint64_t bytes) {
   table_ = TableIn(block, bytes);
-  if (table_ == nullptr) return;
+  if (table_ == nullptr) return false;
   for (uint32_t i = 0; i < k::kLiveEntries; ++i) PublishEntry(own_[i], table_->entries[i], false);
   k::ControlStore(table_->magic, k::kLiveTableMagic);
+  return true;
 }
 
 void LiveTagWriter::Tag(uint32_t entry, uint32_t layer, uint32_t microbatch,

@@ -60,8 +60,9 @@ class LiveTagWriter {
   LiveTagWriter();
 
   // As LiveTableWriter::Attach: every entry's tags are written there; a block too small for a
-  // table leaves the writer without one.
-  void Attach(uint8_t* block, uint64_t bytes);
+  // table leaves the writer without one. Returns whether the block holds a table (at
+  // kernels::kLiveTableOffset), where the GPU's kernels then write the numbers.
+  bool Attach(uint8_t* block, uint64_t bytes);
   // The tags of `entry` (< kernels::kLiveEntries) for the stash about to be enqueued in it.
   void Tag(uint32_t entry, uint32_t layer, uint32_t microbatch, std::string_view name);
 

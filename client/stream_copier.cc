@@ -21,6 +21,12 @@ using kernels::SessionControl;
 using kernels::StashPlan;
 using kernels::StepReport;
 
+// The live-stash table's entry of the stash in plan slot `plan_slot`: entry i is slot i, and the
+// slots past the table's size have none.
+uint32_t LiveEntryOf(uint32_t plan_slot) {
+  return plan_slot < kernels::kLiveEntries ? plan_slot : kernels::kNoLiveEntry;
+}
+
 // The kernels, in the order of functions_.
 enum Kernel : uint32_t {
   kPlan,
@@ -258,7 +264,7 @@ StatusOr<uint64_t> StreamCopier::Stash(CUstream stream, const StashRequest& r) {
   }
   const uint32_t plan_slot = *free_plans_.begin();
   const uint64_t ticket = next_ticket_ + 1;
-  const uint32_t live_entry = plan_slot < kernels::kLiveEntries ? plan_slot : kernels::kNoLiveEntry;
+  const uint32_t live_entry = LiveEntryOf(plan_slot);
   MappedStashArgs a{};
   a.session = view_;
   a.d_src = static_cast<const uint8_t*>(r.src);
@@ -389,7 +395,7 @@ Status StreamCopier::EndTicket(CUstream stream, uint64_t ticket, void* dst, bool
   a.max_rows = t.max_rows;
   a.row_bytes = t.row_bytes;
   a.zero_tail = zero_tail ? 1 : 0;
-  a.live_entry = t.plan_slot < kernels::kLiveEntries ? t.plan_slot : kernels::kNoLiveEntry;
+  a.live_entry = LiveEntryOf(t.plan_slot);
   const uint64_t blocks =
       dst != nullptr ? CopyBlocks(len, geometry_.page_bytes)
                      : CopyBlocks(t.record_pages * geometry_.page_bytes, geometry_.page_bytes);
@@ -433,10 +439,10 @@ Status StreamCopier::AttachControl(CUstream stream, SessionControl* d_shared, ui
     return FailedPreconditionError("a control block cannot be attached while the stream captures");
   }
   auto* block = static_cast<HostBlock*>(host_block_);
-  live_tags_.Attach(host, bytes);  // the tags there before a kernel writes numbers next to them
+  // The tags there before a kernel writes numbers next to them.
+  const bool has_table = live_tags_.Attach(host, bytes);
   kernels::LiveTable* d_live = nullptr;
-  if (d_shared != nullptr && host != nullptr &&
-      bytes >= kernels::kLiveTableOffset + sizeof(kernels::LiveTable)) {
+  if (d_shared != nullptr && has_table) {
     // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address
     d_live = reinterpret_cast<kernels::LiveTable*>(reinterpret_cast<uintptr_t>(d_shared) +
                                                    kernels::kLiveTableOffset);
