@@ -77,7 +77,10 @@ void CopySession::EndIfDrained() {
   {
     MutexLock lock(&mu_);
     if (stream_ == nullptr || !stream_->drained_now()) return;
-    ended = std::move(stream_);
+    ended = stream_;
+    // Still found by Wait: an operation queued on it after the check (an Unregister) is
+    // answered there, or fails with the session's end (the next Reconnect drops it).
+    retired_.push_back(std::move(stream_));
   }
   ended->Close();  // a half-close: the daemon ends the session, `stashctl sessions` drops it
 }

@@ -435,6 +435,7 @@ struct SessionStream final
         broken_status = UnavailableError("stashd on " + socket + " ended the session");
       }
       ReleaseDoneEventsLocked();
+      WakeWriterToDropLocked();
       cv.notify_all();
       return;
     }
@@ -458,7 +459,14 @@ struct SessionStream final
     }
     done = true;
     ReleaseDoneEventsLocked();
+    WakeWriterToDropLocked();
     cv.notify_all();
+  }
+
+  // The stream broke: a writer left asleep with operations queued (their callers' Waits returned
+  // at once) takes them now, sending nothing, so the memfds they hold close (lock held).
+  void WakeWriterToDropLocked() {
+    if (writer_sleeping && !outgoing.empty()) writer_cv.notify_one();
   }
 
   void Dispatch(const v1::SessionResponse& r) {

@@ -58,10 +58,14 @@ class CopySubmit : public ::testing::Test {
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
-// Stops the daemon (SIGSTOP) for its lifetime: it reads nothing, answers nothing.
+// Stops the daemon (SIGSTOP) for its lifetime: it reads nothing, answers nothing. Returns once
+// every thread of it stopped (kill returns before they do, and one still running may answer).
 class Stopped {
  public:
-  explicit Stopped(pid_t pid) : pid_(pid) { EXPECT_EQ(kill(pid_, SIGSTOP), 0); }
+  explicit Stopped(pid_t pid) : pid_(pid) {
+    EXPECT_EQ(kill(pid_, SIGSTOP), 0);
+    EXPECT_TRUE(testing::AllThreadsStopped(pid_)) << "the daemon's threads did not stop";
+  }
   Stopped(const Stopped&) = delete;
   Stopped& operator=(const Stopped&) = delete;
   ~Stopped() { Resume(); }
@@ -318,7 +322,8 @@ TEST_F(CopySubmit, WaitersWriteTheirOwnOperationsAndTheWriterTheRest) {
 // StashAndWait / ReloadAndWait: the calling thread writes its own request and the writer sleeps
 // on, except for a buffer new to the session, whose memfd only the writer hands over (it is
 // woken for it: with a writer left asleep, these first calls would never be answered). Threads
-// mix the one-call form with Stash() + Poll(), which only the writer serves.
+// mix the one-call form with Stash() + Poll(), which nobody waits for: the writer, or another
+// thread's wait that finds them queued ahead of its own, writes those.
 TEST_F(CopySubmit, StashAndWaitAnswersInOneCallAndTheWriterServesTheRest) {
   StartDaemon({"--pool-bytes=16MiB"});
   auto client = Connect();

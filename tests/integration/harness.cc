@@ -1,5 +1,6 @@
 #include "tests/integration/harness.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -8,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -154,6 +156,29 @@ bool DaemonProcess::Ready() {
     if (!process_.running()) return false;
     if (SocketAccepts(socket_)) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+bool AllThreadsStopped(pid_t pid) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    DIR* dir = opendir(tasks.c_str());
+    if (dir == nullptr) return false;
+    while (dirent* e = readdir(dir)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream stat(tasks + "/" + e->d_name + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t paren = line.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= line.size()) continue;  // gone
+      if (line[paren + 2] != 'T' && line[paren + 2] != 't') all = false;
+    }
+    closedir(dir);
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return false;
 }

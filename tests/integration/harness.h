@@ -83,6 +83,10 @@ UniqueFd ConnectUnix(const std::string& path, int type = SOCK_SEQPACKET);
 // Whether a Unix socket at `path` accepts connections.
 bool SocketAccepts(const std::string& path);
 
+// Whether every thread of `pid` is stopped (state T in /proc/PID/task/*/stat), polled for up to
+// 5 s: kill(SIGSTOP) returns before the threads stop, and one still running may serve a request.
+bool AllThreadsStopped(pid_t pid);
+
 // How much slower than a plain build this one runs (STASH_TEST_TIME_SCALE, default 1; the
 // sanitizer presets set more): scales the few deadlines that are requirements, like "pages
 // return within 1 s".

@@ -192,31 +192,6 @@ v1::DescriptorResponse Ask(const std::string& fd_path, const std::string& packet
   return response;
 }
 
-// Whether every thread of `pid` is stopped (state T in /proc/PID/task/*/stat), polled for up to
-// 5 s: kill(SIGSTOP) returns before the threads stop, and one still running may serve a packet.
-bool AllThreadsStopped(pid_t pid) {
-  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (std::chrono::steady_clock::now() < deadline) {
-    bool all = true;
-    DIR* dir = opendir(tasks.c_str());
-    if (dir == nullptr) return false;
-    while (dirent* e = readdir(dir)) {
-      if (e->d_name[0] == '.') continue;
-      std::ifstream stat(tasks + "/" + e->d_name + "/stat");
-      std::string line;
-      std::getline(stat, line);
-      const size_t paren = line.rfind(')');
-      if (paren == std::string::npos || paren + 2 >= line.size()) continue;  // gone
-      if (line[paren + 2] != 'T' && line[paren + 2] != 't') all = false;
-    }
-    closedir(dir);
-    if (all) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return false;
-}
-
 // The same to the descriptor socket of the daemon on `socket`.
 v1::DescriptorResponse Send(const std::string& socket, const std::string& packet,
                             const std::vector<int>& fds) {
@@ -460,7 +435,7 @@ TEST(Security, ADescriptorWhoseCloseBlocksDoesNotStopTheServer) {
   ASSERT_EQ(kill(daemon.process().pid(), SIGSTOP), 0);
   // Else a thread still running may serve the packet before sender.reset() below, which then
   // is the last close and waits out the linger itself.
-  ASSERT_TRUE(AllThreadsStopped(daemon.process().pid()));
+  ASSERT_TRUE(testing::AllThreadsStopped(daemon.process().pid()));
   UniqueFd c = ConnectUnix(daemon.socket() + ".fd");
   ASSERT_TRUE(c.valid());
   ASSERT_TRUE(SendPacket(c.get(), "garbage", {sender.get()}).ok());

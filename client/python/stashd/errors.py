@@ -34,8 +34,8 @@ class StashError(RuntimeError):
     code: the status code (int, google.rpc.Code numbering); code_name: its name, e.g.
     "NOT_FOUND"; message: what the library or daemon said, without the code prefix; op: for a
     call that queued an operation and then waited for it (stash or reload with wait=True), the
-    operation's id (a stash's ticket): after DeadlineExceeded it is still in flight, wait() on
-    it again. None otherwise.
+    operation's id (a stash's ticket). Only after DeadlineExceeded is it still in flight (wait()
+    on it again); after any other error its answer was this error. None for other calls.
     """
 
     def __init__(self, code: int, message: str):
