@@ -152,6 +152,8 @@ Status LeaseTable::AddChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint6
       mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd.get(), 0);
   if (p == MAP_FAILED) return ErrnoStatus("mapping leased chunk " + std::to_string(chunk_id));
   madvise(at, bytes, MADV_DONTFORK);
+  // Each page written once through this mapping (a virtual machine may trap its first write).
+  WriteEachPage(at, bytes);
   const uint64_t pages = bytes / page_bytes_;
   const uint64_t first = slot * (chunk_bytes_ / page_bytes_);
   for (uint64_t i = 0; i < pages; ++i) kernels::RingReturnAt(t.ring, t.ring.tail, i, first + i);

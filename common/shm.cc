@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -72,6 +73,15 @@ std::string ShmemHugePageSetting() {
 bool ShmemHugePagesOffered(const std::string& setting) {
   return setting == "always" || setting == "within_size" || setting == "advise" ||
          setting == "force";
+}
+
+// Not instrumented for ThreadSanitizer: racing with a copy's plain stores is the point, and
+// changes nothing.
+__attribute__((no_sanitize("thread"))) void WriteEachPage(uint8_t* start, uint64_t size) {
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (uint64_t off = 0; off < size; off += page) {
+    __atomic_fetch_or(reinterpret_cast<uint64_t*>(start + off), uint64_t{0}, __ATOMIC_RELAXED);
+  }
 }
 
 bool AllocatePages(int fd, uint64_t bytes) {

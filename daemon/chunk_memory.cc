@@ -162,23 +162,24 @@ Status ChunkMemory::Renew(uint64_t chunk) {
 StatusOr<PopulateMethod> ChunkMemory::Populate(uint64_t chunk) {
   uint8_t* const start = base_ + chunk * chunk_bytes_;
   const uint64_t size = ChunkBytes(chunk);
+  // Each page is also written once (WriteEachPage, common/shm.h), except on hugetlb, where a page a
+  // holder punched out of a leased chunk meanwhile would fault with SIGBUS; those pages are
+  // reserved at start anyway.
+  const bool write_pages = page_kind_ != PageKind::kHugetlb;
   for (uint64_t done = 0; done < size; done += kPopulateSlice) {
     const uint64_t n = std::min(kPopulateSlice, size - done);
     int rc = 0;
     STASH_SYSCALL_RETRY(rc, madvise(start + done, n, MADV_POPULATE_WRITE));
-    if (rc == 0) continue;
-    if (errno == EINVAL && done == 0 && page_kind_ != PageKind::kHugetlb) {
-      // Before Linux 5.14: a read of each page allocates it in the memfd (shmem never maps
-      // its zero page), so a copy later takes only a minor write fault. It reads, never
-      // writes: a copy may run into this chunk meanwhile. Not on hugetlb, where a page a
-      // holder punched out of a leased chunk would fault with SIGBUS here; those pages are
-      // reserved at start anyway.
-      const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-      for (uint64_t off = 0; off < size; off += page) {
-        (void)*reinterpret_cast<volatile const uint8_t*>(start + off);
-      }
+    if (rc == 0) {
+      if (write_pages) WriteEachPage(start + done, n);
+      continue;
+    }
+    if (errno == EINVAL && done == 0 && write_pages) {
+      // Before Linux 5.14: the write of each page allocates it in the memfd. It changes no
+      // byte: a copy may run into this chunk meanwhile.
+      WriteEachPage(start, size);
       SetWarm(chunk, true);
-      return PopulateMethod::kReadFault;
+      return PopulateMethod::kWriteFault;
     }
     return ResourceExhaustedError(ErrnoStatus("populating " + FormatBytes(size) + " of " + label_ +
                                               "-chunk" + std::to_string(chunk) +

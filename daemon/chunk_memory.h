@@ -42,8 +42,10 @@ struct ChunkMemoryOptions {
 
 // How a chunk's pages were populated (Populate).
 enum class PopulateMethod {
-  kPopulateWrite,  // madvise(MADV_POPULATE_WRITE), Linux 5.14+: allocated and mapped writable
-  kReadFault,      // an older kernel: one read per page allocates it (a write later is minor)
+  // madvise(MADV_POPULATE_WRITE), Linux 5.14+: allocated and mapped writable, and (but on
+  // hugetlb) each page written once without changing a byte
+  kPopulateWrite,
+  kWriteFault,  // an older kernel: that write of each page allocates it
 };
 
 // Thread-compatible, with one exception: Populate may run on any thread while others copy into

@@ -11,7 +11,7 @@ namespace {
 
 const char* MethodName(PopulateMethod method) {
   return method == PopulateMethod::kPopulateWrite ? "MADV_POPULATE_WRITE"
-                                                  : "a read of each page (no MADV_POPULATE_WRITE)";
+                                                  : "a write of each page (no MADV_POPULATE_WRITE)";
 }
 
 }  // namespace
