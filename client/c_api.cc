@@ -62,6 +62,17 @@ stash::StashArgs StashArgsOf(const stash_stash_args_t* args) {
   return a;
 }
 
+// A reload into a shared-memory buffer (stash_reload, stash_reload_wait).
+stash::ReloadArgs HostReloadArgs(uint64_t ticket, stash_buffer_t* destination, uint64_t offset,
+                                 int zero_tail) {
+  stash::ReloadArgs a;
+  a.ticket = ticket;
+  a.destination = destination->buffer.get();
+  a.offset = offset;
+  a.zero_tail = zero_tail != 0;
+  return a;
+}
+
 int Stash(stash_client_t* client, const stash::StashArgs& a, uint64_t* ticket) {
   auto t = client->client->Stash(a);
   if (!t.ok()) return Fail(t.status());
@@ -258,12 +269,7 @@ int stash_reload(stash_client_t* client, uint64_t ticket, stash_buffer_t* destin
                  uint64_t offset, int zero_tail, uint64_t* op) {
   STASH_C_REQUIRE(client != nullptr && destination != nullptr && op != nullptr,
                   "stash_reload: client, destination and op must not be NULL");
-  stash::ReloadArgs a;
-  a.ticket = ticket;
-  a.destination = destination->buffer.get();
-  a.offset = offset;
-  a.zero_tail = zero_tail != 0;
-  return Answer(client->client->Reload(a), op);
+  return Answer(client->client->Reload(HostReloadArgs(ticket, destination, offset, zero_tail)), op);
 }
 
 int stash_reload_wait(stash_client_t* client, uint64_t ticket, stash_buffer_t* destination,
@@ -271,12 +277,9 @@ int stash_reload_wait(stash_client_t* client, uint64_t ticket, stash_buffer_t* d
                       stash_completion_t* out) {
   STASH_C_REQUIRE(client != nullptr && destination != nullptr,
                   "stash_reload_wait: client and destination must not be NULL");
-  stash::ReloadArgs a;
-  a.ticket = ticket;
-  a.destination = destination->buffer.get();
-  a.offset = offset;
-  a.zero_tail = zero_tail != 0;
-  return Answer(client->client->ReloadAndWait(a, timeout_ms, op), out);
+  return Answer(client->client->ReloadAndWait(
+                    HostReloadArgs(ticket, destination, offset, zero_tail), timeout_ms, op),
+                out);
 }
 
 int stash_reload_device(stash_client_t* client, uint64_t ticket, void* destination, int zero_tail,
