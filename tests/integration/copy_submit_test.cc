@@ -55,6 +55,38 @@ class CopySubmit : public ::testing::Test {
     }
   }
   int64_t WaitMs() const { return 20000 * TimeScale(); }
+  // Polls `op` (an operation nobody waits for) until it is answered: "" when it was, with OK,
+  // else what went wrong.
+  std::string PollAnswered(Client& client, uint64_t op) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(WaitMs());
+    std::optional<StatusOr<Completion>> answer;
+    while (!(answer = client.Poll(op)).has_value()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return "an operation nobody waited for was never answered";
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return answer->ok() ? "" : "poll: " + answer->status().ToString();
+  }
+  // Runs `round(t, r)` for rounds r < kRounds on kThreads threads t at once; a thread stops at
+  // its first failure (a non-empty answer), and each thread's first failure is reported.
+  static constexpr int kThreads = 4;
+  static constexpr int kRounds = 150;
+  template <typename Round>
+  static void OnThreads(Round round) {
+    std::vector<std::thread> threads;
+    std::vector<std::string> failures(kThreads);
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int r = 0; r < kRounds && failures[t].empty(); ++r) {
+          std::string failed = round(t, r);
+          if (!failed.empty()) failures[t] = "round " + std::to_string(r) + ": " + failed;
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+  }
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
@@ -251,51 +283,34 @@ TEST_F(CopySubmit, WaitersWriteTheirOwnOperationsAndTheWriterTheRest) {
   StartDaemon({"--pool-bytes=16MiB"});
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  constexpr int kThreads = 4;
-  constexpr int kRounds = 150;
-  std::vector<std::thread> threads;
-  std::vector<std::string> failures(kThreads);
+  std::vector<std::unique_ptr<HostBuffer>> srcs;
+  std::vector<std::unique_ptr<HostBuffer>> dsts;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      auto src = Buffer(kBytes, static_cast<uint32_t>(t) + 1);
-      auto dst = Buffer(kBytes);
-      auto fail = [&](int round, const std::string& what) {
-        if (failures[t].empty()) failures[t] = "round " + std::to_string(round) + ": " + what;
-      };
-      for (int round = 0; round < kRounds && failures[t].empty(); ++round) {
-        auto ticket = client->Stash(Args(*src, kBytes, 1));
-        if (!ticket.ok()) return fail(round, ticket.status().ToString());
-        if ((round + t) % 2 == 0) {
-          auto answer = client->Wait(*ticket, WaitMs());
-          if (!answer.ok()) return fail(round, "wait: " + answer.status().ToString());
-        } else {
-          const auto deadline =
-              std::chrono::steady_clock::now() + std::chrono::milliseconds(WaitMs());
-          std::optional<StatusOr<Completion>> answer;
-          while (!(answer = client->Poll(*ticket)).has_value()) {
-            if (std::chrono::steady_clock::now() > deadline) {
-              return fail(round, "a stash nobody waited for was never answered");
-            }
-            std::this_thread::sleep_for(std::chrono::microseconds(200));
-          }
-          if (!answer->ok()) return fail(round, "poll: " + answer->status().ToString());
-        }
-        std::memset(dst->data(), 0, kBytes);
-        ReloadArgs r;
-        r.ticket = *ticket;
-        r.destination = dst.get();
-        auto op = client->Reload(r);
-        if (!op.ok()) return fail(round, op.status().ToString());
-        auto reloaded = client->Wait(*op, WaitMs());
-        if (!reloaded.ok()) return fail(round, "reload: " + reloaded.status().ToString());
-        if (std::memcmp(dst->data(), src->data(), kBytes) != 0) {
-          return fail(round, "the reloaded bytes differ");
-        }
-      }
-    });
+    srcs.push_back(Buffer(kBytes, static_cast<uint32_t>(t) + 1));
+    dsts.push_back(Buffer(kBytes));
   }
-  for (std::thread& t : threads) t.join();
-  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+  OnThreads([&](int t, int round) -> std::string {
+    HostBuffer& src = *srcs[t];
+    HostBuffer& dst = *dsts[t];
+    auto ticket = client->Stash(Args(src, kBytes, 1));
+    if (!ticket.ok()) return ticket.status().ToString();
+    if ((round + t) % 2 == 0) {
+      auto answer = client->Wait(*ticket, WaitMs());
+      if (!answer.ok()) return "wait: " + answer.status().ToString();
+    } else if (std::string polled = PollAnswered(*client, *ticket); !polled.empty()) {
+      return polled;
+    }
+    std::memset(dst.data(), 0, kBytes);
+    ReloadArgs r;
+    r.ticket = *ticket;
+    r.destination = &dst;
+    auto op = client->Reload(r);
+    if (!op.ok()) return op.status().ToString();
+    auto reloaded = client->Wait(*op, WaitMs());
+    if (!reloaded.ok()) return "reload: " + reloaded.status().ToString();
+    if (std::memcmp(dst.data(), src.data(), kBytes) != 0) return "the reloaded bytes differ";
+    return "";
+  });
 
   auto src = Buffer(kBytes, 99);
   for (int round = 0; round < 200; ++round) {
@@ -304,14 +319,8 @@ TEST_F(CopySubmit, WaitersWriteTheirOwnOperationsAndTheWriterTheRest) {
     if (round % 2 == 0) {
       ASSERT_TRUE(client->Wait(*ticket, WaitMs()).ok());  // written here, or by the writer
     } else {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(WaitMs());
-      std::optional<StatusOr<Completion>> answer;
-      while (!(answer = client->Poll(*ticket)).has_value()) {
-        ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-            << "round " << round << ": the writer never sent a stash nobody waited for";
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-      ASSERT_TRUE(answer->ok()) << answer->status().ToString();
+      ASSERT_EQ(PollAnswered(*client, *ticket), "")
+          << "round " << round << ": the writer never sent a stash nobody waited for";
     }
     auto release = client->Release(*ticket);
     ASSERT_TRUE(release.ok()) << release.status().ToString();
@@ -328,60 +337,39 @@ TEST_F(CopySubmit, StashAndWaitAnswersInOneCallAndTheWriterServesTheRest) {
   StartDaemon({"--pool-bytes=16MiB"});
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  constexpr int kThreads = 4;
-  constexpr int kRounds = 150;
-  std::vector<std::thread> threads;
-  std::vector<std::string> failures(kThreads);
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      auto fail = [&](int round, const std::string& what) {
-        if (failures[t].empty()) failures[t] = "round " + std::to_string(round) + ": " + what;
-      };
-      std::unique_ptr<HostBuffer> src;
-      std::unique_ptr<HostBuffer> dst;
-      for (int round = 0; round < kRounds && failures[t].empty(); ++round) {
-        // A new pair of buffers now and then: their memfds go over through the writer.
-        if (round % 50 == 0) {
-          src = Buffer(kBytes, static_cast<uint32_t>(t * 1000 + round) + 1);
-          dst = Buffer(kBytes);
-        }
-        uint64_t ticket = 0;
-        if ((round + t) % 3 != 0) {
-          auto stashed = client->StashAndWait(Args(*src, kBytes, 1), WaitMs(), &ticket);
-          if (!stashed.ok()) return fail(round, "stash: " + stashed.status().ToString());
-          if (stashed->ticket != ticket) return fail(round, "the answer names another ticket");
-          if (stashed->tier != Tier::kDevice) return fail(round, "not in the pool");
-        } else {
-          auto queued = client->Stash(Args(*src, kBytes, 1));
-          if (!queued.ok()) return fail(round, queued.status().ToString());
-          ticket = *queued;
-          const auto deadline =
-              std::chrono::steady_clock::now() + std::chrono::milliseconds(WaitMs());
-          std::optional<StatusOr<Completion>> answer;
-          while (!(answer = client->Poll(ticket)).has_value()) {
-            if (std::chrono::steady_clock::now() > deadline) {
-              return fail(round, "a stash nobody waited for was never answered");
-            }
-            std::this_thread::sleep_for(std::chrono::microseconds(200));
-          }
-          if (!answer->ok()) return fail(round, "poll: " + answer->status().ToString());
-        }
-        std::memset(dst->data(), 0, kBytes);
-        ReloadArgs r;
-        r.ticket = ticket;
-        r.destination = dst.get();
-        uint64_t op = 0;
-        auto reloaded = client->ReloadAndWait(r, WaitMs(), &op);
-        if (!reloaded.ok()) return fail(round, "reload: " + reloaded.status().ToString());
-        if (op == 0 || reloaded->ticket != ticket) return fail(round, "reload names no op");
-        if (std::memcmp(dst->data(), src->data(), kBytes) != 0) {
-          return fail(round, "the reloaded bytes differ");
-        }
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+  std::vector<std::unique_ptr<HostBuffer>> srcs(kThreads);
+  std::vector<std::unique_ptr<HostBuffer>> dsts(kThreads);
+  OnThreads([&](int t, int round) -> std::string {
+    // A new pair of buffers now and then: their memfds go over through the writer.
+    if (round % 50 == 0) {
+      srcs[t] = Buffer(kBytes, static_cast<uint32_t>(t * 1000 + round) + 1);
+      dsts[t] = Buffer(kBytes);
+    }
+    HostBuffer& src = *srcs[t];
+    HostBuffer& dst = *dsts[t];
+    uint64_t ticket = 0;
+    if ((round + t) % 3 != 0) {
+      auto stashed = client->StashAndWait(Args(src, kBytes, 1), WaitMs(), &ticket);
+      if (!stashed.ok()) return "stash: " + stashed.status().ToString();
+      if (stashed->ticket != ticket) return "the answer names another ticket";
+      if (stashed->tier != Tier::kDevice) return "not in the pool";
+    } else {
+      auto queued = client->Stash(Args(src, kBytes, 1));
+      if (!queued.ok()) return queued.status().ToString();
+      ticket = *queued;
+      if (std::string polled = PollAnswered(*client, ticket); !polled.empty()) return polled;
+    }
+    std::memset(dst.data(), 0, kBytes);
+    ReloadArgs r;
+    r.ticket = ticket;
+    r.destination = &dst;
+    uint64_t op = 0;
+    auto reloaded = client->ReloadAndWait(r, WaitMs(), &op);
+    if (!reloaded.ok()) return "reload: " + reloaded.status().ToString();
+    if (op == 0 || reloaded->ticket != ticket) return "reload names no op";
+    if (std::memcmp(dst.data(), src.data(), kBytes) != 0) return "the reloaded bytes differ";
+    return "";
+  });
 }
 
 // A one-call wait that times out says DEADLINE_EXCEEDED and still hands the ticket out: the
