@@ -8,8 +8,11 @@
 //        (daemon/vmm_chunk_memory.h), or the GPU's share of the host tier, memfds page-locked for
 //        it (daemon/pinned_chunk_memory.h).
 //
-// Calls come from Leases under its lock (one at a time per lender); the daemon-copy path runs
-// beside them.
+// Calls come from Leases without its lock, from several threads at once (a lease, a return, the
+// reaper), and the daemon-copy path runs beside them. Take and Return are safe to call at once
+// (each lender changes its ring under its own lock or in its stream's order); Renew and Export may
+// run at once for different chunks, never for one chunk (Leases works on a chunk it took or took
+// back from one thread at a time). `want` runs inside Take and must not call into Leases.
 #ifndef STASH_DAEMON_CHUNK_LENDER_H_
 #define STASH_DAEMON_CHUNK_LENDER_H_
 

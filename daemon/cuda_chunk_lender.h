@@ -19,11 +19,12 @@
 // still hold the old daemon's chunks for ranks that map them) are out of the ring from the start
 // (Waiting) until Leases renews them.
 //
-// Calls come from Leases, one at a time; the pool worker enqueues stashes on the same stream
-// meanwhile. The ring is changed only in stream order, and consistent only between whole
-// operations (a stash is three kernels, a reload two): PagingKernels holds one lock over each
-// call's launches, so a take or return never lands inside a stash or reload.
-// Built only with STASH_ENABLE_CUDA.
+// Calls come from Leases on several threads (daemon/chunk_lender.h): Take and Return one at a
+// time under the lender's lock, Renew and Export for different chunks at once; the pool worker
+// enqueues stashes on the same stream meanwhile. The ring is changed only in stream order, and
+// consistent only between whole operations (a stash is three kernels, a reload two): PagingKernels
+// holds one lock over each call's launches, so a take or return never lands inside a stash or
+// reload. Built only with STASH_ENABLE_CUDA.
 #ifndef STASH_DAEMON_CUDA_CHUNK_LENDER_H_
 #define STASH_DAEMON_CUDA_CHUNK_LENDER_H_
 

@@ -194,11 +194,39 @@ Leases::Holder* Leases::FindOrCreate(const LeaseHolder& who, Status* status) {
   return raw;
 }
 
+// Marks a holder busy for one Lease, and idle again at its end (mu_ held then: declared after
+// the MutexLock), waking whoever waits for it.
+class Leases::BusyHolder {
+ public:
+  BusyHolder(Leases* leases, Holder* h) : leases_(leases), h_(h) { h_->busy = true; }
+  BusyHolder(const BusyHolder&) = delete;
+  BusyHolder& operator=(const BusyHolder&) = delete;
+  ~BusyHolder() {
+    h_->busy = false;
+    leases_->idle_.SignalAll();
+  }
+
+ private:
+  Leases* const leases_;
+  Holder* const h_;
+};
+
+Leases::Holder* Leases::WaitIdle(const std::string& session_id) {
+  while (true) {
+    auto it = holders_.find(session_id);
+    if (it == holders_.end()) return nullptr;
+    if (!it->second->busy) return it->second.get();
+    idle_.Wait(&mu_);
+  }
+}
+
 DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& request) {
   MutexLock lock(&mu_);
   Status status;
+  WaitIdle(who.session_id);  // another lease of the same session first
   Holder* h = FindOrCreate(who, &status);
   if (h == nullptr) return status;
+  const BusyHolder busy(this, h);
   if (h->ended) return FailedPreconditionError("this session has ended");
 
   // The control block goes with every answer until the rank says it mapped it (an answer the
@@ -431,31 +459,57 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
     Tier* tier = tiers_[source];
     ChunkLender* lender = tier->lender();
     if (lender == nullptr) continue;
-    // The user's fair share of this tier's chunks (daemon/fair_share.h).
+    // The user's fair share of this tier's chunks (daemon/fair_share.h), reserved now, under
+    // mu_, for as many chunks as this lease could take (the tier's last chunk may be short:
+    // one more); what is not handed goes back below.
     const uint64_t share = shares_[source]->Headroom(h.uid);
-    uint64_t chosen = 0;
-    uint64_t chosen_pages = 0;
-    auto taken = lender->Take([&](uint64_t c, uint64_t free_left) {
-      if (held + chosen_pages >= target || chosen >= share) return false;
-      if (parts->size() + chosen >= max_chunks) return false;
-      const uint64_t pages = tier->ChunkPages(c);
-      if (chosen_pages + pages > budget) return false;
-      // A pool lends to peers only while it keeps more than half its chunks free.
-      if (lease_tier == kPeer && (free_left - 1) * 2 <= tier->chunks()) return false;
-      ++chosen;
-      chosen_pages += pages;
-      return true;
-    });
-    if (!taken.ok()) return taken.status();
-    const std::vector<ChunkLender::Taken>& take = *taken;
-    for (const ChunkLender::Taken& t : take) {
-      const uint64_t pages = tier->ChunkPages(t.chunk);
+    const uint64_t room = max_chunks - std::min<uint64_t>(max_chunks, parts->size());
+    const uint64_t need = (std::min(target - held, budget) + chunk_pages_ - 1) / chunk_pages_ + 1;
+    const uint64_t reserved = std::min({share, room, need});
+    STASH_CHECK(shares_[source]->Take(h.uid, reserved).ok()) << "fair share moved under mu_";
+    StatusOr<std::vector<ChunkLender::Taken>> taken{std::vector<ChunkLender::Taken>{}};
+    std::vector<Prepared> ready;
+    mu_.Unlock();
+    {
+      uint64_t chosen = 0;
+      uint64_t chosen_pages = 0;
+      // Runs inside the lender's take: locals only (it must not call into Leases).
+      taken = lender->Take([&](uint64_t c, uint64_t free_left) {
+        if (held + chosen_pages >= target || chosen >= reserved) return false;
+        const uint64_t pages = tier->ChunkPages(c);
+        if (chosen_pages + pages > budget) return false;
+        // A pool lends to peers only while it keeps more than half its chunks free.
+        if (lease_tier == kPeer && (free_left - 1) * 2 <= tier->chunks()) return false;
+        ++chosen;
+        chosen_pages += pages;
+        return true;
+      });
+      if (taken.ok()) ready = Prepare(lender, *taken);
+    }
+    mu_.Lock();
+    Status failed = taken.status();
+    uint64_t handed = 0;
+    for (Prepared& p : ready) {
+      if (!p.status.ok()) {
+        if (failed.ok()) failed = p.status;
+        if (p.renewed) continue;  // its export failed: Prepare put it back in the ring
+        // Daemon-copy stashes may have left bytes in its old memory, which may be gone: out of
+        // every ring until it has fresh memory (the reaper renews it again).
+        Chunk& c = chunks_[source][p.chunk];
+        c.state = State::kRenewing;
+        c.holder.clear();
+        renew_.emplace_back(source, p.chunk);
+        Wake();
+        continue;
+      }
+      const uint64_t pages = tier->ChunkPages(p.chunk);
+      Lent(h, lease_tier, source, p.chunk, std::move(p.fd), parts);
       held += pages;
       budget -= pages;
+      ++handed;
     }
-    // Within the headroom read above, under mu_: nothing else takes from this share meanwhile.
-    STASH_CHECK(shares_[source]->Take(h.uid, take.size()).ok()) << "fair share moved under mu_";
-    if (held < target && take.size() == share) {
+    shares_[source]->Give(h.uid, reserved - handed);
+    if (held < target && handed == share) {
       uint64_t held_back = 0;
       if (share_log_.Allow(RateLimiter::Clock::now(), &held_back)) {
         Log("pool")->info(
@@ -465,18 +519,32 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
             shares_[source]->spec().capacity, shares_[source]->spec().first);
       }
     }
-    for (size_t i = 0; i < take.size(); ++i) {
-      Status handed = Hand(h, lease_tier, source, take[i].chunk, take[i].written, parts);
-      if (!handed.ok()) {
-        // Hand put its own chunk back (or left it waiting for memory); the ones not handed yet
-        // go back too.
-        shares_[source]->Give(h.uid, take.size() - i);
-        for (size_t j = i + 1; j < take.size(); ++j) lender->Return(take[j].chunk);
-        return handed;
-      }
-    }
+    if (!failed.ok()) return failed;
   }
   return Status::Ok();
+}
+
+std::vector<Leases::Prepared> Leases::Prepare(ChunkLender* lender,
+                                              const std::vector<ChunkLender::Taken>& taken) {
+  std::vector<Prepared> ready(taken.size());
+  for (size_t i = 0; i < taken.size(); ++i) {
+    Prepared& p = ready[i];
+    p.chunk = taken[i].chunk;
+    // Daemon-copy stashes of any user may have left bytes here.
+    if (taken[i].written) p.status = lender->Renew(p.chunk);
+    if (!p.status.ok()) {
+      p.renewed = false;
+      continue;
+    }
+    auto fd = lender->Export(p.chunk);
+    if (!fd.ok()) {
+      p.status = fd.status();
+      lender->Return(p.chunk);
+      continue;
+    }
+    p.fd = std::move(fd).value();
+  }
+  return ready;
 }
 
 Status Leases::Rehand(Holder& h, uint32_t lease_tier, uint64_t id,
@@ -486,32 +554,6 @@ Status Leases::Rehand(Holder& h, uint32_t lease_tier, uint64_t id,
   auto fd = tiers_[tier]->lender()->Export(chunk);
   if (!fd.ok()) {
     h.kept[lease_tier].push_back(id);  // still its, still charged
-    return fd.status();
-  }
-  Lent(h, lease_tier, tier, chunk, std::move(fd).value(), parts);
-  return Status::Ok();
-}
-
-Status Leases::Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, bool written,
-                    std::vector<DescriptorPart>* parts) {
-  Chunk& c = chunks_[tier][chunk];
-  ChunkLender* lender = tiers_[tier]->lender();
-  if (written) {
-    // Daemon-copy stashes of any user may have left bytes here.
-    Status renewed = lender->Renew(chunk);
-    if (!renewed.ok()) {
-      // Out of every ring until it has fresh memory (its old memory may be gone): the reaper
-      // renews it again.
-      c.state = State::kRenewing;
-      c.holder.clear();
-      renew_.emplace_back(tier, chunk);
-      Wake();
-      return renewed;
-    }
-  }
-  auto fd = lender->Export(chunk);
-  if (!fd.ok()) {
-    lender->Return(chunk);
     return fd.status();
   }
   Lent(h, lease_tier, tier, chunk, std::move(fd).value(), parts);
@@ -538,12 +580,22 @@ void Leases::Lent(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk,
 }
 
 DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& request) {
-  MutexLock lock(&mu_);
-  auto it = holders_.find(who.session_id);
-  Holder* h = it != holders_.end() ? it->second.get() : nullptr;
+  Renewals renew;
+  DescriptorReply reply;
+  {
+    MutexLock lock(&mu_);
+    reply = ReturnLocked(who, request, &renew);
+  }
+  RenewAndReturn(renew, /*retry=*/false);
+  return reply;
+}
+
+DescriptorReply Leases::ReturnLocked(const LeaseHolder& who, const v1::ReturnChunks& request,
+                                     Renewals* renew) {
   // Chunks an ended session of the same process (pid and uid) left orphaned: a reconnected
   // rank gives them back now instead of at its exit.
-  if (!request.ended_session_id().empty()) return ReturnOrphans(who, request);
+  if (!request.ended_session_id().empty()) return ReturnOrphans(who, request, renew);
+  Holder* h = WaitIdle(who.session_id);  // a lease of the same session in flight first
   // Every id first: an id is trusted only once it names a chunk this session holds.
   for (uint64_t id : request.chunk_ids()) {
     const uint64_t tier = id >> 32;
@@ -562,7 +614,7 @@ DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& r
       std::vector<uint64_t>& list = h->held[t];
       if (std::find(list.begin(), list.end(), id) == list.end()) continue;
       list.erase(std::remove(list.begin(), list.end(), id), list.end());
-      Keep(*h, t, id);
+      Keep(*h, t, id, renew);
     }
   }
   DescriptorReply reply;
@@ -570,11 +622,11 @@ DescriptorReply Leases::Return(const LeaseHolder& who, const v1::ReturnChunks& r
   return reply;
 }
 
-void Leases::Keep(Holder& h, uint32_t lease_tier, uint64_t id) {
+void Leases::Keep(Holder& h, uint32_t lease_tier, uint64_t id, Renewals* renew) {
   const uint64_t tier = id >> 32;
   const uint64_t chunk = id & 0xffffffffu;
   if (!tiers_[tier]->lender()->ChargeReturnsUntilExit()) {
-    PutBack(tier, chunk, h.uid);
+    PutBack(tier, chunk, h.uid, renew);
     return;
   }
   // Its process may still map or hold the allocation: a renew now would leave that memory alive
@@ -586,10 +638,10 @@ void Leases::Keep(Holder& h, uint32_t lease_tier, uint64_t id) {
   h.kept[lease_tier].push_back(id);
 }
 
-DescriptorReply Leases::ReturnOrphans(const LeaseHolder& who, const v1::ReturnChunks& request) {
+DescriptorReply Leases::ReturnOrphans(const LeaseHolder& who, const v1::ReturnChunks& request,
+                                      Renewals* renew) {
   const std::string& ended = request.ended_session_id();
-  auto it = holders_.find(ended);
-  Holder* old = it != holders_.end() ? it->second.get() : nullptr;
+  Holder* old = WaitIdle(ended);
   if (old == nullptr || !old->ended || old->pid != who.pid || old->uid != who.uid) {
     return NotFoundError("session " + ended.substr(0, 64) +
                          " is not an ended session of this process holding chunks: return "
@@ -612,7 +664,7 @@ DescriptorReply Leases::ReturnOrphans(const LeaseHolder& who, const v1::ReturnCh
       std::vector<uint64_t>& list = old->held[t];
       if (std::find(list.begin(), list.end(), id) == list.end()) continue;
       list.erase(std::remove(list.begin(), list.end(), id), list.end());
-      Keep(*old, t, id);
+      Keep(*old, t, id, renew);
     }
   }
   const auto returned = static_cast<uint64_t>(request.chunk_ids_size());
@@ -625,57 +677,62 @@ DescriptorReply Leases::ReturnOrphans(const LeaseHolder& who, const v1::ReturnCh
   return reply;
 }
 
-void Leases::PutBack(uint64_t tier, uint64_t chunk, uint32_t uid) {
+void Leases::PutBack(uint64_t tier, uint64_t chunk, uint32_t uid, Renewals* renew) {
   shares_[tier]->Give(uid, 1);
   Chunk& c = chunks_[tier][chunk];
   // Out of every holder's hands now; in no ring until it has fresh memory.
   c.state = State::kRenewing;
   c.holder.clear();
-  if (!Renew(tier, chunk, /*retry=*/false)) {
-    renew_.emplace_back(tier, chunk);
-    Wake();  // the reaper retries on a timer
-  }
+  renew->emplace_back(tier, chunk);
 }
 
-bool Leases::Renew(uint64_t tier, uint64_t chunk, bool retry) {
-  ChunkLender* lender = tiers_[tier]->lender();
-  Status renewed = lender->Renew(chunk);
-  if (!renewed.ok()) {
-    // The holder's memory may still be reachable: it must not go back to the ring yet.
-    if (retry) return false;  // said once, when it first failed
-    Log("pool")->warn(
-        "chunk {} of tier {} cannot get fresh memory yet; it is kept out of the "
-        "pool and renewed again every second: {}",
-        chunk, tiers_[tier]->name(), renewed.message());
-    return false;
-  }
-  if (retry) {
-    Log("pool")->info("chunk {} of tier {} has fresh memory and is back in the pool", chunk,
-                      tiers_[tier]->name());
-  }
-  chunks_[tier][chunk].state = State::kPooled;
-  lender->Return(chunk);
-  return true;
-}
-
-void Leases::RetryRenewals() {
-  std::vector<std::pair<uint64_t, uint64_t>> waiting;
-  waiting.swap(renew_);
-  for (const auto& [tier, chunk] : waiting) {
-    if (!Renew(tier, chunk, /*retry=*/true)) renew_.emplace_back(tier, chunk);
+void Leases::RenewAndReturn(const Renewals& chunks, bool retry) {
+  for (const auto& [tier, chunk] : chunks) {
+    ChunkLender* lender = tiers_[tier]->lender();
+    const Status renewed = lender->Renew(chunk);
+    if (!renewed.ok()) {
+      // The holder's memory may still be reachable: it must not go back to the ring yet.
+      if (!retry) {  // said once, when it first failed
+        Log("pool")->warn(
+            "chunk {} of tier {} cannot get fresh memory yet; it is kept out of the "
+            "pool and renewed again every second: {}",
+            chunk, tiers_[tier]->name(), renewed.message());
+      }
+      MutexLock lock(&mu_);
+      renew_.emplace_back(tier, chunk);
+      // The reaper retries on its one-second timer; woken only to start that timer (waking it
+      // from its own retries would make it spin while the memory stays short).
+      if (!retry) Wake();
+      continue;
+    }
+    if (retry) {
+      Log("pool")->info("chunk {} of tier {} has fresh memory and is back in the pool", chunk,
+                        tiers_[tier]->name());
+    }
+    {
+      // Pooled before it is in the ring: nothing takes it from there while the books say
+      // otherwise.
+      MutexLock lock(&mu_);
+      chunks_[tier][chunk].state = State::kPooled;
+    }
+    lender->Return(chunk);
   }
 }
 
 size_t Leases::renewing() {
   MutexLock lock(&mu_);
-  return renew_.size();
+  size_t n = 0;
+  for (const auto& tier : chunks_) {
+    for (const Chunk& c : tier) n += c.state == State::kRenewing ? 1 : 0;
+  }
+  return n;
 }
 
 void Leases::SessionEnded(const std::string& session_id) {
   MutexLock lock(&mu_);
-  auto it = holders_.find(session_id);
-  if (it == holders_.end()) return;
-  Holder& h = *it->second;
+  Holder* found = WaitIdle(session_id);  // chunks a lease in flight hands it are orphaned too
+  if (found == nullptr) return;
+  Holder& h = *found;
   SampleHolder(h);  // the rank's last step, as its stream ends
   h.ended = true;
   bool any = false;
@@ -691,6 +748,7 @@ void Leases::SessionEnded(const std::string& session_id) {
 void Leases::Drop(const std::string& session_id) {
   auto it = holders_.find(session_id);
   if (it == holders_.end()) return;
+  STASH_CHECK(!it->second->busy) << "session " << session_id << " dropped while it leases";
   SampleHolder(*it->second);  // its very last numbers (a killed rank's last step)
   closing_.push_back(std::move(it->second->pidfd));  // closed by the reaper, never under its poll
   holders_.erase(it);
@@ -730,30 +788,47 @@ void Leases::Reap() {
       uint64_t value = 0;
       (void)!read(wake_.get(), &value, sizeof(value));
     }
-    MutexLock lock(&mu_);
-    if (renewing) RetryRenewals();
-    for (auto& [id, h] : holders_) SampleHolder(*h);
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      auto it = holders_.find(ids[i - 1]);
-      if (it == holders_.end()) continue;
-      Holder& h = *it->second;
-      // The process exited, but its memory may live on where no pidfd shows it (a descriptor
-      // it passed on, a child that mapped it): every chunk gets fresh memory before it goes
-      // back to the ring, which every user's stashes share.
-      uint64_t returned = 0;
-      for (auto* lists : {&h.held, &h.kept}) {
-        for (auto& list : *lists) {
-          for (uint64_t id : list) {
-            PutBack(id >> 32, id & 0xffffffffu, h.uid);
-            ++returned;
+    Renewals retry;
+    Renewals exited;
+    std::vector<std::string> gone;  // exited holders, dropped once their chunks are back
+    {
+      MutexLock lock(&mu_);
+      if (renewing) retry.swap(renew_);
+      for (auto& [id, h] : holders_) SampleHolder(*h);
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        // A lease in flight for it first: what it hands comes back here too.
+        Holder* found = WaitIdle(ids[i - 1]);
+        if (found == nullptr) continue;
+        Holder& h = *found;
+        // The process exited, but its memory may live on where no pidfd shows it (a descriptor
+        // it passed on, a child that mapped it): every chunk gets fresh memory before it goes
+        // back to the ring, which every user's stashes share.
+        uint64_t returned = 0;
+        for (auto* lists : {&h.held, &h.kept}) {
+          for (auto& list : *lists) {
+            for (uint64_t id : list) {
+              PutBack(id >> 32, id & 0xffffffffu, h.uid, &exited);
+              ++returned;
+            }
+            list.clear();
           }
-          list.clear();
         }
+        Log("pool")->info("session {}: its process exited; {} leased chunks returned", h.session_id,
+                          returned);
+        h.ended = true;  // leases nothing more (a packet it sent before it died)
+        gone.push_back(ids[i - 1]);
       }
-      Log("pool")->info("session {}: its process exited; {} leased chunks returned", h.session_id,
-                        returned);
-      Drop(ids[i - 1]);
+    }
+    RenewAndReturn(retry, /*retry=*/true);
+    RenewAndReturn(exited, /*retry=*/false);
+    // Dropped once its chunks are back: a holder gone means its chunks are pooled (or waiting
+    // for memory), never in between.
+    if (!gone.empty()) {
+      MutexLock lock(&mu_);
+      for (const std::string& id : gone) {
+        if (WaitIdle(id) != nullptr) Drop(id);
+      }
     }
   }
 }

@@ -23,6 +23,17 @@
 //
 // Peer chunks (--peer-tier): a session may lease another device pool's chunks only while that
 // pool keeps more than half its chunks free after lending, so a pool's own ranks come first.
+//
+// Locking: one lock (mu_) over the books, never held while a lender waits or works on memory
+// (Rehand's export of a kept chunk aside: one driver call on memory already committed). Taking
+// chunks out of a GPU's ring waits for that GPU's copy stream, and renewing a GPU chunk releases
+// and commits VRAM: a lease, a return or the reaper does that with mu_ released, so the calls on
+// other threads never wait for one GPU's stream: stats (stashctl, Prometheus) and a session's end
+// on gRPC's threads, and the reaper sampling control blocks and reaping exited ranks. (Leases and
+// returns all come from the descriptor server's one thread, so they still take turns.) A chunk
+// taken or given back is in no ring and no holder's hands meanwhile, so only the thread that took
+// it works on it; a holder a Lease works on is busy, and other calls for it (its return, its
+// session's end, the reaper at its exit) wait until it is idle.
 #ifndef STASH_DAEMON_LEASES_H_
 #define STASH_DAEMON_LEASES_H_
 
@@ -150,7 +161,8 @@ class Leases {
                 ControlView* control, LiveView* live = nullptr);
   // Holders tracked (sessions with a lease, live or orphaned), for tests.
   size_t holders();
-  // Chunks waiting to be renewed before they go back to their ring, for tests.
+  // Chunks out of every ring until they have fresh memory (being renewed now, or waiting for the
+  // reaper's retry), for tests.
   size_t renewing();
   // The fair share of tier `tier` (pools, then the host tiers), for tests and stats.
   const FairShare& share(size_t tier) const { return *shares_[tier]; }
@@ -193,7 +205,14 @@ class Leases {
     int64_t hello_pid = 0;
     std::string label;
     ControlView reported;  // the totals the listener was last given
+    // A Lease is taking, renewing or exporting chunks for it with mu_ released: no other call
+    // changes or drops it until it is idle again (WaitIdle).
+    bool busy = false;
   };
+  // Chunks (tier, chunk) taken out of every holder's hands (State::kRenewing) for the caller to
+  // renew and put back after it released mu_ (RenewAndReturn).
+  using Renewals = std::vector<std::pair<uint64_t, uint64_t>>;
+  class BusyHolder;
 
   // `wanting` could not grow `lease_tier` to its aim: every automatic session of the same
   // source goes down to its aim at its next lease (not after three steps), and one holding
@@ -203,40 +222,59 @@ class Leases {
   void AskForReturns(const Holder& wanting, uint32_t lease_tier, bool same_user_only)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Holder* FindOrCreate(const LeaseHolder& who, Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The holder of `session_id` once no Lease works on it with mu_ released (null when there is
+  // none, or it was dropped meanwhile). May release and retake mu_.
+  Holder* WaitIdle(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  DescriptorReply ReturnLocked(const LeaseHolder& who, const stash::v1::ReturnChunks& request,
+                               Renewals* renew) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Return with ended_session_id set: chunks an ended session of who's process left orphaned.
-  DescriptorReply ReturnOrphans(const LeaseHolder& who, const stash::v1::ReturnChunks& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  DescriptorReply ReturnOrphans(const LeaseHolder& who, const stash::v1::ReturnChunks& request,
+                                Renewals* renew) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t HeldPages(const Holder& h, uint32_t lease_tier) const;
   uint64_t KeptPages(const Holder& h, uint32_t lease_tier) const;
   static bool HoldsNothing(const Holder& h);
   // A chunk `h` held in `lease_tier` and gave back: renewed for the pool (PutBack), or kept
   // charged to it when its process may still hold the memory.
-  void Keep(Holder& h, uint32_t lease_tier, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Keep(Holder& h, uint32_t lease_tier, uint64_t id, Renewals* renew)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `h`'s control block, clamped to `held` (its pages per tier) and the quota.
   ControlView ReadControl(const Holder& h,
                           const std::array<uint64_t, kernels::kLeaseTiers>& held) const;
   uint64_t PagesOf(uint64_t id) const;
   // Grants chunks of `lease_tier` until the holder holds >= `target` pages, at most `budget`
   // pages more, within the user's fair share of the tier, while `parts` (a part per chunk,
-  // appended) has fewer than `max_chunks`.
+  // appended) has fewer than `max_chunks`. `h` must be busy (BusyHolder): mu_ is released while
+  // the lender takes, renews and exports chunks (it may wait for a GPU's copy stream and
+  // commit VRAM), so stats, returns and other sessions' leases go on meanwhile.
   Status Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t budget, uint64_t max_chunks,
               std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Lends `h` again a chunk it returned and may still hold (kept): the same allocation.
+  // A chunk the lender took for a lease, renewed when written and exported, without mu_.
+  struct Prepared {
+    uint64_t chunk = 0;
+    Status status;  // of its renew (the chunk then has no memory) or of its export
+    bool renewed = true;
+    UniqueFd fd;
+  };
+  // Renews (when written) and exports each chunk taken; a chunk whose export failed goes back
+  // to the ring at once. Without mu_.
+  static std::vector<Prepared> Prepare(ChunkLender* lender,
+                                       const std::vector<ChunkLender::Taken>& taken);
+  // Lends `h` again a chunk it returned and may still hold (kept): the same allocation. Exports
+  // under mu_ (one driver call on memory already committed: no stream to wait for, no VRAM).
   Status Rehand(Holder& h, uint32_t lease_tier, uint64_t id, std::vector<DescriptorPart>* parts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a chunk as leased to `h` and adds its packet (with `fd`) to `parts`.
   void Lent(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, UniqueFd fd,
             std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands one chunk just taken out of its ring to `h`.
-  Status Hand(Holder& h, uint32_t lease_tier, uint64_t tier, uint64_t chunk, bool written,
-              std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back a chunk `uid` held: fresh memory, then its ring. When it cannot get fresh memory
-  // now (the holder's may still be reachable), it waits in renew_ and the reaper tries again.
-  void PutBack(uint64_t tier, uint64_t chunk, uint32_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Renews the chunk and returns it to its ring; false when it cannot get fresh memory yet (said
-  // in the log on the first try, not on the reaper's retries).
-  bool Renew(uint64_t tier, uint64_t chunk, bool retry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetryRenewals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back a chunk `uid` held: out of its hands and its share now, onto `renew` for fresh
+  // memory and its ring (RenewAndReturn, after mu_ is released).
+  void PutBack(uint64_t tier, uint64_t chunk, uint32_t uid, Renewals* renew)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Renews each chunk and returns it to its ring, without mu_ (a GPU chunk's renew releases and
+  // commits VRAM). One that cannot get fresh memory now (the holder's may still be reachable)
+  // waits in renew_ and the reaper tries again; said in the log on the first try, not on the
+  // reaper's retries.
+  void RenewAndReturn(const Renewals& chunks, bool retry) ABSL_LOCKS_EXCLUDED(mu_);
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads `h`'s control block and gives the listener what grew since the last sample.
   void SampleHolder(Holder& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -260,6 +298,7 @@ class Leases {
   UniqueFd wake_;                                   // eventfd: the holder set changed, or stop
 
   Mutex mu_;
+  CondVar idle_;                                                 // a busy holder became idle
   std::vector<std::vector<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);  // per tier
   absl::flat_hash_map<std::string, std::unique_ptr<Holder>> holders_ ABSL_GUARDED_BY(mu_);
   std::vector<UniqueFd> closing_ ABSL_GUARDED_BY(mu_);  // pidfds the reaper closes

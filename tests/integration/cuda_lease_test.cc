@@ -313,7 +313,9 @@ TEST_F(CudaLeases, HostTierChunksAreLentFromTheSessionsGpuShare) {
   ASSERT_EQ(LeaseInChild(daemon_->socket(), 0, /*hold=*/false, &pid, &child, 2 * kChunkPages), 2);
   waitpid(pid, nullptr, 0);
   const Clock::time_point exited = Clock::now();
-  while (Host(0).chunks_leased() + Host(0).chunks_kept() + Host(0).chunks_orphaned() != 0) {
+  while (Host(0).chunks_leased() + Host(0).chunks_kept() + Host(0).chunks_orphaned() +
+             Host(0).chunks_waiting() !=
+         0) {
     ASSERT_LT(Clock::now() - exited, std::chrono::seconds(10 * TimeScale()));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -447,7 +449,8 @@ TEST_F(CudaLeases, LeasesRacingDaemonCopyTrafficNeverTearTheRing) {
     waitpid(pid, nullptr, 0);
   }
   const Clock::time_point all_exited = Clock::now();
-  while (Gpu(0).chunks_leased() + Gpu(0).chunks_kept() != 0 || Gpu(0).pages_used() != 0) {
+  while (Gpu(0).chunks_leased() + Gpu(0).chunks_kept() + Gpu(0).chunks_waiting() != 0 ||
+         Gpu(0).pages_used() != 0) {
     ASSERT_LT(Clock::now() - all_exited, std::chrono::seconds(10 * TimeScale()));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -479,7 +482,7 @@ TEST_F(CudaLeases, ChunksOfASigkilledRankComeBackWithinASecond) {
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   const Clock::time_point killed = Clock::now();
-  while (Gpu(0).chunks_leased() != 0 || Gpu(0).pages_used() != 0) {
+  while (Gpu(0).chunks_leased() + Gpu(0).chunks_waiting() != 0 || Gpu(0).pages_used() != 0) {
     ASSERT_LT(Clock::now() - killed, std::chrono::seconds(10 * TimeScale()));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
