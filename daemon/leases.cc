@@ -823,11 +823,14 @@ void Leases::Reap() {
     RenewAndReturn(retry, /*retry=*/true);
     RenewAndReturn(exited, /*retry=*/false);
     // Dropped once its chunks are back: a holder gone means its chunks are pooled (or waiting
-    // for memory), never in between.
+    // for memory), never in between. Only while it holds nothing: its session may have ended
+    // and been dropped meanwhile, and a lease its rank sent before it died made a new holder of
+    // the same id (that one's pidfd is readable too: the next pass reaps it).
     if (!gone.empty()) {
       MutexLock lock(&mu_);
       for (const std::string& id : gone) {
-        if (WaitIdle(id) != nullptr) Drop(id);
+        const Holder* h = WaitIdle(id);
+        if (h != nullptr && h->ended && HoldsNothing(*h)) Drop(id);
       }
     }
   }

@@ -266,6 +266,38 @@ TEST_F(LeasesLockTest, ARankKilledMidLeaseGetsAllItsChunksReaped) {
   EXPECT_EQ(pools_[0]->chunks_free(), 8u);
 }
 
+// The reaper renews an exited rank's chunks without the lock and drops the holder after. A
+// session of the same id made meanwhile (its stream ended, then a lease the rank sent before it
+// died arrived) is not dropped with the chunks it holds: the next pass reaps it.
+TEST_F(LeasesLockTest, AHolderMadeWhileTheReaperRenewsIsReapedNotDroppedWithItsChunks) {
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  ASSERT_EQ(Lease(Holder("a", 0, child), 8).size(), 2u);
+  gate_->CloseBeforeRenew();
+  kill(child, SIGKILL);  // not waited for yet: a zombie, so a pidfd of it can still be opened
+  ASSERT_TRUE(gate_->WaitStopped());  // the reaper renews a's chunks
+  leases_->SessionEnded("a");
+  EXPECT_EQ(leases_->holders(), 0u);
+  EXPECT_EQ(Lease(Holder("a", 0, child), 8).size(), 2u);
+  leases_->SessionEnded("a");
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 2u);
+  gate_->Open();
+  const auto until = std::chrono::steady_clock::now() + seconds(10);
+  while ((leases_->holders() > 0 || pools_[0]->chunks_free() < 8) &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(leases_->holders(), 0u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).orphaned, 0u);
+  EXPECT_EQ(leases_->Counts(pools_[0].get()).leased, 0u);
+  EXPECT_EQ(pools_[0]->chunks_free(), 8u);
+  EXPECT_TRUE(pools_[0]->RingIsPermutation());
+}
+
 // A chunk that cannot get fresh memory is retried once a second, not in a loop: a daemon whose
 // GPU stays full must not spin its reaper on the renews.
 TEST_F(LeasesLockTest, AChunkThatCannotBeRenewedIsRetriedOnceASecond) {
