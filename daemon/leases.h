@@ -24,6 +24,9 @@
 // Peer chunks (--peer-tier): a session may lease another device pool's chunks only while that
 // pool keeps more than half its chunks free after lending, so a pool's own ranks come first.
 //
+// Files: daemon/leases.cc leases and stats; daemon/lease_returns.cc the way back (returns, ended
+// sessions, the reaper).
+//
 // Locking: one lock (mu_) over the books, never held while a lender waits or works on memory
 // (Rehand's export of a kept chunk aside: one driver call on memory already committed). Taking
 // chunks out of a GPU's ring waits for that GPU's copy stream, and renewing a GPU chunk releases
