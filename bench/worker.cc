@@ -18,6 +18,7 @@
 #include "bench/ping.h"
 #include "bench/samples.h"
 #include "bench/sharing_worker.h"
+#include "bench/warm_probe.h"
 #include "common/copy_workers.h"
 #include "common/macros.h"
 #include "stash/client.h"
@@ -271,6 +272,10 @@ Status RunCopy(const Flags& flags) {
     STASH_ASSIGN_OR_RETURN(const uint64_t op, client->Release(first.ticket));
     STASH_RETURN_IF_ERROR(client->Wait(op).status());
   }
+  // What a plain memcpy gets from memory warmed the same way, just before the daemon's first
+  // stash into its warmed pool (the machine's floor under that row).
+  STASH_ASSIGN_OR_RETURN(const WarmProbe warm_probe,
+                         ProbeFirstCopyIntoWarmedMemory(src->data(), bytes));
   // Warm-up: two stashes fill the pool (or the mapped lease; the bench sizes both to two
   // buffers), so every pool page and the daemon's mappings of src and dst have been touched
   // once. The first one is the "first stash into a new pool (lease)".
@@ -347,6 +352,8 @@ Status RunCopy(const Flags& flags) {
       .Add("stash_daemon_median_gbps", Gbps(bytes, Median(stash_daemon_s)))
       .Add("reload_daemon_median_gbps", Gbps(bytes, Median(reload_daemon_s)))
       .Add("cold_stash_gbps", Gbps(bytes, cold_stash_s))
+      .Add("warm_probe_first_gbps", warm_probe.first_gbps)
+      .Add("warm_probe_second_gbps", warm_probe.second_gbps)
       .Add("renewed_stash_gbps", renewed_stash_s > 0 ? Gbps(bytes, renewed_stash_s) : 0)
       .Add("new_buffer_stash_gbps", new_buffer_stash_s > 0 ? Gbps(bytes, new_buffer_stash_s) : 0)
       .Add("warm_wait_s", warm_wait_s)
