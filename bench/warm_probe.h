@@ -1,9 +1,9 @@
 // The machine's own floor under the "first stash into warmed memory" rows (issue 24): memory
 // warmed the way the daemon warms a tier (a fresh memfd, MADV_POPULATE_WRITE, each page written
 // once through the mapping the copy uses: ChunkMemory::Populate), then copied into twice by a
-// plain one-thread memcpy, no daemon involved. Under some hypervisors the first copy into memory
-// written moments ago still runs well below the second (docs/benchmarks.md §9); the daemon's
-// first stash cannot beat what a memcpy gets here.
+// plain one-thread memcpy, no daemon involved (right after the daemon's first stash). Under some
+// hypervisors the first copy into memory written moments ago still runs well below the second
+// (docs/benchmarks.md §9); the daemon's first stash cannot beat what a memcpy gets here.
 #ifndef STASH_BENCH_WARM_PROBE_H_
 #define STASH_BENCH_WARM_PROBE_H_
 
