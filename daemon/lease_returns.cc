@@ -41,28 +41,35 @@ DescriptorReply Leases::ReturnLocked(const LeaseHolder& who, const v1::ReturnChu
   Holder* h = WaitIdle(who.session_id);  // a lease of the same session in flight first
   // Every id first: an id is trusted only once it names a chunk this session holds.
   for (uint64_t id : request.chunk_ids()) {
-    const uint64_t tier = id >> 32;
-    const uint64_t chunk = id & 0xffffffffu;
-    const bool held = h != nullptr && tier < chunks_.size() && chunk < chunks_[tier].size() &&
-                      chunks_[tier][chunk].state == State::kLeased &&
-                      chunks_[tier][chunk].holder == who.session_id;
-    if (!held) {
+    if (h == nullptr || !ChunkIs(id, State::kLeased, who.session_id)) {
       return NotFoundError("chunk " + std::to_string(id) +
                            " is not leased to this session: return only chunk ids its "
                            "LeaseChunks answers named (nothing was returned)");
     }
   }
-  for (uint64_t id : request.chunk_ids()) {
-    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
-      std::vector<uint64_t>& list = h->held[t];
-      if (std::find(list.begin(), list.end(), id) == list.end()) continue;
-      list.erase(std::remove(list.begin(), list.end(), id), list.end());
-      Keep(*h, t, id, renew);
-    }
-  }
+  GiveBack(*h, request.chunk_ids(), renew);
   DescriptorReply reply;
   reply.last.set_chunks_returned(static_cast<uint64_t>(request.chunk_ids_size()));
   return reply;
+}
+
+bool Leases::ChunkIs(uint64_t id, State state, const std::string& holder) const {
+  const uint64_t tier = id >> 32;
+  const uint64_t chunk = id & 0xffffffffu;
+  return tier < chunks_.size() && chunk < chunks_[tier].size() &&
+         chunks_[tier][chunk].state == state && chunks_[tier][chunk].holder == holder;
+}
+
+void Leases::GiveBack(Holder& h, const google::protobuf::RepeatedField<uint64_t>& ids,
+                      Renewals* renew) {
+  for (uint64_t id : ids) {
+    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+      std::vector<uint64_t>& list = h.held[t];
+      if (std::find(list.begin(), list.end(), id) == list.end()) continue;
+      list.erase(std::remove(list.begin(), list.end(), id), list.end());
+      Keep(h, t, id, renew);
+    }
+  }
 }
 
 void Leases::Keep(Holder& h, uint32_t lease_tier, uint64_t id, Renewals* renew) {
@@ -92,24 +99,12 @@ DescriptorReply Leases::ReturnOrphans(const LeaseHolder& who, const v1::ReturnCh
                          "returned)");
   }
   for (uint64_t id : request.chunk_ids()) {
-    const uint64_t tier = id >> 32;
-    const uint64_t chunk = id & 0xffffffffu;
-    const bool orphan = tier < chunks_.size() && chunk < chunks_[tier].size() &&
-                        chunks_[tier][chunk].state == State::kOrphaned &&
-                        chunks_[tier][chunk].holder == ended;
-    if (!orphan) {
+    if (!ChunkIs(id, State::kOrphaned, ended)) {
       return NotFoundError("chunk " + std::to_string(id) + " is not orphaned by session " + ended +
                            " (nothing was returned)");
     }
   }
-  for (uint64_t id : request.chunk_ids()) {
-    for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
-      std::vector<uint64_t>& list = old->held[t];
-      if (std::find(list.begin(), list.end(), id) == list.end()) continue;
-      list.erase(std::remove(list.begin(), list.end(), id), list.end());
-      Keep(*old, t, id, renew);
-    }
-  }
+  GiveBack(*old, request.chunk_ids(), renew);
   const auto returned = static_cast<uint64_t>(request.chunk_ids_size());
   const bool holds_none = HoldsNothing(*old);
   if (holds_none) Drop(ended);  // as at its process's exit
@@ -135,17 +130,8 @@ void Leases::RenewAndReturn(const Renewals& chunks, bool retry) {
     const Status renewed = lender->Renew(chunk);
     if (!renewed.ok()) {
       // The holder's memory may still be reachable: it must not go back to the ring yet.
-      if (!retry) {  // said once, when it first failed
-        Log("pool")->warn(
-            "chunk {} of tier {} cannot get fresh memory yet; it is kept out of the "
-            "pool and renewed again every second: {}",
-            chunk, tiers_[tier]->name(), renewed.message());
-      }
       MutexLock lock(&mu_);
-      renew_.emplace_back(tier, chunk);
-      // The reaper retries on its one-second timer; woken only to start that timer (waking it
-      // from its own retries would make it spin while the memory stays short).
-      if (!retry) Wake();
+      RenewLater(tier, chunk, renewed, /*first=*/!retry);
       continue;
     }
     if (retry) {
@@ -160,6 +146,19 @@ void Leases::RenewAndReturn(const Renewals& chunks, bool retry) {
     }
     lender->Return(chunk);
   }
+}
+
+void Leases::RenewLater(uint64_t tier, uint64_t chunk, const Status& why, bool first) {
+  Chunk& c = chunks_[tier][chunk];
+  c.state = State::kRenewing;
+  c.holder.clear();
+  renew_.emplace_back(tier, chunk);
+  if (!first) return;
+  Log("pool")->warn(
+      "chunk {} of tier {} cannot get fresh memory yet; it is kept out of the pool and renewed "
+      "again every second: {}",
+      chunk, tiers_[tier]->name(), why.message());
+  Wake();  // the reaper retries on its one-second timer from now on
 }
 
 size_t Leases::renewing() {
@@ -205,6 +204,7 @@ void Leases::Reap() {
     fds.clear();
     ids.clear();
     fds.push_back({wake_.get(), POLLIN, 0});
+    bool renewing = false;
     {
       MutexLock lock(&mu_);
       if (stopping_) return;
@@ -213,10 +213,6 @@ void Leases::Reap() {
         fds.push_back({h->pidfd.get(), POLLIN, 0});
         ids.push_back(id);
       }
-    }
-    bool renewing = false;
-    {
-      MutexLock lock(&mu_);
       renewing = !renew_.empty();
     }
     // Once a second while anything is to renew or any control block to sample.

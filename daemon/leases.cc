@@ -493,13 +493,8 @@ Status Leases::Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t bu
       if (!p.status.ok()) {
         if (failed.ok()) failed = p.status;
         if (p.renewed) continue;  // its export failed: Prepare put it back in the ring
-        // Daemon-copy stashes may have left bytes in its old memory, which may be gone: out of
-        // every ring until it has fresh memory (the reaper renews it again).
-        Chunk& c = chunks_[source][p.chunk];
-        c.state = State::kRenewing;
-        c.holder.clear();
-        renew_.emplace_back(source, p.chunk);
-        Wake();
+        // Daemon-copy stashes may have left bytes in its old memory, which may be gone.
+        RenewLater(source, p.chunk, p.status, /*first=*/true);
         continue;
       }
       const uint64_t pages = tier->ChunkPages(p.chunk);

@@ -236,6 +236,13 @@ class Leases {
   uint64_t HeldPages(const Holder& h, uint32_t lease_tier) const;
   uint64_t KeptPages(const Holder& h, uint32_t lease_tier) const;
   static bool HoldsNothing(const Holder& h);
+  // True when chunk `id` names a chunk in `state` held by session `holder` (any id is checked).
+  bool ChunkIs(uint64_t id, State state, const std::string& holder) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes chunks `ids` out of `h`'s held lists, each given back (Keep); ids it does not hold are
+  // skipped.
+  void GiveBack(Holder& h, const google::protobuf::RepeatedField<uint64_t>& ids, Renewals* renew)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A chunk `h` held in `lease_tier` and gave back: renewed for the pool (PutBack), or kept
   // charged to it when its process may still hold the memory.
   void Keep(Holder& h, uint32_t lease_tier, uint64_t id, Renewals* renew)
@@ -248,7 +255,7 @@ class Leases {
   // pages more, within the user's fair share of the tier, while `parts` (a part per chunk,
   // appended) has fewer than `max_chunks`. `h` must be busy (BusyHolder): mu_ is released while
   // the lender takes, renews and exports chunks (it may wait for a GPU's copy stream and
-  // commit VRAM), so stats, returns and other sessions' leases go on meanwhile.
+  // commit VRAM), so the calls on other threads go on meanwhile ("Locking" above).
   Status Grow(Holder& h, uint32_t lease_tier, uint64_t target, uint64_t budget, uint64_t max_chunks,
               std::vector<DescriptorPart>* parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A chunk the lender took for a lease, renewed when written and exported, without mu_.
@@ -278,6 +285,11 @@ class Leases {
   // waits in renew_ and the reaper tries again; said in the log on the first try, not on the
   // reaper's retries.
   void RenewAndReturn(const Renewals& chunks, bool retry) ABSL_LOCKS_EXCLUDED(mu_);
+  // A chunk whose renew failed (`why`): out of every ring and every holder's hands until the
+  // reaper's retry gives it fresh memory. `first`: its first failure, said in the log and
+  // starting the reaper's timer (not on the reaper's own retries: it would spin).
+  void RenewLater(uint64_t tier, uint64_t chunk, const Status& why, bool first)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads `h`'s control block and gives the listener what grew since the last sample.
   void SampleHolder(Holder& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -137,6 +137,15 @@ class LeasesLockTest : public ::testing::Test {
     for (uint64_t id : ids) request.add_chunk_ids(id);
     return leases_->Return(h, request).status;
   }
+  // A child process that waits until killed: a rank the test kills (-1 when fork failed).
+  static pid_t ForkWaitingChild() {
+    const pid_t child = fork();
+    if (child == 0) {
+      pause();
+      _exit(0);
+    }
+    return child;
+  }
   // Runs `calls` on another thread while the gate holds a call; true when they finished within
   // 10 s. Opens the gate after (they finish then at the latest).
   bool FinishWhileGated(const std::function<void()>& calls) {
@@ -242,11 +251,8 @@ TEST_F(LeasesLockTest, ASessionsReturnWaitsForItsOwnLeaseInFlight) {
 // A rank killed while its lease waits for the lender: the reaper waits for that lease, then
 // takes back everything it handed, and drops the holder.
 TEST_F(LeasesLockTest, ARankKilledMidLeaseGetsAllItsChunksReaped) {
-  const pid_t child = fork();
-  if (child == 0) {
-    pause();
-    _exit(0);
-  }
+  const pid_t child = ForkWaitingChild();
+  ASSERT_GT(child, 0);
   gate_->CloseBeforeTake();
   std::vector<uint64_t> a;
   std::thread leasing([&] { a = Lease(Holder("a", 0, child), 16); });
@@ -271,11 +277,8 @@ TEST_F(LeasesLockTest, ARankKilledMidLeaseGetsAllItsChunksReaped) {
 // session of the same id made meanwhile (its stream ended, then a lease the rank sent before it
 // died arrived) is not dropped with the chunks it holds: the next pass reaps it.
 TEST_F(LeasesLockTest, AHolderMadeWhileTheReaperRenewsIsReapedNotDroppedWithItsChunks) {
-  const pid_t child = fork();
-  if (child == 0) {
-    pause();
-    _exit(0);
-  }
+  const pid_t child = ForkWaitingChild();
+  ASSERT_GT(child, 0);
   ASSERT_EQ(Lease(Holder("a", 0, child), 8).size(), 2u);
   gate_->CloseBeforeRenew();
   kill(child, SIGKILL);  // not waited for yet: a zombie, so a pidfd of it can still be opened
