@@ -54,8 +54,8 @@ DescriptorReply Leases::ReturnLocked(const LeaseHolder& who, const v1::ReturnChu
 }
 
 bool Leases::ChunkIs(uint64_t id, State state, const std::string& holder) const {
-  const uint64_t tier = id >> 32;
-  const uint64_t chunk = id & 0xffffffffu;
+  const uint64_t tier = TierOfId(id);
+  const uint64_t chunk = ChunkOfId(id);
   return tier < chunks_.size() && chunk < chunks_[tier].size() &&
          chunks_[tier][chunk].state == state && chunks_[tier][chunk].holder == holder;
 }
@@ -73,8 +73,8 @@ void Leases::GiveBack(Holder& h, const google::protobuf::RepeatedField<uint64_t>
 }
 
 void Leases::Keep(Holder& h, uint32_t lease_tier, uint64_t id, Renewals* renew) {
-  const uint64_t tier = id >> 32;
-  const uint64_t chunk = id & 0xffffffffu;
+  const uint64_t tier = TierOfId(id);
+  const uint64_t chunk = ChunkOfId(id);
   if (!tiers_[tier]->lender()->ChargeReturnsUntilExit()) {
     PutBack(tier, chunk, h.uid, renew);
     return;
@@ -180,7 +180,7 @@ void Leases::SessionEnded(const std::string& session_id) {
   bool any = false;
   for (const auto& list : h.held) {
     for (uint64_t id : list) {
-      chunks_[id >> 32][id & 0xffffffffu].state = State::kOrphaned;
+      chunks_[TierOfId(id)][ChunkOfId(id)].state = State::kOrphaned;
       any = true;
     }
   }
@@ -247,7 +247,7 @@ void Leases::Reap() {
         for (auto* lists : {&h.held, &h.kept}) {
           for (auto& list : *lists) {
             for (uint64_t id : list) {
-              PutBack(id >> 32, id & 0xffffffffu, h.uid, &exited);
+              PutBack(TierOfId(id), ChunkOfId(id), h.uid, &exited);
               ++returned;
             }
             list.clear();

@@ -113,7 +113,7 @@ void Leases::Wake() {
 }
 
 uint64_t Leases::PagesOf(uint64_t id) const {
-  return tiers_[id >> 32]->ChunkPages(id & 0xffffffffu);
+  return tiers_[TierOfId(id)]->ChunkPages(ChunkOfId(id));
 }
 
 ControlView Leases::ReadControl(const Holder& h,
@@ -544,8 +544,8 @@ std::vector<Leases::Prepared> Leases::Prepare(ChunkLender* lender,
 
 Status Leases::Rehand(Holder& h, uint32_t lease_tier, uint64_t id,
                       std::vector<DescriptorPart>* parts) {
-  const uint64_t tier = id >> 32;
-  const uint64_t chunk = id & 0xffffffffu;
+  const uint64_t tier = TierOfId(id);
+  const uint64_t chunk = ChunkOfId(id);
   auto fd = tiers_[tier]->lender()->Export(chunk);
   if (!fd.ok()) {
     h.kept[lease_tier].push_back(id);  // still its, still charged

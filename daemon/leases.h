@@ -173,6 +173,8 @@ class Leases {
   // Chunk ids: the tier index (pools, then the host tiers) in the high 32 bits, the chunk in the
   // low.
   static uint64_t ChunkId(uint64_t tier, uint64_t chunk) { return (tier << 32) | chunk; }
+  static uint64_t TierOfId(uint64_t id) { return id >> 32; }
+  static uint64_t ChunkOfId(uint64_t id) { return id & 0xffffffffu; }
 
  private:
   // kKept: returned by a live holder whose process may still hold its memory (GPU chunks:

@@ -276,7 +276,7 @@ TEST_F(LeasesTest, AChunkReturnedWhileItsHolderLivesIsFreshMemory) {
   const uint64_t bytes = kChunkPages * kPage;
   uint8_t* old = Map(a.fds[3].get(), bytes);
   std::memset(old, 0xab, bytes);
-  const uint64_t chunk = a.chunks[3].chunk_id() & 0xffffffffu;
+  const uint64_t chunk = Leases::ChunkOfId(a.chunks[3].chunk_id());
   uint8_t* daemon_view = pools_[0]->base() + chunk * bytes;
   EXPECT_EQ(daemon_view[0], 0xab);  // shared while leased
   ASSERT_TRUE(Return(Holder("a"), {a.chunks[3].chunk_id()}).ok());
