@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "common/random.h"
-#include "daemon/tier.h"
+#include "daemon/tiers/tier.h"
 #include "stash/kernels/paging.h"
 
 namespace {

@@ -2,7 +2,7 @@
 // (docs/design.md). Every region is a memfd: it has no name, so no other process can open it, and
 // it disappears when the last mapping and descriptor are gone (a SIGKILLed client leaves nothing
 // behind). Client memory is handed to the daemon as a file descriptor over the descriptor
-// channel (daemon/descriptor_server.h), sealed so that nobody can shrink it under a mapping.
+// channel (daemon/server/descriptor_server.h), sealed so that nobody can shrink it under a mapping.
 #ifndef STASH_COMMON_SHM_H_
 #define STASH_COMMON_SHM_H_
 

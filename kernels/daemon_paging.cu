@@ -1,6 +1,6 @@
 // Daemon-copy's kernels (paging_cuda.h's contract; bodies in daemon_paging.h), compiled to a
 // fatbin that stashd carries and launches through the driver API on each GPU's copy stream
-// (daemon/paging_kernels.h): the daemon needs no CUDA runtime, and the driver stand-in runs
+// (daemon/cuda/paging_kernels.h): the daemon needs no CUDA runtime, and the driver stand-in runs
 // the same launches on a machine without a GPU (as host twins). kernels/paging.cu launches the
 // same bodies through the runtime for the GPU tests and benchmarks.
 #include "stash/kernels/daemon_paging.h"

@@ -1,6 +1,6 @@
 // The host-side argument checks of daemon-copy's kernel launches (paging_cuda.h): both ways in,
 // the runtime launchers (kernels/paging.cu) and the daemon's driver launcher
-// (daemon/paging_kernels.h), check with these before they enqueue anything.
+// (daemon/cuda/paging_kernels.h), check with these before they enqueue anything.
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>

@@ -19,11 +19,11 @@
 #include <memory>
 #include <string>
 
-#include "client/cuda_lease_memory.h"
-#include "client/stream_copier.h"
+#include "client/mapped/cuda/cuda_lease_memory.h"
+#include "client/mapped/cuda/stream_copier.h"
 #include "common/cuda_driver.h"
 #include "common/cuda_vmm.h"
-#include "daemon/vmm_chunk_memory.h"
+#include "daemon/cuda/vmm_chunk_memory.h"
 #include "stash/status.h"
 
 namespace stash::bench_gpu {

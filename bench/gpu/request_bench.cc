@@ -1,9 +1,9 @@
 // stash-bench-request: the daemon-side cost of one stash request and one reload request on the
 // CUDA backend, timed on the host through the daemon's own code: CudaExecutor::Stash and
-// ::Reload (daemon/cuda_executor.cc), made by CreateCudaExecutors as stashd makes them. One call
-// sets the device, takes a plan slot and page-record space, launches the paging kernels, copies
-// the plan back to pinned memory, raises the done counter (a barrier and a 64-bit write in one
-// cuStreamBatchMemOp) and adds the host function that hands the continuation to the pool
+// ::Reload (daemon/cuda/cuda_executor.cc), made by CreateCudaExecutors as stashd makes them. One
+// call sets the device, takes a plan slot and page-record space, launches the paging kernels,
+// copies the plan back to pinned memory, raises the done counter (a barrier and a 64-bit write in
+// one cuStreamBatchMemOp) and adds the host function that hands the continuation to the pool
 // worker. The continuation (the plan read, the tier accounting) runs later on the pool worker:
 // it is timed too, and the figure per request is the call plus its continuation.
 //
@@ -31,9 +31,9 @@
 
 #include "bench/gpu/common.h"
 #include "common/shm.h"
-#include "daemon/config.h"
-#include "daemon/cuda_executor.h"
-#include "daemon/executor.h"
+#include "daemon/config/config.h"
+#include "daemon/copy/executor.h"
+#include "daemon/cuda/cuda_executor.h"
 #include "stash/kernels/paging.h"
 
 namespace stash::bench_gpu {

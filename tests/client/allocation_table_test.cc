@@ -1,6 +1,6 @@
-// The cuda backend's allocation table (client/allocation_table.h): what the client library
+// The cuda backend's allocation table (client/memory/allocation_table.h): what the client library
 // registers once, finds again, and unregisters when the memory was freed and reused.
-#include "client/allocation_table.h"
+#include "client/memory/allocation_table.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "client/copier.h"
+#include "client/mapped/copier.h"
 
 #include <gtest/gtest.h>
 

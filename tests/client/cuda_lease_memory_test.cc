@@ -1,9 +1,9 @@
-// CudaLeaseMemory (client/cuda_lease_memory.h) on the CUDA driver stand-in (tests/cuda_standin),
-// with the daemon's VmmChunkMemory as the exporter: fixed ranges, import and map, peer chunks,
-// host chunks, and unmaps deferred past the stream's work and any capture. The stand-in runs
-// stream work late (STASH_STANDIN_STREAM_DELAY_US) and faults on memory that is not mapped when
-// the work runs, so an unmap that came too early crashes these tests.
-#include "client/cuda_lease_memory.h"
+// CudaLeaseMemory (client/mapped/cuda/cuda_lease_memory.h) on the CUDA driver stand-in
+// (tests/cuda_standin), with the daemon's VmmChunkMemory as the exporter: fixed ranges, import and
+// map, peer chunks, host chunks, and unmaps deferred past the stream's work and any capture. The
+// stand-in runs stream work late (STASH_STANDIN_STREAM_DELAY_US) and faults on memory that is not
+// mapped when the work runs, so an unmap that came too early crashes these tests.
+#include "client/mapped/cuda/cuda_lease_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/shm.h"
-#include "daemon/vmm_chunk_memory.h"
+#include "daemon/cuda/vmm_chunk_memory.h"
 #include "tests/vmm_standin.h"
 
 namespace stash {

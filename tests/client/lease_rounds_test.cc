@@ -1,6 +1,6 @@
-// LeaseRounds (client/lease_rounds.h): the lease thread's queue and the bounded waits of a
+// LeaseRounds (client/mapped/lease_rounds.h): the lease thread's queue and the bounded waits of a
 // mapped session's BeginStep, on their own.
-#include "client/lease_rounds.h"
+#include "client/mapped/lease_rounds.h"
 
 #include <gtest/gtest.h>
 

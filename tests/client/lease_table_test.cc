@@ -1,4 +1,4 @@
-#include "client/lease_table.h"
+#include "client/mapped/lease_table.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

@@ -1,5 +1,5 @@
-// client/live_table.h: the rank's list of its live stashes' tags in the control block.
-#include "client/live_table.h"
+// client/mapped/live_table.h: the rank's list of its live stashes' tags in the control block.
+#include "client/mapped/live_table.h"
 
 #include <gtest/gtest.h>
 

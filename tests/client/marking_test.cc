@@ -1,4 +1,4 @@
-// The marking rules of client/include/stash/marking.h: which physical buffers of a saved
+// The marking rules of include/stash/marking.h: which physical buffers of a saved
 // grouped-linear input are stashed (TE PR #3423, research domain.md §1.3 and §1.6), and the
 // errors an inconsistent description gets.
 #include "stash/marking.h"

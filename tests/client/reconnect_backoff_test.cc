@@ -1,4 +1,4 @@
-#include "client/reconnect_backoff.h"
+#include "client/session/reconnect_backoff.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-// StreamCopier (client/stream_copier.h), mapped mode's paging on the trainer's stream.
+// StreamCopier (client/mapped/cuda/stream_copier.h), mapped mode's paging on the trainer's stream.
 //
 // Built twice from this one file. Here (tests/client, every machine) it drives the driver
 // stand-in (tests/cuda_standin: TEST AID, NEVER A BACKEND), which runs each launched kernel as
@@ -7,7 +7,7 @@
 // arguments and memory, what is refused during capture, what the host learns and when), byte for
 // byte. With STASH_STREAM_COPIER_ON_GPU (tests/gpu, label gpu) the same tests run the library's
 // own fatbin on a real GPU through libcuda, and skip without one.
-#include "client/stream_copier.h"
+#include "client/mapped/cuda/stream_copier.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>

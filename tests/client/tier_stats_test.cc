@@ -1,6 +1,6 @@
 // A session's Stats pick their tiers by what each tier is: on the cuda backend a GPU's share of
 // the host tier carries that GPU's pool index, and must not land in the pool fields.
-#include "client/tier_stats.h"
+#include "client/session/tier_stats.h"
 
 #include <gtest/gtest.h>
 

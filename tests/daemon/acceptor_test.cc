@@ -1,4 +1,4 @@
-#include "daemon/acceptor.h"
+#include "daemon/server/acceptor.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>

@@ -1,6 +1,6 @@
-// Request admission (daemon/admit.cc): every malformed or out-of-range request is answered with
-// its status and a message that says what to change, and a rejected request changes nothing.
-#include "daemon/admit.h"
+// Request admission (daemon/copy/admit.cc): every malformed or out-of-range request is answered
+// with its status and a message that says what to change, and a rejected request changes nothing.
+#include "daemon/copy/admit.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 #include <string>
 
 #include "common/mutex.h"
-#include "daemon/enum_choices.h"
-#include "daemon/session.h"
+#include "daemon/protocol/enum_choices.h"
+#include "daemon/sessions/session.h"
 
 namespace stash::daemon {
 namespace {
@@ -194,7 +194,7 @@ TEST_F(Admit, RegistrationsAreBoundedInBytes) {
                   "register smaller buffers");
 }
 
-// Sessions of two users against the daemon-wide budgets (daemon/fair_share.h).
+// Sessions of two users against the daemon-wide budgets (daemon/limits/fair_share.h).
 struct TwoUsers {
   TwoUsers(uint64_t max_memories, uint64_t max_bytes)
       : memories({"registered allocations", max_memories, 1, 0, "unregister some first"}),

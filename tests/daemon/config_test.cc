@@ -1,5 +1,5 @@
-// stashd's knobs (daemon/config.cc) through the real binary: abseil flags are process-wide, so
-// every parse gets its own process. `--print-config` shows what was parsed and where it came
+// stashd's knobs (daemon/config/config.cc) through the real binary: abseil flags are process-wide,
+// so every parse gets its own process. `--print-config` shows what was parsed and where it came
 // from; a bad command line must exit 2 with one line naming the knob, the value and what is
 // allowed.
 #include <gmock/gmock.h>

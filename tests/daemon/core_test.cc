@@ -1,5 +1,5 @@
 // DaemonCore without its transport: the stats responses stay bounded whatever clients send.
-#include "daemon/core.h"
+#include "daemon/core/core.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-// The daemon's cuda backend (daemon/cuda_executor.cc) on the CUDA driver stand-in
+// The daemon's cuda backend (daemon/cuda/cuda_executor.cc) on the CUDA driver stand-in
 // (tests/cuda_standin): its pool, rings and plans in stand-in device memory, daemon-copy's
 // kernels from the fatbin run as their host twins, continuations from host functions on the
 // copy stream, done events as stream memory writes. The source and destination here are
 // stand-in device memory of this process (a client's arrive through CUDA IPC, which the stand-in
 // does not model: its refusal is tested as such).
-#include "daemon/cuda_executor.h"
+#include "daemon/cuda/cuda_executor.h"
 
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@
 
 #include "common/cuda_vmm.h"
 #include "common/shm.h"
-#include "daemon/tier.h"
+#include "daemon/tiers/tier.h"
 #include "tests/kernels/paging_harness.h"
 #include "tests/vmm_standin.h"
 

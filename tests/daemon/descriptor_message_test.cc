@@ -1,5 +1,5 @@
-// Parsing of descriptor-channel packets (daemon/descriptor_message.h).
-#include "daemon/descriptor_message.h"
+// Parsing of descriptor-channel packets (daemon/protocol/descriptor_message.h).
+#include "daemon/protocol/descriptor_message.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // EventLog's rate limit and how event lines name a stash.
-#include "daemon/event_log.h"
+#include "daemon/stats/event_log.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "daemon/fair_share.h"
+#include "daemon/limits/fair_share.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // CumulativeHistogram: Prometheus "less or equal" buckets, cumulative counts, the sum.
-#include "daemon/histogram.h"
+#include "daemon/stats/histogram.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-// The mapped-mode broker's locking (daemon/leases.cc, daemon/lease_returns.cc): its lock is never
-// held while a lender works on memory. A GPU's chunk take waits for that GPU's copy stream and a
-// GPU chunk's renew releases and commits VRAM; here a lender that stops at a gate stands in for
-// both, and the calls on other threads must go on while it waits: stats, a session's end, the
-// reaper. The daemon makes every lease and return on its descriptor server's one thread; these
-// tests also run leases and returns on separate threads, which asks more of the books than the
-// daemon does.
+// The mapped-mode broker's locking (daemon/leases/leases.cc, daemon/leases/lease_returns.cc): its
+// lock is never held while a lender works on memory. A GPU's chunk take waits for that GPU's copy
+// stream and a GPU chunk's renew releases and commits VRAM; here a lender that stops at a gate
+// stands in for both, and the calls on other threads must go on while it waits: stats, a session's
+// end, the reaper. The daemon makes every lease and return on its descriptor server's one thread;
+// these tests also run leases and returns on separate threads, which asks more of the books than
+// the daemon does.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,7 +18,7 @@
 #include <mutex>
 #include <thread>
 
-#include "daemon/leases.h"
+#include "daemon/leases/leases.h"
 
 namespace stash::daemon {
 namespace {

@@ -1,8 +1,8 @@
-// daemon/leases.cc: the mapped-mode broker, driven directly (the control block by hand).
-#include "daemon/leases.h"
+// daemon/leases/leases.cc: the mapped-mode broker, driven directly (the control block by hand).
+#include "daemon/leases/leases.h"
 
 #include "common/copy_workers.h"
-#include "daemon/host_executor.h"
+#include "daemon/copy/host_executor.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,5 +1,5 @@
 // CheckMemoryFits: tiers beyond the free host or GPU memory are refused with the numbers.
-#include "daemon/memory_fit.h"
+#include "daemon/startup/memory_fit.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,11 +1,11 @@
-// Daemon-copy's kernels as the cuda backend launches them (daemon/paging_kernels.h: the fatbin
+// Daemon-copy's kernels as the cuda backend launches them (daemon/cuda/paging_kernels.h: the fatbin
 // through the driver API). Built twice: on a GPU (paging_kernels_gpu_test, label gpu: the real
 // fatbin's block kernels), and on the CUDA driver stand-in, which runs each kernel as its host twin
 // (tests/cuda_standin/project_twins.cc). The same random stashes and reloads run through the
 // host backend's functions (tests/kernels/paging_harness.h), and the two must agree on every
 // plan, every reloaded byte and the rings' final order. tests/gpu pins the twins against the
 // GPU's kernels.
-#include "daemon/paging_kernels.h"
+#include "daemon/cuda/paging_kernels.h"
 
 #include <gtest/gtest.h>
 

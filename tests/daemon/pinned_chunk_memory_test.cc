@@ -1,8 +1,8 @@
-// PinnedChunkMemory (daemon/pinned_chunk_memory.h) on the CUDA driver stand-in
+// PinnedChunkMemory (daemon/cuda/pinned_chunk_memory.h) on the CUDA driver stand-in
 // (tests/cuda_standin): every chunk page-locked for the GPU at its host address, and a renew
 // that registers the fresh memory in place of the old, so work on the stream writes what the
 // CPU (and the next holder) sees, never the pages a former holder still maps.
-#include "daemon/pinned_chunk_memory.h"
+#include "daemon/cuda/pinned_chunk_memory.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

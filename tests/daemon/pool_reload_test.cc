@@ -1,9 +1,9 @@
-// The pool worker (daemon/pool.cc) behind admission (the cuda backend's rules, with a fake
+// The pool worker (daemon/copy/pool.cc) behind admission (the cuda backend's rules, with a fake
 // executor): a failed or rejected reload never costs the
 // stash. A fake executor stands in for client memory, so memory that fails to open and event
 // counters in device memory can be made on a machine without a GPU; the copies themselves run
 // through the real HostExecutor into a real host tier.
-#include "daemon/pool.h"
+#include "daemon/copy/pool.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -19,10 +19,10 @@
 
 #include "common/copy_workers.h"
 #include "common/host_event.h"
-#include "daemon/admit.h"
-#include "daemon/host_executor.h"
-#include "daemon/session.h"
-#include "daemon/tier.h"
+#include "daemon/copy/admit.h"
+#include "daemon/copy/host_executor.h"
+#include "daemon/sessions/session.h"
+#include "daemon/tiers/tier.h"
 
 namespace stash::daemon {
 namespace {

@@ -8,7 +8,7 @@
 // And the run token (InlinePoolTest): with the synchronous host executor, a small request that
 // finds the worker idle runs on the thread that received it; anything else goes to the worker,
 // and a session's order holds either way.
-#include "daemon/pool.h"
+#include "daemon/copy/pool.h"
 
 #include <gtest/gtest.h>
 
@@ -22,10 +22,10 @@
 
 #include "common/copy_workers.h"
 #include "common/host_event.h"
-#include "daemon/host_executor.h"
-#include "daemon/session.h"
-#include "daemon/stats.h"
-#include "daemon/tier.h"
+#include "daemon/copy/host_executor.h"
+#include "daemon/sessions/session.h"
+#include "daemon/stats/stats.h"
+#include "daemon/tiers/tier.h"
 
 namespace stash::daemon {
 namespace {

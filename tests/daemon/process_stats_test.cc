@@ -1,4 +1,4 @@
-#include "daemon/process_stats.h"
+#include "daemon/stats/process_stats.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,5 +1,6 @@
-// A session's answers (daemon/session.cc): whatever a message quotes, it leaves as valid UTF-8.
-#include "daemon/session.h"
+// A session's answers (daemon/sessions/session.cc): whatever a message quotes, it leaves as valid
+// UTF-8.
+#include "daemon/sessions/session.h"
 
 #include <gtest/gtest.h>
 

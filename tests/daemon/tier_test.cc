@@ -1,7 +1,7 @@
-// daemon/tier.cc's chunk ring functions: taking a chunk out of the daemon-copy ring compacts the
-// free slots without its page ids, returning it appends them, and at rest the free slots plus
+// daemon/tiers/tier.cc's chunk ring functions: taking a chunk out of the daemon-copy ring compacts
+// the free slots without its page ids, returning it appends them, and at rest the free slots plus
 // the taken chunks' pages are always a permutation of the tier's pages.
-#include "daemon/tier.h"
+#include "daemon/tiers/tier.h"
 
 #include <gtest/gtest.h>
 

@@ -1,14 +1,14 @@
-// VmmChunkMemory (daemon/vmm_chunk_memory.h) on the CUDA driver stand-in (tests/cuda_standin):
+// VmmChunkMemory (daemon/cuda/vmm_chunk_memory.h) on the CUDA driver stand-in (tests/cuda_standin):
 // granularity, refusals, lazy chunks, export to another process, and the renew order against a
 // VRAM budget shared by every process.
-#include "daemon/vmm_chunk_memory.h"
+#include "daemon/cuda/vmm_chunk_memory.h"
 
 #include <gtest/gtest.h>
 
 #include <regex>
 #include <string>
 
-#include "client/cuda_lease_memory.h"
+#include "client/mapped/cuda/cuda_lease_memory.h"
 #include "tests/vmm_standin.h"
 
 namespace stash::daemon {

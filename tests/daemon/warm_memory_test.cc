@@ -1,5 +1,5 @@
-// Warm memory, the daemon's parts (daemon/chunk_memory.h, daemon/warmer.h; issue 24): chunks
-// populated without a byte changed and counted warm; the warmer's start-up pass; huge pages;
+// Warm memory, the daemon's parts (daemon/tiers/chunk_memory.h, daemon/tiers/warmer.h; issue 24):
+// chunks populated without a byte changed and counted warm; the warmer's start-up pass; huge pages;
 // a hugetlb renewal that cannot get pages keeps the old memory.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "common/shm.h"
-#include "daemon/chunk_memory.h"
-#include "daemon/tier.h"
-#include "daemon/warmer.h"
+#include "daemon/tiers/chunk_memory.h"
+#include "daemon/tiers/tier.h"
+#include "daemon/tiers/warmer.h"
 #include "tests/huge_page_pool.h"
 
 namespace stash::daemon {

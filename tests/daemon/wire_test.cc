@@ -1,5 +1,6 @@
-// Parsing client bytes (daemon/wire.cc): a malformed request is refused with what is wrong.
-#include "daemon/wire.h"
+// Parsing client bytes (daemon/protocol/wire.cc): a malformed request is refused with what is
+// wrong.
+#include "daemon/protocol/wire.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

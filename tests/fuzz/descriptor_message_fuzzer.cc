@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "common/shm.h"
-#include "daemon/descriptor_message.h"
-#include "daemon/session.h"
+#include "daemon/protocol/descriptor_message.h"
+#include "daemon/sessions/session.h"
 #include "stash/v1/descriptor.pb.h"
 #include "tests/fuzz/utf8.h"
 

@@ -1,5 +1,5 @@
 // libFuzzer target: arbitrary bytes as a short sequence of SessionRequests
-// (SessionRequest::ParseFromArray) through admission (daemon/admit.h) against a session that
+// (SessionRequest::ParseFromArray) through admission (daemon/copy/admit.h) against a session that
 // already holds registered memories of known sizes and live tickets (session_input.h). Hellos
 // also go through CheckHello.
 //
@@ -30,8 +30,8 @@
 #include <string_view>
 
 #include "common/mutex.h"
-#include "daemon/admit.h"
-#include "daemon/session.h"
+#include "daemon/copy/admit.h"
+#include "daemon/sessions/session.h"
 #include "stash/v1/stash.pb.h"
 #include "tests/fuzz/session_input.h"
 #include "tests/fuzz/utf8.h"

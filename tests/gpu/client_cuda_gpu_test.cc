@@ -1,7 +1,7 @@
-// The client library's CUDA side (client/cuda_memory.h) on a real GPU: finding the cudaMalloc
-// allocation of a pointer inside it, exporting its IPC handle once, refusing memory CUDA IPC
-// cannot share with the message that says why, and the stream memory operations that raise
-// and wait on event counters in host memory. Skips without a GPU.
+// The client library's CUDA side (client/memory/cuda_memory.h) on a real GPU: finding the
+// cudaMalloc allocation of a pointer inside it, exporting its IPC handle once, refusing memory CUDA
+// IPC cannot share with the message that says why, and the stream memory operations that raise and
+// wait on event counters in host memory. Skips without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/cuda_memory.h"
+#include "client/memory/cuda_memory.h"
 #include "common/cuda_driver.h"
 
 namespace stash {

@@ -50,13 +50,13 @@
 #include <thread>
 #include <vector>
 
-#include "client/cuda_lease_memory.h"
-#include "client/stream_copier.h"
+#include "client/mapped/cuda/cuda_lease_memory.h"
+#include "client/mapped/cuda/stream_copier.h"
 #include "common/cuda_driver.h"
 #include "common/cuda_vmm.h"
 #include "common/descriptor_socket.h"
 #include "common/unique_fd.h"
-#include "daemon/vmm_chunk_memory.h"
+#include "daemon/cuda/vmm_chunk_memory.h"
 #include "stash/kernels/mapped_paging.h"
 #if defined(STASH_MAPPED_CHECK_ON_GPU)
 #include "stash/kernels/mapped_paging_fatbin.h"

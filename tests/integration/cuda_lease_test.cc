@@ -3,10 +3,10 @@
 // binary and the stashd it starts, in one registry, so the VRAM budget counts both processes),
 // and as cuda_lease_gpu_test (label gpu, STASH_LEASES_ON_GPU) against the real driver in the
 // GPU check, where it skips without a device. The daemon's pool is VMM chunks
-// (daemon/vmm_chunk_memory.h) lent out of daemon-copy's device ring by kernels on its copy stream
-// (daemon/cuda_chunk_lender.h). This test is the rank: it speaks the descriptor protocol raw
-// (tests/integration/raw_lease.h), imports each chunk's POSIX fd and maps it with the client
-// library's CudaLeaseMemory, as mapped mode's GPU seam will.
+// (daemon/cuda/vmm_chunk_memory.h) lent out of daemon-copy's device ring by kernels on its copy
+// stream (daemon/cuda/cuda_chunk_lender.h). This test is the rank: it speaks the descriptor
+// protocol raw (tests/integration/raw_lease.h), imports each chunk's POSIX fd and maps it with the
+// client library's CudaLeaseMemory, as mapped mode's GPU seam will.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/cuda_lease_memory.h"
+#include "client/mapped/cuda/cuda_lease_memory.h"
 #include "common/cuda_driver.h"
 #include "stash/client.h"
 #include "tests/cuda_device.h"

@@ -1,11 +1,11 @@
-// Mapped mode on the cuda backend through the public client API (client/cuda_mapped_session.h):
-// stashd --backend=cuda leases VMM chunks, the library maps them and pages device buffers into
-// them with its kernels on the caller's stream. Runs on the CUDA driver stand-in
-// (tests/cuda_standin; ctest puts it first on LD_LIBRARY_PATH as libcuda.so.1 for this binary
-// and the stashd it starts), which runs each kernel as its host twin: what is checked is the
-// whole orchestration, byte for byte. Built again as cuda_mapped_gpu_test (label gpu,
-// STASH_MAPPED_ON_GPU) against the real driver for tests/gpu/check.sh, where it skips without a
-// device: there the kernels are the GPU's own.
+// Mapped mode on the cuda backend through the public client API
+// (client/mapped/cuda/cuda_mapped_session.h): stashd --backend=cuda leases VMM chunks, the library
+// maps them and pages device buffers into them with its kernels on the caller's stream. Runs on the
+// CUDA driver stand-in (tests/cuda_standin; ctest puts it first on LD_LIBRARY_PATH as libcuda.so.1
+// for this binary and the stashd it starts), which runs each kernel as its host twin: what is
+// checked is the whole orchestration, byte for byte. Built again as cuda_mapped_gpu_test (label
+// gpu, STASH_MAPPED_ON_GPU) against the real driver for tests/gpu/check.sh, where it skips without
+// a device: there the kernels are the GPU's own.
 #include <signal.h>
 #include <unistd.h>
 

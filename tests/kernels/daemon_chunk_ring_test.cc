@@ -1,7 +1,7 @@
 // Lending a GPU pool's chunks (stash/kernels/daemon_paging.h: TakeChunksLaunch and
-// ReturnChunkLaunch, the bodies of the one-thread kernels daemon/cuda_chunk_lender.cc launches)
-// against an independent model: random ring states (free ids in a random order, the rest held
-// by stashes or out of the ring), random asks. A chunk is taken exactly when it was asked and
+// ReturnChunkLaunch, the bodies of the one-thread kernels daemon/cuda/cuda_chunk_lender.cc
+// launches) against an independent model: random ring states (free ids in a random order, the rest
+// held by stashes or out of the ring), random asks. A chunk is taken exactly when it was asked and
 // every one of its pages is free; the other free ids keep their order; a returned chunk's ids
 // come back at the tail; the ring never holds an id twice.
 #include <gtest/gtest.h>

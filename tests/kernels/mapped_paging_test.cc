@@ -276,9 +276,9 @@ TEST(MappedPaging, APlanSlotIsConsumedOnceSoReplaysOutOfTurnNeitherLeakNorDuplic
   EXPECT_EQ(RingFree(s.tiers[kLeaseDevice].ring), kPagesPerChunk);
 }
 
-// The live-stash table's numbers (client/live_table.h has the tags): a stash's publish writes
-// its ticket, bytes and pages into its entry, its reload's publish clears them; a stash placed
-// nowhere writes ticket 0; a reload of a consumed slot (its entry may be another stash's by
+// The live-stash table's numbers (client/mapped/live_table.h has the tags): a stash's publish
+// writes its ticket, bytes and pages into its entry, its reload's publish clears them; a stash
+// placed nowhere writes ticket 0; a reload of a consumed slot (its entry may be another stash's by
 // then) and an entry past the table write nothing, nor does a session without a table.
 TEST(MappedPaging, ALiveEntryHoldsWhatItsStashHoldsUntilItsReload) {
   std::mt19937_64 rng(11);

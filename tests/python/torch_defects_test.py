@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")  # stashd.torch is optional: skip without t
 import stashd
 import stashd.torch as stash_torch
 from saving import save_and_reload
-from stashd.client import default_device
+from stashd.connect import default_device
 
 M = 64  # max tokens
 H = 8

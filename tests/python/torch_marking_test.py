@@ -190,7 +190,7 @@ def test_retain_graph_reloads_once_and_reuses_the_tensor(client):
 
 def test_buffer_tensor_views_shared_memory():
     with stashd.Buffer(64) as b:
-        t = b.tensor(torch.int32, (2, 4), offset=16)
+        t = stash_torch.as_tensor(b, torch.int32, (2, 4), offset=16)
         t.fill_(7)
         assert b.read(16, 4) == (7).to_bytes(4, "little")
         assert b.read(0, 16) == bytes(16)

@@ -16,8 +16,8 @@ The library is found next to this package, through $STASHD_CLIENT_LIB, or in the
 
 from stashd._lib import LibraryNotFound
 from stashd.buffer import Buffer
-from stashd.client import (Client, Completion, SessionInfo, Stats, StepFlags, Tier, connect,
-                           version)
+from stashd.client import Client, Completion, SessionInfo, Stats, StepFlags, Tier, version
+from stashd.connect import connect, default_device
 from stashd.disabled import DisabledClient, DisabledWarning
 from stashd.errors import CODE_NAMES, DeadlineExceeded, StashError, Unavailable
 
@@ -40,5 +40,6 @@ __all__ = [
     "Tier",
     "Unavailable",
     "connect",
+    "default_device",
     "version",
 ]

@@ -1,4 +1,4 @@
-"""Finds and loads libstash_client.so and declares the C ABI (client/include/stash/c_api.h).
+"""Finds and loads libstash_client.so and declares the C ABI (include/stash/c_api.h).
 
 ctypes rather than a compiled extension: one build of the C++ library serves every Python
 version, and the library stays a guest that exports only `stash_*` symbols.

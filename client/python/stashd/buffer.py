@@ -112,12 +112,6 @@ class Buffer:
         offset, _ = self._check_range(offset, 8)
         ctypes.c_int64.from_address(self.address + offset).value = int(value)
 
-    def tensor(self, dtype, shape: Sequence[int], offset: int = 0):
-        """A torch tensor over the buffer's memory (no copy); see stashd.torch.as_tensor."""
-        from stashd.torch import as_tensor  # torch is imported only by those who ask for it
-
-        return as_tensor(self, dtype, shape, offset)
-
     # --- Events (8-byte counters) -----------------------------------------------------------
 
     def signal(self, offset: int, value: int) -> None:

@@ -60,8 +60,8 @@ from stashd.torch.marking import (SCALE_INV_BLOCK_TOKENS, STASHD_MARKER_ATTRIBUT
                                   marker)
 from stashd.torch.microbatch import Key, KeyStats, microbatch
 from stashd.torch.overflow_guard import StepResult, overflow_guard
-from stashd.torch.prefetch import prefetch, set_prefetch
-from stashd.torch.state import StashWarning, accounting, counters, empty_cache, flush
+from stashd.torch.state import (StashWarning, accounting, counters, empty_cache, flush, prefetch,
+                                set_prefetch)
 from stashd.torch.state import _TorchState  # noqa: F401  (the per-client state, for tests)
 
 __all__ = [

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence
 
 from stashd.errors import NOT_FOUND, error_for
 from stashd.torch.microbatch import Key
 
 if TYPE_CHECKING:
-    from stashd.client import Client
     from stashd.torch.handle import StashedTensor
     from stashd.torch.state import _TorchState
 
@@ -123,29 +122,3 @@ def _live(refs: Sequence[weakref.ref]) -> bool:
 def _unread(refs: Sequence[weakref.ref]) -> bool:
     """Whether backward has yet to read a stash of the group (reloading or not)."""
     return any(r() is not None and not r().read for r in refs)
-
-
-def set_prefetch(client: "Client", depth: int = DEFAULT_DEPTH,
-                 schedule: Optional[Sequence[Tuple[int, int]]] = None) -> None:
-    """Configures prefetch for this client. depth: how many (layer, microbatch) groups ahead of
-    the one backward is in get their reloads started (0 = off: each reload runs inside its
-    unpack; default 1). schedule: the backward order of (layer, microbatch) keys, for pipeline
-    schedules that switch microbatches (None = each microbatch's layers in reverse)."""
-    from stashd.torch.state import _TorchState
-
-    depth = int(depth)
-    if depth < 0:
-        raise ValueError(f"stashd.torch.set_prefetch: depth must be >= 0, got {depth}")
-    prefetcher = _TorchState.of(client).prefetcher
-    prefetcher.depth = depth
-    prefetcher.schedule = None if schedule is None else [Key(int(l), int(m))
-                                                         for l, m in schedule]
-
-
-def prefetch(client: "Client", layer: int, microbatch: int = 0) -> int:
-    """Starts the reloads of every stash of (layer, microbatch) now, e.g. from a pipeline
-    schedule right before that microbatch's backward. Returns how many started. Raises
-    StashError NOT_FOUND naming the layer and the microbatch when that key never stashed."""
-    from stashd.torch.state import _TorchState
-
-    return _TorchState.of(client).prefetcher.prefetch(Key(int(layer), int(microbatch)))

@@ -8,7 +8,7 @@ import contextlib
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -17,7 +17,7 @@ from stashd.client import Client
 from stashd.errors import UNAVAILABLE, StashError, error_for
 from stashd.torch.marking import as_tensor
 from stashd.torch.microbatch import Key, KeyStats
-from stashd.torch.prefetch import Prefetcher
+from stashd.torch.prefetch import DEFAULT_DEPTH, Prefetcher
 
 if TYPE_CHECKING:
     from stashd.torch.handle import StashedTensor
@@ -341,6 +341,28 @@ class _TorchState:
             s.buffer.free()
         self._releases.clear()
         self._orphans.clear()
+
+
+def set_prefetch(client: "Client", depth: int = DEFAULT_DEPTH,
+                 schedule: Optional[Sequence[Tuple[int, int]]] = None) -> None:
+    """Configures prefetch for this client. depth: how many (layer, microbatch) groups ahead of
+    the one backward is in get their reloads started (0 = off: each reload runs inside its
+    unpack; default 1). schedule: the backward order of (layer, microbatch) keys, for pipeline
+    schedules that switch microbatches (None = each microbatch's layers in reverse)."""
+    depth = int(depth)
+    if depth < 0:
+        raise ValueError(f"stashd.torch.set_prefetch: depth must be >= 0, got {depth}")
+    prefetcher = _TorchState.of(client).prefetcher
+    prefetcher.depth = depth
+    prefetcher.schedule = None if schedule is None else [Key(int(l), int(m))
+                                                         for l, m in schedule]
+
+
+def prefetch(client: "Client", layer: int, microbatch: int = 0) -> int:
+    """Starts the reloads of every stash of (layer, microbatch) now, e.g. from a pipeline
+    schedule right before that microbatch's backward. Returns how many started. Raises
+    StashError NOT_FOUND naming the layer and the microbatch when that key never stashed."""
+    return _TorchState.of(client).prefetcher.prefetch(Key(int(layer), int(microbatch)))
 
 
 def flush(client: Client) -> None:

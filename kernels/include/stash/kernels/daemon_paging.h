@@ -1,7 +1,7 @@
 // Daemon-copy's kernels (paging_cuda.h's contract) as STASH_HOST_DEVICE bodies: the kernels of
 // kernels/paging.cu (launched through the runtime by the GPU tests and benchmarks) and of
 // kernels/daemon_paging.cu (the fatbin the daemon launches through the driver API,
-// daemon/paging_kernels.h) call the same bodies, and the driver stand-in runs them as host
+// daemon/cuda/paging_kernels.h) call the same bodies, and the driver stand-in runs them as host
 // twins, so the daemon's cuda backend runs on a machine without a GPU.
 //
 // The one-thread kernels (plan, publish) are these bodies as they are. The copy and pop kernels
@@ -117,11 +117,11 @@ STASH_HOST_DEVICE void ReloadPopSerial(const ReloadLaunch& args) {
   ReturnPages(*tier.d_ring, tier.d_ring->tail, args.d_page_record, 0, plan.pages);
 }
 
-// Lending a GPU pool's chunks to mapped sessions (daemon/cuda_chunk_lender.h): the pool's page
+// Lending a GPU pool's chunks to mapped sessions (daemon/cuda/cuda_chunk_lender.h): the pool's page
 // ids [0, pages) are cut into chunks of `chunk_pages` (the last may be shorter), and its ring
 // lives in device memory, written only by kernels in the copy stream's order. Taking chunks out
 // and putting one back are one-thread kernels on that stream; the daemon enqueues them between
-// stashes and reloads, never inside one (daemon/paging_kernels.h holds one lock over each
+// stashes and reloads, never inside one (daemon/cuda/paging_kernels.h holds one lock over each
 // operation's launches: the ring is consistent only between them). Their answer goes to
 // host-visible memory.
 struct alignas(16) ChunkRingLaunch {

@@ -1,6 +1,6 @@
 // The fatbin of daemon-copy's kernels (kernels/daemon_paging.cu), embedded in stashd by
 // cmake/StashEmbedFile.cmake (target stash::daemon_paging_fatbin; built with STASH_ENABLE_CUDA
-// only). Hand it to cuModuleLoadData (daemon/paging_kernels.h).
+// only). Hand it to cuModuleLoadData (daemon/cuda/paging_kernels.h).
 #ifndef STASH_KERNELS_DAEMON_PAGING_FATBIN_H_
 #define STASH_KERNELS_DAEMON_PAGING_FATBIN_H_
 

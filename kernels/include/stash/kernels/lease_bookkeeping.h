@@ -1,7 +1,7 @@
 // The bookkeeping of a mapped session's copier (docs/design.md, "Mapped mode"): one function per
 // event of the session's stream (a stash placed or overflowed, pages returned, a reload, a
-// release, a rejected operation, a step begun). The host copier (client/copier.cc) calls them
-// after its copies; on a GPU the same functions run in the bookkeeping kernel on the trainer's
+// release, a rejected operation, a step begun). The host copier (client/mapped/copier.cc) calls
+// them after its copies; on a GPU the same functions run in the bookkeeping kernel on the trainer's
 // stream, against a device copy of the control block. So both copiers keep the control block
 // the daemon reads, and the state auto sizing runs on, in exactly one way.
 //

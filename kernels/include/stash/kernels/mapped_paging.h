@@ -209,7 +209,7 @@ STASH_HOST_DEVICE void PlanMappedStashSlot(const MappedStashArgs& a) {
 // The numbers of live-stash table entry `entry` (MappedSessionView.d_live): the stash's ticket,
 // bytes and pages, or all 0 (ticket 0: no live stash there). The ticket goes last when set and
 // first when cleared, so a reader that sees it sees the numbers that go with it; the daemon
-// clamps them anyway. The host wrote the entry's tags and name (client/live_table.h).
+// clamps them anyway. The host wrote the entry's tags and name (client/mapped/live_table.h).
 STASH_HOST_DEVICE void WriteLiveEntry(const MappedSessionView& s, uint32_t entry, uint64_t ticket,
                                       uint64_t bytes, uint64_t pages) {
   if (s.d_live == nullptr || entry >= kLiveEntries) return;

@@ -1,5 +1,5 @@
 // CUDA kernels for the paging rules of paging.h (docs/design.md): daemon-copy's contract. The
-// daemon launches them from its fatbin through the driver API (daemon/paging_kernels.h); the
+// daemon launches them from its fatbin through the driver API (daemon/cuda/paging_kernels.h); the
 // runtime launchers below serve the GPU tests and benchmarks; both run the bodies of
 // daemon_paging.h. Every kernel calls the same STASH_HOST_DEVICE functions the host backend
 // runs, so tests/kernels pins what the GPU does and tests/gpu compares the two byte for byte.
@@ -66,7 +66,7 @@ const char* LaunchStatusName(LaunchStatus status);
 struct LaunchResult {
   LaunchStatus status = LaunchStatus::kOk;
   int cuda_error = 0;      // when status == kCudaError: the cudaError_t (runtime launchers) or
-                           // CUresult (daemon/paging_kernels.h); else 0
+                           // CUresult (daemon/cuda/paging_kernels.h); else 0
   char message[256] = {};  // empty when OK; else the bad argument, or for a CUDA error the call's
                            // expression, the CUDA error string, file and line
   bool ok() const { return status == LaunchStatus::kOk; }
