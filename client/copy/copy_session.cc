@@ -209,7 +209,7 @@ std::optional<StatusOr<Completion>> CopySession::Poll(uint64_t op) {
   return Wait(op, 0);
 }
 
-StepFlags CopySession::Flags() const {
+StepFlags CopySession::CurrentStepFlags() const {
   std::shared_ptr<SessionStream> s = Current();
   if (s == nullptr) return StepFlags{};
   std::lock_guard<std::mutex> lock(s->mu);

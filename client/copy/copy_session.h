@@ -27,6 +27,8 @@
 #include <vector>
 
 #include "client/memory/cuda_memory.h"
+#include "client/session/argument_checks.h"
+#include "client/session/mode_session.h"
 #include "client/session/reconnect_backoff.h"
 #include "client/session/session_stream.h"
 #include "common/mutex.h"
@@ -34,13 +36,23 @@
 
 namespace stash {
 
-class CopySession {
+class CopySession final : public ModeSession {
  public:
   // Opens the first session (as Client::Open documents it).
   static StatusOr<std::unique_ptr<CopySession>> Open(const Options& options);
   CopySession(const CopySession&) = delete;
   CopySession& operator=(const CopySession&) = delete;
-  ~CopySession();  // ends every session
+  ~CopySession() override;  // ends every session
+
+  // The operations, as requests on the current stream (copy_operations.cc).
+  StatusOr<uint64_t> Stash(const StashArgs& args, bool then_wait) override;
+  StatusOr<uint64_t> Reload(const ReloadArgs& args, bool then_wait) override;
+  StatusOr<uint64_t> Release(uint64_t ticket, void* gpu_stream) override;
+  StatusOr<uint64_t> BeginStep(uint64_t step, void* gpu_stream) override;
+  StatusOr<uint64_t> Unregister(const HostBuffer& buffer) override;
+  StatusOr<uint64_t> UnregisterDevice(const void* pointer) override;
+  Status ReleaseDeviceMappings(int64_t timeout_ms) override;
+  Status GraphsDestroyed() override { return NoGraphsKept(); }
 
   // The stream new operations go to; null while drained (no session: answer with Local*).
   std::shared_ptr<SessionStream> Current() const;
@@ -58,18 +70,18 @@ class CopySession {
   // An answer given here, handed out once by Wait / Poll; returns its operation id.
   uint64_t Local(Completion completion);
   // As Client::Wait / Client::Poll, over local answers and every stream, old ones too.
-  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms);
-  std::optional<StatusOr<Completion>> Poll(uint64_t op);
+  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms) override;
+  std::optional<StatusOr<Completion>> Poll(uint64_t op) override;
   // The current step's flags (none while drained).
-  StepFlags Flags() const;
+  StepFlags CurrentStepFlags() const override;
   // Stats of the current session; UNAVAILABLE while there is none or it broke.
-  StatusOr<SessionStats> Stats();
+  StatusOr<SessionStats> Stats() override;
 
-  // The Welcome of the live session (of the last one while none is open).
-  v1::Welcome welcome() const;
-  const std::string& socket() const { return socket_; }
-  Backend backend() const { return options_.backend; }
-  CudaSide* cuda() const { return cuda_.get(); }
+  v1::Welcome welcome() const override;
+  const std::string& socket() const override { return socket_; }
+  Backend backend() const override { return options_.backend; }
+  Mode mode() const override { return Mode::kDaemonCopy; }
+  CudaSide* cuda() const override { return cuda_.get(); }
 
  private:
   CopySession(Options options, std::shared_ptr<CudaSide> cuda, std::string socket)

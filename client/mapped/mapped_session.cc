@@ -286,7 +286,8 @@ MappedSession::~MappedSession() {
   s->Close();
 }
 
-StatusOr<uint64_t> MappedSession::Stash(const StashArgs& args) {
+StatusOr<uint64_t> MappedSession::Stash(const StashArgs& args, bool /*then_wait*/) {
+  STASH_RETURN_IF_ERROR(CheckNoStream(args.stream, "stash stream"));
   if (args.source != nullptr && args.device_source != nullptr) {
     return InvalidArgumentError(
         "set exactly one of stash source (a HostBuffer) and stash device_source (a device "
@@ -329,7 +330,8 @@ StatusOr<uint64_t> MappedSession::Stash(const StashArgs& args) {
   return copier_->Submit(std::move(op));
 }
 
-StatusOr<uint64_t> MappedSession::Reload(const ReloadArgs& args) {
+StatusOr<uint64_t> MappedSession::Reload(const ReloadArgs& args, bool /*then_wait*/) {
+  STASH_RETURN_IF_ERROR(CheckNoStream(args.stream, "reload stream"));
   if (args.device_destination != nullptr) return HostOnly("reload device_destination");
   if (args.destination == nullptr) {
     return InvalidArgumentError(
@@ -351,14 +353,16 @@ StatusOr<uint64_t> MappedSession::Reload(const ReloadArgs& args) {
   return copier_->Submit(std::move(op));
 }
 
-StatusOr<uint64_t> MappedSession::Release(uint64_t ticket) {
+StatusOr<uint64_t> MappedSession::Release(uint64_t ticket, void* gpu_stream) {
+  STASH_RETURN_IF_ERROR(CheckNoStream(gpu_stream, "release stream"));
   CopyOp op;
   op.kind = CopyOp::Kind::kRelease;
   op.ticket = ticket;
   return copier_->Submit(std::move(op));
 }
 
-StatusOr<uint64_t> MappedSession::BeginStep(uint64_t step) {
+StatusOr<uint64_t> MappedSession::BeginStep(uint64_t step, void* gpu_stream) {
+  STASH_RETURN_IF_ERROR(CheckNoStream(gpu_stream, "begin_step stream"));
   copier_->NewEpoch();
   CopyOp op;
   op.kind = CopyOp::Kind::kBeginStep;

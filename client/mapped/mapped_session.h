@@ -21,6 +21,8 @@
 #include "client/mapped/copier.h"
 #include "client/mapped/lease_rounds.h"
 #include "client/mapped/lease_table.h"
+#include "client/session/argument_checks.h"
+#include "client/session/mode_session.h"
 #include "client/session/reconnect_backoff.h"
 #include "client/session/session_stream.h"
 #include "common/mutex.h"
@@ -28,7 +30,7 @@
 
 namespace stash {
 
-class MappedSession {
+class MappedSession final : public ModeSession {
  public:
   // Says Hello with MODE_MAPPED and takes the first lease (Options.lease). FAILED_PRECONDITION
   // on the cuda backend and from a daemon that leases no chunks; the daemon's refusal of the
@@ -37,31 +39,40 @@ class MappedSession {
   MappedSession(const MappedSession&) = delete;
   MappedSession& operator=(const MappedSession&) = delete;
   // Close: runs what is queued, unmaps every chunk, gives them back, ends the stream.
-  ~MappedSession();
+  ~MappedSession() override;
 
   // Client::Stash / Reload checked the shape (row_bytes, max_rows) and the ticket first.
-  StatusOr<uint64_t> Stash(const StashArgs& args);
-  StatusOr<uint64_t> Reload(const ReloadArgs& args);
-  StatusOr<uint64_t> Release(uint64_t ticket);
+  // Events order the copies; a stream is refused (only the cuda twin enqueues on one).
+  StatusOr<uint64_t> Stash(const StashArgs& args, bool then_wait) override;
+  StatusOr<uint64_t> Reload(const ReloadArgs& args, bool then_wait) override;
+  StatusOr<uint64_t> Release(uint64_t ticket, void* gpu_stream) override;
   // Local: the flags reset at once; in stream order the control block's step rolls over and
   // (automatic lease) the lease is resized; with the daemon gone and no stash live, the session
   // reconnects and leases afresh (and returns the old chunks when the same daemon still lives);
   // while the daemon drains (kDaemonDraining) and no stash is live, the session gives its chunks
   // back and ends, and stashes stay with the caller until a later step reconnects.
-  StatusOr<uint64_t> BeginStep(uint64_t step);
+  StatusOr<uint64_t> BeginStep(uint64_t step, void* gpu_stream) override;
   // Nothing to tell the daemon (it never maps the rank's buffers): answered OK in order.
-  StatusOr<uint64_t> Unregister(const HostBuffer& buffer);
-  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms) {
+  StatusOr<uint64_t> Unregister(const HostBuffer& buffer) override;
+  StatusOr<uint64_t> UnregisterDevice(const void* /*pointer*/) override {
+    return FailedPreconditionError("device memory exists only on the cuda backend");
+  }
+  Status ReleaseDeviceMappings(int64_t /*timeout_ms*/) override { return Status::Ok(); }
+  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms) override {
     return copier_->Wait(op, timeout_ms);
   }
-  std::optional<StatusOr<Completion>> Poll(uint64_t op) { return copier_->Poll(op); }
-  StepFlags CurrentStepFlags() const { return copier_->Flags(); }
+  std::optional<StatusOr<Completion>> Poll(uint64_t op) override { return copier_->Poll(op); }
+  Status GraphsDestroyed() override { return NoGraphsKept(); }
+  StepFlags CurrentStepFlags() const override { return copier_->Flags(); }
   // The daemon's view (it reads the control block), as Client::Stats.
-  StatusOr<SessionStats> Stats();
+  StatusOr<SessionStats> Stats() override;
 
   // The Welcome of the live session (a reconnect replaces it).
-  v1::Welcome welcome() const { return stream()->welcome; }
-  const std::string& socket() const { return socket_; }
+  v1::Welcome welcome() const override { return stream()->welcome; }
+  const std::string& socket() const override { return socket_; }
+  Backend backend() const override { return Backend::kHost; }
+  Mode mode() const override { return Mode::kMapped; }
+  CudaSide* cuda() const override { return nullptr; }
 
  private:
   explicit MappedSession(Options options) : options_(std::move(options)) {}

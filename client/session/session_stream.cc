@@ -41,24 +41,6 @@ Tier FromProtoTier(v1::Tier tier) {
   }
 }
 
-Status CheckHostRange(const HostBuffer& buffer, uint64_t offset, uint64_t bytes,
-                      const std::string& what) {
-  if (offset <= buffer.size() && bytes <= buffer.size() - offset) return Status::Ok();
-  return InvalidArgumentError(what + " [offset, offset + " + std::to_string(bytes) +
-                              ") runs past the end of its buffer (" +
-                              std::to_string(buffer.size()) + " bytes)");
-}
-
-Status CheckEventPoint(const EventPoint& e, const char* what) {
-  if (e.buffer == nullptr) return Status::Ok();
-  if (e.offset % 8 != 0 || e.offset + 8 > e.buffer->size()) {
-    return InvalidArgumentError(std::string(what) + " offset " + std::to_string(e.offset) +
-                                " must be 8-byte aligned and inside its buffer (" +
-                                std::to_string(e.buffer->size()) + " bytes)");
-  }
-  return Status::Ok();
-}
-
 StatusOr<SessionStats> SessionStream::Stats() {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

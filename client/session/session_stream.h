@@ -31,6 +31,7 @@
 
 #include "client/memory/cuda_memory.h"
 #include "client/memory/host_buffer_rep.h"
+#include "client/session/argument_checks.h"
 #include "client/session/descriptor_channel.h"
 #include "common/grpc_status.h"
 #include "common/host_event.h"
@@ -45,13 +46,6 @@ namespace stash {
 
 // The daemon's tier enum as the client's.
 Tier FromProtoTier(v1::Tier tier);
-
-// INVALID_ARGUMENT unless `e` (when set) is an 8-byte aligned counter inside its buffer.
-Status CheckEventPoint(const EventPoint& e, const char* what);
-
-// INVALID_ARGUMENT unless [offset, offset + bytes) lies inside `buffer`; `what` names the range.
-Status CheckHostRange(const HostBuffer& buffer, uint64_t offset, uint64_t bytes,
-                      const std::string& what);
 
 struct SessionStream final
     : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionResponse> {

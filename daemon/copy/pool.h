@@ -74,6 +74,11 @@ class Pool {
   // Runs `then` on the worker thread (the executor's completions). Thread-safe.
   void Post(CopyExecutor::Then then);
 
+  // An answer to `request_id` with `status`'s code and message.
+  static stash::v1::SessionResponse Reply(uint64_t request_id, const Status& status = Status::Ok());
+  // The ready event of a stash or reload, if it has one.
+  static const stash::v1::EventRef* ReadyOf(const stash::v1::SessionRequest& req);
+
  private:
   struct Op {
     std::shared_ptr<Session> session;
@@ -99,11 +104,6 @@ class Pool {
       std::chrono::microseconds(1000);
   // The largest stash or reload run inline: a few microseconds of copying on a gRPC thread.
   static constexpr uint64_t kInlineBytes = 64 << 10;
-
-  // An answer to `request_id` with `status`'s code and message.
-  static stash::v1::SessionResponse Reply(uint64_t request_id, const Status& status = Status::Ok());
-  // The ready event of a stash or reload, if it has one.
-  static const stash::v1::EventRef* ReadyOf(const stash::v1::SessionRequest& req);
 
   void Run();
   // Runs `op` on the calling thread, which took the run token in Enqueue, when it is ready and

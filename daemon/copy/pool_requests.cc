@@ -58,7 +58,7 @@ const v1::EventRef* DoneOfRequest(const v1::SessionRequest& req) {
 
 // Both event counters of a stash or reload (CheckCounter).
 Status CheckCounters(Session& s, const v1::SessionRequest& req) {
-  STASH_RETURN_IF_ERROR(CheckCounter(s, ReadyOf(req), "ready", "which the daemon polls"));
+  STASH_RETURN_IF_ERROR(CheckCounter(s, Pool::ReadyOf(req), "ready", "which the daemon polls"));
   return CheckCounter(s, DoneOfRequest(req), "done",
                       "where streams wait on them (Client::EnqueueWait)");
 }

@@ -52,9 +52,7 @@ namespace stash {
 namespace v1 {
 class Welcome;  // stash.v1.Welcome (the library's own; no protobuf header here)
 }  // namespace v1
-class CopySession;        // client/copy/copy_session.h: daemon-copy mode's sessions (data path)
-class MappedSession;      // client/mapped/mapped_session.h: mapped mode's data path
-class CudaMappedSession;  // client/mapped/cuda/cuda_mapped_session.h: its twin on the cuda backend
+class ModeSession;  // client/session/mode_session.h: the session of the mode Open picked
 
 // Memory the daemon can read and write: a memfd this library created, sealed so its size never
 // changes, which each session hands to the daemon as a file descriptor on first use (no name
@@ -331,11 +329,9 @@ class STASH_EXPORT Client {
   // so in daemon-copy mode its Wait writes the request and the session's thread sleeps on.
   StatusOr<uint64_t> Queue(const StashArgs& args, bool then_wait);
   StatusOr<uint64_t> Queue(const ReloadArgs& args, bool then_wait);
-  // Exactly one is set: the mode this client was opened in. Each public method dispatches at
-  // its top; nothing else looks at the mode.
-  std::unique_ptr<CopySession> copy_;              // Mode::kDaemonCopy
-  std::unique_ptr<MappedSession> mapped_;          // Mode::kMapped, Backend::kHost
-  std::unique_ptr<CudaMappedSession> gpu_mapped_;  // Mode::kMapped, Backend::kCuda
+  // The session of the mode this client was opened in (daemon-copy, mapped on the host, mapped
+  // on the cuda backend): every public method calls it; nothing else looks at the mode.
+  std::unique_ptr<ModeSession> session_;
 };
 
 }  // namespace stash

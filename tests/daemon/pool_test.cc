@@ -9,6 +9,7 @@
 // finds the worker idle runs on the thread that received it; anything else goes to the worker,
 // and a session's order holds either way.
 #include "daemon/copy/pool.h"
+#include "daemon/copy/copy_state.h"
 
 #include <gtest/gtest.h>
 
@@ -220,9 +221,9 @@ class PoolTest : public ::testing::Test {
     // orders it).
     source_.assign(kRows * kRowBytes, 0x5a);
     events_.assign(64, 0);
-    session_->memories()[kSource] =
+    CopyState::Of(*session_).memories[kSource] =
         ClientMemory{std::make_shared<HeapMemory>(&source_), {}, source_.size()};
-    session_->memories()[kCounters] =
+    CopyState::Of(*session_).memories[kCounters] =
         ClientMemory{std::make_shared<HeapMemory>(&events_), {}, events_.size()};
   }
 
@@ -412,7 +413,7 @@ TEST_F(InlinePoolTest, AReloadZeroingALargeTailAndAStashThatWouldNotFitGoToTheWo
   ASSERT_EQ(sink_.Await(7).code(), 0) << sink_.Await(7).message();
   std::vector<uint8_t> wide_destination(300 * kRowBytes, 0xEE);
   constexpr uint64_t kWide = 3;
-  session_->memories()[kWide] =
+  CopyState::Of(*session_).memories[kWide] =
       ClientMemory{std::make_shared<HeapMemory>(&wide_destination), {}, wide_destination.size()};
   v1::SessionRequest reload;
   reload.set_request_id(8);
@@ -459,9 +460,9 @@ TEST_F(InlinePoolTest, ManyReceivingThreadsShareOnePool) {
   for (int t = 0; t < kThreads; ++t) {
     sinks.push_back(std::make_unique<RecordingSink>());
     sessions.push_back(std::make_shared<Session>(SessionInfo{}, sinks.back().get(), nullptr));
-    sessions.back()->memories()[kSource] =
+    CopyState::Of(*sessions.back()).memories[kSource] =
         ClientMemory{std::make_shared<HeapMemory>(&source_), {}, source_.size()};
-    sessions.back()->memories()[kCounters] =
+    CopyState::Of(*sessions.back()).memories[kCounters] =
         ClientMemory{std::make_shared<HeapMemory>(&events_), {}, events_.size()};
   }
   std::vector<std::thread> threads;

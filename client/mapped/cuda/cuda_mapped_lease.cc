@@ -2,6 +2,8 @@
 // (new chunks mapped, shrinks and retirements ordered behind the stream's pages), the control
 // block, and the chunks taken back. The per-operation path and the lease thread are in
 // cuda_mapped_session.cc.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
 

@@ -47,7 +47,7 @@ bool Capturing(const CudaDriver* driver, CUstream stream) {
 CudaMappedSession::CudaMappedSession(Options options, std::shared_ptr<CudaSide> cuda)
     : options_(std::move(options)), cuda_(std::move(cuda)) {}
 
-StatusOr<std::unique_ptr<CudaMappedSession>> CudaMappedSession::Open(const Options& options) {
+StatusOr<std::unique_ptr<ModeSession>> CudaMappedSession::Open(const Options& options) {
   STASH_ASSIGN_OR_RETURN(std::unique_ptr<CudaSide> side, CudaSide::Open(options.device));
   std::shared_ptr<CudaSide> cuda(std::move(side));
   std::unique_ptr<CudaMappedSession> s(new CudaMappedSession(options, cuda));
@@ -112,7 +112,7 @@ StatusOr<std::unique_ptr<CudaMappedSession>> CudaMappedSession::Open(const Optio
   STASH_RETURN_IF_ERROR(synced);
   CudaMappedSession* raw = s.get();
   s->lease_thread_ = std::thread([raw] { raw->LeaseLoop(); });
-  return s;
+  return std::unique_ptr<ModeSession>(std::move(s));
 }
 
 CudaMappedSession::~CudaMappedSession() {
@@ -186,7 +186,7 @@ void CudaMappedSession::AskIfShort() {
   rounds_.Ask(std::move(work));
 }
 
-StatusOr<uint64_t> CudaMappedSession::Stash(const StashArgs& args) {
+StatusOr<uint64_t> CudaMappedSession::Stash(const StashArgs& args, bool /*then_wait*/) {
   if (args.source != nullptr) return Refuse("stash source is a HostBuffer");
   if (args.device_source == nullptr) return Refuse("stash device_source is not set");
   if (args.count.buffer != nullptr) return Refuse("count buffer is a HostBuffer");
@@ -228,7 +228,7 @@ StatusOr<uint64_t> CudaMappedSession::Stash(const StashArgs& args) {
   return Answered(enqueued);
 }
 
-StatusOr<uint64_t> CudaMappedSession::Reload(const ReloadArgs& args) {
+StatusOr<uint64_t> CudaMappedSession::Reload(const ReloadArgs& args, bool /*then_wait*/) {
   if (args.destination != nullptr) return Refuse("reload destination is a HostBuffer");
   if (args.device_destination == nullptr) return Refuse("reload device_destination is not set");
   if (args.ready.buffer != nullptr || args.done.buffer != nullptr) {

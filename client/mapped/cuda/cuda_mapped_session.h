@@ -50,6 +50,7 @@
 #include "client/mapped/lease_rounds.h"
 #include "client/memory/cuda_memory.h"
 #include "client/session/descriptor_channel.h"
+#include "client/session/mode_session.h"
 #include "client/session/reconnect_backoff.h"
 #include "client/session/session_stream.h"
 #include "common/mutex.h"
@@ -66,46 +67,58 @@ class CudaLeaseMemory;
 class PrimaryContext;
 class StreamCopier;
 
-class CudaMappedSession {
+class CudaMappedSession final : public ModeSession {
  public:
   // Says Hello with MODE_MAPPED for Options.device, reserves the tiers' address ranges, loads the
   // kernels, takes the first lease (Options.lease) and puts its chunks in the rings.
   // FAILED_PRECONDITION from a daemon that leases no chunks or a GPU without VMM / POSIX-fd
   // handles (the message says to use daemon-copy); the daemon's refusal of the lease; else as
   // Client::Open.
-  static StatusOr<std::unique_ptr<CudaMappedSession>> Open(const Options& options);
+  // Built without CUDA (cuda_mapped_session_none.cc), only this is defined, and says so.
+  static StatusOr<std::unique_ptr<ModeSession>> Open(const Options& options);
   CudaMappedSession(const CudaMappedSession&) = delete;
   CudaMappedSession& operator=(const CudaMappedSession&) = delete;
   // Waits for the GPU work of this session's context (every queued stash, reload and step),
   // unmaps every chunk, gives them back and ends the stream.
-  ~CudaMappedSession();
+  ~CudaMappedSession() override;
 
   // Client::Stash / Reload checked the shape and the ticket. Device pointers only (any memory
   // this GPU reaches: expandable segments too, since nothing is exported); events are refused:
   // the stream orders the work. While the daemon drains, Stash enqueues nothing and answers
   // OVERFLOW (the caller keeps its buffer; no step flag).
-  StatusOr<uint64_t> Stash(const StashArgs& args);
-  StatusOr<uint64_t> Reload(const ReloadArgs& args);
-  StatusOr<uint64_t> Release(uint64_t ticket, void* stream);
+  StatusOr<uint64_t> Stash(const StashArgs& args, bool then_wait) override;
+  StatusOr<uint64_t> Reload(const ReloadArgs& args, bool then_wait) override;
+  StatusOr<uint64_t> Release(uint64_t ticket, void* stream) override;
   // Lease changes (outside capture), then the step kernel: the ended step's flags, the device
   // control block to the daemon's, the daemon's line back.
-  StatusOr<uint64_t> BeginStep(uint64_t step, void* stream);
-  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms);
-  std::optional<StatusOr<Completion>> Poll(uint64_t op);
+  StatusOr<uint64_t> BeginStep(uint64_t step, void* stream) override;
+  // Mapped mode never hands the caller's memory to the daemon: nothing to unregister.
+  StatusOr<uint64_t> Unregister(const HostBuffer& /*buffer*/) override {
+    return NotFoundError("this buffer was never used with this session");
+  }
+  StatusOr<uint64_t> UnregisterDevice(const void* /*pointer*/) override {
+    return NotFoundError(
+        "mapped mode never hands your allocations to the daemon: nothing to unregister");
+  }
+  Status ReleaseDeviceMappings(int64_t /*timeout_ms*/) override { return Status::Ok(); }
+  StatusOr<Completion> Wait(uint64_t op, int64_t timeout_ms) override;
+  std::optional<StatusOr<Completion>> Poll(uint64_t op) override;
   // The current step's flags as far as the GPU got (StreamCopier::CurrentStep); none while the
   // GPU has not reached the last BeginStep enqueued. Synchronize the stream (or wait for an
   // event after the step's last stash) first to have the whole step's.
-  StepFlags CurrentStepFlags() const;
+  StepFlags CurrentStepFlags() const override;
   // Every graph captured so far is destroyed: the plan slots of their stashes come back
   // (StreamCopier::ReleaseCapturedSlots).
-  Status GraphsDestroyed();
+  Status GraphsDestroyed() override;
   // The daemon's view (it reads the control block as published at the last step boundary).
-  StatusOr<SessionStats> Stats();
+  StatusOr<SessionStats> Stats() override;
 
-  v1::Welcome welcome() const { return stream()->welcome; }
+  v1::Welcome welcome() const override { return stream()->welcome; }
   // The device side EnqueueSignal / EnqueueWait use.
-  CudaSide* cuda() const { return cuda_.get(); }
-  const std::string& socket() const { return socket_; }
+  CudaSide* cuda() const override { return cuda_.get(); }
+  const std::string& socket() const override { return socket_; }
+  Backend backend() const override { return Backend::kCuda; }
+  Mode mode() const override { return Mode::kMapped; }
 
  private:
   // targets_[tier] when no shrink is pending.
