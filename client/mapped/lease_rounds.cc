@@ -101,4 +101,25 @@ LeaseWork LeaseRounds::TakeLeft() {
   return left;
 }
 
+void RunLeaseThread(LeaseRounds& rounds, LeaseThreadTwin& twin) {
+  LeaseWork work;
+  uint64_t round = 0;
+  while (rounds.Next(&work, &round)) {
+    // One new session at a time.
+    if (work.reconnect && twin.ReconnectUnderway()) work.reconnect = false;
+    const std::shared_ptr<SessionStream> current = twin.LeaseStream();
+    GiveBack(work, *current);
+    if (work.end_session) current->Close();
+    if (work.reconnect && twin.ReconnectNeeded(*current)) {
+      twin.ReconnectFrom(current);
+    } else if (work.lease && !current->broken_now() && !twin.EndedDrained()) {
+      twin.ResizeLease(current);
+    }
+    if (work.lease || work.reconnect) {
+      twin.RoundDone();
+      rounds.Answered(round);
+    }
+  }
+}
+
 }  // namespace stash

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "common/mutex.h"
 
 namespace stash {
@@ -38,6 +40,35 @@ struct LeaseWork {
 // The lease thread: gives `work`'s chunks back over `current` (its give-backs, then an ended
 // session's orphans), unless that stream broke; a failure is logged, never fatal.
 void GiveBack(const LeaseWork& work, SessionStream& current);
+
+class LeaseRounds;
+
+// What the lease thread asks of the twin it serves (MappedSession, CudaMappedSession): each
+// twin applies answers its own way (the host copier between operations, the cuda twin on the
+// trainer's stream), but the thread's rounds are one loop (RunLeaseThread).
+class LeaseThreadTwin {
+ public:
+  virtual ~LeaseThreadTwin() = default;
+  // The stream the round works over.
+  virtual std::shared_ptr<SessionStream> LeaseStream() const = 0;
+  // A reconnect was asked while one of this twin's is still on its way: true drops this ask.
+  virtual bool ReconnectUnderway() = 0;
+  // A reconnect was asked: whether `current` (after the round's give-backs) must be replaced.
+  virtual bool ReconnectNeeded(const SessionStream& current) const = 0;
+  // Opens a new session in place of `current`.
+  virtual void ReconnectFrom(const std::shared_ptr<SessionStream>& current) = 0;
+  // The session ended drained: no lease is asked any more.
+  virtual bool EndedDrained() const = 0;
+  // One automatic lease over `current`, applied.
+  virtual void ResizeLease(const std::shared_ptr<SessionStream>& current) = 0;
+  // A round that asked a lease or a reconnect is through (its answers are in, or it failed).
+  virtual void RoundDone() = 0;
+};
+
+// The lease thread's loop until `rounds` stops: for each round, the give-backs over the current
+// stream, the session's end when drained, then a reconnect or an automatic lease, then the round
+// answered. After Stop the twin's destructor gives back what is left (LeaseRounds::TakeLeft).
+void RunLeaseThread(LeaseRounds& rounds, LeaseThreadTwin& twin);
 
 class LeaseRounds {
  public:

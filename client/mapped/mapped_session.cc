@@ -49,7 +49,7 @@ StatusOr<std::unique_ptr<MappedSession>> MappedSession::Open(const Options& opti
       std::move(table), options.copy_threads, options.allow_host_spill,
       [raw](uint64_t, std::unique_ptr<LeaseTable>& t, bool live) { raw->OnStep(t, live); },
       [raw] { raw->OnOutgrown(); });
-  session->lease_thread_ = std::thread([raw] { raw->LeaseLoop(); });
+  session->lease_thread_ = std::thread([raw] { RunLeaseThread(raw->rounds_, *raw); });
   return session;
 }
 
@@ -178,28 +178,7 @@ void MappedSession::OnOutgrown() {
   rounds_.Ask(std::move(work));
 }
 
-void MappedSession::LeaseLoop() {
-  LeaseWork work;
-  uint64_t round = 0;
-  while (rounds_.Next(&work, &round)) {  // after Stop the destructor returns what is left
-    // One new session at a time.
-    if (work.reconnect && reconnecting_.exchange(true)) work.reconnect = false;
-    std::shared_ptr<SessionStream> current = stream();
-    GiveBack(work, *current);
-    if (work.end_session) current->Close();
-    if (work.reconnect) {
-      ReconnectAsync(current);
-    } else if (work.lease && !current->broken_now() && !ended_drained_) {
-      LeaseAsync(current);
-    }
-    if (work.lease || work.reconnect) {
-      growing_ = false;
-      rounds_.Answered(round);
-    }
-  }
-}
-
-void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
+void MappedSession::ResizeLease(const std::shared_ptr<SessionStream>& current) {
   StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
   if (answer.ok()) AllocateChunkPages(*answer);
   if (!answer.ok() || !answer->status.ok()) {
@@ -228,7 +207,7 @@ void MappedSession::LeaseAsync(const std::shared_ptr<SessionStream>& current) {
   });
 }
 
-void MappedSession::ReconnectAsync(const std::shared_ptr<SessionStream>& current) {
+void MappedSession::ReconnectFrom(const std::shared_ptr<SessionStream>& current) {
   const auto now = ReconnectBackoff::Clock::now();
   const PathIdentity at_path = PathIdentity::Of(ClientSocketPath(options_.socket));
   auto not_now = [this] { reconnecting_ = false; };
@@ -249,7 +228,7 @@ void MappedSession::ReconnectAsync(const std::shared_ptr<SessionStream>& current
   backoff_.Succeeded();
   unavailable_logged_ = false;
   // The new session replaces the old at the first boundary with no stash live: the old chunks
-  // are unmapped then, and go back through the new session (see LeaseLoop).
+  // are unmapped then, and go back through the new session (see RunLeaseThread).
   copier_->Post([this, fresh, fresh_table, current](std::unique_ptr<LeaseTable>& table, bool live) {
     if (live) return false;
     LeaseWork work;

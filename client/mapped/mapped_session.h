@@ -30,7 +30,7 @@
 
 namespace stash {
 
-class MappedSession final : public ModeSession {
+class MappedSession final : public ModeSession, private LeaseThreadTwin {
  public:
   // Says Hello with MODE_MAPPED and takes the first lease (Options.lease). FAILED_PRECONDITION
   // on the cuda backend and from a daemon that leases no chunks; the daemon's refusal of the
@@ -100,14 +100,19 @@ class MappedSession final : public ModeSession {
   // session's end to the lease thread.
   void EndDrained(std::unique_ptr<LeaseTable>& table, const std::shared_ptr<SessionStream>& old,
                   std::vector<uint64_t> give_back);
-  // The lease thread (client/mapped/lease_rounds.h): every round trip after Open runs there, never
-  // on the copier; the copier applies what comes back between two operations (Copier::Post).
-  void LeaseLoop();
-  // One automatic lease, then its answer posted to the copier (lease thread).
-  void LeaseAsync(const std::shared_ptr<SessionStream>& current);
+  // The lease thread (client/mapped/lease_rounds.h: RunLeaseThread): every round trip after Open
+  // runs there, never on the copier; the copier applies what comes back between two operations
+  // (Copier::Post).
+  std::shared_ptr<SessionStream> LeaseStream() const override { return stream(); }
+  bool ReconnectUnderway() override { return reconnecting_.exchange(true); }
+  bool ReconnectNeeded(const SessionStream& /*current*/) const override { return true; }
+  bool EndedDrained() const override { return ended_drained_; }
+  void RoundDone() override { growing_ = false; }
+  // One automatic lease, then its answer posted to the copier.
+  void ResizeLease(const std::shared_ptr<SessionStream>& current) override;
   // A new session (attempts back off while no daemon takes one), posted to the copier to
   // replace the old once no stash is live; the old table's chunks go back through it.
-  void ReconnectAsync(const std::shared_ptr<SessionStream>& current);
+  void ReconnectFrom(const std::shared_ptr<SessionStream>& current) override;
 
   const Options options_;
   std::string socket_;  // never changes after Open

@@ -1,6 +1,7 @@
 // The cuda backend's ChunkLender (daemon/tiers/chunk_lender.h): the chunks of one tier of one GPU
 // (its pool, or its share of the host tier), lent to mapped sessions out of the same memory
-// daemon-copy's ring pages. The twin of a host-backend tier's lender (tier.cc) beside it:
+// daemon-copy's ring pages. The twin of the host backend's lender
+// (daemon/tiers/host_chunk_lender.h):
 //   memory  LendableMemory (daemon/cuda/lendable_memory.h): the pool's VMM allocations
 //           (daemon/cuda/vmm_chunk_memory.h), or the host share's memfds page-locked for the GPU
 //           (daemon/cuda/pinned_chunk_memory.h); exported as POSIX fds for a lease, renewed when

@@ -29,7 +29,7 @@
 
 #include "common/unique_fd.h"
 #include "daemon/protocol/descriptor_message.h"
-#include "daemon/sessions/session.h"
+#include "daemon/sessions/peer_credentials.h"
 #include "stash/status.h"
 #include "stash/v1/descriptor.pb.h"
 

@@ -18,18 +18,16 @@
 #include "common/unique_fd.h"
 #include "daemon/limits/fair_share.h"
 #include "daemon/sessions/live_tags.h"
+#include "daemon/sessions/mode_state.h"
 #include "daemon/sessions/peer_credentials.h"
+#include "daemon/sessions/response_sink.h"
+#include "daemon/sessions/session_counters.h"
+#include "daemon/sessions/session_info.h"
+#include "daemon/sessions/shared_budgets.h"
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
 
 namespace stash::daemon {
-
-// Where responses go: the session's stream. Send never blocks.
-class ResponseSink {
- public:
-  virtual ~ResponseSink() = default;
-  virtual void Send(stash::v1::SessionResponse response) = 0;
-};
 
 // What the receive path knows of a live ticket, to validate Reload before it is queued.
 struct TicketShape {
@@ -39,60 +37,6 @@ struct TicketShape {
   // pages (then it is forgotten) or that request failed (then it is live again), so a failed
   // reload never costs the stash and the ticket cannot be reused while its pages may be held.
   bool claimed = false;
-};
-
-// What a mode keeps of each session beside its identity (daemon-copy: copy/copy_state.h). The
-// session owns it, so it lives exactly as long as the session; only that mode's code reads it.
-class ModeState {
- public:
-  virtual ~ModeState() = default;
-};
-
-// Counters of one session; all monotonic except the *_live and *_inflight gauges.
-struct SessionCounters {
-  std::atomic<uint64_t> stashes{0};
-  std::atomic<uint64_t> reloads{0};
-  std::atomic<uint64_t> releases{0};
-  std::atomic<uint64_t> bytes_stashed{0};
-  std::atomic<uint64_t> bytes_reloaded{0};
-  std::atomic<uint64_t> spills{0};
-  std::atomic<uint64_t> overflows{0};
-  std::atomic<uint64_t> rejected{0};
-  std::atomic<uint64_t> stashes_live{0};
-  std::atomic<uint64_t> pages_live{0};
-  std::atomic<uint64_t> bytes_live{0};
-  std::atomic<uint64_t> inflight{0};
-  std::atomic<uint64_t> memories{0};
-  std::atomic<bool> step_overflow{false};
-  std::atomic<bool> step_spilled{false};
-  std::atomic<uint64_t> step{0};  // of the last BeginStep
-  std::atomic<bool> step_begun{false};
-};
-
-// The daemon-wide budgets a session's requests take from, shared fairly between Unix users
-// (daemon/limits/fair_share.h). Owned by DaemonCore, which outlives its sessions; a null member
-// (unit tests) is not counted.
-struct SharedBudgets {
-  FairShare* memories = nullptr;  // registered allocations (each one mapping of the daemon)
-  FairShare* bytes = nullptr;     // bytes of registered client memory
-  FairShare* deposits = nullptr;  // descriptors deposited and not yet registered
-};
-
-// Identity fixed by Hello.
-struct SessionInfo {
-  std::string id;      // 32 hex characters, unguessable
-  std::string secret;  // 32 random bytes: authenticates the session on the descriptor channel
-  int64_t rank = -1;
-  int64_t pid = 0;
-  int pool = 0;
-  std::string label;
-  std::string client_version;
-  bool allow_host_spill = true;
-  // Hello.mode = MODE_MAPPED: the session leases chunks and its stream carries no data path.
-  bool mapped = false;
-  // The Unix user of the connection that said Hello (SO_PEERCRED): whose share of the
-  // daemon-wide budgets the session takes. 0 where the daemon cannot know (unit tests).
-  uint32_t uid = 0;
 };
 
 class Session {

@@ -1,7 +1,4 @@
-// The one place the daemon asks the CUDA driver anything before the CUDA backend exists.
-#include "daemon/startup/daemon.h"
-#include "daemon/startup/memory_fit.h"
-#include "daemon/startup/planned_config.h"
+#include "daemon/startup/cuda_probe.h"
 
 #if defined(STASH_HAVE_CUDA)
 #include "common/cuda_driver.h"

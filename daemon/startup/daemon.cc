@@ -31,6 +31,7 @@
 #include "daemon/server/metrics.h"
 #include "daemon/server/reflection_v1.h"
 #include "daemon/server/service.h"
+#include "daemon/startup/cuda_probe.h"
 #include "daemon/startup/memory_fit.h"
 #include "daemon/startup/systemd.h"
 

@@ -48,9 +48,6 @@ class Daemon {
 // Returns the process exit code: 0 after a clean stop, 1 when it could not start.
 int RunDaemon(const DaemonConfig& config);
 
-// Whether a CUDA device answers (cudaGetDeviceCount > 0). `why` says what was found.
-bool CudaDeviceAnswers(std::string* why);
-
 }  // namespace stash::daemon
 
 #endif  // STASH_DAEMON_DAEMON_H_

@@ -8,6 +8,7 @@
 #include "common/bytes.h"
 #include "common/macros.h"
 #include "common/shm.h"
+#include "daemon/startup/cuda_probe.h"
 
 namespace stash::daemon {
 

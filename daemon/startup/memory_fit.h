@@ -35,10 +35,6 @@ FreeMemory ReadFreeMemory(stash::v1::Backend backend);
 Status CheckMemoryFits(const DaemonConfig& config, stash::v1::Backend backend,
                        const FreeMemory& free);
 
-// Fills gpu_free_bytes (cuMemGetInfo) and gpu_uuids of each visible GPU; nothing without CUDA
-// (cuda_probe.cc).
-void ReadCudaMemory(FreeMemory* free);
-
 // What a cuda stashd writes into its socket's lock file once its pools exist: one
 // "GPU-uuid pool-bytes" line per GPU. A stashd that did not stop cleanly (killed, crashed)
 // leaves it behind, and ranks may still map its chunks (their memory stays theirs until they

@@ -5,6 +5,7 @@
 #include "common/socket_path.h"
 #include "common/version.h"
 #include "daemon/core/core.h"
+#include "daemon/startup/cuda_probe.h"
 #include "daemon/startup/daemon.h"
 
 namespace stash::daemon {

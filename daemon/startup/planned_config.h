@@ -14,9 +14,6 @@ namespace stash::daemon {
 // field is left at a placeholder; the knob entries show the resolved socket.
 v1::GetConfigResponse PlannedConfig(const DaemonConfig& config);
 
-// How many CUDA devices answer; 0 without CUDA or a driver (cuda_probe.cc).
-int CudaDeviceCount();
-
 }  // namespace stash::daemon
 
 #endif  // STASH_DAEMON_PLANNED_CONFIG_H_

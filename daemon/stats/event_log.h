@@ -13,7 +13,7 @@
 
 #include "common/mutex.h"
 #include "daemon/limits/rate_limiter.h"
-#include "daemon/sessions/session.h"
+#include "daemon/sessions/session_info.h"
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
 

@@ -1,5 +1,7 @@
 #include "daemon/tiers/tier.h"
 
+#include "daemon/tiers/host_chunk_lender.h"
+
 #include <algorithm>
 #include <numeric>
 
@@ -9,43 +11,6 @@
 #include "common/sys.h"
 
 namespace stash::daemon {
-
-// A host-backend tier lends its own chunks: its ring under its lock, its memfds.
-class Tier::HostLender final : public ChunkLender {
- public:
-  explicit HostLender(Tier* tier) : tier_(*tier) {}
-
-  StatusOr<std::vector<Taken>> Take(const Want& want) override {
-    MutexLock lock(&tier_.mu());
-    const std::vector<uint64_t> free = tier_.WhollyFreeChunks();
-    std::vector<uint64_t> take;
-    uint64_t left = free.size();
-    for (uint64_t c : free) {
-      if (!want(c, left)) break;
-      take.push_back(c);
-      --left;
-    }
-    std::vector<bool> written;
-    tier_.TakeChunks(take, &written);
-    std::vector<Taken> out(take.size());
-    for (size_t i = 0; i < take.size(); ++i) out[i] = {take[i], written[i]};
-    return out;
-  }
-  void Return(uint64_t chunk) override {
-    MutexLock lock(&tier_.mu());
-    tier_.ReturnChunk(chunk);
-  }
-  Status Renew(uint64_t chunk) override { return tier_.memory_->Renew(chunk); }
-  StatusOr<UniqueFd> Export(uint64_t chunk) override {
-    UniqueFd fd(fcntl(tier_.memory_->fd(chunk), F_DUPFD_CLOEXEC, 0));
-    if (!fd.valid()) return ErrnoStatus("dup of a chunk's memfd");
-    return fd;
-  }
-  uint64_t ChunkBytes(uint64_t chunk) const override { return tier_.memory_->ChunkBytes(chunk); }
-
- private:
-  Tier& tier_;
-};
 
 StatusOr<std::unique_ptr<Tier>> Tier::Create(std::string name, int pool, uint64_t page_bytes,
                                              uint64_t pages, uint64_t chunk_pages,
@@ -92,7 +57,7 @@ Tier::Tier(std::string name, int pool, uint64_t page_bytes, uint64_t pages, uint
   for (uint64_t c = 0; c < n; ++c) chunk_free_pages_[c] = ChunkPages(c);
   chunks_free_.store(n, std::memory_order_relaxed);
   if (memory_ != nullptr) {
-    own_lender_ = std::make_unique<HostLender>(this);
+    own_lender_ = std::make_unique<HostChunkLender>(this);
     lender_ = own_lender_.get();
   }
 }

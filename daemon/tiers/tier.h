@@ -18,6 +18,8 @@
 
 namespace stash::daemon {
 
+class HostChunkLender;
+
 // Point-in-time counters of a tier.
 struct TierSnapshot {
   std::string name;
@@ -123,7 +125,7 @@ class Tier {
   TierSnapshot Snapshot() const;
 
  private:
-  class HostLender;
+  friend class HostChunkLender;  // its twin of the cuda lender, over this tier's ring and memory
   Tier(std::string name, int pool, uint64_t page_bytes, uint64_t pages, uint64_t chunk_pages,
        std::unique_ptr<ChunkMemory> memory);
   void AddUsed(uint64_t pages);
@@ -137,9 +139,9 @@ class Tier {
   const uint64_t pages_;
   const uint64_t chunk_pages_;  // 0 = no chunks (an accounting-only tier without a lender)
   const std::unique_ptr<ChunkMemory> memory_;
-  const ChunkMemory* reported_ = nullptr;   // an accounting tier's, for stats
-  std::vector<uint64_t> ids_;               // the ring's storage; touched only under mu_
-  std::unique_ptr<HostLender> own_lender_;  // a host-backend tier's
+  const ChunkMemory* reported_ = nullptr;        // an accounting tier's, for stats
+  std::vector<uint64_t> ids_;                    // the ring's storage; touched only under mu_
+  std::unique_ptr<HostChunkLender> own_lender_;  // a host-backend tier's
   ChunkLender* lender_ = nullptr;
 
   Mutex mu_;

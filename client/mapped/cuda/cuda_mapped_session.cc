@@ -111,7 +111,7 @@ StatusOr<std::unique_ptr<ModeSession>> CudaMappedSession::Open(const Options& op
   (void)s->driver_->StreamDestroy(own);
   STASH_RETURN_IF_ERROR(synced);
   CudaMappedSession* raw = s.get();
-  s->lease_thread_ = std::thread([raw] { raw->LeaseLoop(); });
+  s->lease_thread_ = std::thread([raw] { RunLeaseThread(raw->rounds_, *raw); });
   return std::unique_ptr<ModeSession>(std::move(s));
 }
 
@@ -371,35 +371,19 @@ StatusOr<SessionStats> CudaMappedSession::Stats() {
   return s->Stats();
 }
 
-void CudaMappedSession::LeaseLoop() {
-  LeaseWork work;
-  uint64_t round = 0;
-  while (rounds_.Next(&work, &round)) {  // after Stop the destructor gives back what is left
-    const std::shared_ptr<SessionStream> current = stream();
-    GiveBack(work, *current);
-    if (work.end_session) current->Close();
-    if (work.reconnect && (current->broken_now() || ended_drained_)) {
-      Reconnect();
-    } else if (work.lease && !current->broken_now() && !ended_drained_) {
-      StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
-      Status st = answer.ok() ? answer->status : answer.status();
-      if (answer.ok()) {
-        Status first = Status::Ok();
-        std::vector<uint64_t> unmapped = Apply(*answer, current.get(), &first);
-        if (!unmapped.empty()) (void)current->descriptors->Return(unmapped);
-        if (st.ok()) st = first;
-      }
-      if (!st.ok() && !unavailable_logged_.exchange(true)) {
-        Log("client")->warn(
-            "mapped session: the lease was not resized ({}); the step goes on with the chunks "
-            "held",
-            st.ToString());
-      }
-    }
-    if (work.lease || work.reconnect) {
-      growing_ = false;
-      rounds_.Answered(round);
-    }
+void CudaMappedSession::ResizeLease(const std::shared_ptr<SessionStream>& current) {
+  StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
+  Status st = answer.ok() ? answer->status : answer.status();
+  if (answer.ok()) {
+    Status first = Status::Ok();
+    std::vector<uint64_t> unmapped = Apply(*answer, current.get(), &first);
+    if (!unmapped.empty()) (void)current->descriptors->Return(unmapped);
+    if (st.ok()) st = first;
+  }
+  if (!st.ok() && !unavailable_logged_.exchange(true)) {
+    Log("client")->warn(
+        "mapped session: the lease was not resized ({}); the step goes on with the chunks held",
+        st.ToString());
   }
 }
 

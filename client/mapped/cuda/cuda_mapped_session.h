@@ -67,7 +67,7 @@ class CudaLeaseMemory;
 class PrimaryContext;
 class StreamCopier;
 
-class CudaMappedSession final : public ModeSession {
+class CudaMappedSession final : public ModeSession, private LeaseThreadTwin {
  public:
   // Says Hello with MODE_MAPPED for Options.device, reserves the tiers' address ranges, loads the
   // kernels, takes the first lease (Options.lease) and puts its chunks in the rings.
@@ -189,8 +189,17 @@ class CudaMappedSession final : public ModeSession {
   void ShrinkTo(void* stream, uint32_t tier, uint64_t target_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t Answered(Completion completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The lease thread (client/mapped/lease_rounds.h).
-  void LeaseLoop();
+  // The lease thread (client/mapped/lease_rounds.h: RunLeaseThread).
+  std::shared_ptr<SessionStream> LeaseStream() const override { return stream(); }
+  bool ReconnectUnderway() override { return false; }
+  bool ReconnectNeeded(const SessionStream& current) const override {
+    return current.broken_now() || ended_drained_;
+  }
+  void ReconnectFrom(const std::shared_ptr<SessionStream>& /*current*/) override { Reconnect(); }
+  bool EndedDrained() const override { return ended_drained_; }
+  // One automatic lease over `current`, applied on the trainer's stream at the next boundary.
+  void ResizeLease(const std::shared_ptr<SessionStream>& current) override;
+  void RoundDone() override { growing_ = false; }
   // The lease short mid-step: one automatic lease until its answer is in.
   void AskIfShort() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
