@@ -28,6 +28,9 @@
 
 namespace stash::bench_gpu {
 
+using client::CudaLeaseMemory;
+using client::StreamCopier;
+
 struct MappedRigConfig {
   int device = 0;           // the rank's GPU (an ordinal of this process): the copier runs there
   int pool_device = 0;      // where the chunks live: `device` (device tier) or a peer (peer tier)

@@ -19,6 +19,14 @@
 
 namespace stash {
 
+using client::CheckEventPoint;
+using client::CheckReloadTicket;
+using client::CheckStashShape;
+using client::CopySession;
+using client::CudaMappedSession;
+using client::CudaSide;
+using client::MappedSession;
+
 // ------------------------------------------------------------------------------------------------
 // HostBuffer and events
 

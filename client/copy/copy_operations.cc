@@ -12,7 +12,7 @@
 #include "client/session/session_stream.h"
 #include "common/macros.h"
 
-namespace stash {
+namespace stash::client {
 
 namespace {
 
@@ -233,4 +233,4 @@ Status CopySession::ReleaseDeviceMappings(int64_t timeout_ms) {
   return Status::Ok();
 }
 
-}  // namespace stash
+}  // namespace stash::client

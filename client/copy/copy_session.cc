@@ -9,7 +9,7 @@
 #include "common/socket_path.h"
 #include "common/text.h"
 
-namespace stash {
+namespace stash::client {
 
 StatusOr<std::unique_ptr<CopySession>> CopySession::Open(const Options& options) {
   std::shared_ptr<CudaSide> cuda;
@@ -235,4 +235,4 @@ StatusOr<SessionStats> CopySession::Stats() {
   return s->Stats();
 }
 
-}  // namespace stash
+}  // namespace stash::client

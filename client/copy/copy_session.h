@@ -34,7 +34,7 @@
 #include "common/mutex.h"
 #include "stash/client.h"
 
-namespace stash {
+namespace stash::client {
 
 class CopySession final : public ModeSession {
  public:
@@ -109,6 +109,6 @@ class CopySession final : public ModeSession {
   bool connecting_ ABSL_GUARDED_BY(mu_) = false;   // one attempt at a time
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_COPY_SESSION_H_

@@ -9,7 +9,7 @@
 #include "common/text.h"
 #include "stash/kernels/lease_bookkeeping.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using kernels::Placement;
@@ -460,4 +460,4 @@ void Copier::DoBeginStep(const CopyOp& op, Result& result) {
   if (!changes_.empty() || has_posted_.load(std::memory_order_acquire)) ApplyChanges();
 }
 
-}  // namespace stash
+}  // namespace stash::client

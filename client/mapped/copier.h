@@ -34,7 +34,7 @@
 #include "stash/client.h"
 #include "stash/kernels/lease_bookkeeping.h"
 
-namespace stash {
+namespace stash::client {
 
 // An 8-byte counter in a HostBuffer, kept mapped while the operation is queued.
 struct CounterRef {
@@ -177,6 +177,6 @@ class Copier {
   std::thread thread_;
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_COPIER_H_

@@ -5,7 +5,7 @@
 #include "client/session/session_stream.h"
 #include "common/logging.h"
 
-namespace stash {
+namespace stash::client {
 
 void GiveBack(const LeaseWork& work, SessionStream& current) {
   if (!work.give_back.empty() && !current.broken_now()) {
@@ -122,4 +122,4 @@ void RunLeaseThread(LeaseRounds& rounds, LeaseThreadTwin& twin) {
   }
 }
 
-}  // namespace stash
+}  // namespace stash::client

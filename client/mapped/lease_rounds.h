@@ -19,7 +19,7 @@
 
 #include "common/mutex.h"
 
-namespace stash {
+namespace stash::client {
 
 struct SessionStream;
 
@@ -99,6 +99,6 @@ class LeaseRounds {
   std::atomic<bool> slow_{false};  // a round did not come in time: stop waiting
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_LEASE_ROUNDS_H_

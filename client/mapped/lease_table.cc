@@ -11,7 +11,7 @@
 #include "common/shm.h"
 #include "common/sys.h"
 
-namespace stash {
+namespace stash::client {
 
 using kernels::ControlLoad;
 using kernels::ControlStore;
@@ -221,4 +221,4 @@ uint64_t LeaseTable::chunks(uint32_t tier) const {
   return n;
 }
 
-}  // namespace stash
+}  // namespace stash::client

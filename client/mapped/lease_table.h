@@ -26,7 +26,7 @@
 #include "stash/kernels/paging.h"
 #include "stash/status.h"
 
-namespace stash {
+namespace stash::client {
 
 class LeaseTable {
  public:
@@ -96,6 +96,6 @@ class LeaseTable {
   LiveTableWriter live_;
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_LEASE_TABLE_H_

@@ -8,7 +8,7 @@
 
 #include "common/sys.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 uint64_t PagesOf(uint64_t bytes, uint64_t page_bytes) {
@@ -81,4 +81,4 @@ StatusOr<kernels::SessionControl*> MapControlBlock(int fd, uint64_t bytes) {
   return block;
 }
 
-}  // namespace stash
+}  // namespace stash::client

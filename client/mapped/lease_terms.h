@@ -16,7 +16,7 @@
 #include "stash/status.h"
 #include "stash/v1/stash.pb.h"
 
-namespace stash {
+namespace stash::client {
 
 // The rank's lease tier (kernels::LeaseTier) of a stash.v1.Tier.
 uint32_t LeaseTierOf(int wire_tier);
@@ -39,6 +39,6 @@ std::vector<std::pair<int, uint64_t>> FixedLeaseWant(const Options& options,
 // `bytes`) MAP_SHARED and MADV_DONTFORK, and checks its layout version: the caller munmaps it.
 StatusOr<kernels::SessionControl*> MapControlBlock(int fd, uint64_t bytes);
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_LEASE_TERMS_H_

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-namespace stash {
+namespace stash::client {
 
 namespace k = stash::kernels;
 
@@ -115,4 +115,4 @@ void LiveTagWriter::Tag(uint32_t entry, uint32_t layer, uint32_t microbatch,
   if (table_ != nullptr) PublishEntry(own_[entry], table_->entries[entry], false);
 }
 
-}  // namespace stash
+}  // namespace stash::client

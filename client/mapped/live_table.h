@@ -19,7 +19,7 @@
 
 #include "stash/kernels/lease_live_table.h"
 
-namespace stash {
+namespace stash::client {
 
 class LiveTableWriter {
  public:
@@ -71,6 +71,6 @@ class LiveTagWriter {
   std::vector<kernels::LiveEntry> own_;  // every entry's tags and name (numbers unused)
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_LIVE_TABLE_H_

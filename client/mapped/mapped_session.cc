@@ -6,7 +6,7 @@
 #include "common/shm.h"
 #include "common/socket_path.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 CounterRef CounterOf(const EventPoint& e) {
@@ -370,4 +370,4 @@ StatusOr<SessionStats> MappedSession::Stats() {
   return s->Stats();
 }
 
-}  // namespace stash
+}  // namespace stash::client

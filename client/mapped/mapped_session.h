@@ -28,7 +28,7 @@
 #include "common/mutex.h"
 #include "stash/client.h"
 
-namespace stash {
+namespace stash::client {
 
 class MappedSession final : public ModeSession, private LeaseThreadTwin {
  public:
@@ -136,6 +136,6 @@ class MappedSession final : public ModeSession, private LeaseThreadTwin {
   std::thread lease_thread_;  // started in Open, after copier_
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_MAPPED_SESSION_H_

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace stash {
+namespace stash::client {
 
 class AllocationTable {
  public:
@@ -78,6 +78,6 @@ class AllocationTable {
   std::map<uint64_t, Entry> entries_;  // by base address; ranges never overlap
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_ALLOCATION_TABLE_H_

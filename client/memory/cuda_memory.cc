@@ -8,7 +8,7 @@
 #include "common/macros.h"
 #include "common/random.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 // Makes `context` current on this thread for the scope (the trainer's own current context, if
@@ -246,4 +246,4 @@ Status CudaSide::WaitValue(void* stream, uint64_t address, uint64_t value) {
                         "cuStreamWaitValue64");
 }
 
-}  // namespace stash
+}  // namespace stash::client

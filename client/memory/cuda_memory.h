@@ -19,8 +19,10 @@
 #include "stash/status.h"
 
 namespace stash {
+struct CudaDriver;  // common/cuda_driver.h
+}  // namespace stash
 
-struct CudaDriver;
+namespace stash::client {
 
 // Where a device pointer lives, in the terms RegisterMemory and MemoryRef use.
 struct DeviceLocation {
@@ -82,6 +84,6 @@ class CudaSide {
   AllocationTable allocations_;  // guarded by mu_
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_CUDA_MEMORY_H_

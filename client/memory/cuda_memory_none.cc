@@ -2,7 +2,7 @@
 // CudaSide can then exist, its other methods are never called.
 #include "client/memory/cuda_memory.h"
 
-namespace stash {
+namespace stash::client {
 
 StatusOr<std::unique_ptr<CudaSide>> CudaSide::Open(int /*device*/) {
   return FailedPreconditionError(
@@ -29,4 +29,4 @@ Status CudaSide::WaitValue(void*, uint64_t, uint64_t) {
   return FailedPreconditionError("built without CUDA");
 }
 
-}  // namespace stash
+}  // namespace stash::client

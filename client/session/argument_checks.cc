@@ -1,6 +1,6 @@
 #include "client/session/argument_checks.h"
 
-namespace stash {
+namespace stash::client {
 
 Status CheckStashShape(const StashArgs& args) {
   if (args.row_bytes == 0 || args.max_rows == 0) {
@@ -48,4 +48,4 @@ Status NoGraphsKept() {
       "session keeps nothing for graphs");
 }
 
-}  // namespace stash
+}  // namespace stash::client

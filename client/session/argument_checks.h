@@ -8,7 +8,7 @@
 
 #include "stash/client.h"
 
-namespace stash {
+namespace stash::client {
 
 // INVALID_ARGUMENT unless the stash's shape is usable: row_bytes > 0, max_rows > 0, and their
 // product fits 64 bits.
@@ -31,6 +31,6 @@ Status CheckNoStream(const void* stream, const char* what);
 // FAILED_PRECONDITION: GraphsDestroyed in a mode that pages nothing inside CUDA graphs.
 Status NoGraphsKept();
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_ARGUMENT_CHECKS_H_

@@ -11,7 +11,7 @@
 #include "common/sys.h"
 #include "stash/v1/descriptor.pb.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 // One packet of stashd's answer. A daemon that refuses a connection (a connection cap) answers
@@ -117,9 +117,9 @@ Status DescriptorChannel::DepositMemory(uint64_t memory_id, uint64_t bytes, int 
   return Status::Ok();
 }
 
-}  // namespace stash
+}  // namespace stash::client
 
-namespace stash {
+namespace stash::client {
 
 Status DescriptorChannel::SendLocked(const std::string& request, const std::vector<int>& fds) {
   STASH_RETURN_IF_ERROR(ConnectLocked());
@@ -234,4 +234,4 @@ StatusOr<uint64_t> DescriptorChannel::Return(const std::vector<uint64_t>& chunk_
   return r.chunks_returned();
 }
 
-}  // namespace stash
+}  // namespace stash::client

@@ -13,7 +13,7 @@
 #include "common/unique_fd.h"
 #include "stash/status.h"
 
-namespace stash {
+namespace stash::client {
 
 // What one LeaseChunks brought: the descriptors that came (whatever the final status says, so
 // none is ever lost) and the daemon's final word.
@@ -79,6 +79,6 @@ class DescriptorChannel {
   int64_t connected_pid_ = 0;  // guarded by mu_: the process that connected socket_
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_DESCRIPTOR_CHANNEL_H_

@@ -15,7 +15,7 @@
 
 #include "stash/client.h"
 
-namespace stash {
+namespace stash::client {
 
 class CudaSide;
 
@@ -47,6 +47,6 @@ class ModeSession {
   virtual CudaSide* cuda() const = 0;
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_MODE_SESSION_H_

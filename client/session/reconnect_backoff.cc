@@ -2,7 +2,7 @@
 
 #include <sys/stat.h>
 
-namespace stash {
+namespace stash::client {
 
 PathIdentity PathIdentity::Of(const std::string& path) {
   struct stat st {};
@@ -11,4 +11,4 @@ PathIdentity PathIdentity::Of(const std::string& path) {
           static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
 }
 
-}  // namespace stash
+}  // namespace stash::client

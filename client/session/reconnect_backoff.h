@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-namespace stash {
+namespace stash::client {
 
 // What stands at a path: its device, inode and change time (a file system may give a new file
 // the inode number of one removed a moment ago; its change time is its own); all zero when
@@ -58,6 +58,6 @@ class ReconnectBackoff {
   PathIdentity failed_at_path_{};
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_RECONNECT_BACKOFF_H_

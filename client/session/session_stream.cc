@@ -12,7 +12,7 @@
 #include "common/text.h"
 #include "common/version.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 // How long closing a session waits for the daemon to drain its copies before cancelling.
@@ -362,4 +362,4 @@ void SessionStream::Close() {
   cv.wait(lock, [&] { return done; });
 }
 
-}  // namespace stash
+}  // namespace stash::client

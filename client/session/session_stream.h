@@ -42,7 +42,7 @@
 #include "stash/client.h"
 #include "stash/v1/stash.grpc.pb.h"
 
-namespace stash {
+namespace stash::client {
 
 // The daemon's tier enum as the client's.
 Tier FromProtoTier(v1::Tier tier);
@@ -554,6 +554,6 @@ struct SessionStream final
   }
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_SESSION_STREAM_H_

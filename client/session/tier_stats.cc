@@ -1,6 +1,6 @@
 #include "client/session/tier_stats.h"
 
-namespace stash {
+namespace stash::client {
 
 void AddTierStats(const stash::v1::TierStats& tier, SessionStats* out) {
   const bool host = tier.tier() == stash::v1::TIER_HOST ||
@@ -19,4 +19,4 @@ void AddTierStats(const stash::v1::TierStats& tier, SessionStats* out) {
   out->pool_pages_high_water = tier.pages_high_water();
 }
 
-}  // namespace stash
+}  // namespace stash::client

@@ -5,7 +5,7 @@
 #include "stash/client.h"
 #include "stash/v1/stash.pb.h"
 
-namespace stash {
+namespace stash::client {
 
 // Adds `tier` to `out` if it is the session's pool (`out->pool`) or the host tier it spills to,
 // matched on what the tier is (TierStats.tier), not on its pool index alone: on the cuda backend
@@ -13,6 +13,6 @@ namespace stash {
 // does not say what it is counts as the host tier when its pool is -1 (the host backend's).
 void AddTierStats(const stash::v1::TierStats& tier, SessionStats* out);
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_TIER_STATS_H_

@@ -52,7 +52,10 @@ namespace stash {
 namespace v1 {
 class Welcome;  // stash.v1.Welcome (the library's own; no protobuf header here)
 }  // namespace v1
-class ModeSession;  // client/session/mode_session.h: the session of the mode Open picked
+namespace client {     // the library's internals (client/), apart from the API's names
+class ModeSession;     // client/session/mode_session.h: the session of the mode Open picked
+struct SessionStream;  // client/session/session_stream.h: one session's stream to the daemon
+}  // namespace client
 
 // Memory the daemon can read and write: a memfd this library created, sealed so its size never
 // changes, which each session hands to the daemon as a file descriptor on first use (no name
@@ -81,7 +84,7 @@ class STASH_EXPORT HostBuffer {
 
  private:
   friend class Client;
-  friend struct SessionStream;
+  friend struct client::SessionStream;
   Rep& rep() const { return *rep_; }
   explicit HostBuffer(std::unique_ptr<Rep> rep);
   std::unique_ptr<Rep> rep_;
@@ -331,7 +334,7 @@ class STASH_EXPORT Client {
   StatusOr<uint64_t> Queue(const ReloadArgs& args, bool then_wait);
   // The session of the mode this client was opened in (daemon-copy, mapped on the host, mapped
   // on the cuda backend): every public method calls it; nothing else looks at the mode.
-  std::unique_ptr<ModeSession> session_;
+  std::unique_ptr<client::ModeSession> session_;
 };
 
 }  // namespace stash

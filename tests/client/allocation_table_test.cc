@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 AllocationTable::Entry Entry(uint64_t memory_id, uint64_t buffer_id, uint64_t bytes) {
@@ -77,4 +77,4 @@ TEST(AllocationTable, ClearHandsBackEveryId) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

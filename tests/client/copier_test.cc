@@ -10,7 +10,7 @@
 #include "common/host_event.h"
 #include "tests/client/chunk_fakes.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using testing::Caps;
@@ -379,4 +379,4 @@ TEST_F(CopierTest, StopRunsWhatIsQueuedAndHandsTheTableBack) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

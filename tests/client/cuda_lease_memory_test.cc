@@ -23,7 +23,7 @@
 #include "daemon/cuda/vmm_chunk_memory.h"
 #include "tests/vmm_standin.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using daemon::VmmChunkMemory;
@@ -598,4 +598,4 @@ TEST(CudaLeaseMemory, AChunkOutlivesItsExportersSigkill) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

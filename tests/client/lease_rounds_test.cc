@@ -7,7 +7,7 @@
 #include <chrono>
 #include <thread>
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using std::chrono::milliseconds;
@@ -109,4 +109,4 @@ TEST(LeaseRounds, StopEndsTheThreadAndTheWaitsAndLeavesTheAsksToTake) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

@@ -11,7 +11,7 @@
 
 #include "tests/client/chunk_fakes.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using testing::Caps;
@@ -163,9 +163,9 @@ TEST(LeaseTable, TheControlBlockTakesOverTheCountersAndKeepsTheDaemonsLine) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 // Chunks of whole 2 MiB pages get 2 MiB-aligned lease ranges (so the daemon's huge pages map as
@@ -187,4 +187,4 @@ TEST(LeaseTable, HugePageChunksGetAlignedRangesAndMapPopulated) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 namespace k = stash::kernels;
@@ -79,4 +79,4 @@ TEST(LiveTableWriter, ABlockTooSmallForATableGetsNoneWritten) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using std::chrono::milliseconds;
@@ -100,4 +100,4 @@ TEST(PathIdentity, ARebuiltSocketIsANewFile) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

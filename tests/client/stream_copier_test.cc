@@ -27,7 +27,7 @@
 #include "tests/cuda_device.h"
 #endif
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using kernels::kLeaseDevice;
@@ -649,4 +649,4 @@ TEST_F(StreamCopierTest, LiveStashesAreBoundedAndTheLimitSaysWhatToDo) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

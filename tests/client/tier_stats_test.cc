@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 namespace v1 = stash::v1;
@@ -58,4 +58,4 @@ TEST(TierStats, ADaemonThatDoesNotSayWhatTheTierIsFallsBackToThePoolIndex) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

@@ -12,6 +12,8 @@
 #include "tests/vmm_standin.h"
 
 namespace stash::daemon {
+
+using client::CudaLeaseMemory;
 namespace {
 
 using stash::testing::Child;

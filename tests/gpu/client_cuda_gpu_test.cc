@@ -22,7 +22,7 @@
 #include "client/memory/cuda_memory.h"
 #include "common/cuda_driver.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 #define ASSERT_CUDA_OK(expr)                                       \
@@ -282,4 +282,4 @@ TEST(ClientCudaGpuIpc, Exporter) {
 }
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client

@@ -65,7 +65,7 @@
 
 extern char** environ;
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using daemon::VmmChunkMemory;
@@ -685,11 +685,11 @@ INSTANTIATE_TEST_SUITE_P(Modes, MappedCheckChurn,
                          });
 
 }  // namespace
-}  // namespace stash
+}  // namespace stash::client
 
 int main(int argc, char** argv) {
-  if (const char* socket = getenv(stash::kExporterVariable); socket != nullptr) {
-    return stash::RunExporter(atoi(socket));
+  if (const char* socket = getenv(stash::client::kExporterVariable); socket != nullptr) {
+    return stash::client::RunExporter(atoi(socket));
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -36,6 +36,8 @@
 #include "tests/integration/raw_lease.h"
 
 namespace stash::testing {
+
+using client::CudaLeaseMemory;
 namespace {
 
 namespace v1 = stash::v1;

@@ -245,8 +245,8 @@ def test_ctypes_declarations_match_the_c_api_header():
     # The ABI is described twice (c_api.h and stashd/_lib.py): catch drift here, not in a crash.
     import ctypes
 
-    header = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "client", "include",
-                          "stash", "c_api.h")
+    header = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "include", "stash",
+                          "c_api.h")
     with open(header) as f:
         structs, functions = _header_structs(f.read())
     c_types = {"uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32,

@@ -13,7 +13,7 @@
 #include "common/shm.h"
 #include "common/sys.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 constexpr uint64_t kMaxTierBytes = uint64_t{1} << 46;
@@ -474,4 +474,4 @@ uint64_t CudaLeaseMemory::pending_unmaps() const {
   return n;
 }
 
-}  // namespace stash
+}  // namespace stash::client

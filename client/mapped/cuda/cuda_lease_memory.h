@@ -59,7 +59,7 @@
 #include "stash/kernels/lease_control.h"
 #include "stash/status.h"
 
-namespace stash {
+namespace stash::client {
 
 class CudaLeaseMemory {
  public:
@@ -176,6 +176,6 @@ class CudaLeaseMemory {
   std::vector<CUevent> spare_events_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_CUDA_LEASE_MEMORY_H_

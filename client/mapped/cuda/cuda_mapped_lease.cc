@@ -16,7 +16,7 @@
 #include "common/logging.h"
 #include "common/macros.h"
 
-namespace stash {
+namespace stash::client {
 
 using kernels::ControlLoad;
 using kernels::ControlStore;
@@ -284,4 +284,4 @@ StatusOr<std::vector<uint64_t>> CudaMappedSession::RetireChunks(void* gpu_stream
   return ids;
 }
 
-}  // namespace stash
+}  // namespace stash::client

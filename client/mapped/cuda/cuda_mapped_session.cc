@@ -15,7 +15,7 @@
 #include "common/socket_path.h"
 #include "stash/kernels/mapped_paging_fatbin.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using kernels::ControlLoad;
@@ -551,4 +551,4 @@ bool CudaMappedSession::Draining() const {
          (ControlLoad(shared_control_->daemon_flags) & kernels::kDaemonDraining) != 0;
 }
 
-}  // namespace stash
+}  // namespace stash::client

@@ -58,13 +58,16 @@
 #include "stash/kernels/lease_control.h"
 
 namespace stash {
+struct CudaDriver;     // common/cuda_driver.h
+class PrimaryContext;  // common/cuda_vmm.h
+}  // namespace stash
+
+namespace stash::client {
 
 // No CUDA header here: client.cc includes this in libraries built without CUDA too, where
 // cuda_mapped_session_none.cc says so at Open (so the CUDA parts are held by shared_ptr, whose
 // deleter is fixed where they are made, not where the session is destroyed).
-struct CudaDriver;
 class CudaLeaseMemory;
-class PrimaryContext;
 class StreamCopier;
 
 class CudaMappedSession final : public ModeSession, private LeaseThreadTwin {
@@ -252,6 +255,6 @@ class CudaMappedSession final : public ModeSession, private LeaseThreadTwin {
   std::thread lease_thread_;
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_CUDA_MAPPED_SESSION_H_

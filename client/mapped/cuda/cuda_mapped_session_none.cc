@@ -3,7 +3,7 @@
 // session only through ModeSession.
 #include "client/mapped/cuda/cuda_mapped_session.h"
 
-namespace stash {
+namespace stash::client {
 
 StatusOr<std::unique_ptr<ModeSession>> CudaMappedSession::Open(const Options& /*options*/) {
   return FailedPreconditionError(
@@ -11,4 +11,4 @@ StatusOr<std::unique_ptr<ModeSession>> CudaMappedSession::Open(const Options& /*
       "CUDA toolkit installed to use Backend::kCuda");
 }
 
-}  // namespace stash
+}  // namespace stash::client

@@ -9,7 +9,7 @@
 #include "common/cuda_vmm.h"
 #include "common/macros.h"
 
-namespace stash {
+namespace stash::client {
 namespace {
 
 using kernels::MappedReloadArgs;
@@ -577,4 +577,4 @@ std::optional<bool> StreamCopier::RemovalDone(uint32_t tier, uint64_t slot) {
   return value == 1;
 }
 
-}  // namespace stash
+}  // namespace stash::client

@@ -58,7 +58,7 @@
 #include "stash/kernels/mapped_paging.h"
 #include "stash/status.h"
 
-namespace stash {
+namespace stash::client {
 
 class StreamCopier {
  public:
@@ -230,6 +230,6 @@ class StreamCopier {
   LiveTagWriter live_tags_;  // entry i: the stash in plan slot i
 };
 
-}  // namespace stash
+}  // namespace stash::client
 
 #endif  // STASH_CLIENT_STREAM_COPIER_H_
