@@ -33,6 +33,7 @@ ABSL_FLAG(std::string, copy_threads, "2", "copy threads");
 ABSL_FLAG(std::string, max_inflight, "4096", "max in-flight requests per session");
 ABSL_FLAG(std::string, metrics_listen, "", "Prometheus /metrics listen address");
 ABSL_FLAG(std::string, drain_timeout, "5", "seconds to drain on SIGTERM");
+ABSL_FLAG(std::string, idle_connection_timeout, "300", "seconds before an idle connection closes");
 ABSL_FLAG(std::string, chunk_bytes, "0", "mapped mode: chunk bytes");
 ABSL_FLAG(std::string, max_lease_bytes, "0", "mapped mode: lease quota per session");
 ABSL_FLAG(std::string, peer_tier, "false", "mapped mode: lend other pools' spare chunks");
@@ -212,6 +213,17 @@ const Knob kKnobs[] = {
        uint64_t n = 0;
        STASH_RETURN_IF_ERROR(ParseUint(v, 0, 3600, &n));
        c->drain_timeout_s = static_cast<uint32_t>(n);
+       return Status::Ok();
+     }},
+    {"idle_connection_timeout", "SECONDS",
+     "Close a gRPC connection that carried no call for SECONDS (1..86400; a trainer's session "
+     "stream is a call, so its connection never idles; clients reconnect on their next call). "
+     "Independent of it, a connection that sends no HTTP/2 preface within 10 s is closed. "
+     "0 = never",
+     [](std::string_view v, DaemonConfig* c) {
+       uint64_t n = 0;
+       STASH_RETURN_IF_ERROR(ParseUint(v, 0, 86400, &n));
+       c->idle_connection_timeout_s = static_cast<uint32_t>(n);
        return Status::Ok();
      }},
     {"metrics_listen", "HOST:PORT",

@@ -35,7 +35,9 @@ struct DaemonConfig {
   uint32_t max_inflight = 4096;     // queued requests per session before
                                     // RESOURCE_EXHAUSTED
   uint32_t drain_timeout_s = 5;     // SIGTERM: seconds to let ranks reload before stopping
-  std::string metrics_listen;       // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
+  // gRPC connections that carried no call this long are closed; 0 = never.
+  uint32_t idle_connection_timeout_s = 300;
+  std::string metrics_listen;  // "" = no Prometheus endpoint; else HOST:PORT (port 0 = any)
   // Mapped mode (host backend).
   uint64_t chunk_bytes = 0;      // 0 = --pool-bytes / 32 (>= host tier / 1024), whole pages
   uint64_t max_lease_bytes = 0;  // per session in each tier; 0 = one device pool's bytes

@@ -36,19 +36,26 @@ uint64_t CookieOf(int fd) {
 // stopping): a flood that keeps the backlog full cannot hold the gate.
 constexpr int kAcceptsPerWake = 32;
 
+// What every HTTP/2 client sends first (RFC 9113, 3.4).
+constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+constexpr size_t kPrefaceBytes = sizeof(kPreface) - 1;
+
 }  // namespace
 
-ConnectionGate::ConnectionGate(UniqueFd listener, std::string name, FairShare* budget)
+ConnectionGate::ConnectionGate(UniqueFd listener, std::string name, FairShare* budget,
+                               Options options)
     : listener_(std::move(listener)),
       name_(std::move(name)),
       budget_(budget),
+      options_(options),
       wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
 StatusOr<std::unique_ptr<ConnectionGate>> ConnectionGate::Create(UniqueFd listener,
                                                                  std::string name,
-                                                                 FairShare* budget) {
+                                                                 FairShare* budget,
+                                                                 Options options) {
   std::unique_ptr<ConnectionGate> gate(
-      new ConnectionGate(std::move(listener), std::move(name), budget));
+      new ConnectionGate(std::move(listener), std::move(name), budget, options));
   if (!gate->wake_.valid()) return ErrnoStatus("eventfd");
   return gate;
 }
@@ -63,10 +70,22 @@ ConnectionGate::~ConnectionGate() { Stop(); }
 void ConnectionGate::Run() {
   Acceptor acceptor(listener_.get(), name_);
   RateLimiter poll_failed_log(1, std::chrono::seconds(10));
+  std::vector<pollfd> fds;
+  std::vector<size_t> polled;  // waiting_ index of each fds[2 + i]
+  auto last_sweep = Clock::now();
   while (true) {
     const auto now = Clock::now();
     const bool resting = acceptor.backoff() > now;
-    pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {listener_.get(), POLLIN, 0}};
+    fds.assign(
+        {{wake_.get(), POLLIN, 0}, {listener_.get(), static_cast<short>(resting ? 0 : POLLIN), 0}});
+    polled.clear();
+    // Waiting connections that sent nothing yet; one that sent part of the preface is looked at
+    // again at the next sweep (its data would keep poll awake).
+    for (size_t i = 0; i < waiting_.size(); ++i) {
+      if (waiting_[i].partial) continue;
+      fds.push_back({waiting_[i].fd.get(), POLLIN, 0});
+      polled.push_back(i);
+    }
     int timeout = static_cast<int>(kSweep.count());
     if (resting) {
       timeout = std::min<int>(
@@ -76,13 +95,20 @@ void ConnectionGate::Run() {
                        1);
     }
     int rc = 0;
-    STASH_SYSCALL_RETRY(rc, poll(fds, resting ? 1 : 2, timeout));
+    STASH_SYSCALL_RETRY(rc, poll(fds.data(), fds.size(), timeout));
     if (rc < 0) {
       if (RestAfterFailedPoll(name_, wake_.get(), &poll_failed_log)) return;
       continue;
     }
     if (fds[0].revents != 0) return;
-    Sweep();
+    // Waiting connections that spoke or hung up, latest index first so earlier ones keep theirs.
+    for (size_t i = polled.size(); i-- > 0;) {
+      if (fds[2 + i].revents != 0) Look(polled[i]);
+    }
+    if (Clock::now() - last_sweep >= kSweep) {
+      Sweep();
+      last_sweep = Clock::now();
+    }
     if (!resting && fds[1].revents != 0) {
       for (int i = 0; i < kAcceptsPerWake; ++i) {
         auto accepted = acceptor.Accept();
@@ -93,12 +119,59 @@ void ConnectionGate::Run() {
   }
 }
 
+bool ConnectionGate::Privileged(const PeerCredentials& peer) const {
+  return options_.reserved > 0 && peer.known &&
+         (peer.uid == 0 || peer.uid == options_.reserved_uid);
+}
+
+uint32_t ConnectionGate::UidOf(const PeerCredentials& peer) const {
+  return peer.known ? peer.uid : kUnknownUid;
+}
+
+ConnectionGate::Preface ConnectionGate::Peek(int fd) {
+  char buf[kPrefaceBytes];
+  ssize_t n = 0;
+  STASH_SYSCALL_RETRY(n, recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT));
+  if (n == 0) return Preface::kClosed;
+  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? Preface::kNone : Preface::kClosed;
+  if (std::memcmp(buf, kPreface, static_cast<size_t>(n)) != 0) return Preface::kOther;
+  return static_cast<size_t>(n) == kPrefaceBytes ? Preface::kComplete : Preface::kPartial;
+}
+
+void ConnectionGate::Look(size_t index) {
+  switch (Peek(waiting_[index].fd.get())) {
+    case Preface::kNone:
+      return;
+    case Preface::kPartial:
+      waiting_[index].partial = true;
+      return;
+    case Preface::kClosed:
+      Drop(waiting_[index]);
+      break;
+    case Preface::kComplete:
+    case Preface::kOther:  // not HTTP/2: gRPC answers it and closes it
+      HandOver(std::move(waiting_[index]));
+      break;
+  }
+  waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(index));
+  MutexLock lock(&mu_);
+  waiting_count_ = waiting_.size();
+}
+
+void ConnectionGate::Drop(Waiting& w) {
+  if (w.placed) budget_->Give(UidOf(w.peer), 1);
+  w.placed = false;
+  w.fd.reset();
+}
+
 void ConnectionGate::Forget(int fd) {
   auto it = tracked_.find(fd);
   if (it == tracked_.end()) return;
   Tracked& t = it->second;
-  if (t.connection.refused.ok()) {
-    budget_->Give(t.connection.peer.known ? t.connection.peer.uid : kUnknownUid, 1);
+  if (t.connection.reserved) {
+    --reserved_used_;
+  } else if (t.connection.refused.ok()) {
+    budget_->Give(UidOf(t.connection.peer), 1);
   } else if (t.held.valid()) {
     --refused_held_;
   }
@@ -106,17 +179,66 @@ void ConnectionGate::Forget(int fd) {
 }
 
 void ConnectionGate::Admit(Acceptor::Accepted accepted) {
-  const int fd = accepted.fd.get();
-  const uint32_t uid = accepted.peer.known ? accepted.peer.uid : kUnknownUid;
+  Waiting w;
+  w.peer = accepted.peer;
+  w.fd = std::move(accepted.fd);
+  w.accepted = Clock::now();
+  const Status took = budget_->Take(UidOf(w.peer), 1);
+  w.placed = took.ok();
+  if (!w.placed && !Privileged(w.peer)) {
+    HandOver(std::move(w));  // refused at once: gRPC says why once it speaks
+    return;
+  }
+  if (!w.placed) {
+    // Root's or the daemon's user's share is full: wait for the preface without a place, for a
+    // reserved one. A flood of them cannot crowd out a later one that speaks: the oldest goes.
+    size_t unplaced = 0;
+    size_t oldest = waiting_.size();
+    for (size_t i = 0; i < waiting_.size(); ++i) {
+      if (waiting_[i].placed) continue;
+      ++unplaced;
+      if (oldest == waiting_.size()) oldest = i;
+    }
+    if (unplaced >= kMaxWaitingUnplaced && oldest < waiting_.size()) {
+      Drop(waiting_[oldest]);
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(oldest));
+      ++silent_closed_;
+    }
+  }
+  waiting_.push_back(std::move(w));
+  // A client that connects and speaks at once is handed over without waiting for a poll.
+  Look(waiting_.size() - 1);
+  MutexLock lock(&mu_);
+  waiting_count_ = waiting_.size();
+}
+
+void ConnectionGate::HandOver(Waiting w) {
+  const int fd = w.fd.get();
+  const uint32_t uid = UidOf(w.peer);
   Tracked t;
-  t.connection.peer = accepted.peer;
+  t.connection.peer = w.peer;
   t.cookie = CookieOf(fd);
   {
     MutexLock lock(&mu_);
     // That number was closed and reused: the old connection is gone, and its place in the
     // budget free before this one takes one.
     Forget(fd);
-    t.connection.refused = budget_->Take(uid, 1);
+    if (!w.placed) {
+      if (Privileged(w.peer) && reserved_used_ < options_.reserved) {
+        ++reserved_used_;
+        t.connection.reserved = true;
+      } else {
+        t.connection.refused = budget_->Take(uid, 1);
+        if (t.connection.refused.ok()) {
+          w.placed = true;  // a place came free meanwhile
+        } else if (Privileged(w.peer)) {
+          t.connection.refused =
+              Status(t.connection.refused.code(),
+                     t.connection.refused.message() + "; the " + std::to_string(options_.reserved) +
+                         " connections kept for root and stashd's user are in use too");
+        }
+      }
+    }
     if (!t.connection.refused.ok()) {
       const auto now = Clock::now();
       uint64_t held = 0;
@@ -124,7 +246,7 @@ void ConnectionGate::Admit(Acceptor::Accepted accepted) {
         Log("rpc")->warn(
             "{}: refused {} connection(s) since the last report; the latest, pid {} "
             "uid {}: {}",
-            name_, held + 1, accepted.peer.pid, accepted.peer.uid, t.connection.refused.message());
+            name_, held + 1, w.peer.pid, w.peer.uid, t.connection.refused.message());
       }
       if (refused_held_ >= kMaxRefusedHeld) return;  // closes it: no room to say why
       t.held.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));
@@ -135,11 +257,36 @@ void ConnectionGate::Admit(Acceptor::Accepted accepted) {
     tracked_[fd] = std::move(t);
   }
   // gRPC owns the descriptor from here on.
-  grpc::AddInsecureChannelFromFd(server_, accepted.fd.release());
+  grpc::AddInsecureChannelFromFd(server_, w.fd.release());
 }
 
 void ConnectionGate::Sweep() {
   const auto now = Clock::now();
+  // Waiting connections: a partial preface looked at again; past the timeout, closed.
+  for (size_t i = waiting_.size(); i-- > 0;) {
+    if (waiting_[i].partial) {
+      waiting_[i].partial = false;
+      Look(i);
+      continue;
+    }
+    if (now - waiting_[i].accepted >= options_.preface_timeout) {
+      Drop(waiting_[i]);
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+      ++silent_closed_;
+    }
+  }
+  {
+    MutexLock lock(&mu_);
+    waiting_count_ = waiting_.size();
+  }
+  uint64_t suppressed = 0;
+  if (silent_closed_ > 0 && silent_log_.Allow(now, &suppressed)) {
+    Log("rpc")->warn(
+        "{}: closed {} connection(s) since the last report that sent no HTTP/2 preface within "
+        "{} ms (their places are free again); {} still wait",
+        name_, silent_closed_, options_.preface_timeout.count(), waiting_.size());
+    silent_closed_ = 0;
+  }
   // Which numbers to look at, under the lock; the looks themselves without it.
   std::vector<std::pair<int, uint64_t>> tracked;
   {
@@ -195,6 +342,16 @@ std::optional<ConnectionGate::Connection> ConnectionGate::Lookup(
 size_t ConnectionGate::connections() const {
   MutexLock lock(&mu_);
   return tracked_.size();
+}
+
+size_t ConnectionGate::waiting() const {
+  MutexLock lock(&mu_);
+  return waiting_count_;
+}
+
+uint64_t ConnectionGate::reserved_used() const {
+  MutexLock lock(&mu_);
+  return reserved_used_;
 }
 
 }  // namespace stash::daemon

@@ -353,6 +353,23 @@ struct MetricsServer::Collector final : prometheus::Collectable {
   DaemonCore* const core;  // not owned
 };
 
+std::vector<MetricFamily> CollectHealth(DaemonCore& core) {
+  MetricFamily serving =
+      Family("stashd_health_serving",
+             "The gRPC health service's answer: service=\"\" (readiness) is 0 while the daemon "
+             "drains; service=\"stash.v1.StashService\" (liveness) is 1 while it lives",
+             MetricType::Gauge);
+  Add(serving, {{"service", ""}}, core.draining() ? 0 : 1);
+  Add(serving, {{"service", "stash.v1.StashService"}}, 1);
+  return {std::move(serving)};
+}
+
+struct MetricsServer::HealthCollector final : prometheus::Collectable {
+  explicit HealthCollector(DaemonCore* c) : core(c) {}
+  std::vector<MetricFamily> Collect() const override { return CollectHealth(*core); }
+  DaemonCore* const core;  // not owned
+};
+
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
                                                               DaemonCore* core) {
   std::unique_ptr<MetricsServer> server(new MetricsServer());
@@ -365,6 +382,8 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string&
   }
   server->collector_ = std::make_shared<Collector>(core);
   server->exposer_->RegisterCollectable(server->collector_);
+  server->health_ = std::make_shared<HealthCollector>(core);
+  server->exposer_->RegisterCollectable(server->health_, "/healthz");
   const std::vector<int> ports = server->exposer_->GetListeningPorts();
   server->port_ = ports.empty() ? 0 : ports.front();
   return server;

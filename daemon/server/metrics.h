@@ -1,6 +1,7 @@
-// The Prometheus endpoint (`--metrics-listen`): /metrics in the text exposition format, served by
-// prometheus-cpp's exposer. Every scrape reads the daemon's stats at that moment; nothing is
-// kept between scrapes. Read-only: it offers no control.
+// The Prometheus endpoint (`--metrics-listen`): /metrics in the text exposition format, and
+// /healthz (the health service's answers, for probes), served by prometheus-cpp's exposer. Every
+// scrape reads the daemon's stats at that moment; nothing is kept between scrapes. Read-only: it
+// offers no control.
 #ifndef STASH_DAEMON_METRICS_H_
 #define STASH_DAEMON_METRICS_H_
 
@@ -26,6 +27,10 @@ inline constexpr size_t kMaxSessionSeries = 256;
 // The metric families of one scrape of `core` (also what tests check without HTTP).
 std::vector<prometheus::MetricFamily> CollectMetrics(DaemonCore& core);
 
+// /healthz: the gRPC health service's two answers as a gauge, so a liveness probe (an HTTP GET,
+// Kubernetes httpGet) need not share the trainers' socket or its connection budget.
+std::vector<prometheus::MetricFamily> CollectHealth(DaemonCore& core);
+
 // A running /metrics endpoint. Stops serving when destroyed; `core` must outlive it.
 class MetricsServer {
  public:
@@ -42,7 +47,9 @@ class MetricsServer {
  private:
   MetricsServer() = default;
   struct Collector;
+  struct HealthCollector;
   std::shared_ptr<Collector> collector_;
+  std::shared_ptr<HealthCollector> health_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };

@@ -137,6 +137,9 @@ bool SocketIsLive(const std::string& path) {
 uint64_t MaxGrpcConnections() { return std::clamp<uint64_t>(OpenFileLimit() / 8, 64, 1024); }
 constexpr uint64_t kGrpcConnectionsFirst = 32;
 constexpr uint64_t kGrpcConnectionsPerUser = 256;
+// Connections kept beyond every user's share for root and stashd's own user, so stashctl health,
+// stats and drain answer while one of them holds its whole share (ConnectionGate).
+constexpr uint64_t kReservedConnections = 8;
 // The TCP listener (read-only statistics; its peers have no credentials): at most this many,
 // each closed after a minute without a call.
 constexpr uint64_t kTcpConnections = 64;
@@ -376,14 +379,19 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonConfig& config) {
       "gRPC connections", MaxGrpcConnections(), kGrpcConnectionsFirst, kGrpcConnectionsPerUser,
       "close connections that are not used (one per process is enough)"});
   STASH_ASSIGN_OR_RETURN(UniqueFd listener, ListenUnix(impl->socket_path, SOCK_STREAM, group));
-  STASH_ASSIGN_OR_RETURN(impl->gate, ConnectionGate::Create(std::move(listener), "gRPC socket",
-                                                            impl->connection_share.get()));
+  ConnectionGate::Options gate_options;
+  gate_options.reserved = kReservedConnections;
+  gate_options.reserved_uid = geteuid();
+  STASH_ASSIGN_OR_RETURN(impl->gate,
+                         ConnectionGate::Create(std::move(listener), "gRPC socket",
+                                                impl->connection_share.get(), gate_options));
   impl->service =
       std::make_unique<StashServiceImpl>(impl->core.get(), true, true, impl->gate.get());
   impl->reflection_v1 = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
       "stash.v1.StashService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
       "grpc.reflection.v1.ServerReflection"});
-  impl->server = BuildServer({impl->service.get(), impl->reflection_v1.get()});
+  impl->server = BuildServer({impl->service.get(), impl->reflection_v1.get()},
+                             static_cast<int>(config.idle_connection_timeout_s) * 1000);
   if (impl->server == nullptr) {
     return UnavailableError("gRPC could not start its server (see the log above)");
   }

@@ -19,7 +19,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,6 +122,23 @@ bool ServedWithin(Clock::time_point from, std::chrono::milliseconds limit, Round
     if (Clock::now() - from > limit) return false;
     usleep(20000);
   }
+}
+
+// CPU seconds (user + system) process `pid` has used so far, from /proc/<pid>/stat.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  // Fields after the command name (which may hold spaces) start at its closing parenthesis.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  uint64_t utime = 0;
+  uint64_t stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 // Lets uid 65534's group onto the daemon's directory and both sockets, as the stashd group
@@ -293,21 +312,30 @@ TEST(Availability, AnotherUsersFirstSessionIsServedWhileOneUserHoldsEveryBudget)
   std::vector<UniqueFd> fds = Flood(daemon.socket() + ".fd", SOCK_SEQPACKET, 70);
   usleep(300000);  // accepted and counted
 
-  // A fresh gRPC connection of root is refused, and says which budget and why.
-  {
+  // Fresh gRPC connections of root that speak take the 8 places kept for root and stashd's
+  // user (the flood's silent ones hold none of them); the next is refused, and says which budget
+  // and why.
+  std::vector<std::unique_ptr<v1::StashService::Stub>> fresh;
+  for (int i = 0; i <= 8; ++i) {
     // A connection of its own: gRPC would otherwise reuse the accepted one of `stub`.
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    auto fresh = v1::StashService::NewStub(grpc::CreateCustomChannel(
-        "unix:" + daemon.socket(), grpc::InsecureChannelCredentials(), args));
+    fresh.push_back(v1::StashService::NewStub(grpc::CreateCustomChannel(
+        "unix:" + daemon.socket(), grpc::InsecureChannelCredentials(), args)));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10 * TimeScale()));
     v1::GetStatsResponse r;
-    const grpc::Status s = fresh->GetStats(&ctx, v1::GetStatsRequest(), &r);
+    const grpc::Status s = fresh.back()->GetStats(&ctx, v1::GetStatsRequest(), &r);
+    if (i < 8) {
+      EXPECT_TRUE(s.ok()) << "reserved connection " << i << ": " << s.error_message();
+      continue;
+    }
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr("gRPC connections"));
     EXPECT_THAT(s.error_message(), HasSubstr("uid 0"));
+    EXPECT_THAT(s.error_message(), HasSubstr("kept for root and stashd's user are in use too"));
   }
+  fresh.clear();
   std::string err;
   EXPECT_EQ(StatsRound(daemon.socket(), kNobody, &err), 0) << err;
   EXPECT_EQ(ClientRound(daemon.socket(), "once", kNobody, &err), 0) << err;
@@ -360,4 +388,59 @@ TEST(Availability, SessionsThatNeverReadLeaseAnswersHoldUpNobody) {
 }
 
 }  // namespace
+// Issue 42: 1,000 idle raw connections to the gRPC socket (no HTTP/2 preface, ever) from one
+// user take that user's whole share of gRPC connections. stashctl health as that user still
+// answers SERVING at once, through the connections kept for root and stashd's user; after 10 s
+// the daemon has closed every silent connection (their places free again), and that user's
+// daemon-copy and mapped clients are served. The gate does not spin meanwhile.
+TEST(Availability, IdleRawConnectionsCannotTakeHealthAwayFromTheirUser) {
+  rlimit nofile{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &nofile), 0);
+  if (nofile.rlim_max < 2048) GTEST_SKIP() << "the open-file hard limit is under 2048";
+  nofile.rlim_cur = nofile.rlim_max;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &nofile), 0);
+  LimitedDaemon daemon(4096);
+  ASSERT_READY(daemon);
+  const auto flooded = Clock::now();
+  std::vector<UniqueFd> raw = Flood(daemon.socket(), SOCK_STREAM, 1000);
+  ASSERT_EQ(raw.size(), 1000u);
+  usleep(300000);  // accepted: the user's share is full
+
+  const std::string stashctl = BinDir() + "/client/stashctl/stashctl";
+  std::string out;
+  std::string err;
+  const auto asked = Clock::now();
+  EXPECT_EQ(RunCommand({stashctl, "--socket=" + daemon.socket(), "health"}, &out, &err), 0)
+      << out << err;
+  EXPECT_THAT(out, HasSubstr("SERVING"));
+  EXPECT_LT(Clock::now() - asked, std::chrono::milliseconds(1000 * TimeScale()));
+  EXPECT_EQ(RunCommand({stashctl, "--socket=" + daemon.socket(), "stats"}, &out, &err), 0) << err;
+
+  // Every silent connection is closed by the daemon within 10 s of its accept (and a sweep).
+  const double cpu_before = ProcessCpuSeconds(daemon.process().pid());
+  const auto wait_from = Clock::now();
+  size_t closed = 0;
+  const auto until = flooded + std::chrono::seconds(10) + std::chrono::seconds(5 * TimeScale());
+  while (closed < raw.size() && Clock::now() < until) {
+    closed = 0;
+    for (const UniqueFd& fd : raw) {
+      char byte = 0;
+      if (recv(fd.get(), &byte, 1, MSG_DONTWAIT | MSG_PEEK) == 0) ++closed;
+    }
+    usleep(200000);
+  }
+  EXPECT_EQ(closed, raw.size()) << "silent connections still open after the preface timeout";
+  const double idle_seconds = std::chrono::duration<double>(Clock::now() - wait_from).count();
+  const double cpu = ProcessCpuSeconds(daemon.process().pid()) - cpu_before;
+  // Nothing spins: the daemon mostly sleeps while the silent connections wait.
+  EXPECT_LT(cpu, 0.5 * idle_seconds)
+      << "the daemon used " << cpu << " s of CPU in " << idle_seconds << " s";
+  raw.clear();
+  EXPECT_EQ(ClientRound(daemon.socket(), "once", geteuid(), &err), 0) << err;
+  EXPECT_EQ(ClientRound(daemon.socket(), "once-mapped", geteuid(), &err), 0) << err;
+  const std::string log = daemon.process().Stderr();
+  EXPECT_THAT(log, HasSubstr("sent no HTTP/2 preface within 10000 ms"));
+  EXPECT_LE(Count(log, "sent no HTTP/2 preface"), 4u) << "logged per connection, not per 10 s";
+}
+
 }  // namespace stash::testing

@@ -233,3 +233,26 @@ def test_every_exported_family_is_documented(daemon, tmp_path):
             documented.add(cell)
     missing = sorted(set(families(text)) - documented)
     assert not missing, f"families on /metrics that docs/operations.md does not describe: {missing}"
+
+
+def test_healthz_answers_a_liveness_probe_apart_from_the_socket(daemon):
+    # Issue 42: the health service's answers on the --metrics-listen port too, so a probe need
+    # not share the trainers' socket or its connection budget. Readiness ("") follows draining;
+    # liveness (stash.v1.StashService) stays 1 while the daemon lives.
+    url, sock, log = daemon
+    healthz = url.replace("/metrics", "/healthz")
+    ctl = BIN_DIR / "client" / "stashctl" / "stashctl"
+    page = fetch(healthz)
+    assert 'stashd_health_serving{service=""} 1' in page, page
+    assert 'stashd_health_serving{service="stash.v1.StashService"} 1' in page, page
+    subprocess.run([str(ctl), f"--socket={sock}", "drain"], check=True, capture_output=True,
+                   timeout=30)
+    try:
+        page = wait_for("/healthz shows the drain",
+                        lambda: (lambda p: p if 'service=""} 0' in p else None)(fetch(healthz)),
+                        10)
+        assert 'stashd_health_serving{service="stash.v1.StashService"} 1' in page, page
+    finally:
+        subprocess.run([str(ctl), f"--socket={sock}", "undrain"], check=True,
+                       capture_output=True, timeout=30)
+    wait_for("/healthz shows the undrain", lambda: 'service=""} 1' in fetch(healthz), 10)
