@@ -333,6 +333,18 @@ std::string OmittedLine(uint64_t omitted) {
 
 }  // namespace
 
+std::string WarmUpNote(const v1::DaemonStats& d) {
+  if (d.warming()) return "  (tiers still warming: stashes into cold memory run slower)";
+  // The latency and copy windows hold the last 4096 stashes; those made while the tiers warmed
+  // are the earliest.
+  constexpr uint64_t kWindow = 4096;
+  const uint64_t pushed_out = d.stashes() > kWindow ? d.stashes() - kWindow : 0;
+  if (d.stashes_while_warming() <= pushed_out) return "";
+  return "  (includes " + Num(d.stashes_while_warming() - pushed_out) +
+         " stashes made while the tiers warmed, until " + Printf("%.1f", d.warm_after_s()) +
+         " s after start)";
+}
+
 std::string RenderStats(const v1::GetStatsResponse& stats, size_t width) {
   const v1::DaemonStats& d = stats.daemon();
   std::string out;
@@ -347,7 +359,8 @@ std::string RenderStats(const v1::GetStatsResponse& stats, size_t width) {
   const bool measured = d.stashes() > 0;
   out += "stash latency p50 " + FormatLatencyUs(d.stash_latency_p50_us(), measured) + "  p99 " +
          FormatLatencyUs(d.stash_latency_p99_us(), measured) + "  copy: stash " +
-         FormatGbps(d.stash_copy_gbps()) + "  reload " + FormatGbps(d.reload_copy_gbps()) + "\n";
+         FormatGbps(d.stash_copy_gbps()) + "  reload " + FormatGbps(d.reload_copy_gbps()) +
+         WarmUpNote(d) + "\n";
   out = FitLines(out, width);
 
   using A = Table::Align;

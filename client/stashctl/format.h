@@ -79,6 +79,10 @@ std::string Truncate(const std::string& text, size_t width);
 
 // The renderers' `width` is the terminal's (see Table::Render); 0 = no limit.
 
+// What the latency line adds when its figures include a warm-up: the tiers still warming, or
+// how many of the window's stashes were made while they warmed; empty otherwise.
+std::string WarmUpNote(const v1::DaemonStats& d);
+
 // The daemon lines, the tier table and the session table of `stashctl stats`.
 std::string RenderStats(const v1::GetStatsResponse& stats, size_t width = 0);
 

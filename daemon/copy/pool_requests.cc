@@ -279,6 +279,9 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
   const uint64_t latency = MicrosSince(received);
   done->set_latency_us(latency);
   counters_->stash_latency_us.Add(static_cast<double>(latency));
+  if (counters_->warming.load(std::memory_order_relaxed)) {
+    counters_->stashes_while_warming.fetch_add(1, std::memory_order_relaxed);
+  }
   s.Send(std::move(r));
 }
 

@@ -262,7 +262,12 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
       std::stable_sort(regions.begin(), regions.end(), [](const auto& a, const auto& b) {
         return a.name != "host" && b.name == "host";
       });
-      core->warmer_ = std::make_unique<Warmer>(std::move(regions));
+      DaemonCounters* counters = &core->counters_;
+      counters->warming.store(true, std::memory_order_relaxed);
+      core->warmer_ = std::make_unique<Warmer>(std::move(regions), [counters](double seconds) {
+        counters->warm_after_s.store(seconds, std::memory_order_relaxed);
+        counters->warming.store(false, std::memory_order_relaxed);
+      });
     }
   }
   // Stats list each tier once: every pool's own, then the spill tiers (shared on host).
@@ -593,6 +598,9 @@ v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
   d->set_rejected(counters_.rejected.load());
   d->set_stash_latency_p50_us(counters_.stash_latency_us.Quantile(0.5));
   d->set_stash_latency_p99_us(counters_.stash_latency_us.Quantile(0.99));
+  d->set_warming(counters_.warming.load(std::memory_order_relaxed));
+  d->set_warm_after_s(counters_.warm_after_s.load(std::memory_order_relaxed));
+  d->set_stashes_while_warming(counters_.stashes_while_warming.load(std::memory_order_relaxed));
   d->set_stash_copy_gbps(counters_.stash_copy.Gbps());
   d->set_reload_copy_gbps(counters_.reload_copy.Gbps());
 

@@ -61,6 +61,10 @@ struct DaemonCounters {
   std::atomic<uint64_t> spills{0};
   std::atomic<uint64_t> overflows{0};
   std::atomic<uint64_t> rejected{0};
+  // Host backend with --warm-memory: the start-up pass is populating the tiers.
+  std::atomic<bool> warming{false};
+  std::atomic<uint64_t> stashes_while_warming{0};
+  std::atomic<double> warm_after_s{0};
   // Stash latency in microseconds; the histogram's bounds run from 10 us to 10 s.
   SampleWindow stash_latency_us{
       {10, 25, 50, 100, 250, 500, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 1e7}};

@@ -16,8 +16,8 @@ const char* MethodName(PopulateMethod method) {
 
 }  // namespace
 
-Warmer::Warmer(std::vector<Region> regions)
-    : regions_(std::move(regions)), thread_([this] { Run(); }) {}
+Warmer::Warmer(std::vector<Region> regions, std::function<void(double seconds)> done)
+    : regions_(std::move(regions)), done_(std::move(done)), thread_([this] { Run(); }) {}
 
 Warmer::~Warmer() {
   stop_ = true;
@@ -62,6 +62,7 @@ void Warmer::Run() {
     }
   }
   Log("pool")->info("every pool is warm ({:.1f} s after start)", seconds());
+  if (done_) done_(seconds());
 }
 
 }  // namespace stash::daemon

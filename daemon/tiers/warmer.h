@@ -10,6 +10,7 @@
 #define STASH_DAEMON_WARMER_H_
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,8 +27,9 @@ class Warmer {
   };
   // Starts one thread that populates every chunk of `regions` in order (regions already warm,
   // locked ones, are passed over), with progress in the log for regions of 1 GiB or more, and
-  // then ends. Non-owning: the regions outlive this.
-  explicit Warmer(std::vector<Region> regions);
+  // then ends, calling `done` (may be null) with the seconds since it started. Non-owning: the
+  // regions outlive this.
+  explicit Warmer(std::vector<Region> regions, std::function<void(double seconds)> done = nullptr);
   Warmer(const Warmer&) = delete;
   Warmer& operator=(const Warmer&) = delete;
   ~Warmer();  // stops the pass where it is (the daemon is going away)
@@ -39,6 +41,7 @@ class Warmer {
   void Run();
 
   const std::vector<Region> regions_;
+  const std::function<void(double)> done_;
   std::atomic<bool> stop_{false};
   std::thread thread_;  // last: it reads the rest
 };

@@ -368,6 +368,27 @@ TEST(StashctlFormat, SessionsShowBytesHeldNowBesideTheTotalAndTheStepBesideItsFl
       << RenderSessions(stats.sessions());
 }
 
+TEST(StashctlFormat, TheLatencyLineSaysWhenItsFiguresIncludeTheWarmUp) {
+  v1::DaemonStats d;
+  d.set_stashes(100);
+  EXPECT_EQ(WarmUpNote(d), "");  // no warm-up (or the cuda backend)
+  d.set_warming(true);
+  EXPECT_NE(WarmUpNote(d).find("tiers still warming"), std::string::npos);
+  d.set_warming(false);
+  d.set_warm_after_s(3.25);
+  d.set_stashes_while_warming(40);
+  EXPECT_EQ(WarmUpNote(d),
+            "  (includes 40 stashes made while the tiers warmed, until 3.2 s after start)");
+  // 4096 later stashes pushed 30 of them out of the window, then all of them.
+  d.set_stashes(4126);
+  EXPECT_NE(WarmUpNote(d).find("includes 10 stashes"), std::string::npos) << WarmUpNote(d);
+  d.set_stashes(4136);
+  EXPECT_EQ(WarmUpNote(d), "");
+  v1::GetStatsResponse stats = SampleStats();
+  stats.mutable_daemon()->set_warming(true);
+  EXPECT_NE(RenderStats(stats).find("(tiers still warming"), std::string::npos);
+}
+
 TEST(StashctlFormat, StatsTierColumnsLineUp) {
   const std::vector<std::string> lines = Lines(RenderStats(SampleStats()));
   std::vector<std::string> tier_lines;
