@@ -82,8 +82,9 @@ void ConnectionGate::Run() {
     // Waiting connections that sent nothing yet; one that sent part of the preface is looked at
     // again at the next sweep (its data would keep poll awake).
     for (size_t i = 0; i < waiting_.size(); ++i) {
-      if (waiting_[i].partial) continue;
-      fds.push_back({waiting_[i].fd.get(), POLLIN, 0});
+      // Polled for hang-ups only (POLLHUP and POLLERR need no events).
+      const short events = waiting_[i].partial ? 0 : POLLIN;
+      fds.push_back({waiting_[i].fd.get(), events, 0});
       polled.push_back(i);
     }
     int timeout = static_cast<int>(kSweep.count());
@@ -103,7 +104,9 @@ void ConnectionGate::Run() {
     if (fds[0].revents != 0) return;
     // Waiting connections that spoke or hung up, latest index first so earlier ones keep theirs.
     for (size_t i = polled.size(); i-- > 0;) {
-      if (fds[2 + i].revents != 0) Look(polled[i]);
+      if (fds[2 + i].revents != 0) {
+        Look(polled[i], (fds[2 + i].revents & (POLLHUP | POLLERR)) != 0);
+      }
     }
     if (Clock::now() - last_sweep >= kSweep) {
       Sweep();
@@ -138,8 +141,14 @@ ConnectionGate::Preface ConnectionGate::Peek(int fd) {
   return static_cast<size_t>(n) == kPrefaceBytes ? Preface::kComplete : Preface::kPartial;
 }
 
-void ConnectionGate::Look(size_t index) {
-  switch (Peek(waiting_[index].fd.get())) {
+void ConnectionGate::Look(size_t index, bool hung_up) {
+  Preface preface = Peek(waiting_[index].fd.get());
+  // A peer that hung up before its whole preface never sends the rest (what it sent stays
+  // readable, so only the hang-up tells).
+  if (hung_up && (preface == Preface::kNone || preface == Preface::kPartial)) {
+    preface = Preface::kClosed;
+  }
+  switch (preface) {
     case Preface::kNone:
       return;
     case Preface::kPartial:
@@ -179,6 +188,7 @@ void ConnectionGate::Forget(int fd) {
 }
 
 void ConnectionGate::Admit(Acceptor::Accepted accepted) {
+  const int fd = accepted.fd.get();
   Waiting w;
   w.peer = accepted.peer;
   w.fd = std::move(accepted.fd);
@@ -189,9 +199,12 @@ void ConnectionGate::Admit(Acceptor::Accepted accepted) {
     HandOver(std::move(w));  // refused at once: gRPC says why once it speaks
     return;
   }
-  if (!w.placed) {
-    // Root's or the daemon's user's share is full: wait for the preface without a place, for a
-    // reserved one. A flood of them cannot crowd out a later one that speaks: the oldest goes.
+  waiting_.push_back(std::move(w));
+  // A client that connects and speaks at once is handed over without waiting for a poll.
+  Look(waiting_.size() - 1, false);
+  if (!waiting_.empty() && waiting_.back().fd.get() == fd && !waiting_.back().placed) {
+    // Root's or the daemon's user's share is full: it waits for the preface without a place, for
+    // a reserved one. A flood of them cannot crowd out a later one that speaks: the oldest goes.
     size_t unplaced = 0;
     size_t oldest = waiting_.size();
     for (size_t i = 0; i < waiting_.size(); ++i) {
@@ -199,15 +212,12 @@ void ConnectionGate::Admit(Acceptor::Accepted accepted) {
       ++unplaced;
       if (oldest == waiting_.size()) oldest = i;
     }
-    if (unplaced >= kMaxWaitingUnplaced && oldest < waiting_.size()) {
+    if (unplaced > kMaxWaitingUnplaced && oldest < waiting_.size()) {
       Drop(waiting_[oldest]);
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(oldest));
-      ++silent_closed_;
+      ++evicted_;
     }
   }
-  waiting_.push_back(std::move(w));
-  // A client that connects and speaks at once is handed over without waiting for a poll.
-  Look(waiting_.size() - 1);
   MutexLock lock(&mu_);
   waiting_count_ = waiting_.size();
 }
@@ -224,18 +234,28 @@ void ConnectionGate::HandOver(Waiting w) {
     // budget free before this one takes one.
     Forget(fd);
     if (!w.placed) {
-      if (Privileged(w.peer) && reserved_used_ < options_.reserved) {
-        ++reserved_used_;
-        t.connection.reserved = true;
-      } else {
-        t.connection.refused = budget_->Take(uid, 1);
-        if (t.connection.refused.ok()) {
-          w.placed = true;  // a place came free meanwhile
-        } else if (Privileged(w.peer)) {
+      t.connection.refused = budget_->Take(uid, 1);
+      if (t.connection.refused.ok()) {
+        w.placed = true;  // a place came free meanwhile
+      } else if (Privileged(w.peer)) {
+        bool holds_another = false;
+        for (const auto& [other_fd, other] : tracked_) {
+          holds_another =
+              holds_another || (other.connection.refused.ok() && other.connection.peer.known &&
+                                other.connection.peer.pid == w.peer.pid);
+        }
+        if (!holds_another && reserved_used_ < options_.reserved) {
+          ++reserved_used_;
+          t.connection.reserved = true;
+          t.connection.refused = Status::Ok();
+        } else {
           t.connection.refused =
               Status(t.connection.refused.code(),
                      t.connection.refused.message() + "; the " + std::to_string(options_.reserved) +
-                         " connections kept for root and stashd's user are in use too");
+                         " connections kept for root and stashd's user " +
+                         (holds_another ? "go only to a process that holds no other connection (as "
+                                          "stashctl does)"
+                                        : "are in use too"));
         }
       }
     }
@@ -264,15 +284,13 @@ void ConnectionGate::Sweep() {
   const auto now = Clock::now();
   // Waiting connections: a partial preface looked at again; past the timeout, closed.
   for (size_t i = waiting_.size(); i-- > 0;) {
-    if (waiting_[i].partial) {
-      waiting_[i].partial = false;
-      Look(i);
-      continue;
-    }
     if (now - waiting_[i].accepted >= options_.preface_timeout) {
       Drop(waiting_[i]);
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
       ++silent_closed_;
+    } else if (waiting_[i].partial) {
+      waiting_[i].partial = false;
+      Look(i, false);
     }
   }
   {
@@ -280,12 +298,14 @@ void ConnectionGate::Sweep() {
     waiting_count_ = waiting_.size();
   }
   uint64_t suppressed = 0;
-  if (silent_closed_ > 0 && silent_log_.Allow(now, &suppressed)) {
+  if ((silent_closed_ > 0 || evicted_ > 0) && silent_log_.Allow(now, &suppressed)) {
     Log("rpc")->warn(
-        "{}: closed {} connection(s) since the last report that sent no HTTP/2 preface within "
-        "{} ms (their places are free again); {} still wait",
-        name_, silent_closed_, options_.preface_timeout.count(), waiting_.size());
+        "{}: since the last report, closed {} connection(s) that sent no HTTP/2 preface within "
+        "{} ms (their places are free again) and {} of root's or stashd's user's that waited "
+        "without a place, for newer ones; {} still wait",
+        name_, silent_closed_, options_.preface_timeout.count(), evicted_, waiting_.size());
     silent_closed_ = 0;
+    evicted_ = 0;
   }
   // Which numbers to look at, under the lock; the looks themselves without it.
   std::vector<std::pair<int, uint64_t>> tracked;

@@ -17,8 +17,10 @@
 //
 // A few places beyond every user's share are kept for root and the daemon's own user
 // (Options.reserved, PostgreSQL's superuser_reserved_connections): when such a user's share is
-// full, its connection waits without a place and takes a reserved one once it sent the preface.
-// Connections that never speak (a flood) hold only share places, never reserved ones, so
+// full, its connection waits without a place and takes a reserved one once it sent the preface,
+// if its process holds no other connection of this gate (a fresh stashctl does; a process that
+// leaks channels does not). Connections that never speak (a flood) hold only share places, never
+// reserved ones, and a reserved connection serves no session (StashServiceImpl::Session), so
 // `stashctl health`, `stats` and `drain` as root answer while root's share is taken.
 //
 // The gate learns that gRPC closed a connection by looking at its descriptor number every
@@ -127,9 +129,9 @@ class ConnectionGate {
   void Admit(Acceptor::Accepted accepted);
   // What `fd` has sent so far (peeked: gRPC reads it all after the hand-over).
   static Preface Peek(int fd);
-  // Looks at the waiting connection at `index`: hands it over, drops it, or leaves it waiting.
-  // Gate thread only.
-  void Look(size_t index);
+  // Looks at the waiting connection at `index` (`hung_up`: poll said so): hands it over, drops
+  // it, or leaves it waiting. Gate thread only.
+  void Look(size_t index, bool hung_up);
   // Hands `w` over to gRPC: with its place, a reserved one, or refused.
   void HandOver(Waiting w);
   // Closes `w` and frees its place (a connection that never spoke or hung up).
@@ -150,6 +152,7 @@ class ConnectionGate {
   // Gate thread only.
   std::vector<Waiting> waiting_;
   uint64_t silent_closed_ = 0;  // closed for want of a preface since the last report
+  uint64_t evicted_ = 0;        // unplaced waiters closed for newer ones since the last report
   RateLimiter silent_log_{1, std::chrono::seconds(10)};
 
   mutable Mutex mu_;
@@ -157,7 +160,7 @@ class ConnectionGate {
   size_t refused_held_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reserved_used_ ABSL_GUARDED_BY(mu_) = 0;
   size_t waiting_count_ ABSL_GUARDED_BY(mu_) = 0;  // waiting_.size(), for other threads
-  RateLimiter refused_log_{1, std::chrono::seconds(10)};
+  RateLimiter refused_log_ ABSL_GUARDED_BY(mu_){1, std::chrono::seconds(10)};
   std::thread thread_;
 };
 

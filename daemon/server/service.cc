@@ -211,6 +211,16 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StashServiceImpl::S
   }
   const ConnectionGate::Connection caller = Caller(context);
   if (!caller.refused.ok()) return new RejectSession(ToGrpcStatus(caller.refused));
+  if (caller.reserved) {
+    // The reserved connections keep stashctl working for root and stashd's user; a session
+    // would hold one for as long as it lives.
+    return new RejectSession(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        "uid " + std::to_string(caller.peer.uid) +
+            " holds its whole share of gRPC connections; this one is one of the few kept for "
+            "stashctl (health, stats, drain), which serve no session: close connections that "
+            "are not used (one per process is enough)"));
+  }
   return new SessionReactor(core_, caller.peer);
 }
 

@@ -312,31 +312,26 @@ TEST(Availability, AnotherUsersFirstSessionIsServedWhileOneUserHoldsEveryBudget)
   std::vector<UniqueFd> fds = Flood(daemon.socket() + ".fd", SOCK_SEQPACKET, 70);
   usleep(300000);  // accepted and counted
 
-  // Fresh gRPC connections of root that speak take the 8 places kept for root and stashd's
-  // user (the flood's silent ones hold none of them); the next is refused, and says which budget
-  // and why.
-  std::vector<std::unique_ptr<v1::StashService::Stub>> fresh;
-  for (int i = 0; i <= 8; ++i) {
+  // A fresh gRPC connection of this process (which holds another: `stub`'s) is refused, and
+  // says which budget and why; stashctl as root, a process of its own, takes one of the places
+  // kept for root and stashd's user.
+  {
     // A connection of its own: gRPC would otherwise reuse the accepted one of `stub`.
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    fresh.push_back(v1::StashService::NewStub(grpc::CreateCustomChannel(
-        "unix:" + daemon.socket(), grpc::InsecureChannelCredentials(), args)));
+    auto fresh = v1::StashService::NewStub(grpc::CreateCustomChannel(
+        "unix:" + daemon.socket(), grpc::InsecureChannelCredentials(), args));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10 * TimeScale()));
     v1::GetStatsResponse r;
-    const grpc::Status s = fresh.back()->GetStats(&ctx, v1::GetStatsRequest(), &r);
-    if (i < 8) {
-      EXPECT_TRUE(s.ok()) << "reserved connection " << i << ": " << s.error_message();
-      continue;
-    }
+    const grpc::Status s = fresh->GetStats(&ctx, v1::GetStatsRequest(), &r);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr("gRPC connections"));
     EXPECT_THAT(s.error_message(), HasSubstr("uid 0"));
-    EXPECT_THAT(s.error_message(), HasSubstr("kept for root and stashd's user are in use too"));
+    EXPECT_THAT(s.error_message(), HasSubstr("go only to a process that holds no other"));
   }
-  fresh.clear();
   std::string err;
+  EXPECT_EQ(StatsRound(daemon.socket(), geteuid(), &err), 0) << err;
   EXPECT_EQ(StatsRound(daemon.socket(), kNobody, &err), 0) << err;
   EXPECT_EQ(ClientRound(daemon.socket(), "once", kNobody, &err), 0) << err;
   EXPECT_EQ(ClientRound(daemon.socket(), "once-mapped", kNobody, &err), 0) << err;
@@ -404,6 +399,13 @@ TEST(Availability, IdleRawConnectionsCannotTakeHealthAwayFromTheirUser) {
   const auto flooded = Clock::now();
   std::vector<UniqueFd> raw = Flood(daemon.socket(), SOCK_STREAM, 1000);
   ASSERT_EQ(raw.size(), 1000u);
+  // Two that start the preface: one stops after a byte, one sends "PRI" and hangs up.
+  ASSERT_EQ(send(raw.back().get(), "P", 1, MSG_NOSIGNAL), 1);
+  {
+    UniqueFd hung = ConnectUnix(daemon.socket(), SOCK_STREAM);
+    ASSERT_TRUE(hung.valid());
+    ASSERT_EQ(send(hung.get(), "PRI", 3, MSG_NOSIGNAL), 3);
+  }
   usleep(300000);  // accepted: the user's share is full
 
   const std::string stashctl = BinDir() + "/client/stashctl/stashctl";
@@ -415,6 +417,9 @@ TEST(Availability, IdleRawConnectionsCannotTakeHealthAwayFromTheirUser) {
   EXPECT_THAT(out, HasSubstr("SERVING"));
   EXPECT_LT(Clock::now() - asked, std::chrono::milliseconds(1000 * TimeScale()));
   EXPECT_EQ(RunCommand({stashctl, "--socket=" + daemon.socket(), "stats"}, &out, &err), 0) << err;
+  // A session is not served on a kept connection: a trainer cannot hold one for its life.
+  EXPECT_NE(ClientRound(daemon.socket(), "once", geteuid(), &err), 0);
+  EXPECT_THAT(err, HasSubstr("serve no session"));
 
   // Every silent connection is closed by the daemon within 10 s of its accept (and a sweep).
   const double cpu_before = ProcessCpuSeconds(daemon.process().pid());
