@@ -13,13 +13,19 @@
 #   ROOT               a root file system to chroot into (needs bash, coreutils, grep, sed, ldd)
 #
 # For each ROOT: copies BUNDLE to ROOT/tmp/stash-bundle, mounts /proc there (unmounted after),
-# runs its check.sh there under chroot with a clean environment and no nvidia-smi, and expects exit status 1 with one of:
-#   - "no GPU found" after "binaries load": the root's glibc is new enough, every binary the
-#     preflight starts loaded, and the check stopped where it looks for a GPU;
-#   - "glibc X.Y is older than" REQUIRES' glibc: the root is older than the bundle supports.
-# Prints one verdict line per root ("ROOT: glibc X.Y: ran to the GPU lookup" or "...: stopped
-# at the glibc preflight") and exits 0 when every root gave the outcome its glibc calls for,
-# 1 otherwise. Needs root (chroot). Exit status 77 (skip) when not run as root.
+# asks the bundle's launcher there which C++ runtime it picks (./run --runtime: the root's own
+# libstdc++/libgcc_s, or the bundle's lib/fallback/), runs its check.sh there under chroot with a
+# clean environment and no nvidia-smi, and expects exit status 1 with one of:
+#   - "no GPU found" after "binaries load": the root's glibc is new enough for that runtime,
+#     every binary the preflight starts loaded with it, and the check stopped where it looks for
+#     a GPU;
+#   - "glibc X.Y is older than" REQUIRES' glibc: the root is older than the bundle supports;
+#   - "glibc X.Y is older than" REQUIRES' glibc-fallback: the root's own libstdc++ lacks a
+#     version the bundle needs, and its glibc is too old for the bundle's lib/fallback/.
+# Prints one verdict line per root ("ROOT: glibc X.Y, runtime R: ran to the GPU lookup" or
+# "...: stopped at the glibc preflight" / "...: stopped at the C++ runtime preflight") and exits
+# 0 when every root gave the outcome its glibc and runtime call for, 1 otherwise. Needs root
+# (chroot). Exit status 77 (skip) when not run as root.
 set -euo pipefail
 
 die() {
@@ -64,6 +70,7 @@ shift
 [[ -f "$bundle/check.sh" && -f "$bundle/REQUIRES" && -d "$bundle/bin" ]] ||
   die "$bundle is not a bundle with check.sh and REQUIRES: make one with ./scripts/bundle"
 need_glibc="$(sed -n 's/^glibc //p' "$bundle/REQUIRES")"
+need_fallback="$(sed -n 's/^glibc-fallback //p' "$bundle/REQUIRES")"
 
 # Whether version $1 is older than $2 (x.y).
 older() { [[ "$1" != "$2" && "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" == "$1" ]]; }
@@ -84,17 +91,28 @@ for root in "$@"; do
     mounted="$root/proc"
   fi
   set +e
+  runtime=node
+  if [[ -x "$bundle/run" ]]; then
+    runtime="$(chroot "$root" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin \
+      /bin/bash /tmp/stash-bundle/run --runtime 2>/dev/null | sed -n '1s/:.*//p')"
+  fi
   output="$(chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     HOME=/tmp OUT=/tmp/stash-check-out /bin/bash /tmp/stash-bundle/check.sh 2>&1)"
   code=$?
   set -e
   if [[ -n "$mounted" ]]; then umount "$mounted"; fi
-  echo "---- $root (${name:-?}, glibc $glibc): check.sh exit $code"
+  echo "---- $root (${name:-?}, glibc $glibc, C++ runtime ${runtime:-?}): check.sh exit $code"
   printf '%s\n' "$output" | sed 's/^/   | /'
   if older "$glibc" "$need_glibc"; then
     want="stopped at the glibc preflight"
     ok=0
     if [[ $code -eq 1 ]] && grep -q "glibc $glibc is older than $need_glibc" <<<"$output" &&
+      ! grep -q '^== ' <<<"$output"; then ok=1; fi
+  elif [[ "$runtime" == fallback && -n "$need_fallback" ]] && older "$glibc" "$need_fallback"; then
+    want="stopped at the C++ runtime preflight"
+    ok=0
+    if [[ $code -eq 1 ]] &&
+      grep -q "glibc $glibc is older than $need_fallback, which the bundle's own C++ runtime" <<<"$output" &&
       ! grep -q '^== ' <<<"$output"; then ok=1; fi
   else
     want="ran to the GPU lookup"
@@ -103,9 +121,11 @@ for root in "$@"; do
       grep -q 'no GPU found' <<<"$output" && ! grep -q '^== ' <<<"$output"; then ok=1; fi
   fi
   if [[ $ok -eq 1 ]]; then
-    echo "$root: ${name:-?}, glibc $glibc (bundle needs $need_glibc): $want, as expected"
+    echo "$root: ${name:-?}, glibc $glibc, C++ runtime ${runtime:-?} (bundle needs $need_glibc," \
+      "${need_fallback:-$need_glibc} with lib/fallback/): $want, as expected"
   else
-    echo "$root: ${name:-?}, glibc $glibc (bundle needs $need_glibc): expected \"$want\"; it did not"
+    echo "$root: ${name:-?}, glibc $glibc, C++ runtime ${runtime:-?} (bundle needs $need_glibc," \
+      "${need_fallback:-$need_glibc} with lib/fallback/): expected \"$want\"; it did not"
     failed=1
   fi
   rm -rf "$root/tmp/stash-bundle" "$root/tmp/stash-check-out"

@@ -18,12 +18,13 @@ CHECK = REPO / "tests" / "gpu" / "check.sh"
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
 # One fake for every binary of the bundle: writes "<name> <CUDA_VISIBLE_DEVICES> <args>" to
-# $FAKE_LOG; answers --help and --version; stashd sleeps until check.sh stops it; the
+# $FAKE_LOG and "<name> <LD_LIBRARY_PATH>" to $FAKE_LOG.ld; answers --help and --version; stashd sleeps until check.sh stops it; the
 # benchmarks write a JSON whose first size did not verify while the summary did (with
 # $FAKE_PEER_SKIP set, `peer` writes a skipped one with that reason).
 FAKE_BINARY = r"""#!/bin/bash
 name="$(basename "$0")"
 echo "$name ${CUDA_VISIBLE_DEVICES:-unset} $*" >>"$FAKE_LOG"
+echo "$name ${LD_LIBRARY_PATH:-unset}" >>"$FAKE_LOG.ld"
 case "${1:-}" in
   --help) echo "usage"; exit 0 ;;
   --version) echo "stashd 9.9.9"; exit 0 ;;
@@ -94,17 +95,25 @@ def bundle(tmp_path):
     return root
 
 
-def run_check(tmp_path, bundle, smi=None, **env):
+def run_check(tmp_path, bundle, smi=None, glibc=None, **env):
+    """check.sh of `bundle` with the fake nvidia-smi `smi` (none: no nvidia-smi) and, with
+    `glibc` ("2.35"), an `ldd --version` that says so."""
     fake_bin = tmp_path / "fakebin"
     fake_bin.mkdir(exist_ok=True)
     if smi is not None:
         write_exe(fake_bin / "nvidia-smi", smi)
+    if glibc is not None:
+        write_exe(fake_bin / "ldd", f"""#!/bin/bash
+if [ "${{1:-}}" = --version ]; then echo "ldd (Fake GLIBC {glibc}) {glibc}"; exit 0; fi
+exec /usr/bin/ldd "$@"
+""")
     # PATH without the machine's own nvidia-smi, if it has one.
     path = [str(fake_bin)] + [d for d in os.environ["PATH"].split(":")
                               if d and not (Path(d) / "nvidia-smi").exists()]
     full_env = dict(os.environ, PATH=":".join(path), OUT=str(tmp_path / "out"),
                     FAKE_LOG=str(tmp_path / "fake.log"), **env)
     full_env.pop("CUDA_VISIBLE_DEVICES", None)
+    full_env.pop("LD_LIBRARY_PATH", None)
     if "STASH_CHECK_GPU" not in env:
         full_env.pop("STASH_CHECK_GPU", None)
     run = subprocess.run(["bash", str(bundle / "check.sh")], capture_output=True, text=True,
@@ -272,3 +281,75 @@ def test_a_stash_check_steps_name_that_is_no_step_stops_before_any_step(tmp_path
     assert_stopped(tmp_path, run, 'STASH_CHECK_STEPS names "copy", which is not a step',
                    "bench_copy")
     assert all(("--help" in line or "--version" in line) for line in log.splitlines()), log
+
+
+# ---- The C++ runtime: ./run --runtime picks it, REQUIRES says what each choice needs ------------
+
+# A bundle's REQUIRES (scripts/bundle on Debian 12): glibc 2.34 with the node's libstdc++ and
+# libgcc_s, 2.36 with the bundle's lib/fallback/ ones.
+REQUIRES_BOTH = "glibc 2.34\nglibc-fallback 2.36\nglibcxx 3.4.30\ndriver 580\n"
+NODE = ("node: the node's libstdc++.so.6 (/usr/lib/x86_64-linux-gnu/libstdc++.so.6), "
+        "libgcc_s.so.1 (/usr/lib/x86_64-linux-gnu/libgcc_s.so.1) define every version the bundle "
+        "needs; needs glibc 2.34, this machine has 2.35")
+FALLBACK = ("fallback: lib/fallback/ (the bundle's libstdc++.so.6 and libgcc_s.so.1) goes first "
+            "on LD_LIBRARY_PATH, because the node's libstdc++.so.6 (/usr/lib64/libstdc++.so.6) "
+            "lacks GLIBCXX_3.4.30; needs glibc 2.36, this machine has 2.35")
+
+
+def with_launcher(bundle, answer):
+    """A stand-in ./run whose --runtime answers `answer` (the real one: test_runtime.py)."""
+    write_exe(bundle / "run", f"""#!/bin/bash
+[ "$1" = --runtime ] || exit 99
+echo "{answer}"
+""")
+    (bundle / "REQUIRES").write_text(REQUIRES_BOTH)
+    (bundle / "lib" / "fallback").mkdir()
+
+
+def ld_paths(tmp_path):
+    log = tmp_path / "fake.log.ld"
+    return [line.split(" ", 1)[1] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_a_glibc_2_35_node_runs_when_its_own_cxx_runtime_will_do(tmp_path, bundle):
+    with_launcher(bundle, NODE)
+    run, _ = run_check(tmp_path, bundle, glibc="2.35")
+    assert "needs: glibc >= 2.34 (2.36 with the bundle's C++ runtime, lib/fallback/)" in run.stdout
+    assert "C++ runtime (./run --runtime): node: " in run.stdout, run.stdout
+    assert "binaries load: stashd 9.9.9" in run.stdout, run.stdout
+    assert_stopped(tmp_path, run, "no GPU found")
+    assert ld_paths(tmp_path) and set(ld_paths(tmp_path)) == {"unset"}, ld_paths(tmp_path)
+
+
+def test_a_glibc_2_35_node_stops_when_only_the_fallback_runtime_would_do(tmp_path, bundle):
+    with_launcher(bundle, FALLBACK)
+    run, log = run_check(tmp_path, bundle, smi=fake_nvidia_smi(), glibc="2.35")
+    assert_stopped(tmp_path, run, "glibc 2.35 is older than 2.36, which the bundle's own C++ "
+                   "runtime (lib/fallback/) needs", "the node's libstdc++.so.6 "
+                   "(/usr/lib64/libstdc++.so.6) lacks GLIBCXX_3.4.30. Give the node GCC 12's")
+    assert "; needs glibc" not in (tmp_path / "out" / "summary.txt").read_text()
+    assert log == "", "a binary ran: " + log
+
+
+def test_the_fallback_runtime_reaches_every_step_where_glibc_is_new_enough(tmp_path, bundle):
+    with_launcher(bundle, FALLBACK.replace("this machine has 2.35", "this machine has 2.36"))
+    run, _ = run_check(tmp_path, bundle, smi=fake_nvidia_smi(), glibc="2.36")
+    assert run.returncode == 0, run.stdout + run.stderr
+    paths = ld_paths(tmp_path)
+    assert len(paths) > 10, paths
+    assert set(paths) == {str(bundle / "lib" / "fallback")}, paths
+
+
+def test_a_node_older_than_the_node_runtime_case_stops_at_glibc(tmp_path, bundle):
+    with_launcher(bundle, NODE)
+    run, log = run_check(tmp_path, bundle, glibc="2.31")
+    assert_stopped(tmp_path, run, "glibc 2.31 is older than 2.34, which these binaries need")
+    assert "C++ runtime (./run" not in run.stdout, run.stdout
+    assert log == "", log
+
+
+def test_a_launcher_without_an_answer_stops_the_check(tmp_path, bundle):
+    with_launcher(bundle, "")
+    run, log = run_check(tmp_path, bundle, glibc="2.36")
+    assert_stopped(tmp_path, run, "run --runtime gave no answer")
+    assert log == "", log

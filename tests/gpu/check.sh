@@ -12,9 +12,10 @@
 # on it at once (EXCLUSIVE_PROCESS, PROHIBITED), when MIG is on, or when too little memory is free.
 #
 # Layout: run from a bundle (./scripts/bundle), i.e. <bundle>/check.sh next to bin/ (stashd,
-# stashctl, stash-demo, stash-bench-gpu, stash-bench-request), lib/ (shared libraries) and
-# tests/ (the GPU gtest binaries). From the source tree (tests/gpu/check.sh) it uses the build in
-# $BUNDLE, default build/release.
+# stashctl, stash-demo, stash-bench-gpu, stash-bench-request), lib/ (shared libraries), tests/
+# (the GPU gtest binaries) and run (the launcher, which picks the C++ runtime: the node's
+# libstdc++/libgcc_s, or the bundle's lib/fallback/). From the source tree (tests/gpu/check.sh)
+# it uses the build in $BUNDLE, default build/release.
 #
 # Output: each step's full output goes to $OUT/<step>.log (and the benchmarks' JSON to
 # $OUT/<name>.json) when $OUT is set, else to a fresh temporary folder; the summary goes to
@@ -58,9 +59,11 @@ find_bin() {
   esac
 }
 
-# The bundle's binaries find its lib/ through their RUNPATH ($ORIGIN/../lib). No LD_LIBRARY_PATH:
-# it would also reach python3, and `import torch` would then load the bundle's libraries instead
-# of its own.
+# The bundle's binaries find its lib/ through their RUNPATH ($ORIGIN/../lib). LD_LIBRARY_PATH
+# gets lib/fallback/ (libstdc++, libgcc_s) only when the preflight finds the node's C++ runtime
+# lacking (./run --runtime), never lib/: it also reaches python3, and `import torch` would then
+# load the bundle's gRPC, protobuf or OpenSSL instead of its own. (The fallback libstdc++ is the
+# newer one there, so torch runs on it; libstash_client.so needs it in that process too.)
 if [ "$layout" = bundle ]; then
   test_dir="$root/tests"
 else
@@ -144,14 +147,17 @@ stop() {
 echo "stash GPU check: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $layout at $root"
 echo "output: $out"
 
-# ---- Preflight 1: glibc and the driver, before anything runs ------------------------------------
+# ---- Preflight 1: glibc, the C++ runtime and the driver, before anything runs -----------------
 # What the binaries need: a bundle says it in REQUIRES (scripts/bundle: the highest GLIBC_
-# version any shipped ELF needs, and the driver series of its CUDA runtime); a build tree runs
-# where it was built. Too old: stop here with what to change, rather than with loader errors in
-# every step.
-need_glibc="" need_driver=""
+# version any shipped ELF but lib/fallback/ needs, the same with lib/fallback/, and the driver
+# series of its CUDA runtime); a build tree runs where it was built. Its launcher (./run
+# --runtime) says whether the node's libstdc++/libgcc_s define every version the bundle needs,
+# else the bundle's lib/fallback/ goes on LD_LIBRARY_PATH, and then the glibc that needs counts.
+# Too old: stop here with what to change, rather than with loader errors in every step.
+need_glibc="" need_glibc_fallback="" need_driver="" runtime=""
 if [ "$layout" = bundle ] && [ -f "$root/REQUIRES" ]; then
   need_glibc="$(sed -n 's/^glibc //p' "$root/REQUIRES")"
+  need_glibc_fallback="$(sed -n 's/^glibc-fallback //p' "$root/REQUIRES")"
   need_driver="$(sed -n 's/^driver //p' "$root/REQUIRES")"
 fi
 glibc="$(ldd --version 2>&1 | head -n 1)"
@@ -166,7 +172,11 @@ echo "\$ ldd --version: $glibc"
 echo "NVIDIA driver: ${driver:-none found}"
 glibc_version="$(echo "$glibc" | grep -o '[0-9]\+\.[0-9]\+$')"
 if [ "$layout" = bundle ]; then
-  echo "needs: glibc >= ${need_glibc:-?}, NVIDIA driver >= R${need_driver:-?} (REQUIRES)"
+  with_fallback=""
+  if [ -n "$need_glibc_fallback" ]; then
+    with_fallback=" ($need_glibc_fallback with the bundle's C++ runtime, lib/fallback/)"
+  fi
+  echo "needs: glibc >= ${need_glibc:-?}$with_fallback, NVIDIA driver >= R${need_driver:-?} (REQUIRES)"
 else
   echo "needs: what the build machine has (a build tree; a bundle says it in REQUIRES)"
 fi
@@ -174,8 +184,31 @@ fi
 older() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$1" ]; }
 if [ -n "$glibc_version" ] && [ -n "$need_glibc" ] && older "$glibc_version" "$need_glibc"; then
   stop "this machine's glibc $glibc_version is older than $need_glibc, which these binaries" \
-    "need: run them on a newer OS (Debian 12, Ubuntu 24.04, RHEL 10), or build them on this" \
-    "node's OS (docs/gpu-check.md, \"Older nodes\")"
+    "need: run them on a newer OS (Ubuntu 22.04 or 24.04, Debian 12, RHEL 10), or build them" \
+    "on this node's OS (docs/gpu-check.md, \"Older nodes\")"
+fi
+# The C++ runtime (a bundle with a launcher; an older bundle has libstdc++ in lib/).
+if [ "$layout" = bundle ] && [ -x "$root/run" ]; then
+  runtime="$("$root/run" --runtime 2>/dev/null | head -n 1)"
+  echo "C++ runtime (./run --runtime): ${runtime:-? (./run --runtime printed nothing)}"
+  case "$runtime" in
+    fallback:*)
+      case "$root" in
+        *:*) stop "the bundle's path $root has a ':', which LD_LIBRARY_PATH cannot hold: move it" ;;
+      esac
+      export LD_LIBRARY_PATH="$root/lib/fallback${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      if [ -n "$glibc_version" ] && [ -n "$need_glibc_fallback" ] &&
+        older "$glibc_version" "$need_glibc_fallback"; then
+        why="${runtime#*because }"
+        stop "this machine's glibc $glibc_version is older than $need_glibc_fallback, which the" \
+          "bundle's own C++ runtime (lib/fallback/) needs, and the node's cannot be used:" \
+          "${why%; needs glibc*}. Give the node GCC 12's libstdc++ or a newer one (Ubuntu 22.04's" \
+          "libstdc++6 is), run on glibc $need_glibc_fallback or newer, or build on this node's" \
+          "OS (docs/gpu-check.md, \"Older nodes\")"
+      fi ;;
+    node:*) ;;
+    *) stop "$root/run --runtime gave no answer (\"$runtime\"): run it by hand to see why" ;;
+  esac
 fi
 driver_major="${driver%%.*}"
 if [ -n "$driver_major" ] && [ -n "$need_driver" ] && [ "$driver_major" -lt "$need_driver" ] 2>/dev/null; then
