@@ -137,7 +137,12 @@ std::optional<Acceptor::Accepted> Acceptor::Accept() {
         const bool unix_socket =
             getsockname(accepted.fd.get(), reinterpret_cast<sockaddr*>(&addr), &addr_len) == 0 &&
             addr.ss_family == AF_UNIX;
-        if (unix_socket) accepted.peer = PeerCredentials{true, cred.pid, cred.uid, cred.gid};
+        if (unix_socket) {
+          accepted.peer.pid = cred.pid;
+          accepted.peer.uid = cred.uid;
+          accepted.peer.gid = cred.gid;
+          accepted.peer.known = true;
+        }
       }
       if (!spare_.valid()) spare_ = OpenSpare();
       return accepted;

@@ -9,7 +9,6 @@
 namespace stash::daemon {
 
 struct PeerCredentials {
-  bool known = false;  // false for a TCP peer, which has no credentials
   int64_t pid = 0;
   uint32_t uid = 0;
   uint32_t gid = 0;
@@ -17,6 +16,7 @@ struct PeerCredentials {
   // the most descriptors its answer may carry. -1 and no limit otherwise.
   int socket = -1;
   uint64_t max_descriptors = UINT64_MAX;
+  bool known = false;  // read from the socket (SO_PEERCRED); false for a TCP peer
 };
 
 }  // namespace stash::daemon
