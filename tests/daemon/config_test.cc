@@ -48,6 +48,8 @@ const Knob kKnobs[] = {
     {"copy_threads", "--copy-threads", "STASHD_COPY_THREADS", "2", "8", "4"},
     {"max_inflight", "--max-inflight", "STASHD_MAX_INFLIGHT", "4096", "128", "64"},
     {"drain_timeout", "--drain-timeout", "STASHD_DRAIN_TIMEOUT", "5", "0", "30"},
+    {"idle_connection_timeout", "--idle-connection-timeout", "STASHD_IDLE_CONNECTION_TIMEOUT",
+     "300", "60", "0"},
     {"metrics_listen", "--metrics-listen", "STASHD_METRICS_LISTEN", "", "127.0.0.1:9464",
      "127.0.0.1:9465"},
     {"chunk_bytes", "--chunk-bytes", "STASHD_CHUNK_BYTES", "0", "1MiB", "2MiB"},
