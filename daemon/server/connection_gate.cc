@@ -163,8 +163,6 @@ void ConnectionGate::Look(size_t index, bool hung_up) {
       break;
   }
   waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(index));
-  MutexLock lock(&mu_);
-  waiting_count_ = waiting_.size();
 }
 
 void ConnectionGate::Drop(Waiting& w) {
@@ -218,8 +216,6 @@ void ConnectionGate::Admit(Acceptor::Accepted accepted) {
       ++evicted_;
     }
   }
-  MutexLock lock(&mu_);
-  waiting_count_ = waiting_.size();
 }
 
 void ConnectionGate::HandOver(Waiting w) {
@@ -293,10 +289,6 @@ void ConnectionGate::Sweep() {
       Look(i, false);
     }
   }
-  {
-    MutexLock lock(&mu_);
-    waiting_count_ = waiting_.size();
-  }
   uint64_t suppressed = 0;
   if ((silent_closed_ > 0 || evicted_ > 0) && silent_log_.Allow(now, &suppressed)) {
     Log("rpc")->warn(
@@ -362,16 +354,6 @@ std::optional<ConnectionGate::Connection> ConnectionGate::Lookup(
 size_t ConnectionGate::connections() const {
   MutexLock lock(&mu_);
   return tracked_.size();
-}
-
-size_t ConnectionGate::waiting() const {
-  MutexLock lock(&mu_);
-  return waiting_count_;
-}
-
-uint64_t ConnectionGate::reserved_used() const {
-  MutexLock lock(&mu_);
-  return reserved_used_;
 }
 
 }  // namespace stash::daemon

@@ -102,10 +102,6 @@ class ConnectionGate {
   std::optional<Connection> Lookup(const std::string& grpc_peer) const;
   // Connections handed over and not closed yet (refused ones included).
   size_t connections() const;
-  // Connections accepted and still waiting for their preface.
-  size_t waiting() const;
-  // Reserved places in use.
-  uint64_t reserved_used() const;
 
  private:
   struct Tracked {
@@ -159,7 +155,6 @@ class ConnectionGate {
   absl::flat_hash_map<int, Tracked> tracked_ ABSL_GUARDED_BY(mu_);  // by descriptor number
   size_t refused_held_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reserved_used_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t waiting_count_ ABSL_GUARDED_BY(mu_) = 0;  // waiting_.size(), for other threads
   RateLimiter refused_log_ ABSL_GUARDED_BY(mu_){1, std::chrono::seconds(10)};
   std::thread thread_;
 };
