@@ -192,6 +192,12 @@ StatusOr<LeaseAnswer> DescriptorChannel::Lease(bool automatic,
       if (r.has_control_block()) {
         out.control_block = std::move(packet->fds[0]);
         out.control_block_bytes = r.control_block().bytes();
+      } else if (r.has_group_block()) {
+        out.group_block = std::move(packet->fds[0]);
+        out.group_block_bytes = r.group_block().bytes();
+        out.member_tag = r.group_block().member_tag();
+        out.group_pages = r.group_block().pages();
+        out.group_chunks = r.group_block().chunks();
       } else {
         LeaseAnswer::Chunk c;
         c.id = r.chunk().chunk_id();
@@ -199,6 +205,7 @@ StatusOr<LeaseAnswer> DescriptorChannel::Lease(bool automatic,
         c.pool = r.chunk().pool();
         c.bytes = r.chunk().bytes();
         c.gpu_uuid = r.chunk().gpu_uuid();
+        if (r.chunk().has_group_page()) c.group_page = r.chunk().group_page();
         c.fd = std::move(packet->fds[0]);
         out.chunks.push_back(std::move(c));
       }

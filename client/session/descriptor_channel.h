@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,11 @@ struct LeaseAnswer {
   Status status;           // the final packet's code and message
   UniqueFd control_block;  // the session's first lease only
   uint64_t control_block_bytes = 0;
+  // The group's depot (a session in a group, until the rank says it mapped it).
+  UniqueFd group_block;
+  uint64_t group_block_bytes = 0;
+  uint32_t member_tag = 0;
+  uint64_t group_pages = 0, group_chunks = 0;
   struct Chunk {
     uint64_t id = 0;
     int tier = 0;  // stash.v1.Tier
@@ -29,6 +35,7 @@ struct LeaseAnswer {
     // The cuda backend's device and peer chunks: the GPU's UUID, 16 raw bytes (the rank finds
     // its own ordinal for it: GpuOrdinalOfUuid); empty for host chunks.
     std::string gpu_uuid;
+    std::optional<uint64_t> group_page;  // a group chunk: where it goes in the group's range
     UniqueFd fd;
   };
   std::vector<Chunk> chunks;  // newly granted

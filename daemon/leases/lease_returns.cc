@@ -39,6 +39,7 @@ DescriptorReply Leases::ReturnLocked(const LeaseHolder& who, const v1::ReturnChu
   // rank gives them back now instead of at its exit.
   if (!request.ended_session_id().empty()) return ReturnOrphans(who, request, renew);
   Holder* h = WaitIdle(who.session_id);  // a lease of the same session in flight first
+  if (h != nullptr && h->group != 0) return ReturnGroupChunks(*h, request);
   // Every id first: an id is trusted only once it names a chunk this session holds.
   for (uint64_t id : request.chunk_ids()) {
     if (h == nullptr || !ChunkIs(id, State::kLeased, who.session_id)) {
@@ -192,6 +193,10 @@ void Leases::Drop(const std::string& session_id) {
   if (it == holders_.end()) return;
   STASH_CHECK(!it->second->busy) << "session " << session_id << " dropped while it leases";
   SampleHolder(*it->second);  // its very last numbers (a killed rank's last step)
+  Renewals group_chunks;
+  LeaveGroup(*it->second, &group_chunks);  // it maps none of its group's memory now
+  // The group's chunks when it was the last member: renewed by the reaper, off this lock.
+  renew_.insert(renew_.end(), group_chunks.begin(), group_chunks.end());
   closing_.push_back(std::move(it->second->pidfd));  // closed by the reaper, never under its poll
   holders_.erase(it);
   Wake();
@@ -255,6 +260,7 @@ void Leases::Reap() {
         }
         Log("pool")->info("session {}: its process exited; {} leased chunks returned", h.session_id,
                           returned);
+        LeaveGroup(h, &exited);  // its group's pages it owned are free at once
         h.ended = true;  // leases nothing more (a packet it sent before it died)
         gone.push_back(ids[i - 1]);
       }

@@ -138,7 +138,7 @@ bool Leases::HoldsNothing(const Holder& h) {
   auto none = [](const auto& lists) {
     return std::all_of(lists.begin(), lists.end(), [](const auto& l) { return l.empty(); });
   };
-  return none(h.held) && none(h.kept);
+  return none(h.held) && none(h.kept) && h.sent.empty();
 }
 
 Leases::Holder* Leases::FindOrCreate(const LeaseHolder& who, Status* status) {
@@ -241,6 +241,7 @@ DescriptorReply Leases::Lease(const LeaseHolder& who, const v1::LeaseChunks& req
         "those answers first");
   }
   const uint64_t max_chunks = who.max_descriptors - (send_control ? 1 : 0);
+  if (who.group_id != 0) return LeaseGroup(*h, who, request, max_chunks, send_control);
   // A host tier without a lender (the cuda backend's share beside a pool without VMM) lends
   // nothing: as no host tier at all.
   const bool host_ok =

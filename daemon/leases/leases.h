@@ -24,8 +24,14 @@
 // Peer chunks (--peer-tier): a session may lease another device pool's chunks only while that
 // pool keeps more than half its chunks free after lending, so a pool's own ranks come first.
 //
+// Groups (docs/design.md, "Groups"): the sessions of one job (LeaseHolder.group_id) lease as
+// one. The group holds chunks, every member is sent every one of them (with the group's depot,
+// daemon/leases/group_block.h) and claims their pages itself, page by page; a member that
+// exits has exactly the pages its tag owns freed, and the group's chunks go back to their rings,
+// renewed, once its last member is gone.
+//
 // Files: daemon/leases/leases.cc leases and stats; daemon/leases/lease_returns.cc the way back
-// (returns, ended sessions, the reaper).
+// (returns, ended sessions, the reaper); daemon/leases/group_leases.cc groups.
 //
 // Locking: one lock (mu_) over the books, never held while a lender waits or works on memory
 // (Rehand's export of a kept chunk aside: one driver call on memory already committed). Taking
@@ -55,6 +61,7 @@
 #include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/leases/control_block.h"
+#include "daemon/leases/group_block.h"
 #include "daemon/limits/fair_share.h"
 #include "daemon/limits/rate_limiter.h"
 #include "daemon/protocol/descriptor_message.h"
@@ -89,6 +96,9 @@ struct LeaseHolder {
   int64_t rank = -1;
   int64_t hello_pid = 0;
   std::string label;
+  // The session's group (daemon/sessions/group_registry.h): 0 = none, its chunks are its own.
+  uint64_t group_id = 0;
+  std::string group;
 };
 
 // What a mapped session's control block added to its totals since the previous sample of the
@@ -210,6 +220,12 @@ class Leases {
     int64_t hello_pid = 0;
     std::string label;
     ControlView reported;  // the totals the listener was last given
+    // A member of group `group` (0 = none), claiming with `tag`; the group's chunks it was
+    // sent (and so may map), and whether it was sent the depot.
+    uint64_t group = 0;
+    uint32_t tag = 0;
+    std::vector<uint64_t> sent;
+    bool depot_sent = false;
     // A Lease is taking, renewing or exporting chunks for it with mu_ released: no other call
     // changes or drops it until it is idle again (WaitIdle).
     bool busy = false;
@@ -217,6 +233,20 @@ class Leases {
   // Chunks (tier, chunk) taken out of every holder's hands (State::kRenewing) for the caller to
   // renew and put back after it released mu_ (RenewAndReturn).
   using Renewals = std::vector<std::pair<uint64_t, uint64_t>>;
+  // One job's sessions on this node (group_leases.cc). Its chunks are State::kLeased with
+  // holder GroupKey(id), charged to the group's user.
+  struct Group {
+    uint64_t id = 0;
+    uint32_t uid = 0;
+    std::string name;
+    std::unique_ptr<GroupBlock> block;
+    uint32_t next_tag = kernels::kFirstMemberTag;
+    std::vector<uint64_t> chunks;         // chunk ids it holds
+    std::vector<std::string> members;     // holders' session ids
+    std::vector<uint32_t> live_tags;      // the members' tags
+    uint64_t dry_seen = 0, dry_pages_seen = 0;  // the depot's dry counters at the last lease
+  };
+  static std::string GroupKey(uint64_t id) { return "group:" + std::to_string(id); }
   class BusyHolder;
 
   // `wanting` could not grow `lease_tier` to its aim: every automatic session of the same
@@ -293,6 +323,25 @@ class Leases {
   void RenewLater(uint64_t tier, uint64_t chunk, const Status& why, bool first)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // group_leases.cc. A group member's lease: the group grows when its depot ran dry (or the
+  // member's pool has none of its chunks yet), and the member is sent what it has not mapped.
+  DescriptorReply LeaseGroup(Holder& h, const LeaseHolder& who, const stash::v1::LeaseChunks& request,
+                             uint64_t max_chunks, bool send_control)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Group* JoinGroup(Holder& h, const LeaseHolder& who, Status* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes up to `max_chunks` free chunks of tier `source` for `g`, within its user's share (mu_
+  // released meanwhile; `h` busy). Returns how many.
+  uint64_t GrowGroup(Group& g, size_t source, uint64_t max_chunks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member returns group chunks it unmapped (ReturnChunks): once it maps none, its pages are
+  // freed.
+  DescriptorReply ReturnGroupChunks(Holder& h, const stash::v1::ReturnChunks& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `h` leaves its group (it exited, or ended mapping nothing): the pages its tag owns are
+  // freed; the group's last member takes the group's chunks back to their rings (onto `renew`).
+  void LeaveGroup(Holder& h, Renewals* renew) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lease tier a chunk of daemon tier `tier` is to a member of pool `pool`.
+  uint32_t LeaseTierFor(size_t tier, int pool) const;
   // Reads `h`'s control block and gives the listener what grew since the last sample.
   void SampleHolder(Holder& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reap();
@@ -318,6 +367,7 @@ class Leases {
   CondVar idle_;                                                 // a busy holder became idle
   std::vector<std::vector<Chunk>> chunks_ ABSL_GUARDED_BY(mu_);  // per tier
   absl::flat_hash_map<std::string, std::unique_ptr<Holder>> holders_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   std::vector<UniqueFd> closing_ ABSL_GUARDED_BY(mu_);  // pidfds the reaper closes
   // Chunks that came back and could not get fresh memory yet (tier, chunk): out of every ring.
   std::vector<std::pair<uint64_t, uint64_t>> renew_ ABSL_GUARDED_BY(mu_);

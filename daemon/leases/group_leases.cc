@@ -1,0 +1,286 @@
+// Leases, groups (daemon/leases/leases.h, "Groups"; docs/design.md, "Groups"): one job's mapped
+// sessions lease as one. The group holds chunks; every member maps every one at the same place
+// of one address space and claims their pages page by page in the group's depot
+// (stash/kernels/group_depot.h), with no message to the daemon. The daemon only grows the group
+// (a member's first lease on its device, or a depot that ran dry) and reclaims what members that
+// are gone owned.
+#include <fcntl.h>
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "common/macros.h"
+#include "common/sys.h"
+#include "daemon/leases/leases.h"
+
+namespace stash::daemon {
+namespace {
+
+namespace v1 = stash::v1;
+namespace k = stash::kernels;
+
+v1::Tier ProtoTierOf(uint32_t lease_tier) {
+  return lease_tier == k::kLeaseDevice ? v1::TIER_DEVICE
+         : lease_tier == k::kLeasePeer ? v1::TIER_PEER
+                                       : v1::TIER_HOST;
+}
+
+}  // namespace
+
+uint32_t Leases::LeaseTierFor(size_t tier, int pool) const {
+  if (tier >= pools_) return k::kLeaseHost;
+  return static_cast<int>(tier) == pool ? k::kLeaseDevice : k::kLeasePeer;
+}
+
+Leases::Group* Leases::JoinGroup(Holder& h, const LeaseHolder& who, Status* status) {
+  auto it = groups_.find(who.group_id);
+  if (it == groups_.end()) {
+    std::vector<GroupBlock::TierShape> shapes;
+    for (size_t t = 0; t < tiers_.size(); ++t) {
+      shapes.push_back({t < pools_ ? static_cast<int64_t>(t) : -1, tiers_[t]->pages(),
+                        tiers_[t]->chunks()});
+    }
+    auto block = GroupBlock::Create(config_.page_bytes, chunk_pages_, shapes);
+    if (!block.ok()) {
+      *status = block.status();
+      return nullptr;
+    }
+    auto g = std::make_unique<Group>();
+    g->id = who.group_id;
+    g->uid = who.uid;
+    g->name = who.group;
+    g->block = std::move(block).value();
+    it = groups_.emplace(who.group_id, std::move(g)).first;
+    Log("pool")->info("group {} ({}): formed by session {}", who.group, who.group_id,
+                      who.session_id);
+  }
+  Group& g = *it->second;
+  if (g.uid != who.uid) {  // the registry checked it at Hello: never reached
+    *status = PermissionDeniedError("group " + who.group + " belongs to another user");
+    return nullptr;
+  }
+  if (h.group == 0) {
+    if (g.next_tag == UINT32_MAX) {
+      *status = ResourceExhaustedError("group " + who.group +
+                                       " has had 4 billion members: start the job with a new "
+                                       "group name");
+      return nullptr;
+    }
+    h.group = g.id;
+    h.tag = g.next_tag++;
+    g.members.push_back(h.session_id);
+    g.live_tags.push_back(h.tag);
+  }
+  return &g;
+}
+
+uint64_t Leases::GrowGroup(Group& g, size_t source, uint64_t max_chunks) {
+  Tier* tier = tiers_[source];
+  ChunkLender* lender = tier->lender();
+  if (lender == nullptr || max_chunks == 0) return 0;
+  const uint64_t reserved = std::min(shares_[source]->Headroom(g.uid), max_chunks);
+  if (reserved == 0) return 0;
+  STASH_CHECK(shares_[source]->Take(g.uid, reserved).ok()) << "fair share moved under mu_";
+  StatusOr<std::vector<ChunkLender::Taken>> taken{std::vector<ChunkLender::Taken>{}};
+  std::vector<Prepared> ready;
+  mu_.Unlock();
+  {
+    uint64_t chosen = 0;
+    taken = lender->Take([&](uint64_t /*c*/, uint64_t /*free_left*/) {
+      if (chosen >= reserved) return false;
+      ++chosen;
+      return true;
+    });
+    if (taken.ok()) ready = Prepare(lender, *taken);
+  }
+  mu_.Lock();
+  uint64_t joined = 0;
+  for (Prepared& p : ready) {
+    if (!p.status.ok()) {
+      if (!p.renewed) RenewLater(source, p.chunk, p.status, /*first=*/true);
+      continue;
+    }
+    p.fd.reset();  // each member gets a descriptor of its own (Export) when it is sent
+    Chunk& c = chunks_[source][p.chunk];
+    c.state = State::kLeased;
+    c.holder = GroupKey(g.id);
+    g.block->Join(source, p.chunk, tier->ChunkPages(p.chunk));
+    g.chunks.push_back(ChunkId(source, p.chunk));
+    ++joined;
+  }
+  shares_[source]->Give(g.uid, reserved - joined);
+  if (!taken.ok()) {
+    Log("pool")->warn("group {}: growing in {}: {}", g.name, tier->name(),
+                      taken.status().message());
+  }
+  return joined;
+}
+
+DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
+                                   const v1::LeaseChunks& request, uint64_t max_chunks,
+                                   bool send_control) {
+  if (!request.automatic()) {
+    return FailedPreconditionError(
+        "session " + h.session_id + " is in group " + who.group +
+        ": a group's memory is sized by the daemon, so its members lease automatically (set "
+        "Options.lease.automatic, or leave the group)");
+  }
+  Status status;
+  Group* joined = JoinGroup(h, who, &status);
+  if (joined == nullptr) return status;
+  const uint64_t group_id = joined->id;
+  const bool host_ok =
+      has_host_ && h.allow_host_spill && tiers_[HostSource(h.pool)]->lender() != nullptr;
+  const bool peer_ok = config_.peer_tier && pools_ > 1;
+  const auto own = static_cast<size_t>(h.pool);
+
+  // Grow: the member's device has none of the group's chunks yet, or the depot ran dry.
+  {
+    Group& g = *joined;
+    const GroupBlock::Counters counters = g.block->Read(g.block->pages());
+    const bool dry = counters.dry != g.dry_seen;
+    const uint64_t missed = counters.dry_pages - std::min(counters.dry_pages, g.dry_pages_seen);
+    g.dry_seen = counters.dry;
+    g.dry_pages_seen = counters.dry_pages;
+    const bool has_own = std::any_of(g.chunks.begin(), g.chunks.end(),
+                                     [&](uint64_t id) { return TierOfId(id) == own; });
+    uint64_t grown = 0;
+    if (!has_own || dry) grown += GrowGroup(g, own, tiers_[own]->chunks());
+    // GrowGroup released mu_ meanwhile: the group lives on (this busy member keeps it).
+    if (dry && grown == 0) {
+      // The own device has no free chunk: what the depot missed, from the other devices (their
+      // spare chunks) and then the host tier.
+      const uint64_t need = std::max<uint64_t>(1, (missed + chunk_pages_ - 1) / chunk_pages_);
+      uint64_t got = 0;
+      for (size_t p = 0; p < pools_ && peer_ok && got < need; ++p) {
+        if (p == own) continue;
+        const uint64_t spare = tiers_[p]->chunks_free() > tiers_[p]->chunks() / 2
+                                   ? tiers_[p]->chunks_free() - tiers_[p]->chunks() / 2
+                                   : 0;
+        got += GrowGroup(*groups_.at(group_id), p, std::min(spare, need - got));
+      }
+      if (host_ok && got < need) GrowGroup(*groups_.at(group_id), HostSource(h.pool), need - got);
+    }
+  }
+  Group& g = *groups_.at(group_id);
+
+  DescriptorReply reply;
+  if (send_control) {
+    v1::DescriptorResponse block;
+    block.set_more(true);
+    block.mutable_control_block()->set_bytes(k::kControlBlockBytes);
+    UniqueFd fd(fcntl(h.control->fd(), F_DUPFD_CLOEXEC, 0));
+    if (!fd.valid()) return ErrnoStatus("dup of the control block");
+    reply.parts.push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), block), std::move(fd)});
+  }
+  if (!h.depot_sent && reply.parts.size() < max_chunks + (send_control ? 1 : 0)) {
+    v1::DescriptorResponse depot;
+    depot.set_more(true);
+    v1::GroupBlock* b = depot.mutable_group_block();
+    b->set_bytes(g.block->bytes());
+    b->set_member_tag(h.tag);
+    b->set_pages(g.block->pages());
+    b->set_chunks(g.block->chunks());
+    UniqueFd fd(fcntl(g.block->fd(), F_DUPFD_CLOEXEC, 0));
+    if (!fd.valid()) return ErrnoStatus("dup of the group depot");
+    reply.parts.push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), depot), std::move(fd)});
+    h.depot_sent = true;
+  }
+  // Every chunk of the group this member has not mapped yet, as many as the answer may carry.
+  const uint64_t limit = max_chunks + (send_control ? 1 : 0);
+  std::array<uint64_t, k::kLeaseTiers> chunks{};
+  std::array<uint64_t, k::kLeaseTiers> pages{};
+  for (uint64_t id : g.chunks) {
+    const size_t tier = TierOfId(id);
+    const uint64_t chunk = ChunkOfId(id);
+    const uint32_t lease_tier = LeaseTierFor(tier, h.pool);
+    if (lease_tier == k::kLeaseHost && (!host_ok || tier != HostSource(h.pool))) continue;
+    if (lease_tier == k::kLeasePeer && !peer_ok) continue;
+    const bool sent = std::find(h.sent.begin(), h.sent.end(), id) != h.sent.end();
+    if (!sent) {
+      if (reply.parts.size() >= limit) continue;
+      ChunkLender* lender = tiers_[tier]->lender();
+      auto fd = lender->Export(chunk);
+      if (!fd.ok()) {
+        Log("pool")->warn("group {}: exporting chunk {} for session {}: {}", g.name, id,
+                          h.session_id, fd.status().message());
+        continue;
+      }
+      v1::DescriptorResponse packet;
+      packet.set_more(true);
+      v1::LeasedChunk* leased = packet.mutable_chunk();
+      leased->set_chunk_id(id);
+      leased->set_tier(ProtoTierOf(lease_tier));
+      leased->set_pool(tiers_[tier]->pool());
+      leased->set_bytes(lender->ChunkBytes(chunk));
+      leased->set_gpu_uuid(lender->gpu_uuid());
+      leased->set_group_page(g.block->FirstPage(tier, chunk));
+      reply.parts.push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), packet), std::move(fd).value()});
+      h.sent.push_back(id);
+    }
+    chunks[lease_tier] += 1;
+    pages[lease_tier] += tiers_[tier]->ChunkPages(chunk);
+  }
+  const std::array<bool, k::kLeaseTiers> allowed{true, peer_ok, host_ok};
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+    if (!allowed[t]) continue;
+    v1::TierLease* lease = reply.last.add_lease();
+    lease->set_tier(ProtoTierOf(t));
+    lease->set_chunks(chunks[t]);
+    lease->set_pages(pages[t]);
+    lease->set_pages_target(pages[t]);  // a group never asks a member to give back
+  }
+  return reply;
+}
+
+DescriptorReply Leases::ReturnGroupChunks(Holder& h, const v1::ReturnChunks& request) {
+  for (uint64_t id : request.chunk_ids()) {
+    if (std::find(h.sent.begin(), h.sent.end(), id) == h.sent.end()) {
+      return NotFoundError("chunk " + std::to_string(id) +
+                           " is not a chunk of this session's group it was sent: return only "
+                           "chunk ids its LeaseChunks answers named (nothing was returned)");
+    }
+  }
+  for (uint64_t id : request.chunk_ids()) {
+    h.sent.erase(std::remove(h.sent.begin(), h.sent.end(), id), h.sent.end());
+  }
+  if (h.sent.empty()) {
+    // It maps none of the group's memory any more: what its tag still owns is free.
+    auto it = groups_.find(h.group);
+    if (it != groups_.end()) {
+      const uint32_t tag = h.tag;
+      it->second->block->Reclaim([tag](uint32_t t) { return t == tag; });
+    }
+  }
+  DescriptorReply reply;
+  reply.last.set_chunks_returned(static_cast<uint64_t>(request.chunk_ids_size()));
+  return reply;
+}
+
+void Leases::LeaveGroup(Holder& h, Renewals* renew) {
+  if (h.group == 0) return;
+  auto it = groups_.find(h.group);
+  h.sent.clear();
+  h.group = 0;
+  if (it == groups_.end()) return;
+  Group& g = *it->second;
+  g.members.erase(std::remove(g.members.begin(), g.members.end(), h.session_id), g.members.end());
+  g.live_tags.erase(std::remove(g.live_tags.begin(), g.live_tags.end(), h.tag),
+                    g.live_tags.end());
+  // Exactly the pages its tag owns (its cache, its live stashes, a claim it died in), and any tag
+  // no live member has (garbage a member wrote): compared, never followed.
+  const std::vector<uint32_t>& live = g.live_tags;
+  const uint64_t freed = g.block->Reclaim([&live](uint32_t tag) {
+    return std::find(live.begin(), live.end(), tag) == live.end();
+  });
+  Log("pool")->info("group {}: session {} left; {} pages it owned are free again", g.name,
+                    h.session_id, freed);
+  if (!g.members.empty()) return;
+  // The last member is gone: the group's memory goes back to its rings, renewed.
+  for (uint64_t id : g.chunks) PutBack(TierOfId(id), ChunkOfId(id), g.uid, renew);
+  Log("pool")->info("group {}: its last member left; {} chunks go back to the pools", g.name,
+                    g.chunks.size());
+  groups_.erase(it);
+}
+
+}  // namespace stash::daemon
