@@ -317,6 +317,9 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
     count = __atomic_load_n(reinterpret_cast<const int64_t*>(op.count.counter()), __ATOMIC_ACQUIRE);
   }
   const uint64_t page_bytes = table_->page_bytes();
+  // A group's member claims the pages a stash needs from the depot, tier by tier in the order the
+  // plan tries them, and gives back at once what fell short (its cache mark is 0).
+  const bool dry = table_->grouped() && Refill(op, count, page_bytes);
   const kernels::TierChoice tiers[kernels::kLeaseTiers] = {
       {table_->ring(kernels::kLeaseDevice), Placement::kDevice},
       {table_->ring(kernels::kLeasePeer), Placement::kPeer},
@@ -338,6 +341,9 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   }
   done.rows = plan.rows;
   if (plan.placement == Placement::kOverflow) {
+    if (table_->grouped()) {
+      for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) table_->Flush(t);
+    }
     done.tier = Tier::kOverflow;
     // The pages it would have needed count as demand for auto sizing, for the rest of the step
     // (the rank holds the activation itself until backward).
@@ -370,9 +376,12 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
       kernels::RecordPlaced(c, state_, plan.tier, ring.head, plan.pages, plan.bytes);
   const bool spilled = plan.tier != kernels::kLeaseDevice;
   SetFlag(op.epoch, false, spilled);
-  // Short of room: the lease grows off this thread, landing between later operations.
-  if (kernels::LeaseShort(spilled, kernels::RingFree(*table_->ring(kernels::kLeaseDevice)),
-                          table_->pages_leased(kernels::kLeaseDevice))) {
+  // Short of room: the lease grows off this thread, landing between later operations (a
+  // group's: the depot of the own device ran dry).
+  if (table_->grouped() ? dry
+                        : kernels::LeaseShort(spilled,
+                                              kernels::RingFree(*table_->ring(kernels::kLeaseDevice)),
+                                              table_->pages_leased(kernels::kLeaseDevice))) {
     Outgrown(demand);
   }
   done.tier = TierOf(plan.tier);
@@ -384,6 +393,28 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   done.latency_us = MicrosSince(op.submitted);
 }
 
+bool Copier::Refill(const CopyOp& op, int64_t count, uint64_t page_bytes) {
+  if (count < 0) return false;
+  const uint32_t divisor = op.divisor == 0 ? 1 : op.divisor;
+  const uint64_t rows = (static_cast<uint64_t>(count) + divisor - 1) / divisor;
+  if (rows > op.max_rows) return false;  // overflows whatever the depot has
+  const uint64_t pages = kernels::PagesFor(rows * op.row_bytes, page_bytes);
+  bool dry = false;
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    if (t == kernels::kLeaseHost && !allow_host_) break;
+    const uint64_t free = kernels::RingFree(*table_->ring(t));
+    if (free >= pages) return dry;
+    const uint64_t got = table_->Refill(t, pages - free);
+    if (free + got >= pages) return dry;
+    table_->Flush(t);  // not enough here: what it claimed goes back for the others
+    if (t == kernels::kLeaseDevice) {
+      table_->CountDry(pages - free - got);
+      dry = true;
+    }
+  }
+  return dry;
+}
+
 void Copier::Outgrown(uint64_t demand) {
   if (kernels::ReportOutgrown(state_, demand) && outgrown_hook_) outgrown_hook_();
 }
@@ -393,6 +424,7 @@ void Copier::ReturnStashPages(const StashRecord& record) {
   kernels::ReturnPages(ring, ring.tail, record.page_record.data(), 0, record.pages);
   ring.tail += record.pages;
   kernels::RecordReturned(table_->control(), record.tier, ring.tail, record.pages, record.bytes);
+  table_->Flush(record.tier);  // a group's member keeps no free page: the others may need it
   table_->live().Remove(record.live_entry);
 }
 

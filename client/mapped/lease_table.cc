@@ -91,8 +91,10 @@ StatusOr<std::unique_ptr<LeaseTable>> LeaseTable::Create(
 
 LeaseTable::~LeaseTable() {
   for (TierRange& t : tiers_) {
-    if (t.base != nullptr) munmap(t.base, t.bytes);
+    if (t.base != nullptr && !grouped()) munmap(t.base, t.bytes);
   }
+  if (group_base_ != nullptr) munmap(group_base_, group_range_bytes_);
+  if (group_map_ != nullptr) munmap(group_map_, group_map_bytes_);
   if (control_map_ != nullptr) munmap(control_map_, control_map_bytes_);
 }
 
@@ -121,7 +123,106 @@ void LeaseTable::PublishTier(uint32_t tier) {
   ControlStore(c.pages_leased, t.pages_leased);
 }
 
-Status LeaseTable::AddChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint64_t bytes) {
+Status LeaseTable::SetGroupBlock(UniqueFd fd, uint64_t bytes, uint32_t tag, uint64_t pages,
+                                 uint64_t chunks) {
+  if (grouped()) return Status::Ok();  // sent again: the first one stays
+  const uint64_t chunk_pages = chunk_bytes_ / page_bytes_;
+  const kernels::GroupLayout layout = kernels::GroupLayoutFor(pages, chunks);
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of the group depot");
+  if (tag < kernels::kFirstMemberTag || pages != chunks * chunk_pages || pages > (uint64_t{1} << 40) ||
+      bytes < layout.block_bytes || static_cast<uint64_t>(st.st_size) < layout.block_bytes) {
+    return InvalidArgumentError("stashd's group depot does not fit its layout (" +
+                                std::to_string(st.st_size) + " bytes for " +
+                                std::to_string(pages) + " pages in " + std::to_string(chunks) +
+                                " chunks, tag " + std::to_string(tag) + ")");
+  }
+  for (const TierRange& t : tiers_) {
+    if (t.pages_leased != 0) return FailedPreconditionError("the group's depot came after chunks");
+  }
+  void* map = mmap(nullptr, layout.block_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (map == MAP_FAILED) return ErrnoStatus("mapping the group depot");
+  madvise(map, layout.block_bytes, MADV_DONTFORK);
+  auto* header = static_cast<kernels::GroupHeader*>(map);
+  if (__atomic_load_n(&header->magic, __ATOMIC_ACQUIRE) != kernels::kGroupMagic ||
+      header->version != kernels::kGroupVersion) {
+    munmap(map, layout.block_bytes);
+    return FailedPreconditionError(
+        "stashd's group depot is another layout version: use a client library and a stashd of "
+        "the same release");
+  }
+  // One range for the whole address space: a page id is the same memory in every member.
+  const uint64_t range = pages * page_bytes_;
+  const uint64_t align = chunk_bytes_ % kHugePageBytes == 0 ? kHugePageBytes : 0;
+  void* base =
+      mmap(nullptr, range + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    munmap(map, layout.block_bytes);
+    return ErrnoStatus("reserving the group's range (mmap PROT_NONE)");
+  }
+  group_base_ = TrimToAlignment(static_cast<uint8_t*>(base), range, align);
+  group_range_bytes_ = range;
+  madvise(group_base_, range, MADV_DONTFORK);
+  group_map_ = static_cast<uint8_t*>(map);
+  group_map_bytes_ = layout.block_bytes;
+  tag_ = tag;
+  depot_.header = header;
+  depot_.chunk_free = reinterpret_cast<uint32_t*>(group_map_ + layout.chunk_free_offset);
+  depot_.chunk_state = reinterpret_cast<uint32_t*>(group_map_ + layout.chunk_state_offset);
+  depot_.tags = reinterpret_cast<uint32_t*>(group_map_ + layout.tags_offset);
+  depot_.pages = pages;
+  depot_.chunks = chunks;
+  for (uint32_t tier = 0; tier < kernels::kLeaseTiers; ++tier) {
+    TierRange& t = tiers_[tier];
+    munmap(t.base, t.bytes);
+    t.base = group_base_;
+    t.bytes = range;
+    t.slots.clear();
+    t.ids.assign(pages, 0);
+    t.ring = kernels::PageRing{t.ids.data(), pages, 0, 0};
+    // Members start at different chunks, so they do not all claim the same pages first.
+    cursor_[tier] = tag;
+    PublishTier(tier);
+  }
+  return Status::Ok();
+}
+
+uint64_t LeaseTable::Refill(uint32_t tier, uint64_t want) {
+  TierRange& t = tiers_[tier];
+  std::vector<kernels::GroupChunkRef>& refs = group_refs_[tier];
+  if (!grouped() || refs.empty() || want == 0) return 0;
+  want = std::min(want, t.ring.capacity - kernels::RingFree(t.ring));
+  claimed_.resize(want);
+  const uint64_t got =
+      kernels::ClaimPages(depot_, refs.data(), refs.size(), &cursor_[tier], tag_, want,
+                          claimed_.data());
+  for (uint64_t i = 0; i < got; ++i) kernels::RingReturnAt(t.ring, t.ring.tail, i, claimed_[i]);
+  t.ring.tail += got;
+  t.pages_leased += got;
+  PublishTier(tier);
+  return got;
+}
+
+void LeaseTable::Flush(uint32_t tier) {
+  TierRange& t = tiers_[tier];
+  const uint64_t n = kernels::RingFree(t.ring);
+  if (!grouped() || n == 0) return;
+  claimed_.resize(n);
+  for (uint64_t i = 0; i < n; ++i) claimed_[i] = kernels::RingPageAt(t.ring, t.ring.head, i);
+  kernels::ReleasePages(depot_, claimed_.data(), n, tag_, chunk_bytes_ / page_bytes_);
+  t.ring.head = t.ring.tail;
+  t.pages_leased -= std::min(t.pages_leased, n);
+  PublishTier(tier);
+}
+
+void LeaseTable::CountDry(uint64_t missed) {
+  if (!grouped()) return;
+  kernels::CounterAdd(depot_.header->dry, 1);
+  kernels::CounterAdd(depot_.header->dry_pages, missed);
+}
+
+Status LeaseTable::AddChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint64_t bytes,
+                            std::optional<uint64_t> group_page) {
   if (tier >= kernels::kLeaseTiers)
     return InvalidArgumentError("no lease tier " + std::to_string(tier));
   if (bytes == 0 || bytes > chunk_bytes_ || bytes % page_bytes_ != 0) {
@@ -137,6 +238,12 @@ Status LeaseTable::AddChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint6
                                 std::to_string(st.st_size) + " bytes, less than the " +
                                 std::to_string(bytes) + " it says");
   }
+  if (group_page.has_value() != grouped()) {
+    return InvalidArgumentError(std::string("chunk ") + std::to_string(chunk_id) +
+                                (grouped() ? " is not a chunk of this session's group"
+                                           : " is a group's chunk, but no group depot came"));
+  }
+  if (grouped()) return AddGroupChunk(tier, chunk_id, std::move(fd), bytes, *group_page);
   TierRange& t = tiers_[tier];
   auto free_slot =
       std::find_if(t.slots.begin(), t.slots.end(), [](const Slot& s) { return s.pages == 0; });
@@ -172,8 +279,32 @@ void LeaseTable::UnmapSlot(TierRange& t, uint64_t slot) {
   t.slots[slot] = Slot{};
 }
 
+Status LeaseTable::AddGroupChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint64_t bytes,
+                                 uint64_t group_page) {
+  const uint64_t chunk_pages = chunk_bytes_ / page_bytes_;
+  const uint64_t pages = bytes / page_bytes_;
+  if (group_page % chunk_pages != 0 || group_page / chunk_pages >= depot_.chunks) {
+    return InvalidArgumentError("chunk " + std::to_string(chunk_id) + " is said to start at group page " +
+                                std::to_string(group_page) + ", outside the group's " +
+                                std::to_string(depot_.chunks) + " chunks");
+  }
+  if (std::find(group_chunk_ids_.begin(), group_chunk_ids_.end(), chunk_id) !=
+      group_chunk_ids_.end()) {
+    return Status::Ok();  // mapped already
+  }
+  uint8_t* at = group_base_ + group_page * page_bytes_;
+  void* p =
+      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd.get(), 0);
+  if (p == MAP_FAILED) return ErrnoStatus("mapping group chunk " + std::to_string(chunk_id));
+  madvise(at, bytes, MADV_DONTFORK);
+  group_refs_[tier].push_back(kernels::GroupChunkRef{group_page / chunk_pages, group_page, pages});
+  group_chunk_ids_.push_back(chunk_id);
+  return Status::Ok();
+}
+
 std::vector<uint64_t> LeaseTable::ShrinkTo(uint32_t tier, uint64_t target_pages) {
   std::vector<uint64_t> gone;
+  if (grouped()) return gone;  // a group's chunks leave through its depot, not a member's ring
   TierRange& t = tiers_[tier];
   if (t.pages_leased <= target_pages) return gone;
   const uint64_t per_chunk = chunk_bytes_ / page_bytes_;
@@ -206,7 +337,7 @@ std::vector<uint64_t> LeaseTable::ShrinkTo(uint32_t tier, uint64_t target_pages)
 }
 
 std::vector<uint64_t> LeaseTable::ChunkIds() const {
-  std::vector<uint64_t> ids;
+  std::vector<uint64_t> ids = group_chunk_ids_;
   for (const TierRange& t : tiers_) {
     for (const Slot& s : t.slots) {
       if (s.pages != 0) ids.push_back(s.chunk_id);
@@ -216,6 +347,7 @@ std::vector<uint64_t> LeaseTable::ChunkIds() const {
 }
 
 uint64_t LeaseTable::chunks(uint32_t tier) const {
+  if (grouped()) return group_refs_[tier].size();
   uint64_t n = 0;
   for (const Slot& s : tiers_[tier].slots) n += s.pages != 0 ? 1 : 0;
   return n;

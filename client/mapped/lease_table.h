@@ -18,10 +18,12 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "client/mapped/live_table.h"
 #include "common/unique_fd.h"
+#include "stash/kernels/group_depot.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/kernels/paging.h"
 #include "stash/status.h"
@@ -52,7 +54,22 @@ class LeaseTable {
   // free slot of `tier` and appends its pages to the tier's ring. INVALID_ARGUMENT for a chunk
   // of a bad size or a memfd smaller than it says; RESOURCE_EXHAUSTED when the tier's range is
   // full. The fd is closed once mapped.
-  Status AddChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint64_t bytes);
+  // A group's chunk (`group_page` set; after SetGroupBlock) is mapped at its group page of the
+  // group's one range instead, and its pages stay in the depot until a refill claims them.
+  Status AddChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint64_t bytes,
+                  std::optional<uint64_t> group_page = std::nullopt);
+
+  // Groups (docs/design.md, "Groups"): maps the group's depot (`fd`, `bytes`; `pages` and
+  // `chunks` its address space) and claims with `tag` from now on. Every tier's ring then names
+  // group pages of one range, which replaces the tiers' own (they must hold no chunk yet).
+  Status SetGroupBlock(UniqueFd fd, uint64_t bytes, uint32_t tag, uint64_t pages, uint64_t chunks);
+  bool grouped() const { return group_map_ != nullptr; }
+  // Claims up to `want` pages of `tier`'s group chunks into its ring; returns how many came.
+  uint64_t Refill(uint32_t tier, uint64_t want);
+  // Releases every free page of `tier`'s ring back to the group (the cache mark is 0).
+  void Flush(uint32_t tier);
+  // A refill of the own device came `missed` pages short: counted in the depot for the daemon.
+  void CountDry(uint64_t missed);
 
   // Takes chunks of `tier` none of whose pages a stash holds out of the ring and unmaps them,
   // highest slot first, until the tier holds at most `target_pages`. Returns their ids.
@@ -82,6 +99,8 @@ class LeaseTable {
   };
   LeaseTable(uint64_t page_bytes, uint64_t chunk_bytes)
       : page_bytes_(page_bytes), chunk_bytes_(chunk_bytes) {}
+  Status AddGroupChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint64_t bytes,
+                       uint64_t group_page);
   // Unmaps slot `slot` of `t` (its range goes back to PROT_NONE).
   void UnmapSlot(TierRange& t, uint64_t slot);
   void PublishTier(uint32_t tier);
@@ -89,6 +108,18 @@ class LeaseTable {
   const uint64_t page_bytes_;
   const uint64_t chunk_bytes_;
   TierRange tiers_[kernels::kLeaseTiers];
+  // The group's depot and its one range (grouped() only), the chunks mapped there per tier, a
+  // claim cursor per tier, and the group chunk ids mapped (for ChunkIds).
+  uint8_t* group_map_ = nullptr;
+  uint64_t group_map_bytes_ = 0;
+  uint8_t* group_base_ = nullptr;
+  uint64_t group_range_bytes_ = 0;
+  uint32_t tag_ = 0;
+  kernels::GroupView depot_{};
+  std::vector<kernels::GroupChunkRef> group_refs_[kernels::kLeaseTiers];
+  uint64_t cursor_[kernels::kLeaseTiers] = {};
+  std::vector<uint64_t> group_chunk_ids_;
+  std::vector<uint64_t> claimed_;  // scratch for Refill and Flush
   kernels::SessionControl own_control_{};  // before the daemon's block arrives
   kernels::SessionControl* control_ = &own_control_;
   uint8_t* control_map_ = nullptr;

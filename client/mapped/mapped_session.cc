@@ -95,9 +95,15 @@ std::vector<uint64_t> MappedSession::Apply(LeaseTable& table, LeaseAnswer& answe
     Status st = table.SetControlBlock(std::move(answer.control_block), answer.control_block_bytes);
     if (!st.ok() && first->ok()) *first = st;
   }
+  if (answer.group_block.valid()) {
+    Status st = table.SetGroupBlock(std::move(answer.group_block), answer.group_block_bytes,
+                                    answer.member_tag, answer.group_pages, answer.group_chunks);
+    if (!st.ok() && first->ok()) *first = st;
+  }
   std::vector<uint64_t> give_back;
   for (LeaseAnswer::Chunk& c : answer.chunks) {
-    Status mapped = table.AddChunk(LeaseTierOf(c.tier), c.id, std::move(c.fd), c.bytes);
+    Status mapped =
+        table.AddChunk(LeaseTierOf(c.tier), c.id, std::move(c.fd), c.bytes, c.group_page);
     if (!mapped.ok()) {
       give_back.push_back(c.id);
       if (first->ok()) *first = mapped;
