@@ -151,17 +151,23 @@ void stash_open_options_init(stash_open_options_t* options) {
   options->copy_threads = defaults.copy_threads;
 }
 
-int stash_client_open_ex(const stash_open_options_t* in, stash_client_t** out) {
-  STASH_C_REQUIRE(in != nullptr && out != nullptr, "stash_client_open_ex: options or out is NULL");
+namespace {
+
+// stash_client_open_ex and stash_client_open_group: `options` plus the group, opened.
+// `fn` names the caller in messages.
+int OpenWithOptions(const char* fn, const stash_open_options_t* in, stash::Options options,
+                    stash_client_t** out) {
+  STASH_C_REQUIRE(in != nullptr && out != nullptr, std::string(fn) + ": options or out is NULL");
   STASH_C_REQUIRE(in->backend == STASH_BACKEND_HOST || in->backend == STASH_BACKEND_CUDA,
-                  "stash_client_open_ex: backend must be STASH_BACKEND_HOST (0) or "
-                  "STASH_BACKEND_CUDA (1), not " +
+                  std::string(fn) +
+                      ": backend must be STASH_BACKEND_HOST (0) or "
+                      "STASH_BACKEND_CUDA (1), not " +
                       std::to_string(in->backend));
   STASH_C_REQUIRE(in->mode == STASH_MODE_DAEMON_COPY || in->mode == STASH_MODE_MAPPED,
-                  "stash_client_open_ex: mode must be STASH_MODE_DAEMON_COPY (0) or "
-                  "STASH_MODE_MAPPED (1), not " +
+                  std::string(fn) +
+                      ": mode must be STASH_MODE_DAEMON_COPY (0) or "
+                      "STASH_MODE_MAPPED (1), not " +
                       std::to_string(in->mode));
-  stash::Options options;
   options.backend =
       in->backend == STASH_BACKEND_CUDA ? stash::Backend::kCuda : stash::Backend::kHost;
   options.socket = in->socket != nullptr ? in->socket : "";
@@ -180,6 +186,30 @@ int stash_client_open_ex(const stash_open_options_t* in, stash_client_t** out) {
   if (!client.ok()) return Fail(client.status());
   *out = new stash_client{std::move(client).value()};
   return 0;
+}
+
+}  // namespace
+
+int stash_client_open_ex(const stash_open_options_t* in, stash_client_t** out) {
+  return OpenWithOptions("stash_client_open_ex", in, stash::Options(), out);
+}
+
+int stash_client_open_group(const stash_open_options_t* in, const char* group,
+                            const void* group_secret, uint64_t group_secret_bytes,
+                            stash_client_t** out) {
+  STASH_C_REQUIRE(group_secret != nullptr || group_secret_bytes == 0,
+                  "stash_client_open_group: group_secret is NULL but group_secret_bytes is " +
+                      std::to_string(group_secret_bytes));
+  STASH_C_REQUIRE(group_secret_bytes <= 1024, "stash_client_open_group: group_secret_bytes is " +
+                                                  std::to_string(group_secret_bytes) +
+                                                  ": a group's secret is 32 bytes");
+  stash::Options options;
+  options.group = group != nullptr ? group : "";
+  if (group_secret_bytes > 0) {
+    options.group_secret.assign(static_cast<const char*>(group_secret),
+                                static_cast<size_t>(group_secret_bytes));
+  }
+  return OpenWithOptions("stash_client_open_group", in, std::move(options), out);
 }
 
 void stash_client_close(stash_client_t* client) { delete client; }

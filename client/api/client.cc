@@ -10,6 +10,7 @@
 #include "client/memory/cuda_memory.h"
 #include "client/memory/host_buffer_rep.h"
 #include "client/session/argument_checks.h"
+#include "client/session/group_options.h"
 #include "client/session/mode_session.h"
 #include "client/session/session_stream.h"
 #include "common/host_event.h"
@@ -88,13 +89,16 @@ const char* TierName(Tier tier) {
 Client::~Client() = default;
 
 StatusOr<std::unique_ptr<Client>> Client::Open(const Options& options) {
+  // The group, from the environment when Options names none: resolved once, so every
+  // reconnect says the same Hello.
+  STASH_ASSIGN_OR_RETURN(const Options resolved, client::ResolveGroup(options));
   std::unique_ptr<Client> client(new Client());
-  if (options.mode == Mode::kMapped && options.backend == Backend::kCuda) {
-    STASH_ASSIGN_OR_RETURN(client->session_, CudaMappedSession::Open(options));
-  } else if (options.mode == Mode::kMapped) {
-    STASH_ASSIGN_OR_RETURN(client->session_, MappedSession::Open(options));
+  if (resolved.mode == Mode::kMapped && resolved.backend == Backend::kCuda) {
+    STASH_ASSIGN_OR_RETURN(client->session_, CudaMappedSession::Open(resolved));
+  } else if (resolved.mode == Mode::kMapped) {
+    STASH_ASSIGN_OR_RETURN(client->session_, MappedSession::Open(resolved));
   } else {
-    STASH_ASSIGN_OR_RETURN(client->session_, CopySession::Open(options));
+    STASH_ASSIGN_OR_RETURN(client->session_, CopySession::Open(resolved));
   }
   return client;
 }

@@ -114,6 +114,8 @@ StatusOr<std::unique_ptr<SessionStream>> SessionStream::Open(const Options& opti
   h->set_label(options.label);
   h->set_allow_host_spill(options.allow_host_spill);
   h->set_mode(mode);
+  h->set_group(options.group);  // Client::Open resolved them (ResolveGroup)
+  h->set_group_secret(options.group_secret);
   const uint64_t hello_id = hello.request_id();
 
   bool start = false;

@@ -86,6 +86,11 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
                                  {"PID", A::kRight},
                                  {"POOL", A::kRight, 0, 5},
                                  {"LABEL", A::kLeft, 12}});
+  // Groups (Hello.group) get a column only when a session is in one: a node without them reads
+  // as before.
+  const bool with_group = std::any_of(sessions.begin(), sessions.end(),
+                                      [](const v1::SessionStats& s) { return !s.group().empty(); });
+  if (with_group) columns.push_back({"GROUP", A::kLeft, 12, 3});
   if (with_identity) columns.push_back({"AGE", A::kRight, 0, 7});
   columns.push_back({"MODE", A::kLeft, 0, 8});
   // Every header names its unit: counts of stashes or requests unless it says bytes or pages.
@@ -108,6 +113,7 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
     row.push_back(std::to_string(s.pid()));
     row.push_back(std::to_string(s.pool()));
     row.push_back(OrDash(s.label()));
+    if (with_group) row.push_back(OrDash(s.group()));
     if (with_identity) row.push_back(FormatDuration(s.age_s()));
     row.emplace_back(s.mode() == v1::MODE_MAPPED ? "mapped" : "daemon-copy");
     row.push_back(Num(s.stashes()));

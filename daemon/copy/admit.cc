@@ -3,6 +3,7 @@
 #include "common/macros.h"
 #include "common/text.h"
 #include "daemon/protocol/enum_choices.h"
+#include "daemon/sessions/group_registry.h"
 
 namespace stash::daemon {
 namespace {
@@ -252,6 +253,7 @@ Status CheckHello(const v1::Hello& hello, v1::Backend backend, int pools) {
   }
   STASH_RETURN_IF_ERROR(CheckTextSize(hello.label(), "Hello.label"));
   STASH_RETURN_IF_ERROR(CheckTextSize(hello.client_version(), "Hello.client_version"));
+  STASH_RETURN_IF_ERROR(CheckGroupFields(hello.group(), hello.group_secret()));
   if (hello.backend() == v1::BACKEND_UNSPECIFIED) {
     return FailedPreconditionError(std::string("Hello names no backend: set Hello.backend to ") +
                                    v1::Backend_Name(backend) + ", the backend this daemon runs");

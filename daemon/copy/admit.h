@@ -49,7 +49,8 @@ void GiveDeclared(Session& session, uint64_t bytes, uint64_t count = 1);
 // Checks a Hello: backend must be known and match, device must name one of `pools` pools unless
 // a cuda Hello names its GPU by UUID (the pool is then picked by UUID and the index is the
 // client's own CUDA ordinal, which may be past the daemon's pool count), label and
-// client_version at most kMaxTextBytes.
+// client_version at most kMaxTextBytes, group and group_secret of the shape CheckGroupFields
+// (daemon/sessions/group_registry.h) takes.
 Status CheckHello(const stash::v1::Hello& hello, stash::v1::Backend backend, int pools);
 
 }  // namespace stash::daemon

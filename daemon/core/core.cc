@@ -315,7 +315,27 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
   info.allow_host_spill = hello.allow_host_spill();
   info.mapped = hello.mode() == v1::MODE_MAPPED;
   info.uid = peer.known ? peer.uid : 0;
-  STASH_RETURN_IF_ERROR(sessions_share_->Take(info.uid, 1));
+  if (!hello.group().empty()) {
+    // Only the uid the kernel reported and the secret decide who joins (docs/security.md).
+    StatusOr<uint64_t> joined =
+        groups_.Join(info.uid, hello.group(), hello.group_secret(), info.id);
+    if (!joined.ok()) {
+      uint64_t held_back = 0;
+      if (joined.status().code() == StatusCode::kPermissionDenied &&
+          group_refused_log_.Allow(std::chrono::steady_clock::now(), &held_back)) {
+        Log("rpc")->warn(
+            "session of uid {} pid {} refused: {} ({} more refused since the last line)", info.uid,
+            info.pid, joined.status().message(), held_back);
+      }
+      return joined.status();
+    }
+    info.group_id = *joined;
+    info.group = hello.group();
+  }
+  if (Status taken = sessions_share_->Take(info.uid, 1); !taken.ok()) {
+    groups_.Leave(info.id);
+    return taken;
+  }
   auto session = std::make_shared<Session>(
       info, sink, &counters_.rejected,
       SharedBudgets{memories_share_.get(), bytes_share_.get(), deposits_share_.get()});
@@ -352,10 +372,15 @@ StatusOr<std::shared_ptr<Session>> DaemonCore::OpenSession(const v1::Hello& hell
       .Add("pool", info.pool)
       .Add("label", info.label)
       .Add("uid", static_cast<int64_t>(info.uid));
-  Log("rpc")->info("session {} started: rank {}, pid {}, pool {}, label '{}', client {}, mode {}",
-                   info.id, info.rank, info.pid, info.pool, Escaped(info.label, kMaxTextBytes),
-                   Escaped(info.client_version, kMaxTextBytes),
-                   info.mapped ? "mapped" : "daemon-copy");
+  if (info.group_id != 0) {
+    fields.Add("group", info.group).Add("group_id", static_cast<int64_t>(info.group_id));
+  }
+  Log("rpc")->info(
+      "session {} started: rank {}, pid {}, pool {}, label '{}', client {}, mode {}{}", info.id,
+      info.rank, info.pid, info.pool, Escaped(info.label, kMaxTextBytes),
+      Escaped(info.client_version, kMaxTextBytes), info.mapped ? "mapped" : "daemon-copy",
+      info.group_id != 0 ? ", group " + info.group + " (" + std::to_string(info.group_id) + ")"
+                         : std::string());
   return session;
 }
 
@@ -462,6 +487,7 @@ void DaemonCore::CloseSession(const std::shared_ptr<Session>& session,
     return;
   }
   sessions_share_->Give(session->info().uid, 1);
+  groups_.Leave(session->info().id);
   {
     MutexLock lock(&session->mu());
     uint64_t bytes = 0;
@@ -486,6 +512,7 @@ v1::SessionStats DaemonCore::SessionRow(Session& s) {
   row.set_pid(static_cast<int32_t>(info.pid));
   row.set_pool(info.pool);
   row.set_label(info.label);
+  if (!info.group.empty()) row.set_group(info.group);
   row.set_age_s(s.AgeSeconds());
   row.set_stashes(c.stashes.load());
   row.set_reloads(c.reloads.load());

@@ -20,7 +20,9 @@
 #include "daemon/copy/pool.h"
 #include "daemon/leases/leases.h"
 #include "daemon/limits/fair_share.h"
+#include "daemon/limits/rate_limiter.h"
 #include "daemon/protocol/descriptor_message.h"
+#include "daemon/sessions/group_registry.h"
 #include "daemon/sessions/session.h"
 #include "daemon/stats/stats.h"
 #include "daemon/tiers/tier.h"
@@ -53,7 +55,9 @@ class DaemonCore {
 
   // Starts a session for a Hello that came from `peer` (the gRPC connection's credentials; an
   // unknown peer counts as uid 0); fills `welcome`. Responses go to `sink` until CloseSession.
-  // RESOURCE_EXHAUSTED past the user's fair share of sessions.
+  // RESOURCE_EXHAUSTED past the user's fair share of sessions. A Hello naming a group joins it
+  // (GroupRegistry::Join with the peer's uid): PERMISSION_DENIED for a group of another user or
+  // a wrong secret, and no session is made.
   StatusOr<std::shared_ptr<Session>> OpenSession(const stash::v1::Hello& hello, ResponseSink* sink,
                                                  stash::v1::Welcome* welcome,
                                                  const PeerCredentials& peer = {});
@@ -72,6 +76,8 @@ class DaemonCore {
 
   // Mapped mode's broker; null on the cuda backend. For tests.
   Leases* leases() const { return leases_.get(); }
+  // The groups of the live sessions. For tests.
+  const GroupRegistry& groups() const { return groups_; }
 
   // The stream ended: cancels queued work, returns pages, closes mappings (asynchronously, on
   // the pool's queue, behind the request running now). `closed` (optional) runs once every copy
@@ -163,6 +169,9 @@ class DaemonCore {
   std::unique_ptr<FairShare> memories_share_;
   std::unique_ptr<FairShare> bytes_share_;
   std::unique_ptr<FairShare> deposits_share_;
+  // The groups sessions joined (Hello.group): thread-safe on its own.
+  GroupRegistry groups_;
+  RateLimiter group_refused_log_{1, std::chrono::seconds(10)};  // PERMISSION_DENIED joins
 
   Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

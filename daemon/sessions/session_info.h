@@ -22,6 +22,10 @@ struct SessionInfo {
   // The Unix user of the connection that said Hello (SO_PEERCRED): whose share of the
   // daemon-wide budgets the session takes. 0 where the daemon cannot know (unit tests).
   uint32_t uid = 0;
+  // The group the session joined (Hello.group; GroupRegistry): the sessions of one job on this
+  // node. Empty, and group_id 0, for a session in no group.
+  std::string group;
+  uint64_t group_id = 0;  // 0 = no group; never reused for another group
 };
 
 }  // namespace stash::daemon

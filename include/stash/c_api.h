@@ -67,6 +67,16 @@ typedef struct stash_open_options {
 STASH_EXPORT void stash_open_options_init(stash_open_options_t* options);
 /* Opens a session with `options` (stash::Client::Open). */
 STASH_EXPORT int stash_client_open_ex(const stash_open_options_t* options, stash_client_t** out);
+/* stash_client_open_ex in a group of sessions (stash::Options.group, .group_secret; a function of
+ * its own so that stash_open_options_t keeps its size for callers built before groups).
+ * group: NULL or "" = no group, then group_secret_bytes must be 0 and $STASHD_GROUP /
+ * $STASHD_GROUP_SECRET apply as for stash_client_open_ex. Otherwise 1-128 bytes of
+ * A-Z a-z 0-9 . _ : @ + - and group_secret points at exactly 32 bytes (any values; they are
+ * copied). INVALID_ARGUMENT for a group without a secret or the reverse; PERMISSION_DENIED when
+ * the daemon refuses the join (another Unix user's group, or another secret). */
+STASH_EXPORT int stash_client_open_group(const stash_open_options_t* options, const char* group,
+                                         const void* group_secret, uint64_t group_secret_bytes,
+                                         stash_client_t** out);
 
 /* Ends the session; the daemon returns its pages. NULL is fine. */
 STASH_EXPORT void stash_client_close(stash_client_t* client);

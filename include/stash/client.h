@@ -216,7 +216,11 @@ class STASH_EXPORT Client {
   // Options::connect_timeout_ms; PERMISSION_DENIED at once when this user may not use the socket
   // (the message names its group and how to join it);
   // FAILED_PRECONDITION / INVALID_ARGUMENT when the daemon refuses the Hello (other backend,
-  // device out of range).
+  // device out of range, a malformed group name).
+  // Groups (Options.group, or $STASHD_GROUP): INVALID_ARGUMENT at once, before connecting, for a
+  // group without a secret or the reverse, or a secret of the wrong size (the message names the
+  // option or the variable); PERMISSION_DENIED when the daemon refuses the join (the group
+  // belongs to another Unix user, or its first member set another secret).
   // Mapped mode (Options.mode = Mode::kMapped) also takes the first lease here:
   // FAILED_PRECONDITION from a daemon that leases no chunks (and, on the cuda backend, without
   // the NVIDIA driver or VMM support); the daemon's refusal of the lease (RESOURCE_EXHAUSTED over

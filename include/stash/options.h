@@ -75,6 +75,21 @@ struct Options {
   // Mapped mode: threads of the in-order copier that split one large copy (1 = the copier's own
   // thread only). Default 2, the daemon's --copy-threads default.
   uint32_t copy_threads = 2;
+
+  // The group of sessions this one joins: the sessions of one job on this node (docs/security.md,
+  // "Groups"). Default empty = no group, the session shares nothing. Otherwise 1-128 bytes of
+  // A-Z a-z 0-9 . _ : @ + -. The first session naming a group creates it for this process's Unix
+  // user and `group_secret`; Open() of a later one fails PERMISSION_DENIED when the group
+  // belongs to another user or was created with another secret.
+  // With neither `group` nor `group_secret` set, Open() takes them from $STASHD_GROUP and
+  // $STASHD_GROUP_SECRET (64 hex characters; anything else is INVALID_ARGUMENT naming the
+  // variable). One set without the other (here or in the environment) is INVALID_ARGUMENT.
+  std::string group;
+
+  // The group's secret: exactly 32 raw bytes (any values) when `group` is set, else empty
+  // (the default). Every member of a group presents the secret its first member set: draw it
+  // once per job (e.g. 32 random bytes on rank 0) and hand it to every rank of the node.
+  std::string group_secret;
 };
 
 }  // namespace stash

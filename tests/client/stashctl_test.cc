@@ -353,6 +353,39 @@ TEST(StashctlFormat, JsonShowsRankAndPidAsNumbers) {
   EXPECT_NE(json.find("\"pid\":4242,"), std::string::npos) << json;
 }
 
+// Issue 41: a GROUP column after LABEL only when a session is in a group; "-" for the others.
+// JSON as stashctl prints it (every primitive field) has "group" only where one is set.
+TEST(StashctlFormat, SessionsShowTheGroupOnlyWhenASessionIsInOne) {
+  v1::GetStatsResponse stats = SampleStats();
+  EXPECT_EQ(RenderSessions(stats.sessions()).find("GROUP"), std::string::npos);
+  EXPECT_EQ(RenderStats(stats).find("GROUP"), std::string::npos);
+  v1::SessionStats* plain = stats.add_sessions();
+  *plain = stats.sessions(0);
+  plain->set_session_id("fedcba9876543210fedcba9876543210");
+  plain->set_label("job-b");
+  stats.mutable_sessions(0)->set_group("torchrun:abc@10.0.0.1:29500");
+  const std::string text = RenderSessions(stats.sessions());
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(LABEL +GROUP +AGE)"))) << text;
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(job-a +torchrun:abc@10.0.0.1:29500 )")))
+      << text;
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(job-b +- )"))) << text;
+  EXPECT_NE(RenderStats(stats).find("GROUP"), std::string::npos);
+
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;  // as stashctl --json
+  std::string in_group;
+  std::string no_group;
+  ASSERT_TRUE(
+      google::protobuf::util::MessageToJsonString(stats.sessions(0), &in_group, options).ok());
+  ASSERT_TRUE(
+      google::protobuf::util::MessageToJsonString(stats.sessions(1), &no_group, options).ok());
+  EXPECT_NE(in_group.find("\"group\":\"torchrun:abc@10.0.0.1:29500\""), std::string::npos)
+      << in_group;
+  EXPECT_EQ(no_group.find("\"group\""), std::string::npos) << no_group;
+  EXPECT_NE(no_group.find("\"label\":\"job-b\""), std::string::npos) << no_group;
+}
+
 TEST(StashctlFormat, SessionsShowBytesHeldNowBesideTheTotalAndTheStepBesideItsFlags) {
   v1::GetStatsResponse stats = SampleStats();
   v1::SessionStats* s = stats.mutable_sessions(0);

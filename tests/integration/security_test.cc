@@ -34,7 +34,9 @@
 #include "stash/client.h"
 #include "stash/v1/descriptor.pb.h"
 #include "stash/v1/stash.grpc.pb.h"
+#include "tests/integration/daemon_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/host_buffers.h"
 
 namespace stash::testing {
 namespace {
@@ -602,6 +604,104 @@ TEST(Security, AnotherUserInTheSocketsGroupCannotUseAnotherUsersSession) {
   ASSERT_NE(code, -1) << "uid 65534 could not reach the descriptor socket";
   EXPECT_EQ(code, kPermissionDenied);
   EXPECT_EQ(s.Register(8, kBytes).code(), kFailedPrecondition);
+}
+
+// Says one Hello with `group` and `secret` on a raw stream and returns how the stream ended
+// (OK with a Welcome when the daemon took it).
+grpc::Status RawGroupHello(const std::string& socket, const std::string& group,
+                           const std::string& secret) {
+  auto stub = v1::StashService::NewStub(
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30 * TimeScale()));
+  auto stream = stub->Session(&ctx);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_backend(v1::BACKEND_HOST);
+  hello.mutable_hello()->set_pid(getpid());
+  hello.mutable_hello()->set_group(group);
+  hello.mutable_hello()->set_group_secret(secret);
+  v1::SessionResponse r;
+  const bool welcomed = stream->Write(hello) && stream->Read(&r) && r.has_welcome();
+  stream->WritesDone();
+  while (stream->Read(&r)) {
+  }
+  grpc::Status status = stream->Finish();
+  if (welcomed && !status.ok())
+    return grpc::Status(grpc::StatusCode::INTERNAL, "welcomed, then " + status.error_message());
+  return status;
+}
+
+// Issue 41: a group is joined only with the secret its first member set. A wrong secret is
+// PERMISSION_DENIED at Open (the stream ends, no session is made) and the first member goes on
+// as before; malformed group fields are INVALID_ARGUMENT. (Another uid is refused too: the
+// registry's and the core's tests drive that with the peer's credentials.)
+TEST(Security, AGroupIsJoinedOnlyWithTheSecretItsFirstMemberSet) {
+  DaemonProcess daemon(Flags());
+  ASSERT_READY(daemon);
+  Options options;
+  options.socket = daemon.socket();
+  options.group = "job.41";
+  options.group_secret = std::string(32, '\x01');
+  auto first = Client::Open(options);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+
+  Options wrong = options;
+  wrong.group_secret[31] = '\x02';  // only the last byte differs
+  auto refused = Client::Open(wrong);
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().ToString();
+  EXPECT_THAT(refused.status().message(), HasSubstr("wrong group secret for group job.41"));
+  EXPECT_EQ(RawGroupHello(daemon.socket(), "job.41", std::string(32, 'x')).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(DaemonStats(daemon.socket()).sessions_size(), 1);
+
+  // The first member is unaffected: its stashes round-trip.
+  auto src = Buffer(64 << 10, 41);
+  auto dst = Buffer(64 << 10);
+  auto stashed = (*first)->StashAndWait(Args(*src, 4096, 16));
+  ASSERT_TRUE(stashed.ok()) << stashed.status().ToString();
+  ReloadArgs reload;
+  reload.ticket = stashed->ticket;
+  reload.destination = dst.get();
+  auto reloaded = (*first)->ReloadAndWait(reload);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().ToString();
+  EXPECT_EQ(std::memcmp(src->data(), dst->data(), 16 * 4096), 0);
+
+  // The right secret joins; stats name the group of both and of no other session.
+  auto second = Client::Open(options);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  Options plain;
+  plain.socket = daemon.socket();
+  auto alone = Client::Open(plain);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  int in_group = 0;
+  for (const v1::SessionStats& row : DaemonStats(daemon.socket()).sessions()) {
+    if (row.has_group()) {
+      EXPECT_EQ(row.group(), "job.41");
+      ++in_group;
+    }
+  }
+  EXPECT_EQ(in_group, 2);
+
+  // Shapes: the daemon refuses them on a raw stream, the library before it connects.
+  for (const auto& [group, secret] : std::vector<std::pair<std::string, std::string>>{
+           {"job 41", std::string(32, 's')},
+           {std::string(129, 'g'), std::string(32, 's')},
+           {"job.41", std::string(31, 's')},
+           {"job.41", ""},
+           {"", std::string(32, 's')}}) {
+    const grpc::Status s = RawGroupHello(daemon.socket(), group, secret);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << group.size() << " " << secret.size() << ": " << s.error_message();
+  }
+  Options bad_name = options;
+  bad_name.group = "job/41";
+  auto named = Client::Open(bad_name);
+  EXPECT_EQ(named.status().code(), StatusCode::kInvalidArgument) << named.status().ToString();
+  EXPECT_THAT(named.status().message(), HasSubstr("A-Z a-z 0-9 . _ : @ + -"));
+  Options short_secret = options;
+  short_secret.group_secret.resize(16);
+  EXPECT_EQ(Client::Open(short_secret).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DaemonStats(daemon.socket()).sessions_size(), 3);
 }
 
 // Issue 20: a registration refused for a limit fails the operation that needed it with that

@@ -136,6 +136,8 @@ _PROTOTYPES = {
                                  ctypes.POINTER(c_client_p)]),
     "stash_open_options_init": (None, [ctypes.POINTER(OpenOptions)]),
     "stash_client_open_ex": (_INT, [ctypes.POINTER(OpenOptions), ctypes.POINTER(c_client_p)]),
+    "stash_client_open_group": (_INT, [ctypes.POINTER(OpenOptions), ctypes.c_char_p,
+                                       ctypes.c_char_p, _U64, ctypes.POINTER(c_client_p)]),
     "stash_client_close": (None, [c_client_p]),
     "stash_buffer_alloc": (_INT, [_U64, ctypes.POINTER(c_buffer_p)]),
     "stash_buffer_free": (None, [c_buffer_p]),

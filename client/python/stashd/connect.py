@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 from typing import Dict, Optional, Union
 
@@ -38,11 +39,42 @@ def default_device() -> int:
     return 0
 
 
+# Hello.group: what the daemon takes (daemon/sessions/group_registry.h, CheckGroupFields).
+GROUP_NAME = re.compile(r"[A-Za-z0-9._:@+-]{1,128}")
+GROUP_SECRET_BYTES = 32
+
+
+def check_group(group: Optional[str], group_secret: Optional[bytes]) -> None:
+    """Raises ValueError unless connect()'s group arguments are usable: both None (or empty), or a
+    group name of 1-128 characters of A-Z a-z 0-9 . _ : @ + - and a secret of exactly 32 bytes."""
+    if group is not None and not isinstance(group, str):
+        raise ValueError(f"stashd.connect: group must be a str (the job's group name), not "
+                         f"{type(group).__name__}")
+    if group_secret is not None and not isinstance(group_secret, (bytes, bytearray)):
+        raise ValueError(f"stashd.connect: group_secret must be bytes ({GROUP_SECRET_BYTES} of "
+                         f"them, e.g. os.urandom({GROUP_SECRET_BYTES}) drawn once per job), not "
+                         f"{type(group_secret).__name__}")
+    if not group and not group_secret:
+        return
+    if not group:
+        raise ValueError("stashd.connect: group_secret is given but group is not: name the group "
+                         "too, or give neither for a session in no group")
+    if not GROUP_NAME.fullmatch(group):
+        raise ValueError(f"stashd.connect: group {group!r} is not 1-128 characters of "
+                         f"A-Z a-z 0-9 . _ : @ + -")
+    if group_secret is None or len(group_secret) != GROUP_SECRET_BYTES:
+        have = "none" if group_secret is None else f"{len(group_secret)} bytes"
+        raise ValueError(f"stashd.connect: group {group!r} needs a group_secret of exactly "
+                         f"{GROUP_SECRET_BYTES} bytes, the same for every rank of the job; "
+                         f"got {have}")
+
+
 def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: int = -1,
             label: str = "",
             allow_host_spill: bool = True, connect_timeout_ms: int = 5000,
             backend: str = "host", mode: str = "daemon-copy",
-            lease: Union[str, Dict[str, int]] = "auto", copy_threads: int = 0) -> Client:
+            lease: Union[str, Dict[str, int]] = "auto", copy_threads: int = 0,
+            group: Optional[str] = None, group_secret: Optional[bytes] = None) -> Client:
     """Opens a session with the daemon.
 
     backend: "host" (shared memory; CI, laptops) or "cuda" (GPU tensors through CUDA IPC; needs
@@ -61,6 +93,15 @@ def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: in
     lease (mapped mode): "auto" (the daemon sizes it at every begin_step) or a dict of bytes per
     tier, e.g. {"device": 64 << 20, "host": 16 << 20} (keys "device", "peer", "host").
     copy_threads (mapped mode): threads splitting one copy; 0 = the library's default.
+
+    group, group_secret: the group of sessions this one joins, the sessions of one job on this
+    node (docs/security.md, "Groups"): group is 1-128 characters of A-Z a-z 0-9 . _ : @ + -, and
+    group_secret exactly 32 bytes, the same for every rank of the job (e.g. os.urandom(32) drawn
+    on rank 0 and broadcast; stashd.torch.connect() does that for torchrun and Slurm jobs). Both
+    or neither (ValueError otherwise); None = the library's rule: $STASHD_GROUP and
+    $STASHD_GROUP_SECRET (64 hex characters) when set, else no group. The first session naming
+    a group creates it for this Unix user and secret; a later one of another user, or with another
+    secret, raises StashError with code_name "PERMISSION_DENIED".
 
     With $STASHD_DISABLED set (not 0/false/no/off; the Slurm task prolog sets it when no stashd
     could be started for the job) it returns a stashd.DisabledClient that stashes nothing (every
@@ -83,6 +124,7 @@ def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: in
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"stashd.connect: lease[{tier!r}] is {value!r}: give a whole "
                                  f"number of bytes >= 0 (0 = none of that tier)")
+    check_group(group, group_secret)
     reason = disabled_reason()
     if reason is not None:
         return DisabledClient(reason, socket, backend, mode)
@@ -107,7 +149,12 @@ def connect(socket: Optional[str] = None, device: Optional[int] = None, rank: in
         options.lease_host_bytes = int(lease.get("host", 0))
     if copy_threads:
         options.copy_threads = int(copy_threads)
-    code = lib.stash_client_open_ex(ctypes.byref(options), ctypes.byref(handle))
+    if group:
+        secret = bytes(group_secret or b"")
+        code = lib.stash_client_open_group(ctypes.byref(options), group.encode(), secret,
+                                           len(secret), ctypes.byref(handle))
+    else:
+        code = lib.stash_client_open_ex(ctypes.byref(options), ctypes.byref(handle))
     shown = socket or os.environ.get("STASHD_SOCKET") or "the default socket"
     if code != 0:
         message = _lib.last_error()

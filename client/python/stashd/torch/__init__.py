@@ -45,14 +45,21 @@ With a client on the cuda backend (`stashd.connect(backend="cuda")`), CUDA tenso
 sync-free path instead: no staging, no `.item()`, no host copy of the count, and the trainer's
 thread never waits for a copy (see client/python/README.md).
 
+`connect(...)` is `stashd.connect(...)` in the group of the job's sessions on this node: the
+group given, or $STASHD_GROUP, else one named after the torchrun or Slurm job with a secret rank 0
+draws and broadcasts over the default process group (a collective: call it on every rank at the
+same point, after init_process_group; without torch.distributed no group is formed). See
+stashd/torch/group.py.
+
 Modules: marking (markers, row geometry), context (stash_saved_tensors, register), handle
 (StashedTensor), state (per-client state, flush, counters), prefetch, microbatch (keys and
 accounting), checkpointing (recompute detection), hook_errors (the original exceptions),
-overflow_guard (all-reduce the step flags and rerun).
+overflow_guard (all-reduce the step flags and rerun), group (connect in the job's group).
 """
 
 from stashd.torch.checkpointing import Phase, phase
 from stashd.torch.context import CountLike, register, stash_saved_tensors
+from stashd.torch.group import connect, job_group, launcher_group_name
 from stashd.torch.handle import StashedTensor
 from stashd.torch.hook_errors import last_error, unwrap_errors
 from stashd.torch.marking import (SCALE_INV_BLOCK_TOKENS, STASHD_MARKER_ATTRIBUTE,
@@ -78,10 +85,13 @@ __all__ = [
     "TE_SCALE_ROW_PADDING",
     "accounting",
     "as_tensor",
+    "connect",
     "counters",
     "empty_cache",
     "flush",
+    "job_group",
     "last_error",
+    "launcher_group_name",
     "mark",
     "marker",
     "microbatch",
