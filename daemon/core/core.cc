@@ -451,6 +451,8 @@ DescriptorReply DaemonCore::HandleDescriptors(const v1::DescriptorRequest& reque
   who.rank = session->info().rank;
   who.hello_pid = session->info().pid;
   who.label = session->info().label;
+  who.group_id = session->info().group_id;
+  who.group = session->info().group;
   switch (request.kind_case()) {
     case v1::DescriptorRequest::kDepositMemory: {
       if (session->info().mapped) {
