@@ -674,7 +674,8 @@ TEST(Security, AGroupIsJoinedOnlyWithTheSecretItsFirstMemberSet) {
   auto alone = Client::Open(plain);
   ASSERT_TRUE(alone.ok()) << alone.status().ToString();
   int in_group = 0;
-  for (const v1::SessionStats& row : DaemonStats(daemon.socket()).sessions()) {
+  const v1::GetStatsResponse stats = DaemonStats(daemon.socket());
+  for (const v1::SessionStats& row : stats.sessions()) {
     if (row.has_group()) {
       EXPECT_EQ(row.group(), "job.41");
       ++in_group;
