@@ -31,6 +31,7 @@
 
 #include "common/mutex.h"
 #include "daemon/copy/admit.h"
+#include "daemon/sessions/group_registry.h"
 #include "daemon/sessions/session.h"
 #include "stash/v1/stash.pb.h"
 #include "tests/fuzz/session_input.h"
@@ -264,6 +265,13 @@ class Harness {
       // (admit.h): the pool is picked by UUID.
       const bool by_uuid = limits_.backend == v1::BACKEND_CUDA && !hello.device_uuid().empty();
       FUZZ_CHECK(hello.device() >= 0 && (hello.device() < pools || by_uuid), as_request, status);
+      // Groups: none (both empty), or a name of the allowed shape with a 32-byte secret.
+      FUZZ_CHECK(daemon::CheckGroupFields(hello.group(), hello.group_secret()).ok(), as_request,
+                 status);
+      FUZZ_CHECK(hello.group().empty() ? hello.group_secret().empty()
+                                       : hello.group_secret().size() == daemon::kGroupSecretBytes &&
+                                             hello.group().size() <= daemon::kMaxGroupNameBytes,
+                 as_request, status);
     } else {
       FUZZ_CHECK(status.code() == StatusCode::kInvalidArgument ||
                      status.code() == StatusCode::kFailedPrecondition,

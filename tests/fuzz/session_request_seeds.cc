@@ -134,6 +134,10 @@ std::vector<Seed> Seeds() {
   };
   add("hello-host", kHost, {Hello(v1::BACKEND_HOST, 0)});
   add("hello-cuda", kCuda, {Hello(v1::BACKEND_CUDA, 3)});
+  v1::SessionRequest grouped = Hello(v1::BACKEND_HOST, 0);
+  grouped.mutable_hello()->set_group("torchrun:run-41@10.0.0.1:29500");
+  grouped.mutable_hello()->set_group_secret(std::string(32, 's'));
+  add("hello-group", kHost, {grouped});
   v1::SessionRequest again = Hello(v1::BACKEND_HOST, 0);
   again.set_request_id(next_id++);
   add("second-hello", kHost, {again});
