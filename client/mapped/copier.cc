@@ -378,10 +378,10 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   SetFlag(op.epoch, false, spilled);
   // Short of room: the lease grows off this thread, landing between later operations (a
   // group's: the depot of the own device ran dry).
-  if (table_->grouped() ? dry
-                        : kernels::LeaseShort(spilled,
-                                              kernels::RingFree(*table_->ring(kernels::kLeaseDevice)),
-                                              table_->pages_leased(kernels::kLeaseDevice))) {
+  if (table_->grouped()
+          ? dry
+          : kernels::LeaseShort(spilled, kernels::RingFree(*table_->ring(kernels::kLeaseDevice)),
+                                table_->pages_leased(kernels::kLeaseDevice))) {
     Outgrown(demand);
   }
   done.tier = TierOf(plan.tier);

@@ -130,12 +130,13 @@ Status LeaseTable::SetGroupBlock(UniqueFd fd, uint64_t bytes, uint32_t tag, uint
   const kernels::GroupLayout layout = kernels::GroupLayoutFor(pages, chunks);
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of the group depot");
-  if (tag < kernels::kFirstMemberTag || pages != chunks * chunk_pages || pages > (uint64_t{1} << 40) ||
-      bytes < layout.block_bytes || static_cast<uint64_t>(st.st_size) < layout.block_bytes) {
+  if (tag < kernels::kFirstMemberTag || pages != chunks * chunk_pages ||
+      pages > (uint64_t{1} << 40) || bytes < layout.block_bytes ||
+      static_cast<uint64_t>(st.st_size) < layout.block_bytes) {
     return InvalidArgumentError("stashd's group depot does not fit its layout (" +
-                                std::to_string(st.st_size) + " bytes for " +
-                                std::to_string(pages) + " pages in " + std::to_string(chunks) +
-                                " chunks, tag " + std::to_string(tag) + ")");
+                                std::to_string(st.st_size) + " bytes for " + std::to_string(pages) +
+                                " pages in " + std::to_string(chunks) + " chunks, tag " +
+                                std::to_string(tag) + ")");
   }
   for (const TierRange& t : tiers_) {
     if (t.pages_leased != 0) return FailedPreconditionError("the group's depot came after chunks");
@@ -193,9 +194,8 @@ uint64_t LeaseTable::Refill(uint32_t tier, uint64_t want) {
   if (!grouped() || refs.empty() || want == 0) return 0;
   want = std::min(want, t.ring.capacity - kernels::RingFree(t.ring));
   claimed_.resize(want);
-  const uint64_t got =
-      kernels::ClaimPages(depot_, refs.data(), refs.size(), &cursor_[tier], tag_, want,
-                          claimed_.data());
+  const uint64_t got = kernels::ClaimPages(depot_, refs.data(), refs.size(), &cursor_[tier], tag_,
+                                           want, claimed_.data());
   for (uint64_t i = 0; i < got; ++i) kernels::RingReturnAt(t.ring, t.ring.tail, i, claimed_[i]);
   t.ring.tail += got;
   t.pages_leased += got;
@@ -284,9 +284,10 @@ Status LeaseTable::AddGroupChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, 
   const uint64_t chunk_pages = chunk_bytes_ / page_bytes_;
   const uint64_t pages = bytes / page_bytes_;
   if (group_page % chunk_pages != 0 || group_page / chunk_pages >= depot_.chunks) {
-    return InvalidArgumentError("chunk " + std::to_string(chunk_id) + " is said to start at group page " +
-                                std::to_string(group_page) + ", outside the group's " +
-                                std::to_string(depot_.chunks) + " chunks");
+    return InvalidArgumentError("chunk " + std::to_string(chunk_id) +
+                                " is said to start at group page " + std::to_string(group_page) +
+                                ", outside the group's " + std::to_string(depot_.chunks) +
+                                " chunks");
   }
   if (std::find(group_chunk_ids_.begin(), group_chunk_ids_.end(), chunk_id) !=
       group_chunk_ids_.end()) {

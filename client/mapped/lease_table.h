@@ -119,7 +119,7 @@ class LeaseTable {
   std::vector<kernels::GroupChunkRef> group_refs_[kernels::kLeaseTiers];
   uint64_t cursor_[kernels::kLeaseTiers] = {};
   std::vector<uint64_t> group_chunk_ids_;
-  std::vector<uint64_t> claimed_;  // scratch for Refill and Flush
+  std::vector<uint64_t> claimed_;          // scratch for Refill and Flush
   kernels::SessionControl own_control_{};  // before the daemon's block arrives
   kernels::SessionControl* control_ = &own_control_;
   uint8_t* control_map_ = nullptr;

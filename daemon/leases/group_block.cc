@@ -23,7 +23,8 @@ StatusOr<std::unique_ptr<GroupBlock>> GroupBlock::Create(uint64_t page_bytes, ui
   }
   const uint64_t pages = chunks * chunk_pages;
   const k::GroupLayout layout = k::GroupLayoutFor(pages, chunks);
-  STASH_ASSIGN_OR_RETURN(auto memory, SharedMemory::CreateSealed("stashd-group", layout.block_bytes));
+  STASH_ASSIGN_OR_RETURN(auto memory,
+                         SharedMemory::CreateSealed("stashd-group", layout.block_bytes));
   auto* h = reinterpret_cast<k::GroupHeader*>(memory->data());
   h->version = k::kGroupVersion;
   h->page_bytes = page_bytes;
@@ -96,7 +97,9 @@ uint64_t GroupBlock::OwnedPages(size_t tier, const std::vector<uint64_t>& chunks
 GroupBlock::Counters GroupBlock::Read(uint64_t max) const {
   const k::GroupHeader& h = *view_.header;
   Counters c;
-  auto load = [max](const uint64_t& f) { return std::min(__atomic_load_n(&f, __ATOMIC_RELAXED), max); };
+  auto load = [max](const uint64_t& f) {
+    return std::min(__atomic_load_n(&f, __ATOMIC_RELAXED), max);
+  };
   c.claimed = load(h.claimed);
   c.high_water = load(h.claimed_high_water);
   c.dry = __atomic_load_n(&h.dry, __ATOMIC_RELAXED);

@@ -37,8 +37,8 @@ Leases::Group* Leases::JoinGroup(Holder& h, const LeaseHolder& who, Status* stat
   if (it == groups_.end()) {
     std::vector<GroupBlock::TierShape> shapes;
     for (size_t t = 0; t < tiers_.size(); ++t) {
-      shapes.push_back({t < pools_ ? static_cast<int64_t>(t) : -1, tiers_[t]->pages(),
-                        tiers_[t]->chunks()});
+      shapes.push_back(
+          {t < pools_ ? static_cast<int64_t>(t) : -1, tiers_[t]->pages(), tiers_[t]->chunks()});
     }
     auto block = GroupBlock::Create(config_.page_bytes, chunk_pages_, shapes);
     if (!block.ok()) {
@@ -215,7 +215,8 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
       leased->set_bytes(lender->ChunkBytes(chunk));
       leased->set_gpu_uuid(lender->gpu_uuid());
       leased->set_group_page(g.block->FirstPage(tier, chunk));
-      reply.parts.push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), packet), std::move(fd).value()});
+      reply.parts.push_back(
+          DescriptorPart{DescriptorAnswer(Status::Ok(), packet), std::move(fd).value()});
       h.sent.push_back(id);
     }
     chunks[lease_tier] += 1;
@@ -265,14 +266,12 @@ void Leases::LeaveGroup(Holder& h, Renewals* renew) {
   if (it == groups_.end()) return;
   Group& g = *it->second;
   g.members.erase(std::remove(g.members.begin(), g.members.end(), h.session_id), g.members.end());
-  g.live_tags.erase(std::remove(g.live_tags.begin(), g.live_tags.end(), h.tag),
-                    g.live_tags.end());
+  g.live_tags.erase(std::remove(g.live_tags.begin(), g.live_tags.end(), h.tag), g.live_tags.end());
   // Exactly the pages its tag owns (its cache, its live stashes, a claim it died in), and any tag
   // no live member has (garbage a member wrote): compared, never followed.
   const std::vector<uint32_t>& live = g.live_tags;
-  const uint64_t freed = g.block->Reclaim([&live](uint32_t tag) {
-    return std::find(live.begin(), live.end(), tag) == live.end();
-  });
+  const uint64_t freed = g.block->Reclaim(
+      [&live](uint32_t tag) { return std::find(live.begin(), live.end(), tag) == live.end(); });
   Log("pool")->info("group {}: session {} left; {} pages it owned are free again", g.name,
                     h.session_id, freed);
   if (!g.members.empty()) return;

@@ -261,7 +261,7 @@ void Leases::Reap() {
         Log("pool")->info("session {}: its process exited; {} leased chunks returned", h.session_id,
                           returned);
         LeaveGroup(h, &exited);  // its group's pages it owned are free at once
-        h.ended = true;  // leases nothing more (a packet it sent before it died)
+        h.ended = true;          // leases nothing more (a packet it sent before it died)
         gone.push_back(ids[i - 1]);
       }
     }

@@ -241,9 +241,9 @@ class Leases {
     std::string name;
     std::unique_ptr<GroupBlock> block;
     uint32_t next_tag = kernels::kFirstMemberTag;
-    std::vector<uint64_t> chunks;         // chunk ids it holds
-    std::vector<std::string> members;     // holders' session ids
-    std::vector<uint32_t> live_tags;      // the members' tags
+    std::vector<uint64_t> chunks;               // chunk ids it holds
+    std::vector<std::string> members;           // holders' session ids
+    std::vector<uint32_t> live_tags;            // the members' tags
     uint64_t dry_seen = 0, dry_pages_seen = 0;  // the depot's dry counters at the last lease
   };
   static std::string GroupKey(uint64_t id) { return "group:" + std::to_string(id); }
@@ -325,14 +325,15 @@ class Leases {
   void Drop(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // group_leases.cc. A group member's lease: the group grows when its depot ran dry (or the
   // member's pool has none of its chunks yet), and the member is sent what it has not mapped.
-  DescriptorReply LeaseGroup(Holder& h, const LeaseHolder& who, const stash::v1::LeaseChunks& request,
-                             uint64_t max_chunks, bool send_control)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  DescriptorReply LeaseGroup(Holder& h, const LeaseHolder& who,
+                             const stash::v1::LeaseChunks& request, uint64_t max_chunks,
+                             bool send_control) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Group* JoinGroup(Holder& h, const LeaseHolder& who, Status* status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes up to `max_chunks` free chunks of tier `source` for `g`, within its user's share (mu_
   // released meanwhile; `h` busy). Returns how many.
-  uint64_t GrowGroup(Group& g, size_t source, uint64_t max_chunks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t GrowGroup(Group& g, size_t source, uint64_t max_chunks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member returns group chunks it unmapped (ReturnChunks): once it maps none, its pages are
   // freed.
   DescriptorReply ReturnGroupChunks(Holder& h, const stash::v1::ReturnChunks& request)

@@ -151,9 +151,9 @@ TEST(GroupDepot, EightMembersNeverShareAPage) {
           const uint64_t n = held.size() / 2 + 1;
           const uint64_t first = held.size() - std::min<uint64_t>(n, held.size());
           for (uint64_t i = first; i < held.size(); ++i) owner[held[i]].store(0);
-          EXPECT_EQ(ReleasePages(d.view(), held.data() + first, held.size() - first, me,
-                                 kChunkPages),
-                    held.size() - first);
+          EXPECT_EQ(
+              ReleasePages(d.view(), held.data() + first, held.size() - first, me, kChunkPages),
+              held.size() - first);
           held.resize(first);
         }
       }

@@ -60,10 +60,10 @@ struct alignas(64) GroupHeader {
   uint64_t magic;
   uint64_t version;
   uint64_t page_bytes;
-  uint64_t chunk_pages;  // pages per chunk (a tier's last chunk may be shorter)
-  uint64_t tiers;        // <= kMaxGroupTiers
-  uint64_t pages;        // pages of the whole address space: chunks * chunk_pages
-  uint64_t chunks;       // chunks of the whole address space
+  uint64_t chunk_pages;         // pages per chunk (a tier's last chunk may be shorter)
+  uint64_t tiers;               // <= kMaxGroupTiers
+  uint64_t pages;               // pages of the whole address space: chunks * chunk_pages
+  uint64_t chunks;              // chunks of the whole address space
   uint64_t chunk_free_offset;   // bytes from the block's start: uint32 free-page hint per chunk
   uint64_t chunk_state_offset;  // uint32 kGroupChunk* per chunk (daemon-written)
   uint64_t tags_offset;         // uint32 tag per page
@@ -75,12 +75,12 @@ struct alignas(64) GroupHeader {
   uint64_t daemon_reserved[7];
 
   // Written by the members, read (clamped) by the daemon for the group's size.
-  alignas(64) uint64_t claimed;     // pages the members own now
-  uint64_t claimed_high_water;      // the most at once since the daemon last reset it
-  uint64_t dry;                     // refills a member's own device's chunks could not fill
-  uint64_t dry_pages;               // the pages those refills missed
-  uint64_t claims;                  // pages claimed, in total
-  uint64_t releases;                // pages released, in total
+  alignas(64) uint64_t claimed;  // pages the members own now
+  uint64_t claimed_high_water;   // the most at once since the daemon last reset it
+  uint64_t dry;                  // refills a member's own device's chunks could not fill
+  uint64_t dry_pages;            // the pages those refills missed
+  uint64_t claims;               // pages claimed, in total
+  uint64_t releases;             // pages released, in total
   uint64_t members_reserved[2];
 
   GroupTier tier[kMaxGroupTiers];
@@ -157,7 +157,7 @@ STASH_HOST_DEVICE void CounterAdd(uint64_t& counter, uint64_t delta) {
 STASH_HOST_DEVICE void AccountClaimed(GroupHeader& h, uint64_t delta) {
 #if defined(__CUDA_ARCH__)
   const uint64_t now = atomicAdd(reinterpret_cast<unsigned long long*>(&h.claimed),  // NOLINT
-                                 static_cast<unsigned long long>(delta)) +         // NOLINT
+                                 static_cast<unsigned long long>(delta)) +           // NOLINT
                        delta;
   atomicMax(reinterpret_cast<unsigned long long*>(&h.claimed_high_water),  // NOLINT
             static_cast<unsigned long long>(now));                         // NOLINT
@@ -183,8 +183,7 @@ struct GroupChunkRef {
 // full chunks), writing their group page ids to `out`. Returns how many it claimed. Chunks the
 // hint says are full are skipped; the tags decide.
 STASH_HOST_DEVICE uint64_t ClaimPages(GroupView& g, const GroupChunkRef* refs, uint64_t n,
-                                      uint64_t* cursor, uint32_t me, uint64_t want,
-                                      uint64_t* out) {
+                                      uint64_t* cursor, uint32_t me, uint64_t want, uint64_t* out) {
   uint64_t got = 0;
   if (n == 0 || want == 0) return 0;
   uint64_t start = *cursor % n;
