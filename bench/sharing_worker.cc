@@ -147,10 +147,16 @@ Status Serve(const Flags& flags) {
   options.connect_timeout_ms = 10000;
   options.allow_host_spill = true;
   const std::string mode = flags.count("mode") ? flags.at("mode") : "daemon-copy";
-  if (mode == "mapped") {
+  if (mode == "mapped" || mode == "mapped-group") {
     options.mode = Mode::kMapped;  // automatic lease: sized by the daemon at each BeginStep
   } else if (mode != "daemon-copy") {
-    return InvalidArgumentError("--mode=" + mode + ": use daemon-copy or mapped");
+    return InvalidArgumentError("--mode=" + mode + ": use daemon-copy, mapped or mapped-group");
+  }
+  if (mode == "mapped-group") {
+    // The node's 8 ranks as one job's group (docs/design.md, "Groups"); the secret is the
+    // bench's own, as a launcher would share one.
+    options.group = "stash-bench-sharing";
+    options.group_secret = std::string(32, 'b');
   }
   const uint64_t row_bytes = FlagU64(flags, "row-bytes", 0);
   const uint64_t max_rows = FlagU64(flags, "max-rows", 0);
