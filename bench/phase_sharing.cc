@@ -7,8 +7,11 @@
 #include <string>
 #include <utility>
 
+#include <grpcpp/grpcpp.h>
+
 #include "bench/sharing_model.h"
 #include "common/macros.h"
+#include "stash/v1/stash.grpc.pb.h"
 
 namespace stash::bench {
 namespace {
@@ -164,7 +167,30 @@ struct RankRun {
   uint64_t pool_high_water = 0;  // shared pool: its high water; own pools: their sum
   uint64_t leftover = 0;         // pages still live at the end (must be 0)
   uint64_t used_at_step = 0;     // most pool pages in use right after a counted BeginStep
+  // --mode=mapped-group: the group's most pages claimed at once, and the most chunks' pages it
+  // held (the daemon's GetStats, read before the ranks end).
+  uint64_t group_high_water = 0;
+  uint64_t group_pages_held = 0;
+  uint64_t group_pages_held_last = 0;  // at the last step
 };
+
+// The group's row of GetStats (mapped-group runs): its claimed high water and pages held.
+Status ReadGroup(const std::string& socket, RankRun* out) {
+  auto stub = v1::StashService::NewStub(
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::GetStatsResponse stats;
+  const grpc::Status s = stub->GetStats(&context, v1::GetStatsRequest(), &stats);
+  if (!s.ok()) return UnavailableError("GetStats: " + s.error_message());
+  for (const v1::GroupStats& g : stats.groups()) {
+    out->group_high_water = std::max(out->group_high_water, g.pages_claimed_high_water());
+    uint64_t held = 0;
+    for (const v1::GroupTierStats& t : g.tiers()) held += t.pages();
+    out->group_pages_held = std::max(out->group_pages_held, held);
+    out->group_pages_held_last = held;
+  }
+  return Status::Ok();
+}
 
 // Runs 8 rank processes against `socket` through every step of `trace`, in lock step: all
 // ranks begin each step together, and each instant of the schedule is one round (the reloads
@@ -192,6 +218,7 @@ StatusOr<RankRun> DriveRanks(Env& env, const NodeTrace& trace, const std::string
   for (auto& w : workers) STASH_RETURN_IF_ERROR(expect(*w, "ready"));
 
   const std::vector<NodeEvent> events = StepEvents(trace);
+  RankRun group;  // the group's figures (mapped-group)
   for (uint32_t step = 0; step < trace.tokens.size(); ++step) {
     for (auto& w : workers) STASH_RETURN_IF_ERROR(w->WriteLine("b " + Str(step)));
     for (auto& w : workers) STASH_RETURN_IF_ERROR(expect(*w, "ok"));
@@ -212,8 +239,9 @@ StatusOr<RankRun> DriveRanks(Env& env, const NodeTrace& trace, const std::string
       for (const auto& [rank, line] : ops) STASH_RETURN_IF_ERROR(expect(*workers[rank], "ok"));
       i = j;
     }
+    if (mode == "mapped-group" && step >= warmup) STASH_RETURN_IF_ERROR(ReadGroup(socket, &group));
   }
-  RankRun out;
+  RankRun out = group;
   for (auto& w : workers) STASH_RETURN_IF_ERROR(w->WriteLine("end"));
   for (auto& w : workers) {
     STASH_ASSIGN_OR_RETURN(Fields f, AwaitResult(*w, log));
@@ -311,6 +339,13 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
                   "  (b) mapped, automatic leases from the same pool (default chunks: pool/32)",
                   Counts(mapped, steps), "per-rank pools " + Counts(own, steps),
                   MissRatio(mapped, own), "", Verdict::kNoTarget});
+  Progress("sharing: stashd, one shared pool, mapped ranks in one group, " + where);
+  STASH_ASSIGN_OR_RETURN(const RankRun grouped, run(flags, "mapped-group", false));
+  rows.push_back({kSection,
+                  "  (b) mapped, the 8 ranks in one group (page by page through its depot; "
+                  "default chunks: pool/32)",
+                  Counts(grouped, steps), "per-rank pools " + Counts(own, steps),
+                  MissRatio(grouped, own), "", Verdict::kNoTarget});
   // Why: what the leases ask for at each step against the pool (the model's demand).
   auto aims = [&](uint64_t chunk_pages) {
     const std::vector<uint64_t> a = LeaseAims(peaks, chunk_pages);
@@ -342,6 +377,14 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
                   "  (b) mapped, automatic leases, chunks of pool/256 (" + SizeName(fine) + ")",
                   Counts(mapped_fine, steps), "per-rank pools " + Counts(own, steps),
                   MissRatio(mapped_fine, own), "", Verdict::kNoTarget});
+  Progress("sharing: stashd, one shared pool, mapped ranks in one group, chunks of " +
+           SizeName(fine) + ", " + where);
+  STASH_ASSIGN_OR_RETURN(const RankRun grouped_fine, run(fine_flags, "mapped-group", false));
+  rows.push_back({kSection,
+                  "  (b) mapped, the 8 ranks in one group, chunks of pool/256 (" + SizeName(fine) +
+                      ")",
+                  Counts(grouped_fine, steps), "per-rank pools " + Counts(own, steps),
+                  MissRatio(grouped_fine, own), "", Verdict::kNoTarget});
   const auto [fine_mean, fine_over] = aims(std::max<uint64_t>(1, total / 256));
   rows.push_back({kSection,
                   "  (b) why: the leases' aims with chunks of pool/256 exceed the pool in " +
@@ -422,6 +465,29 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
          "daemon-copy shared pool's high water " + SizeName(shared_big.pool_high_water * page),
          Ratio(static_cast<double>(leased.used_at_step) /
                static_cast<double>(shared_big.pool_high_water)),
+         "", Verdict::kNoTarget});
+    // The same ranks as one group: what its members claim at most (its memory for zero
+    // overflows), and what it holds once it sized itself.
+    Progress("sharing: stashd, mapped ranks in one group from an unbounded pool, chunks of " +
+             SizeName(chunk_pages * page) + ", " + where);
+    STASH_ASSIGN_OR_RETURN(const RankRun group, run(flags, "mapped-group", false));
+    rows.push_back(
+        {kSection,
+         "  (c) mapped, one group: its claimed pages' high water, chunks of " +
+             SizeName(chunk_pages * page) + " (" + Counts(group, steps) + ")",
+         SizeName(group.group_high_water * page),
+         "daemon-copy shared pool's high water " + SizeName(shared_big.pool_high_water * page),
+         Ratio(static_cast<double>(group.group_high_water) /
+               static_cast<double>(shared_big.pool_high_water)),
+         "", Verdict::kNoTarget});
+    rows.push_back(
+        {kSection,
+         "  (c) mapped, one group: the chunks it holds at the last step (at most after warm-up " +
+             SizeName(group.group_pages_held * page) + ")",
+         SizeName(group.group_pages_held_last * page),
+         "its claimed high water " + SizeName(group.group_high_water * page),
+         Ratio(static_cast<double>(group.group_pages_held_last) /
+               static_cast<double>(std::max<uint64_t>(1, group.group_high_water))),
          "", Verdict::kNoTarget});
   }
   return Status::Ok();

@@ -221,6 +221,28 @@ void LeaseTable::CountDry(uint64_t missed) {
   kernels::CounterAdd(depot_.header->dry_pages, missed);
 }
 
+std::vector<uint64_t> LeaseTable::DropLeaving() {
+  std::vector<uint64_t> gone;
+  if (!grouped()) return gone;
+  for (uint32_t tier = 0; tier < kernels::kLeaseTiers; ++tier) {
+    std::vector<kernels::GroupChunkRef>& refs = group_refs_[tier];
+    std::vector<uint64_t>& ids = group_ref_ids_[tier];
+    for (size_t i = refs.size(); i-- > 0;) {
+      const kernels::GroupChunkRef ref = refs[i];
+      if (kernels::TagLoad(depot_.chunk_state[ref.chunk]) != kernels::kGroupChunkLeaving) continue;
+      // Back to the reservation: the range stays ours, the chunk's memory is gone from here.
+      void* p = mmap(group_base_ + ref.first_page * page_bytes_, ref.pages * page_bytes_, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      if (p != MAP_FAILED) madvise(p, ref.pages * page_bytes_, MADV_DONTFORK);
+      gone.push_back(ids[i]);
+      group_chunk_ids_.erase(std::find(group_chunk_ids_.begin(), group_chunk_ids_.end(), ids[i]));
+      refs.erase(refs.begin() + static_cast<std::ptrdiff_t>(i));
+      ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  return gone;
+}
+
 Status LeaseTable::AddChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, uint64_t bytes,
                             std::optional<uint64_t> group_page) {
   if (tier >= kernels::kLeaseTiers)
@@ -299,6 +321,7 @@ Status LeaseTable::AddGroupChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, 
   if (p == MAP_FAILED) return ErrnoStatus("mapping group chunk " + std::to_string(chunk_id));
   madvise(at, bytes, MADV_DONTFORK);
   group_refs_[tier].push_back(kernels::GroupChunkRef{group_page / chunk_pages, group_page, pages});
+  group_ref_ids_[tier].push_back(chunk_id);
   group_chunk_ids_.push_back(chunk_id);
   return Status::Ok();
 }

@@ -70,6 +70,9 @@ class LeaseTable {
   void Flush(uint32_t tier);
   // A refill of the own device came `missed` pages short: counted in the depot for the daemon.
   void CountDry(uint64_t missed);
+  // Unmaps the group chunks the daemon took back (kGroupChunkLeaving: none of their pages is
+  // anyone's) and returns their ids, for ReturnChunks.
+  std::vector<uint64_t> DropLeaving();
 
   // Takes chunks of `tier` none of whose pages a stash holds out of the ring and unmaps them,
   // highest slot first, until the tier holds at most `target_pages`. Returns their ids.
@@ -117,6 +120,7 @@ class LeaseTable {
   uint32_t tag_ = 0;
   kernels::GroupView depot_{};
   std::vector<kernels::GroupChunkRef> group_refs_[kernels::kLeaseTiers];
+  std::vector<uint64_t> group_ref_ids_[kernels::kLeaseTiers];  // the chunk id of each ref
   uint64_t cursor_[kernels::kLeaseTiers] = {};
   std::vector<uint64_t> group_chunk_ids_;
   std::vector<uint64_t> claimed_;          // scratch for Refill and Flush

@@ -132,6 +132,9 @@ void MappedSession::OnStep(std::unique_ptr<LeaseTable>& table, bool stashes_live
     }
     kernels::ControlStore(control.return_done, asked);
   }
+  // Group chunks the daemon took back: unmapped here, returned by the lease thread.
+  std::vector<uint64_t> leaving = table->DropLeaving();
+  work.give_back.insert(work.give_back.end(), leaving.begin(), leaving.end());
   std::shared_ptr<SessionStream> current = stream();
   if (current->broken_now() || ended_drained_) {
     // The chunks held carry the step; a new session once none is live. (What was taken out

@@ -677,6 +677,9 @@ v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
   const size_t rows = session_rows ? std::min(live.size(), kMaxSessionRows) : 0;
   for (size_t i = 0; i < rows; ++i) *out.add_sessions() = SessionRow(*live[i]);
   out.set_sessions_omitted(live.size() - rows);
+  if (session_rows && leases_ != nullptr) {
+    for (v1::GroupStats& g : leases_->DescribeGroups()) *out.add_groups() = std::move(g);
+  }
   return out;
 }
 

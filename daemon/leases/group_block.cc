@@ -83,15 +83,13 @@ uint64_t GroupBlock::Reclaim(const std::function<bool(uint32_t)>& is_dead) {
   return k::ReclaimTags(view_, chunk_pages_, is_dead);
 }
 
-uint64_t GroupBlock::OwnedPages(size_t tier, const std::vector<uint64_t>& chunks) const {
-  uint64_t owned = 0;
-  for (uint64_t chunk : chunks) {
-    const uint64_t c = first_chunk_[tier] + chunk;
-    for (uint64_t p = c * chunk_pages_; p < (c + 1) * chunk_pages_ && p < view_.pages; ++p) {
-      owned += k::TagLoad(view_.tags[p]) >= k::kFirstMemberTag ? 1 : 0;
-    }
+void GroupBlock::ForEachOwned(size_t tier, uint64_t chunk,
+                              const std::function<void(uint32_t)>& owned) const {
+  const uint64_t c = first_chunk_[tier] + chunk;
+  for (uint64_t p = c * chunk_pages_; p < (c + 1) * chunk_pages_ && p < view_.pages; ++p) {
+    const uint32_t tag = k::TagLoad(view_.tags[p]);
+    if (tag >= k::kFirstMemberTag) owned(tag);
   }
-  return owned;
 }
 
 GroupBlock::Counters GroupBlock::Read(uint64_t max) const {

@@ -49,8 +49,8 @@ class GroupBlock {
   void Out(size_t tier, uint64_t chunk);
   // Frees every page whose tag `is_dead` says is no live member's; returns how many.
   uint64_t Reclaim(const std::function<bool(uint32_t)>& is_dead);
-  // Pages of `tier`'s chunks in the group that members own now, counted from the tags.
-  uint64_t OwnedPages(size_t tier, const std::vector<uint64_t>& chunks) const;
+  // Calls `owned(tag)` for every page of chunk `chunk` of `tier` a member owns now.
+  void ForEachOwned(size_t tier, uint64_t chunk, const std::function<void(uint32_t)>& owned) const;
 
   // The members' counters, each at most `max` (they are untrusted).
   struct Counters {

@@ -163,6 +163,7 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
     }
   }
   Group& g = *groups_.at(group_id);
+  SizeGroup(g);
 
   DescriptorReply reply;
   if (send_control) {
@@ -191,6 +192,7 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
   std::array<uint64_t, k::kLeaseTiers> chunks{};
   std::array<uint64_t, k::kLeaseTiers> pages{};
   for (uint64_t id : g.chunks) {
+    if (std::find(g.leaving.begin(), g.leaving.end(), id) != g.leaving.end()) continue;
     const size_t tier = TierOfId(id);
     const uint64_t chunk = ChunkOfId(id);
     const uint32_t lease_tier = LeaseTierFor(tier, h.pool);
@@ -234,7 +236,8 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
   return reply;
 }
 
-DescriptorReply Leases::ReturnGroupChunks(Holder& h, const v1::ReturnChunks& request) {
+DescriptorReply Leases::ReturnGroupChunks(Holder& h, const v1::ReturnChunks& request,
+                                          Renewals* renew) {
   for (uint64_t id : request.chunk_ids()) {
     if (std::find(h.sent.begin(), h.sent.end(), id) == h.sent.end()) {
       return NotFoundError("chunk " + std::to_string(id) +
@@ -245,13 +248,14 @@ DescriptorReply Leases::ReturnGroupChunks(Holder& h, const v1::ReturnChunks& req
   for (uint64_t id : request.chunk_ids()) {
     h.sent.erase(std::remove(h.sent.begin(), h.sent.end(), id), h.sent.end());
   }
-  if (h.sent.empty()) {
-    // It maps none of the group's memory any more: what its tag still owns is free.
-    auto it = groups_.find(h.group);
-    if (it != groups_.end()) {
+  auto it = groups_.find(h.group);
+  if (it != groups_.end()) {
+    if (h.sent.empty()) {
+      // It maps none of the group's memory any more: what its tag still owns is free.
       const uint32_t tag = h.tag;
       it->second->block->Reclaim([tag](uint32_t t) { return t == tag; });
     }
+    SettleLeaving(*it->second, renew);
   }
   DescriptorReply reply;
   reply.last.set_chunks_returned(static_cast<uint64_t>(request.chunk_ids_size()));
@@ -274,12 +278,148 @@ void Leases::LeaveGroup(Holder& h, Renewals* renew) {
       [&live](uint32_t tag) { return std::find(live.begin(), live.end(), tag) == live.end(); });
   Log("pool")->info("group {}: session {} left; {} pages it owned are free again", g.name,
                     h.session_id, freed);
-  if (!g.members.empty()) return;
+  if (!g.members.empty()) {
+    SettleLeaving(g, renew);
+    return;
+  }
   // The last member is gone: the group's memory goes back to its rings, renewed.
   for (uint64_t id : g.chunks) PutBack(TierOfId(id), ChunkOfId(id), g.uid, renew);
   Log("pool")->info("group {}: its last member left; {} chunks go back to the pools", g.name,
                     g.chunks.size());
   groups_.erase(it);
+}
+
+void Leases::SizeGroup(Group& g) {
+  // The group's step: the most BeginSteps any member made (a member's control block is
+  // untrusted: a member that claims more steps only makes the group size itself sooner).
+  uint64_t step = 0;
+  for (const std::string& id : g.members) {
+    auto it = holders_.find(id);
+    if (it == holders_.end()) continue;
+    step = std::max(step, it->second->control->Read({}, 0, config_.page_bytes).steps);
+  }
+  if (step <= g.step) return;
+  g.step = step;
+  uint64_t held = 0;
+  for (uint64_t id : g.chunks) {
+    if (std::find(g.leaving.begin(), g.leaving.end(), id) == g.leaving.end()) held += PagesOf(id);
+  }
+  const GroupBlock::Counters counters = g.block->Read(held);
+  g.block->ResetHighWater();
+  g.high_water = std::max(g.high_water, counters.high_water);
+  g.windows.push_back(counters.high_water);
+  if (g.windows.size() > 3) g.windows.erase(g.windows.begin());
+  if (g.windows.size() < 3) return;
+  const uint64_t peak = *std::max_element(g.windows.begin(), g.windows.end());
+  const uint64_t target = peak + std::max(chunk_pages_, (peak + 7) / 8);
+  g.above = held > target ? std::min<uint32_t>(g.above + 1, 1000) : 0;
+  if (g.above < 3) return;
+  // Which chunks go first: the host tier's, then other devices', then the latest joined.
+  std::vector<uint64_t> order(g.chunks.rbegin(), g.chunks.rend());
+  std::stable_sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) {
+    return (TierOfId(a) >= pools_) > (TierOfId(b) >= pools_);
+  });
+  uint64_t taken = 0;
+  for (uint64_t id : order) {
+    if (held <= target) break;
+    if (std::find(g.leaving.begin(), g.leaving.end(), id) != g.leaving.end()) continue;
+    const uint64_t pages = PagesOf(id);
+    if (held - pages < target) continue;
+    if (!g.block->Take(TierOfId(id), ChunkOfId(id), pages)) continue;
+    g.leaving.push_back(id);
+    held -= pages;
+    ++taken;
+  }
+  if (taken > 0) {
+    Log("pool")->info(
+        "group {}: gives back {} chunks it has not needed for 3 steps (holds {} pages, its last "
+        "3 steps claimed at most {}); members unmap them at their next step",
+        g.name, taken, held, peak);
+  }
+  g.above = 0;
+}
+
+void Leases::SettleLeaving(Group& g, Renewals* renew) {
+  std::vector<uint64_t> still;
+  for (uint64_t id : g.leaving) {
+    bool mapped = false;
+    for (const std::string& member : g.members) {
+      auto it = holders_.find(member);
+      if (it == holders_.end()) continue;
+      const std::vector<uint64_t>& sent = it->second->sent;
+      mapped = mapped || std::find(sent.begin(), sent.end(), id) != sent.end();
+    }
+    if (mapped) {
+      still.push_back(id);
+      continue;
+    }
+    g.block->Out(TierOfId(id), ChunkOfId(id));
+    g.chunks.erase(std::remove(g.chunks.begin(), g.chunks.end(), id), g.chunks.end());
+    PutBack(TierOfId(id), ChunkOfId(id), g.uid, renew);
+  }
+  g.leaving = std::move(still);
+}
+
+std::vector<v1::GroupStats> Leases::DescribeGroups(size_t max_rows) {
+  std::vector<v1::GroupStats> rows;
+  MutexLock lock(&mu_);
+  DescribeGroupsLocked(&rows, max_rows);
+  return rows;
+}
+
+void Leases::DescribeGroupsLocked(std::vector<v1::GroupStats>* rows, size_t max_rows) {
+  for (const auto& [id, group] : groups_) {
+    if (rows->size() >= max_rows) return;
+    const Group& g = *group;
+    v1::GroupStats row;
+    row.set_name(g.name);
+    row.set_group_id(g.id);
+    row.set_uid(g.uid);
+    row.set_members(static_cast<uint32_t>(g.members.size()));
+    row.set_chunks_leaving(g.leaving.size());
+    // Pages owned per daemon tier and tag, from the tags.
+    std::vector<v1::GroupTierStats> tiers(tiers_.size());
+    uint64_t held = 0, claimed = 0;
+    std::vector<absl::flat_hash_map<uint32_t, uint64_t>> per_tier(tiers_.size());
+    for (uint64_t cid : g.chunks) {
+      const size_t t = TierOfId(cid);
+      v1::GroupTierStats& ts = tiers[t];
+      ts.set_tier(tiers_[t]->name());
+      ts.set_chunks(ts.chunks() + 1);
+      ts.set_pages(ts.pages() + PagesOf(cid));
+      held += PagesOf(cid);
+      g.block->ForEachOwned(t, ChunkOfId(cid), [&](uint32_t tag) {
+        ts.set_pages_claimed(ts.pages_claimed() + 1);
+        ++per_tier[t][tag];
+        ++claimed;
+      });
+    }
+    for (v1::GroupTierStats& ts : tiers) {
+      if (ts.chunks() > 0) *row.add_tiers() = std::move(ts);
+    }
+    const GroupBlock::Counters counters = g.block->Read(held);
+    row.set_pages_claimed(claimed);
+    row.set_pages_claimed_high_water(std::max(g.high_water, counters.high_water));
+    row.set_depot_misses(counters.dry);
+    row.set_depot_missed_pages(counters.dry_pages);
+    for (const std::string& member : g.members) {
+      auto it = holders_.find(member);
+      if (it == holders_.end()) continue;
+      const Holder& h = *it->second;
+      v1::GroupMemberStats* m = row.add_member_rows();
+      m->set_session_id(h.session_id);
+      m->set_rank(h.rank);
+      for (size_t t = 0; t < tiers_.size(); ++t) {
+        auto found = per_tier[t].find(h.tag);
+        if (found == per_tier[t].end()) continue;
+        const uint32_t lt = LeaseTierFor(t, h.pool);
+        if (lt == k::kLeaseDevice) m->set_device_pages(m->device_pages() + found->second);
+        if (lt == k::kLeasePeer) m->set_peer_pages(m->peer_pages() + found->second);
+        if (lt == k::kLeaseHost) m->set_host_pages(m->host_pages() + found->second);
+      }
+    }
+    rows->push_back(std::move(row));
+  }
 }
 
 }  // namespace stash::daemon

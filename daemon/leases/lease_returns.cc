@@ -39,7 +39,7 @@ DescriptorReply Leases::ReturnLocked(const LeaseHolder& who, const v1::ReturnChu
   // rank gives them back now instead of at its exit.
   if (!request.ended_session_id().empty()) return ReturnOrphans(who, request, renew);
   Holder* h = WaitIdle(who.session_id);  // a lease of the same session in flight first
-  if (h != nullptr && h->group != 0) return ReturnGroupChunks(*h, request);
+  if (h != nullptr && h->group != 0) return ReturnGroupChunks(*h, request, renew);
   // Every id first: an id is trusted only once it names a chunk this session holds.
   for (uint64_t id : request.chunk_ids()) {
     if (h == nullptr || !ChunkIs(id, State::kLeased, who.session_id)) {

@@ -172,6 +172,8 @@ class Leases {
   // `live` (optional): its live stashes by tag, from the block's live-stash table.
   bool Describe(const std::string& session_id, std::vector<stash::v1::LeaseStats>* leases,
                 ControlView* control, LiveView* live = nullptr);
+  // One row per group holding memory (stashctl sessions, the metrics), at most `max_rows`.
+  std::vector<stash::v1::GroupStats> DescribeGroups(size_t max_rows = 256);
   // Holders tracked (sessions with a lease, live or orphaned), for tests.
   size_t holders();
   // Chunks out of every ring until they have fresh memory (being renewed now, or waiting for the
@@ -245,6 +247,13 @@ class Leases {
     std::vector<std::string> members;           // holders' session ids
     std::vector<uint32_t> live_tags;            // the members' tags
     uint64_t dry_seen = 0, dry_pages_seen = 0;  // the depot's dry counters at the last lease
+    // Sizing: the group's step (its members' most BeginSteps), the claimed high water of its
+    // last steps, and how many steps in a row it held more than they call for.
+    uint64_t step = 0;
+    std::vector<uint64_t> windows;
+    uint64_t high_water = 0;  // the most pages claimed at once in any step so far
+    uint32_t above = 0;
+    std::vector<uint64_t> leaving;  // chunk ids taken back, waiting for members to unmap them
   };
   static std::string GroupKey(uint64_t id) { return "group:" + std::to_string(id); }
   class BusyHolder;
@@ -336,7 +345,17 @@ class Leases {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member returns group chunks it unmapped (ReturnChunks): once it maps none, its pages are
   // freed.
-  DescriptorReply ReturnGroupChunks(Holder& h, const stash::v1::ReturnChunks& request)
+  DescriptorReply ReturnGroupChunks(Holder& h, const stash::v1::ReturnChunks& request,
+                                    Renewals* renew) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At a new step of `g`: when it held more than its last three steps' claimed high water (plus
+  // an eighth, at least a chunk) for three steps, takes back chunks none of whose pages a
+  // member owns (the host tier's first, then other devices', then the own devices' last
+  // joined) down to that.
+  void SizeGroup(Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leaving chunks of `g` no member maps any more go back to their rings (onto `renew`).
+  void SettleLeaving(Group& g, Renewals* renew) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rows for GroupStats, at most `max_rows`.
+  void DescribeGroupsLocked(std::vector<stash::v1::GroupStats>* rows, size_t max_rows)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `h` leaves its group (it exited, or ended mapping nothing): the pages its tag owns are
   // freed; the group's last member takes the group's chunks back to their rings (onto `renew`).
