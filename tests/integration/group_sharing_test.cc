@@ -26,6 +26,7 @@ using std::chrono::seconds;
 using testing::BinDir;
 using testing::Buffer;
 using testing::DaemonProcess;
+using testing::DaemonStats;
 using testing::Process;
 using testing::TimeScale;
 
@@ -164,6 +165,45 @@ TEST_F(Groups, AStashPastTheDeviceGoesToTheHostTierWhenItHasRoom) {
     if (s1->tier != Tier::kOverflow) ReloadExact(*a, *s1, *fill);
   }
   EXPECT_TRUE(spilled);
+}
+
+// The group sizes itself by what its members claim: after three steps well below what it holds,
+// it gives back the chunks no member uses (another job may lease them), and when its demand comes
+// back the depot runs dry once and the group grows again.
+TEST_F(Groups, AGroupGivesBackWhatItsMembersStoppedUsingAndGrowsAgain) {
+  Start({"--pool-bytes=4MiB", "--chunk-bytes=256KiB", "--host-tier-bytes=0"});
+  auto a = Member(daemon_->socket(), "sizing");
+  ASSERT_NE(a, nullptr);
+  auto big = Buffer(40 * kPage, 21);
+  auto small = Buffer(4 * kPage, 22);
+  auto held_pages = [&] {
+    uint64_t pages = 0;
+    const v1::GetStatsResponse stats = DaemonStats(daemon_->socket());
+    for (const v1::GroupStats& g : stats.groups()) {
+      for (const v1::GroupTierStats& t : g.tiers()) pages += t.pages();
+    }
+    return pages;
+  };
+  uint64_t step = 0;
+  auto one = [&](const HostBuffer& src) {
+    EXPECT_TRUE(a->Wait(*a->BeginStep(step++), 10000).ok());
+    auto s = StashPages(*a, src, src.size() / kPage);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok() && s->tier != Tier::kOverflow) ReloadExact(*a, *s, src);
+    return s.ok() ? s->tier : Tier::kOverflow;
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(one(*big), Tier::kDevice);
+  const uint64_t before = held_pages();
+  EXPECT_GE(before, 40u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(one(*small), Tier::kDevice);
+  const uint64_t after = held_pages();
+  // Its last three steps claimed 4 pages: it keeps that plus a chunk (4 pages), whole chunks.
+  EXPECT_LE(after, 12u) << "held " << before << " pages before";
+  // Demand is back: one stash may miss while the group grows, then it fits again.
+  Tier tier = one(*big);
+  if (tier != Tier::kDevice) tier = one(*big);
+  EXPECT_EQ(tier, Tier::kDevice);
+  EXPECT_GE(held_pages(), 40u);
 }
 
 // Members of the group churn (stashes, reloads, releases) in other processes and are SIGKILLed
