@@ -131,7 +131,7 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
   const uint64_t group_id = joined->id;
   const bool host_ok =
       has_host_ && h.allow_host_spill && tiers_[HostSource(h.pool)]->lender() != nullptr;
-  const bool peer_ok = config_.peer_tier && pools_ > 1;
+  const bool peer_ok = config_.group_peer && pools_ > 1;
   const auto own = static_cast<size_t>(h.pool);
 
   // Grow: the member's device has none of the group's chunks yet, or the depot ran dry.
@@ -149,7 +149,8 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
     // GrowGroup released mu_ meanwhile: the group lives on (this busy member keeps it).
     if (dry && grown == 0) {
       // The own device has no free chunk: what the depot missed, from the other devices (their
-      // spare chunks) and then the host tier.
+      // spare chunks: while each keeps more than half its chunks free for its own ranks) and then
+      // the host tier.
       const uint64_t need = std::max<uint64_t>(1, (missed + chunk_pages_ - 1) / chunk_pages_);
       uint64_t got = 0;
       for (size_t p = 0; p < pools_ && peer_ok && got < need; ++p) {

@@ -77,6 +77,9 @@ struct LeaseConfig {
   uint64_t chunk_bytes = 0;      // Welcome.chunk_bytes (a whole number of pages)
   uint64_t max_lease_bytes = 0;  // per session in each tier
   bool peer_tier = false;        // lend other pools' spare chunks
+  // A group's members claim free pages of the group's chunks on other devices when their own
+  // device's are taken (docs/design.md, "Groups").
+  bool group_peer = true;
   // Each tier keeps tier chunks / first_share_divisor (at least one) for another user's first
   // session (daemon/limits/fair_share.h); 0 = no such share (every chunk to whoever asks first).
   uint64_t first_share_divisor = 0;

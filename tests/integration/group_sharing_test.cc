@@ -44,9 +44,10 @@ const std::string kSecretHex = [] {
 }();
 
 std::unique_ptr<Client> Member(const std::string& socket, const std::string& group,
-                               bool host_spill = false) {
+                               bool host_spill = false, int device = 0) {
   Options o;
   o.socket = socket;
+  o.device = device;
   o.mode = Mode::kMapped;
   o.group = group;
   o.group_secret = kSecret;
@@ -204,6 +205,33 @@ TEST_F(Groups, AGroupGivesBackWhatItsMembersStoppedUsingAndGrowsAgain) {
   if (tier != Tier::kDevice) tier = one(*big);
   EXPECT_EQ(tier, Tier::kDevice);
   EXPECT_GE(held_pages(), 40u);
+}
+
+// A GPU-shaped node: two devices, a member on each. A stash past the own device's pages goes to
+// free pages of the group's chunks on the other device (TIER_PEER), before the host tier, and
+// the other device's own member still finds the rest.
+TEST_F(Groups, AStashPastTheOwnDeviceGoesToAnotherDevicesFreePages) {
+  Start({"--devices=2", "--pool-bytes=1MiB", "--chunk-bytes=256KiB", "--host-tier-bytes=0"});
+  auto a = Member(daemon_->socket(), "two-devices", false, 0);
+  auto b = Member(daemon_->socket(), "two-devices", false, 1);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  // Each device's pool: 16 pages, 12 of them the group's (a chunk stays for another user).
+  auto own = Buffer(12 * kPage, 31);
+  auto past = Buffer(8 * kPage, 32);
+  auto other = Buffer(4 * kPage, 33);
+  ASSERT_TRUE(b->Wait(*b->BeginStep(0), 10000).ok());
+  ASSERT_TRUE(a->Wait(*a->BeginStep(0), 10000).ok());  // sent device 1's chunks too
+  auto s1 = StashPages(*a, *own, 12);
+  auto s2 = StashPages(*a, *past, 8);
+  auto s3 = StashPages(*b, *other, 4);
+  ASSERT_TRUE(s1.ok() && s2.ok() && s3.ok());
+  EXPECT_EQ(s1->tier, Tier::kDevice);
+  EXPECT_EQ(s2->tier, Tier::kPeer);
+  EXPECT_EQ(s3->tier, Tier::kDevice);
+  if (s1->tier != Tier::kOverflow) ReloadExact(*a, *s1, *own);
+  if (s2->tier != Tier::kOverflow) ReloadExact(*a, *s2, *past);
+  if (s3->tier != Tier::kOverflow) ReloadExact(*b, *s3, *other);
 }
 
 // Members of the group churn (stashes, reloads, releases) in other processes and are SIGKILLed
