@@ -340,6 +340,23 @@ void Leases::SizeGroup(Group& g) {
   g.above = 0;
 }
 
+void Leases::ScrubGroups() {
+  for (auto& [id, group] : groups_) {
+    Group& g = *group;
+    const std::vector<uint32_t>& live = g.live_tags;
+    const uint64_t freed = g.block->Reclaim([&live](uint32_t tag) {
+      return std::find(live.begin(), live.end(), tag) == live.end();
+    });
+    uint64_t held_back = 0;
+    if (freed > 0 && garbage_log_.Allow(RateLimiter::Clock::now(), &held_back)) {
+      Log("pool")->warn(
+          "group {}: {} pages of its depot carried a tag no live member has (a member wrote "
+          "there); they are free again",
+          g.name, freed);
+    }
+  }
+}
+
 void Leases::SettleLeaving(Group& g, Renewals* renew) {
   std::vector<uint64_t> still;
   for (uint64_t id : g.leaving) {

@@ -239,6 +239,7 @@ void Leases::Reap() {
       MutexLock lock(&mu_);
       if (renewing) retry.swap(renew_);
       for (auto& [id, h] : holders_) SampleHolder(*h);
+      ScrubGroups();
       for (size_t i = 1; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
         // A lease in flight for it first: what it hands comes back here too.

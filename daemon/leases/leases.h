@@ -355,6 +355,9 @@ class Leases {
   // member owns (the host tier's first, then other devices', then the own devices' last
   // joined) down to that.
   void SizeGroup(Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once a second (the reaper): frees pages whose tag no live member of their group has
+  // (garbage a member wrote), and says so in the log.
+  void ScrubGroups() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Leaving chunks of `g` no member maps any more go back to their rings (onto `renew`).
   void SettleLeaving(Group& g, Renewals* renew) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rows for GroupStats, at most `max_rows`.
@@ -396,6 +399,8 @@ class Leases {
   std::vector<std::pair<uint64_t, uint64_t>> renew_ ABSL_GUARDED_BY(mu_);
   // Lines about leases that stopped at their user's share.
   RateLimiter share_log_{1, std::chrono::seconds(10)};
+  // Lines about garbage in groups' depots.
+  RateLimiter garbage_log_{1, std::chrono::seconds(10)};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void(const MappedActivity&)> listener_;  // set before the first Lease
   bool draining_ ABSL_GUARDED_BY(mu_) = false;           // control blocks are created draining

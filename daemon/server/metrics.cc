@@ -4,6 +4,7 @@
 #include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
 
+#include <algorithm>
 #include <exception>
 #include <limits>
 #include <map>
@@ -159,6 +160,107 @@ void SessionFamilies(const v1::GetStatsResponse& stats, std::vector<MetricFamily
     }
     out->push_back(std::move(family));
   }
+}
+
+// Per group of mapped sessions (GetStats' group rows, at most 256: the daemon's cap keeps these
+// families as small as the per-session ones), labelled by its name and uid. Two rows with one
+// name and uid (a group that ended while its members' processes live, and its successor) are
+// one series: counts summed, the high water the larger. Like the session series, a group's
+// series exist while the daemon reports it, and go with it.
+struct GroupSums {
+  double members = 0, pages_held = 0, pages_claimed = 0, pages_claimed_high_water = 0;
+  double depot_misses = 0, depot_missed_pages = 0, chunks_leaving = 0;
+};
+
+// A member's claimed pages by kind, per (group, uid, rank); past kMaxSessionSeries keys the
+// rest go to group="other", uid="other", rank="other", as the session series do.
+struct MemberSums {
+  double device = 0, peer = 0, host = 0;
+};
+
+void GroupFamilies(const v1::GetStatsResponse& stats, std::vector<MetricFamily>* out) {
+  using GroupKey = std::pair<std::string, std::string>;  // name, uid
+  std::map<GroupKey, GroupSums> groups;
+  using MemberKey = std::tuple<std::string, std::string, std::string>;  // name, uid, rank
+  std::map<MemberKey, MemberSums> members;
+  MemberSums other;
+  bool has_other = false;
+  for (const v1::GroupStats& g : stats.groups()) {
+    const GroupKey key{SafeLabel(g.name()), std::to_string(g.uid())};
+    GroupSums& sum = groups[key];
+    sum.members += g.members();
+    for (const v1::GroupTierStats& t : g.tiers()) sum.pages_held += static_cast<double>(t.pages());
+    sum.pages_claimed += static_cast<double>(g.pages_claimed());
+    sum.pages_claimed_high_water =
+        std::max(sum.pages_claimed_high_water, static_cast<double>(g.pages_claimed_high_water()));
+    sum.depot_misses += static_cast<double>(g.depot_misses());
+    sum.depot_missed_pages += static_cast<double>(g.depot_missed_pages());
+    sum.chunks_leaving += static_cast<double>(g.chunks_leaving());
+    for (const v1::GroupMemberStats& m : g.member_rows()) {
+      const MemberKey member{key.first, key.second, m.rank() < 0 ? "" : std::to_string(m.rank())};
+      MemberSums* msum = nullptr;
+      if (auto it = members.find(member); it != members.end()) {
+        msum = &it->second;
+      } else if (members.size() < kMaxSessionSeries) {
+        msum = &members[member];
+      } else {
+        msum = &other;
+        has_other = true;
+      }
+      msum->device += static_cast<double>(m.device_pages());
+      msum->peer += static_cast<double>(m.peer_pages());
+      msum->host += static_cast<double>(m.host_pages());
+    }
+  }
+  if (has_other) members[MemberKey{"other", "other", "other"}] = other;
+
+  struct Spec {
+    const char* name;
+    const char* help;
+    MetricType type;
+    double GroupSums::*field;
+  };
+  const Spec specs[] = {
+      {"stashd_group_members",
+       "Sessions in the group (live, or ended while their process lives and may map its memory)",
+       MetricType::Gauge, &GroupSums::members},
+      {"stashd_group_pages_held", "Pages of the chunks the group holds now, every tier",
+       MetricType::Gauge, &GroupSums::pages_held},
+      {"stashd_group_pages_claimed",
+       "Pages of the group's chunks its members own now (cached free or under a stash)",
+       MetricType::Gauge, &GroupSums::pages_claimed},
+      {"stashd_group_pages_claimed_high_water",
+       "The most pages the group's members owned at once since it formed", MetricType::Gauge,
+       &GroupSums::pages_claimed_high_water},
+      {"stashd_group_depot_misses_total",
+       "Refills of a member's own device that came short (depot misses) since the group formed",
+       MetricType::Counter, &GroupSums::depot_misses},
+      {"stashd_group_depot_missed_pages_total", "Pages the group's depot misses lacked",
+       MetricType::Counter, &GroupSums::depot_missed_pages},
+      {"stashd_group_chunks_leaving",
+       "Chunks the group is giving back, waiting for every member to unmap them", MetricType::Gauge,
+       &GroupSums::chunks_leaving},
+  };
+  for (const Spec& spec : specs) {
+    MetricFamily family = Family(spec.name, spec.help, spec.type);
+    for (const auto& [key, sum] : groups) {
+      Add(family, {{"group", key.first}, {"uid", key.second}}, sum.*spec.field);
+    }
+    out->push_back(std::move(family));
+  }
+  MetricFamily pages = Family("stashd_group_member_pages_claimed",
+                              "Pages a member of the group owns now, by kind: its own device's "
+                              "chunks (device), other devices' (peer), the host tier's (host)",
+                              MetricType::Gauge);
+  for (const auto& [key, sum] : members) {
+    const auto& [group, uid, rank] = key;
+    for (const auto& [kind, value] : {std::pair<const char*, double>{"device", sum.device},
+                                      {"peer", sum.peer},
+                                      {"host", sum.host}}) {
+      Add(pages, {{"group", group}, {"kind", kind}, {"rank", rank}, {"uid", uid}}, value);
+    }
+  }
+  out->push_back(std::move(pages));
 }
 
 // One series per knob, its effective value and source as labels (what `stashctl config` shows),
@@ -332,6 +434,7 @@ std::vector<MetricFamily> CollectMetrics(DaemonCore& core) {
   if (!info.metric.empty()) out.push_back(std::move(info));
 
   SessionFamilies(stats, &out);
+  GroupFamilies(stats, &out);
 
   const DaemonCounters& counters = core.counters();
   MetricFamily latency = Family("stashd_stash_latency_seconds",
