@@ -119,12 +119,6 @@ uint64_t Leases::GrowGroup(Group& g, size_t source, uint64_t max_chunks) {
 DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
                                    const v1::LeaseChunks& request, uint64_t max_chunks,
                                    bool send_control) {
-  if (!request.automatic()) {
-    return FailedPreconditionError(
-        "session " + h.session_id + " is in group " + who.group +
-        ": a group's memory is sized by the daemon, so its members lease automatically (set "
-        "Options.lease.automatic, or leave the group)");
-  }
   Status status;
   Group* joined = JoinGroup(h, who, &status);
   if (joined == nullptr) return status;
@@ -146,6 +140,20 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
                                      [&](uint64_t id) { return TierOfId(id) == own; });
     uint64_t grown = 0;
     if (!has_own || dry) grown += GrowGroup(g, own, tiers_[own]->chunks());
+    // A fixed lease (Options.lease.automatic false) is a floor: the group holds at least that
+    // much of the member's device (the group sizes itself from there; nothing is the member's
+    // alone).
+    if (!request.automatic()) {
+      uint64_t want = 0;
+      for (const v1::TierPages& w : request.want()) {
+        if (w.tier() == v1::TIER_DEVICE) want = std::max(want, w.pages());
+      }
+      uint64_t held = 0;
+      for (uint64_t id : g.chunks) held += TierOfId(id) == own ? PagesOf(id) : 0;
+      if (want > held) {
+        grown += GrowGroup(g, own, (want - held + chunk_pages_ - 1) / chunk_pages_);
+      }
+    }
     // GrowGroup released mu_ meanwhile: the group lives on (this busy member keeps it).
     if (dry && grown == 0) {
       // The own device has no free chunk: what the depot missed, from the other devices (their
