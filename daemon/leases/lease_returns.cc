@@ -195,8 +195,8 @@ void Leases::Drop(const std::string& session_id) {
   SampleHolder(*it->second);  // its very last numbers (a killed rank's last step)
   Renewals group_chunks;
   LeaveGroup(*it->second, &group_chunks);  // it maps none of its group's memory now
-  // The group's chunks when it was the last member: renewed by the reaper, off this lock.
-  renew_.insert(renew_.end(), group_chunks.begin(), group_chunks.end());
+  // The group's chunks when it was the last member: renewed by the reaper at once, off this lock.
+  group_returns_.insert(group_returns_.end(), group_chunks.begin(), group_chunks.end());
   closing_.push_back(std::move(it->second->pidfd));  // closed by the reaper, never under its poll
   holders_.erase(it);
   Wake();
@@ -210,16 +210,19 @@ void Leases::Reap() {
     ids.clear();
     fds.push_back({wake_.get(), POLLIN, 0});
     bool renewing = false;
+    Renewals left_by_groups;
     {
       MutexLock lock(&mu_);
       if (stopping_) return;
       closing_.clear();
+      left_by_groups.swap(group_returns_);
       for (const auto& [id, h] : holders_) {
         fds.push_back({h->pidfd.get(), POLLIN, 0});
         ids.push_back(id);
       }
       renewing = !renew_.empty();
     }
+    RenewAndReturn(left_by_groups, /*retry=*/false);  // a group's chunks, back in their rings now
     // Once a second while anything is to renew or any control block to sample.
     const bool timed = renewing || fds.size() > 1;
     int rc = 0;

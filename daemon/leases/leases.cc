@@ -597,14 +597,24 @@ bool Leases::Describe(const std::string& session_id, std::vector<v1::LeaseStats>
   if (it == holders_.end()) return false;
   const Holder& h = *it->second;
   std::array<uint64_t, k::kLeaseTiers> held{};
-  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) held[t] = HeldPages(h, t);
+  std::array<uint64_t, k::kLeaseTiers> chunks{};
+  for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
+    held[t] = HeldPages(h, t);
+    chunks[t] = h.held[t].size();
+  }
+  // A group's member: the group's chunks it maps, by what they are to it.
+  for (uint64_t id : h.sent) {
+    const uint32_t t = LeaseTierFor(TierOfId(id), h.pool);
+    held[t] += PagesOf(id);
+    ++chunks[t];
+  }
   *control = ReadControl(h, held);
   if (live != nullptr) *live = h.control->ReadLive(*control);
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
-    if (h.held[t].empty() && h.aim[t] == 0) continue;
+    if (chunks[t] == 0 && h.aim[t] == 0) continue;
     v1::LeaseStats row;
     row.set_tier(ProtoTier(t));
-    row.set_chunks(h.held[t].size());
+    row.set_chunks(chunks[t]);
     row.set_pages_leased(held[t]);
     row.set_pages_used(control->tiers[t].pages_used);
     row.set_pages_high_water(control->tiers[t].high_water);

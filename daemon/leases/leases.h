@@ -397,6 +397,8 @@ class Leases {
   std::vector<UniqueFd> closing_ ABSL_GUARDED_BY(mu_);  // pidfds the reaper closes
   // Chunks that came back and could not get fresh memory yet (tier, chunk): out of every ring.
   std::vector<std::pair<uint64_t, uint64_t>> renew_ ABSL_GUARDED_BY(mu_);
+  // A group's chunks its last member left behind (Drop), for the reaper to renew at once.
+  Renewals group_returns_ ABSL_GUARDED_BY(mu_);
   // Lines about leases that stopped at their user's share.
   RateLimiter share_log_{1, std::chrono::seconds(10)};
   // Lines about garbage in groups' depots.
