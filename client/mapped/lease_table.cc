@@ -320,6 +320,9 @@ Status LeaseTable::AddGroupChunk(uint32_t tier, uint64_t chunk_id, UniqueFd fd, 
       mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd.get(), 0);
   if (p == MAP_FAILED) return ErrnoStatus("mapping group chunk " + std::to_string(chunk_id));
   madvise(at, bytes, MADV_DONTFORK);
+  // Each page written once through this mapping, as for a private chunk: an atomic no-op, so
+  // other members' stashes in it stay as they are.
+  WriteEachPage(at, bytes);
   group_refs_[tier].push_back(kernels::GroupChunkRef{group_page / chunk_pages, group_page, pages});
   group_ref_ids_[tier].push_back(chunk_id);
   group_chunk_ids_.push_back(chunk_id);
