@@ -451,8 +451,12 @@ DescriptorReply DaemonCore::HandleDescriptors(const v1::DescriptorRequest& reque
   who.rank = session->info().rank;
   who.hello_pid = session->info().pid;
   who.label = session->info().label;
-  who.group_id = session->info().group_id;
-  who.group = session->info().group;
+  // Groups share pages on the host backend only: the cuda twin (tags in device memory, claims
+  // in the plan kernel) is not built, so a cuda session in a group leases on its own.
+  if (backend_ != v1::BACKEND_CUDA) {
+    who.group_id = session->info().group_id;
+    who.group = session->info().group;
+  }
   switch (request.kind_case()) {
     case v1::DescriptorRequest::kDepositMemory: {
       if (session->info().mapped) {
