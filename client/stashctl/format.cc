@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 #include <utility>
 
 #include "common/bytes.h"
@@ -129,6 +130,92 @@ std::string SessionTable(const google::protobuf::RepeatedPtrField<v1::SessionSta
     table.AddRow(std::move(row));
   }
   return table.Render(width);
+}
+
+// The page size of the tier `name` names in the reply; 0 when it has no such tier.
+uint64_t PageBytesOf(const google::protobuf::RepeatedPtrField<v1::TierStats>& tiers,
+                     const std::string& name) {
+  for (const v1::TierStats& t : tiers) {
+    if (t.name() == name) return t.page_bytes();
+  }
+  return 0;
+}
+
+// What a group holds, in bytes; in pages when a tier's page size is not in the reply (an older
+// daemon's, or a hand-made one).
+std::string GroupHeld(const v1::GroupStats& g,
+                      const google::protobuf::RepeatedPtrField<v1::TierStats>& tiers) {
+  uint64_t bytes = 0, pages = 0;
+  bool sized = true;
+  for (const v1::GroupTierStats& t : g.tiers()) {
+    const uint64_t page = PageBytesOf(tiers, t.tier());
+    sized = sized && page != 0;
+    bytes += t.pages() * page;
+    pages += t.pages();
+  }
+  return sized ? FormatBytes(bytes) : Num(pages) + " pages";
+}
+
+std::string GroupTable(const v1::GetStatsResponse& stats, size_t width) {
+  using A = Table::Align;
+  // On a narrow terminal the name is cut first, then the least telling columns go; the name,
+  // members, what the group holds and what its members claim always show.
+  Table table({{"GROUP", A::kLeft, 12},
+               {"UID", A::kRight, 0, 3},
+               {"MEMBERS", A::kRight},
+               {"CHUNK BYTES", A::kRight},
+               {"CLAIMED/HIGH WATER PAGES", A::kRight},
+               {"DEPOT MISSES", A::kRight, 0, 1},
+               {"MISSED PAGES", A::kRight, 0, 4},
+               {"LEAVING CHUNKS", A::kRight, 0, 2}});
+  for (const v1::GroupStats& g : stats.groups()) {
+    table.AddRow({OrDash(g.name()), std::to_string(g.uid()), std::to_string(g.members()),
+                  GroupHeld(g, stats.tiers()),
+                  Num(g.pages_claimed()) + "/" + Num(g.pages_claimed_high_water()),
+                  Num(g.depot_misses()), Num(g.depot_missed_pages()), Num(g.chunks_leaving())});
+  }
+  return table.Render(width);
+}
+
+// Per group: its chunks by tier, then each member's claimed pages by kind.
+std::string GroupDetails(const v1::GetStatsResponse& stats, size_t width) {
+  using A = Table::Align;
+  std::string out;
+  for (const v1::GroupStats& g : stats.groups()) {
+    out += "\ngroup " + OrDash(g.name()) + " (uid " + std::to_string(g.uid()) + ", id " +
+           Num(g.group_id()) + "): chunks by tier\n";
+    Table tiers({{"TIER", A::kLeft},
+                 {"CHUNKS", A::kRight},
+                 {"CLAIMED/TOTAL PAGES", A::kRight},
+                 {"CHUNK BYTES", A::kRight}});
+    for (const v1::GroupTierStats& t : g.tiers()) {
+      const uint64_t page = PageBytesOf(stats.tiers(), t.tier());
+      tiers.AddRow({OrDash(t.tier()), Num(t.chunks()),
+                    Num(t.pages_claimed()) + "/" + Num(t.pages()),
+                    page == 0 ? "-" : FormatBytes(t.pages() * page)});
+    }
+    out += tiers.rows() == 0 ? "holds no chunks\n" : tiers.Render(width);
+    if (g.member_rows().empty()) {
+      out += "no member rows\n";
+      continue;
+    }
+    out += "members' claimed pages by kind\n";
+    Table members({{"SESSION", A::kLeft},
+                   {"RANK", A::kRight},
+                   {"DEVICE PAGES", A::kRight},
+                   {"PEER PAGES", A::kRight},
+                   {"HOST PAGES", A::kRight}});
+    std::vector<v1::GroupMemberStats> rows(g.member_rows().begin(), g.member_rows().end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+      return std::make_tuple(a.rank(), a.session_id()) < std::make_tuple(b.rank(), b.session_id());
+    });
+    for (const v1::GroupMemberStats& m : rows) {
+      members.AddRow({OrDash(m.session_id().substr(0, 8)), RankText(m.rank()),
+                      Num(m.device_pages()), Num(m.peer_pages()), Num(m.host_pages())});
+    }
+    out += members.Render(width);
+  }
+  return out;
 }
 
 }  // namespace
@@ -431,16 +518,16 @@ std::string RenderStats(const v1::GetStatsResponse& stats, size_t width) {
     }
     out += OmittedLine(stats.sessions_omitted());
   }
+  if (!stats.groups().empty()) out += "\n" + GroupTable(stats, width);
   return out;
 }
 
-std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
-                           uint64_t omitted, bool detail, size_t width) {
-  if (sessions.empty() && omitted == 0) return "no sessions connected\n";
+namespace {
+
+// Per session (`sessions --detail`): a mapped session's lease by tier, then what it holds by tag.
+std::string SessionDetails(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
+                           size_t width) {
   std::string out;
-  if (!sessions.empty()) out += SessionTable(sessions, /*with_identity=*/true, width);
-  out += OmittedLine(omitted);
-  if (!detail) return out;
   using A = Table::Align;
   for (const v1::SessionStats& s : sessions) {
     out += "\nsession " + OrDash(s.session_id().substr(0, 8)) + " (rank " + RankText(s.rank()) +
@@ -487,6 +574,32 @@ std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionS
              "changing as the daemon read it)\n";
     }
   }
+  return out;
+}
+
+}  // namespace
+
+std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
+                           uint64_t omitted, bool detail, size_t width) {
+  if (sessions.empty() && omitted == 0) return "no sessions connected\n";
+  std::string out;
+  if (!sessions.empty()) out += SessionTable(sessions, /*with_identity=*/true, width);
+  out += OmittedLine(omitted);
+  if (!detail) return out;
+  return out + SessionDetails(sessions, width);
+}
+
+std::string RenderGroups(const v1::GetStatsResponse& stats, bool detail, size_t width) {
+  if (stats.groups().empty()) return "";
+  std::string out = GroupTable(stats, width);
+  if (detail) out += GroupDetails(stats, width);
+  return out;
+}
+
+std::string RenderSessionsAndGroups(const v1::GetStatsResponse& stats, bool detail, size_t width) {
+  std::string out = RenderSessions(stats.sessions(), stats.sessions_omitted(), detail, width);
+  const std::string groups = RenderGroups(stats, detail, width);
+  if (!groups.empty()) out += "\n" + groups;
   return out;
 }
 

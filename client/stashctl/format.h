@@ -83,7 +83,8 @@ std::string Truncate(const std::string& text, size_t width);
 // how many of the window's stashes were made while they warmed; empty otherwise.
 std::string WarmUpNote(const v1::DaemonStats& d);
 
-// The daemon lines, the tier table and the session table of `stashctl stats`.
+// The daemon lines, the tier table, the session table and the groups table (without detail) of
+// `stashctl stats`.
 std::string RenderStats(const v1::GetStatsResponse& stats, size_t width = 0);
 
 // The session table alone (`stashctl sessions`); a line saying there are none when empty, and
@@ -91,6 +92,18 @@ std::string RenderStats(const v1::GetStatsResponse& stats, size_t width = 0);
 // session what it holds now by layer, microbatch and name.
 std::string RenderSessions(const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
                            uint64_t omitted = 0, bool detail = false, size_t width = 0);
+
+// What `stashctl sessions` shows of a GetStats reply: RenderSessions of its sessions, then
+// RenderGroups; with `detail`, each session's details come before the groups' table.
+std::string RenderSessionsAndGroups(const v1::GetStatsResponse& stats, bool detail = false,
+                                    size_t width = 0);
+
+// The groups table (mapped sessions of one job sharing memory page by page): per group its name,
+// uid, members, the bytes of the chunks it holds (each tier's pages times that tier's page_bytes
+// in `stats.tiers`), the pages its members claim now / at most, its depot misses and the chunks
+// it is giving back. With `detail`, then per group its chunks by tier and each member's pages by
+// kind. Empty when the reply has no group, so a node without them reads as before.
+std::string RenderGroups(const v1::GetStatsResponse& stats, bool detail = false, size_t width = 0);
 
 // The daemon's identity, pools and geometry, then the knob table (`stashctl config`).
 std::string RenderConfig(const v1::GetConfigResponse& config, size_t width = 0);

@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include <google/protobuf/descriptor.h>
@@ -40,6 +41,23 @@ void SelectSessions(const SessionSelection& selection,
                    });
   sessions->Clear();
   for (v1::SessionStats& s : kept) *sessions->Add() = std::move(s);
+}
+
+void SelectGroups(const SessionSelection& selection,
+                  const pb::RepeatedPtrField<v1::SessionStats>& sessions,
+                  pb::RepeatedPtrField<v1::GroupStats>* groups) {
+  if (selection.label.empty() && !selection.rank && !selection.pid) return;
+  std::set<std::string> shown;
+  for (const v1::SessionStats& s : sessions) shown.insert(s.session_id());
+  std::vector<v1::GroupStats> kept;
+  for (v1::GroupStats& g : *groups) {
+    const bool any = std::any_of(
+        g.member_rows().begin(), g.member_rows().end(),
+        [&shown](const v1::GroupMemberStats& m) { return shown.count(m.session_id()) > 0; });
+    if (any) kept.push_back(std::move(g));
+  }
+  groups->Clear();
+  for (v1::GroupStats& g : kept) *groups->Add() = std::move(g);
 }
 
 std::vector<std::string> QueryableFields(const pb::Descriptor& type) {

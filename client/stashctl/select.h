@@ -37,6 +37,13 @@ bool ValidSortKey(const std::string& key);
 void SelectSessions(const SessionSelection& selection,
                     google::protobuf::RepeatedPtrField<v1::SessionStats>* sessions);
 
+// With a filter (--label, --rank, --pid; not --sort alone), removes the groups none of whose
+// members is among `sessions` (as SelectSessions left them), so `stashctl sessions --label=...`
+// shows that job's group and not the others. Groups keep their order and every member row.
+void SelectGroups(const SessionSelection& selection,
+                  const google::protobuf::RepeatedPtrField<v1::SessionStats>& sessions,
+                  google::protobuf::RepeatedPtrField<v1::GroupStats>* groups);
+
 // The scalar fields of `type` a query may name (proto field names), in declaration order.
 std::vector<std::string> QueryableFields(const google::protobuf::Descriptor& type);
 

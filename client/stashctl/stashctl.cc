@@ -87,8 +87,9 @@ const FlagSpec kFlags[] = {
      "64-bit counters are strings, as proto3 JSON has them)",
      "true or false", [](std::string_view v, Options* o) { return Parse(v, &o->json); }},
     {"detail", nullptr,
-     "With sessions: also what each session holds now by layer, microbatch and name (JSON "
-     "always has it, as `live`)",
+     "With sessions: also what each session holds now by layer, microbatch and name, and each "
+     "group's chunks by tier and its members' pages (JSON always has them, as `live` and "
+     "`groups`)",
      "true or false", [](std::string_view v, Options* o) { return Parse(v, &o->detail); }},
     {"watch", "SECONDS",
      "Refresh every SECONDS (fractions allowed) until Ctrl-C. A terminal is cleared between "
@@ -173,9 +174,11 @@ struct CommandSpec {
 const CommandSpec kCommands[] = {
     {"stats", Command::kStats,
      "daemon counters (requests, bytes, latency, copy rate), one row per tier with its usage "
-     "bar, one row per session"},
+     "bar, one row per session and per group"},
     {"sessions", Command::kSessions,
-     "the connected sessions: rank, pid, pool, label, age, counters, live pages, step flags"},
+     "the connected sessions: rank, pid, pool, label, age, counters, live pages, step flags; "
+     "then the groups their mapped sessions form: members, memory held and claimed, depot "
+     "misses"},
     {"config", Command::kConfig,
      "the daemon's effective knobs (value, where it came from, help), backend, socket, pools"},
     {"health", Command::kHealth,
@@ -250,11 +253,6 @@ class Connection {
     grpc::ClientContext context;
     SetDeadline(&context);
     return stash_->GetStats(&context, v1::GetStatsRequest(), reply);
-  }
-  grpc::Status ListSessions(v1::ListSessionsResponse* reply) {
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    return stash_->ListSessions(&context, v1::ListSessionsRequest(), reply);
   }
   grpc::Status Drain(bool undrain, v1::DrainResponse* reply) {
     grpc::ClientContext context;
@@ -367,6 +365,7 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
       v1::GetStatsResponse reply;
       grpc::Status status = connection.GetStats(&reply);
       SelectSessions(options.selection, reply.mutable_sessions());
+      SelectGroups(options.selection, reply.sessions(), reply.mutable_groups());
       finish("GetStats", status, reply,
              !status.ok()  ? ""
              : options.csv ? RenderCsv(reply.tiers(), options.query, options.csv_header)
@@ -374,14 +373,19 @@ Frame Fetch(Connection& connection, const Options& options, bool pretty_json) {
       break;
     }
     case Command::kSessions: {
-      v1::ListSessionsResponse reply;
-      grpc::Status status = connection.ListSessions(&reply);
+      // GetStats, not ListSessions: the same session rows (the daemon builds one from the
+      // other) and the groups with the tiers' page sizes, from one snapshot. The JSON leaves the
+      // daemon lines out (`stats` has them) and keeps the tiers, whose page_bytes size the
+      // groups' pages.
+      v1::GetStatsResponse reply;
+      grpc::Status status = connection.GetStats(&reply);
       SelectSessions(options.selection, reply.mutable_sessions());
-      finish("ListSessions", status, reply,
+      SelectGroups(options.selection, reply.sessions(), reply.mutable_groups());
+      reply.clear_daemon();
+      finish("GetStats", status, reply,
              !status.ok()  ? ""
              : options.csv ? RenderCsv(reply.sessions(), options.query, options.csv_header)
-                           : RenderSessions(reply.sessions(), reply.sessions_omitted(),
-                                            options.detail, width));
+                           : RenderSessionsAndGroups(reply, options.detail, width));
       break;
     }
     case Command::kConfig: {

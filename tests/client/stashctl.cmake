@@ -12,3 +12,9 @@ target_compile_definitions(stashctl_test PRIVATE STASH_TEST_BIN_DIR="${PROJECT_B
 stash_add_test(stashctl_select_test
   SOURCES stashctl_select_test.cc
   LIBS stash::stashctl stash::proto)
+
+# The groups table (stats, sessions, sessions --detail) and which groups a session filter keeps:
+# pure functions of a hand-built reply, no daemon.
+stash_add_test(stashctl_groups_test
+  SOURCES stashctl_groups_test.cc
+  LIBS stash::stashctl stash::proto)

@@ -906,6 +906,18 @@ TEST_F(StashctlWithDaemon, SessionsSaysNoneWhenNoRankIsConnected) {
   EXPECT_EQ(o.out, "no sessions connected\n");
 }
 
+// sessions --json: the session rows, the groups and the tiers (whose page_bytes size the groups'
+// pages) of one GetStats reply; the daemon lines are stats'.
+TEST_F(StashctlWithDaemon, SessionsJsonHasSessionsGroupsAndTiers) {
+  const Outcome o = Stashctl({"sessions", "--json", "--socket", socket_});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  for (const char* key :
+       {R"("sessions": [])", R"("sessions_omitted": "0")", R"("groups": [])", R"("tiers": [)"}) {
+    EXPECT_NE(o.out.find(key), std::string::npos) << key << "\n" << o.out;
+  }
+  EXPECT_EQ(o.out.find(R"("daemon")"), std::string::npos) << o.out;
+}
+
 TEST_F(StashctlWithDaemon, SocketComesFromStashdSocketWithoutAFlag) {
   const Outcome o = Stashctl({"health"}, {"STASHD_SOCKET=" + socket_});
   EXPECT_EQ(o.exit_code, 0) << o.err;

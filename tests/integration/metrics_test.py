@@ -85,7 +85,7 @@ def daemon(tmp_path):
     assert proc.returncode == 0, log.read_text()
 
 
-def page_while_ranks_hold_pages(url, sock, tmp_path):
+def page_while_ranks_hold_pages(url, sock, tmp_path, extra_args=(), env=None):
     """/metrics as fetched while two stash-demo ranks hold their last step's stashes."""
     page = tmp_path / "metrics.txt"
     getter = ("import sys, urllib.request; "
@@ -93,8 +93,8 @@ def page_while_ranks_hold_pages(url, sock, tmp_path):
     command = f"{sys.executable} -c '{getter}' {url} > {page}"
     run = subprocess.run(
         [str(DEMO), f"--socket={sock}", "--ranks=2", "--devices=2", "--layers=3", "--experts=4",
-         "--hidden=64", "--tokens=128", "--steps=2", f"--hold-command={command}"],
-        capture_output=True, text=True, timeout=120)
+         "--hidden=64", "--tokens=128", "--steps=2", f"--hold-command={command}", *extra_args],
+        capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     return page.read_text()
 
@@ -137,6 +137,31 @@ def test_metrics_pass_promtool_and_show_what_the_ranks_hold(daemon, tmp_path):
     after = samples(fetch(url))
     assert after[("stashd_reloads_total", frozenset())] >= 12
     assert not any(name == "stashd_session_pages_held" for name, _ in after)
+
+
+def test_a_group_has_series_while_it_lives_and_none_after(daemon, tmp_path):
+    # Two mapped ranks of one job ($STASHD_GROUP) share pages as a group: per group and per
+    # member series while they hold their stashes, none once the group is gone.
+    url, sock, _ = daemon
+    env = dict(os.environ, STASHD_GROUP="llama-job", STASHD_GROUP_SECRET="07" * 32)
+    text = page_while_ranks_hold_pages(url, sock, tmp_path, ["--mode=mapped"], env)
+    got = samples(text)
+    group = frozenset({("group", "llama-job"), ("uid", str(os.getuid()))})
+    assert got[("stashd_group_members", group)] == 2, text
+    held = got[("stashd_group_pages_held", group)]
+    claimed = got[("stashd_group_pages_claimed", group)]
+    assert 0 < claimed <= got[("stashd_group_pages_claimed_high_water", group)] <= held, text
+    assert ("stashd_group_depot_misses_total", group) in got
+    assert ("stashd_group_chunks_leaving", group) in got
+    assert families(text)["stashd_group_depot_misses_total"] == "counter"
+    device = sum(got.get(("stashd_group_member_pages_claimed",
+                          group | {("rank", rank), ("kind", "device")}), 0) for rank in "01")
+    peer_host = sum(got.get(("stashd_group_member_pages_claimed",
+                             group | {("rank", rank), ("kind", kind)}), 0)
+                    for rank in "01" for kind in ("peer", "host"))
+    assert device > 0 and device + peer_host == claimed, text
+    after = samples(fetch(url))
+    assert not any(name.startswith("stashd_group_") for name, _ in after), after
 
 
 def free_port():
