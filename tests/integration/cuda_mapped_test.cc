@@ -188,6 +188,28 @@ TEST_F(CudaMapped, DeviceBuffersRoundTripThroughLeasedChunksOnTheCallersStream) 
   EXPECT_EQ(Gpu().chunks_leased(), 0u) << "closing gives every chunk back";
 }
 
+// Groups share pages on the host backend only for now: a cuda session naming a group is a member
+// (the daemon shows it) but leases chunks of its own, and its stashes round-trip as before.
+TEST_F(CudaMapped, ASessionInAGroupLeasesOnItsOwnOnTheCudaBackend) {
+  StartDaemon();
+  Options o = MappedOptions(kChunk);
+  o.group = "cuda-job";
+  o.group_secret = std::string(32, 'g');
+  Open(o);
+  EXPECT_EQ(Gpu().chunks_leased(), 1u);
+  const v1::GetStatsResponse stats = DaemonStats(daemon_->socket());
+  ASSERT_EQ(stats.sessions_size(), 1);
+  EXPECT_EQ(stats.sessions(0).group(), "cuda-job");
+  EXPECT_EQ(stats.groups_size(), 0) << "no group memory on the cuda backend";
+  const std::vector<uint8_t> source = Pattern(256 * kRow, 9);
+  auto ticket = client_->Stash(Args(Device(source), 256, 256));
+  ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+  ASSERT_TRUE(client_->Wait(*ticket).ok());
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(256 * kRow, 0x55));
+  ASSERT_TRUE(client_->Reload(Into(*ticket, dst)).ok());
+  EXPECT_EQ(Host(dst, 256 * kRow), source);
+}
+
 // With allow_host_spill, a session leases chunks of its GPU's share of the host tier too: a
 // stash past the device lease goes whole into the host chunks (page-locked for the GPU in this
 // process at lease time) and comes back byte for byte, with no overflow.
