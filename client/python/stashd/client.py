@@ -30,7 +30,8 @@ class Tier(enum.IntEnum):
     DEVICE = 1    # the rank's own pool
     HOST = 2      # the daemon's host tier (spilled)
     OVERFLOW = 3  # nothing was taken: the caller keeps its data
-    PEER = 4      # mapped mode: another device's spare chunks (stashd --peer-tier)
+    PEER = 4      # another device's pool: spare chunks it lent (mapped, stashd --peer-tier), or
+                  # a daemon-copy stash the own pool could not hold (stashd --copy-peer-tier)
 
 
 @dataclasses.dataclass(frozen=True)
