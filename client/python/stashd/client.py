@@ -56,7 +56,7 @@ class Completion:
 @dataclasses.dataclass(frozen=True)
 class StepFlags:
     overflow: bool  # a stash of this step overflowed (its source stayed with the caller)
-    spilled: bool   # a stash of this step went to the host tier
+    spilled: bool   # a stash of this step went outside its own pool (host tier or a peer's)
     # the session broke holding this step's stashes (daemon-copy: lost, rerun the step), or
     # stashd.torch could not reach the daemon in this step and kept tensors in-process
     unavailable: bool = False
