@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "common/copy_workers.h"
@@ -207,6 +208,62 @@ TEST_F(HostExecutorPeerTest, ReleaseOnThePoolThatStashedFreesThePeersPages) {
   EXPECT_EQ(Used(*tiers_[1]), 0u);
   EXPECT_EQ(tiers_[1]->Snapshot().stashes_live, 0u);
   EXPECT_TRUE(tiers_[1]->RingIsPermutation());
+}
+
+// Two pools' workers stash at once, gpu0's filling its pool and going to gpu1 (whose own stashes
+// stay small, so it keeps lending), gpu1's into its own pool and, when that is busy or full, into
+// gpu0: a worker never holds its own tier while it waits for a peer's, so neither waits for ever,
+// and every page comes back.
+TEST(HostExecutorPeerLocks, TwoPoolsLendingToEachOtherAtOnceDoNotDeadlock) {
+  CopyWorkers workers(1);
+  auto gpu0 = MakeTier("gpu0", 0, 64);
+  auto gpu1 = MakeTier("gpu1", 1, 64);
+  HostExecutor e0(gpu0.get(), nullptr, &workers);
+  HostExecutor e1(gpu1.get(), nullptr, &workers);
+  e0.SetPeers({gpu1.get()});
+  e1.SetPeers({gpu0.get()});
+  std::vector<uint8_t> source(4 * kPage, 0x5a);
+  auto run = [&](HostExecutor& e, int seed, size_t most_held, int* lent) {
+    unsigned state = static_cast<unsigned>(seed);
+    std::vector<std::unique_ptr<StashRecord>> held;
+    for (int i = 0; i < 4000; ++i) {
+      state = state * 1103515245u + 12345u;
+      if (held.size() < most_held && (state >> 16) % 3 != 0) {
+        auto record = std::make_unique<StashRecord>();
+        record->row_bytes = kPage;
+        record->max_rows = 4;
+        StashWork work;
+        work.source = source.data();
+        work.count.value = 1 + static_cast<int64_t>((state >> 8) % 4);
+        work.record = record.get();
+        e.Stash(work, [] {});
+        *lent += record->plan.placement == Placement::kPeer;
+        if (record->tier != nullptr) held.push_back(std::move(record));
+      } else if (!held.empty()) {
+        ReloadWork work;
+        work.record = held.back().get();
+        e.Reload(work, [] {});
+        held.pop_back();
+      }
+    }
+    for (auto& record : held) {
+      ReloadWork work;
+      work.record = record.get();
+      e.Reload(work, [] {});
+    }
+  };
+  int lent0 = 0;
+  int lent1 = 0;
+  std::thread t0([&] { run(e0, 1, 40, &lent0); });
+  std::thread t1([&] { run(e1, 2, 8, &lent1); });
+  t0.join();
+  t1.join();
+  EXPECT_GT(lent0, 100);  // gpu1 lent to gpu0's worker all along
+  for (Tier* tier : {gpu0.get(), gpu1.get()}) {
+    EXPECT_EQ(tier->Snapshot().pages_used, 0u) << tier->name();
+    EXPECT_EQ(tier->Snapshot().pages_lent, 0u) << tier->name();
+    EXPECT_TRUE(tier->RingIsPermutation()) << tier->name();
+  }
 }
 
 }  // namespace
