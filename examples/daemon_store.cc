@@ -41,7 +41,7 @@ StatusOr<bool> AwaitStash(Client* client, const StackShape& shape, int layer, ui
   switch (done.tier) {
     case Tier::kDevice:
     case Tier::kHost:
-    case Tier::kPeer:  // mapped mode: another device's chunks; counted as a spill
+    case Tier::kPeer:  // another device's pool (mapped chunks, daemon-copy's peer tier): a spill
       (done.tier == Tier::kDevice ? tally->device : tally->host) += 1;
       tally->bytes += done.bytes;
       tally->pages += done.pages;

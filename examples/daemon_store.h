@@ -23,7 +23,7 @@ constexpr int64_t kAnswerTimeoutMs = 60'000;
 // Where one step's stashes went, from the daemon's completions.
 struct StashTally {
   int device = 0;           // stashes in the rank's device pool
-  int host = 0;             // stashes spilled to the host tier
+  int host = 0;             // stashes spilled: the host tier or a peer device's pool
   int overflow = 0;         // stashes the daemon could not take
   uint64_t bytes = 0;       // payload the daemon holds (rows * row_bytes, summed)
   uint64_t pages = 0;       // pages the daemon holds for them

@@ -502,7 +502,8 @@ struct SessionStream final
         c.latency_us = r.stash().latency_us();
         if (p.epoch == epoch) {
           if (c.tier == Tier::kOverflow) flags.overflow = true;
-          if (c.tier == Tier::kHost) flags.spilled = true;
+          // Outside the own pool, as mapped mode counts it: the host tier or a peer's pool.
+          if (c.tier == Tier::kHost || c.tier == Tier::kPeer) flags.spilled = true;
         }
         if (p.status.ok() && c.tier != Tier::kOverflow) live.insert(r.request_id());
         break;

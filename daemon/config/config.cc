@@ -37,6 +37,7 @@ ABSL_FLAG(std::string, idle_connection_timeout, "300", "seconds before an idle c
 ABSL_FLAG(std::string, chunk_bytes, "0", "mapped mode: chunk bytes");
 ABSL_FLAG(std::string, max_lease_bytes, "0", "mapped mode: lease quota per session");
 ABSL_FLAG(std::string, peer_tier, "false", "mapped mode: lend other pools' spare chunks");
+ABSL_FLAG(std::string, copy_peer_tier, "true", "daemon-copy: stash in other pools' spare pages");
 ABSL_FLAG(std::string, lock_memory, "false", "populate and lock the tiers at start");
 ABSL_FLAG(std::string, warm_memory, "true", "populate the tiers in the background");
 ABSL_FLAG(std::string, huge_pages, "auto", "transparent huge pages for the tiers");
@@ -263,6 +264,13 @@ const Knob kKnobs[] = {
      "Mapped mode: let a session lease other device pools' free chunks (TIER_PEER), each pool "
      "lending only while it keeps more than half its chunks free, so its own ranks come first",
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->peer_tier); }},
+    {"copy_peer_tier", "true|false",
+     "Daemon-copy: a stash that does not fit its own device's pool goes to another device's pool "
+     "(TIER_PEER; the one with the most free pages first) before the host tier. A pool lends "
+     "only pages beyond a reserve for its own sessions: the most pages they held at once minus "
+     "what they hold now, and at least 1/8 of the pool. Host backend with --devices > 1; the "
+     "cuda backend does not lend (it says so at start)",
+     [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->copy_peer_tier); }},
     {"lock_memory", "true|false",
      "Host backend: populate and lock (mlock) every tier at start, with progress in the log, so "
      "the memory is the daemon's for as long as it runs; needs the locked-memory limit "

@@ -42,6 +42,9 @@ struct DaemonConfig {
   uint64_t chunk_bytes = 0;      // 0 = --pool-bytes / 32 (>= host tier / 1024), whole pages
   uint64_t max_lease_bytes = 0;  // per session in each tier; 0 = one device pool's bytes
   bool peer_tier = false;        // sessions may lease other pools' spare chunks
+  // Daemon-copy: a stash its own pool cannot hold goes to another pool's spare pages (the peer
+  // tier, beyond each pool's reserve for its own sessions) before the host tier.
+  bool copy_peer_tier = true;
   // Host backend: populate and lock (mlock) every tier at start, so the memory is the daemon's
   // for good; without it the kernel hands pages out as they are first touched.
   bool lock_memory = false;

@@ -3,6 +3,8 @@
 #ifndef STASH_DAEMON_HOST_EXECUTOR_H_
 #define STASH_DAEMON_HOST_EXECUTOR_H_
 
+#include <vector>
+
 #include "common/copy_workers.h"
 #include "daemon/copy/executor.h"
 #include "daemon/tiers/tier.h"
@@ -19,6 +21,11 @@ class HostExecutor final : public CopyExecutor {
   Tier* device_tier() const override { return device_; }
   Tier* host_tier() const override { return host_; }
 
+  // Daemon-copy's peer tier: the other pools' tiers (non-owning, outlive the executor), which a
+  // stash that does not fit the own pool tries before the host tier, each lending only beyond
+  // the reserve it keeps for its own sessions (Tier::Lends). Called once, before any work.
+  void SetPeers(std::vector<Tier*> peers) { peers_ = std::move(peers); }
+
   StatusOr<std::unique_ptr<MappedMemory>> Open(const stash::v1::RegisterMemory& reg,
                                                UniqueFd fd) override;
   void Stash(const StashWork& work, Then then) override;
@@ -32,6 +39,7 @@ class HostExecutor final : public CopyExecutor {
   Tier* const device_;
   Tier* const host_;
   CopyWorkers* const workers_;
+  std::vector<Tier*> peers_;  // set once before any work (SetPeers)
 };
 
 }  // namespace stash::daemon

@@ -126,11 +126,15 @@ bool Pool::Light(const Op& op) {
   switch (req.kind_case()) {
     case v1::SessionRequest::kStash: {
       // Only when the pool's own tier has room for every row it may take: a spill would lock
-      // the host tier, which another pool's worker may hold for a large copy.
+      // the host tier or a peer pool, which another pool's worker may hold for a large copy.
+      // And only when nobody holds the own tier now: another pool's worker may be copying a
+      // stash into it (the peer tier), and a gRPC thread must not wait behind that.
       const uint64_t pages =
           kernels::PagesFor(req.stash().max_rows() * req.stash().row_bytes(), device->page_bytes());
-      MutexLock lock(&device->mu());
-      return kernels::RingFree(device->ring()) >= pages;
+      if (!device->mu().TryLock()) return false;
+      const bool room = kernels::RingFree(device->ring()) >= pages;
+      device->mu().Unlock();
+      return room;
     }
     case v1::SessionRequest::kReload:
     case v1::SessionRequest::kRelease: {
@@ -143,7 +147,11 @@ bool Pool::Light(const Op& op) {
       const uint64_t written = req.has_reload() && req.reload().zero_tail()
                                    ? record.max_rows * record.row_bytes
                                    : record.plan.bytes;
-      return record.tier == device && (req.has_release() || written <= kInlineBytes);
+      if (record.tier != device || (!req.has_release() && written > kInlineBytes)) return false;
+      // Not while another pool's worker holds the own tier (a peer stash's copy or reload).
+      if (!device->mu().TryLock()) return false;
+      device->mu().Unlock();
+      return true;
     }
     default:
       return true;

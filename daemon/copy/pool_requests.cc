@@ -50,6 +50,18 @@ Status WithStashKept(const Status& status, uint64_t ticket) {
                                    " is kept: reload it again or release it");
 }
 
+// What a placed stash's answers say of where it is.
+v1::Tier TierOf(kernels::Placement placement) {
+  switch (placement) {
+    case kernels::Placement::kPeer:
+      return v1::TIER_PEER;
+    case kernels::Placement::kHost:
+      return v1::TIER_HOST;
+    default:
+      return v1::TIER_DEVICE;
+  }
+}
+
 const v1::EventRef* DoneOfRequest(const v1::SessionRequest& req) {
   if (req.has_stash() && req.stash().has_done()) return &req.stash().done();
   if (req.has_reload() && req.reload().has_done()) return &req.reload().done();
@@ -256,8 +268,9 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
     counters_->overflows.fetch_add(1, std::memory_order_relaxed);
     EventLog::Get().Overflow(s.info(), st, plan.rows);
   } else {
-    const bool spilled = plan.placement == kernels::Placement::kHost;
-    done->set_tier(spilled ? v1::TIER_HOST : v1::TIER_DEVICE);
+    // A stash outside the own pool (a peer pool's or the host tier) counts as a spill.
+    const bool spilled = plan.placement != kernels::Placement::kDevice;
+    done->set_tier(TierOf(plan.placement));
     done->set_bytes(plan.bytes);
     done->set_pages(plan.pages);
     c.stashes.fetch_add(1, std::memory_order_relaxed);
@@ -272,7 +285,10 @@ void Pool::FinishStash(Session& s, const v1::SessionRequest& req, StashRecord& r
       c.spills.fetch_add(1, std::memory_order_relaxed);
       c.step_spilled.store(true, std::memory_order_relaxed);
       counters_->spills.fetch_add(1, std::memory_order_relaxed);
-      EventLog::Get().Spill(s.info(), st, plan.bytes);
+      EventLog::Get().Spill(s.info(), st, plan.bytes,
+                            plan.placement == kernels::Placement::kPeer
+                                ? record.tier->name() + "'s pool (the peer tier)"
+                                : std::string("the host tier"));
     }
     if (plan.bytes > 0) counters_->stash_copy.Add(plan.bytes, copy_seconds);
   }
@@ -353,8 +369,7 @@ void Pool::DoReload(const std::shared_ptr<Session>& s, const v1::SessionRequest&
         answer->set_ticket(reload.ticket());
         answer->set_rows(plan.rows);
         answer->set_bytes(plan.bytes);
-        answer->set_tier(record->tier == executor_->device_tier() ? v1::TIER_DEVICE
-                                                                  : v1::TIER_HOST);
+        answer->set_tier(TierOf(plan.placement));
         answer->set_latency_us(MicrosSince(received));
         session.Send(std::move(r));
       }));

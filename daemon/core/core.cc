@@ -148,6 +148,15 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
 #if defined(STASH_HAVE_CUDA)
     STASH_RETURN_IF_ERROR(CheckChunkDescriptors(config, chunk_pages, /*pools_are_memfds=*/false));
     STASH_ASSIGN_OR_RETURN(executors, CreateCudaExecutors(config, nullptr, &core->pool_uuids_));
+    if (config.copy_peer_tier && executors.size() > 1) {
+      // The cuda executor plans each stash on its GPU's copy stream, against rings that live on
+      // that GPU; another GPU's ring is changed by that GPU's own stream with nothing ordering
+      // the two, so a stash cannot be planned in it yet (docs/design.md).
+      Log("pool")->info(
+          "daemon-copy's peer tier is off on the cuda backend: a GPU's page ring is planned on "
+          "its own copy stream and no other GPU's stream may change it, so a full pool spills to "
+          "the host tier (--copy-peer-tier has no effect here)");
+    }
 #else
     return UnimplementedError(
         "this stashd was built without CUDA (STASH_ENABLE_CUDA=OFF): run with --backend=host");
@@ -171,12 +180,30 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
       core->host_backend_tiers_.push_back(std::move(tier));
     }
     core->workers_ = std::make_unique<CopyWorkers>(config.copy_threads);
+    std::vector<Tier*> pool_tiers;
+    std::vector<HostExecutor*> host_executors;
     for (uint32_t d = 0; d < config.devices; ++d) {
       STASH_ASSIGN_OR_RETURN(auto tier,
                              Tier::Create("gpu" + std::to_string(d), static_cast<int>(d), page,
                                           config.pool_bytes / page, chunk_pages, memory));
-      executors.push_back(std::make_unique<HostExecutor>(tier.get(), host, core->workers_.get()));
+      auto executor = std::make_unique<HostExecutor>(tier.get(), host, core->workers_.get());
+      pool_tiers.push_back(tier.get());
+      host_executors.push_back(executor.get());
+      executors.push_back(std::move(executor));
       core->host_backend_tiers_.push_back(std::move(tier));
+    }
+    // Daemon-copy's peer tier: each pool's stashes may go to the others' spare pages.
+    if (config.copy_peer_tier && pool_tiers.size() > 1) {
+      for (size_t d = 0; d < host_executors.size(); ++d) {
+        std::vector<Tier*> peers;
+        for (size_t p = 0; p < pool_tiers.size(); ++p) {
+          if (p != d) peers.push_back(pool_tiers[p]);
+        }
+        host_executors[d]->SetPeers(std::move(peers));
+      }
+      Log("pool")->info(
+          "daemon-copy's peer tier: a stash its own pool cannot hold goes to another pool's "
+          "spare pages before the host tier (--copy-peer-tier)");
     }
     const PageKind kind = core->host_backend_tiers_.front()->chunk_memory()->page_kind();
     if (config.huge_pages == HugePages::kOff) {
@@ -649,6 +676,7 @@ v1::GetStatsResponse DaemonCore::Stats(bool session_rows) {
     t->set_pages_high_water(snap.pages_high_water);
     t->set_bytes_stashed(snap.bytes_stashed);
     t->set_stashes_live(snap.stashes_live);
+    t->set_pages_lent(snap.pages_lent);
     const bool host = std::any_of(pools_.begin(), pools_.end(),
                                   [&](const auto& pool) { return pool->host() == &tier; });
     t->set_tier(host ? v1::TIER_HOST : v1::TIER_DEVICE);

@@ -52,13 +52,14 @@ void EventLog::Overflow(const SessionInfo& session, const stash::v1::Stash& stas
       session.allow_host_spill ? " or the host tier" : "", HeldBack(held, "overflows"));
 }
 
-void EventLog::Spill(const SessionInfo& session, const stash::v1::Stash& stash, uint64_t bytes) {
+void EventLog::Spill(const SessionInfo& session, const stash::v1::Stash& stash, uint64_t bytes,
+                     const std::string& where) {
   uint64_t held = 0;
   if (!spills_.Allow(RateLimiter::Clock::now(), &held)) return;
   LogFields fields;
   AddFields(fields, session, &stash);
-  Log("events")->info("spill: {}: {} bytes went to the host tier (pool full){}",
-                      Describe(session, &stash), bytes, HeldBack(held, "spills"));
+  Log("events")->info("spill: {}: {} bytes went to {} (pool full){}", Describe(session, &stash),
+                      bytes, where, HeldBack(held, "spills"));
 }
 
 void EventLog::Reject(const SessionInfo& session, const stash::v1::SessionRequest& request,

@@ -24,8 +24,10 @@ class EventLog {
  public:
   // A stash that no tier had room for (the rank keeps its buffer).
   void Overflow(const SessionInfo& session, const stash::v1::Stash& stash, uint64_t rows);
-  // A stash that went to the host tier because its pool was full.
-  void Spill(const SessionInfo& session, const stash::v1::Stash& stash, uint64_t bytes);
+  // A stash that went outside its own pool because that was full: to `where` ("the host tier",
+  // or another device's pool: the peer tier).
+  void Spill(const SessionInfo& session, const stash::v1::Stash& stash, uint64_t bytes,
+             const std::string& where = "the host tier");
   // A request answered with an error (admission or later).
   void Reject(const SessionInfo& session, const stash::v1::SessionRequest& request,
               const Status& status);

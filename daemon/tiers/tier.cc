@@ -88,16 +88,26 @@ void Tier::CountChunkPages(uint64_t first, uint64_t n, int delta) {
   }
 }
 
-void Tier::PublishAlloc(uint64_t pages, uint64_t bytes) {
+void Tier::PublishAlloc(uint64_t pages, uint64_t bytes, bool lent) {
   CountChunkPages(ring_.head, pages, -1);
   ring_.head += pages;
-  AccountAlloc(pages, bytes);
+  AddUsed(pages, lent);
+  bytes_stashed_.fetch_add(bytes, std::memory_order_relaxed);
+  stashes_live_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void Tier::PublishFree(uint64_t pages, uint64_t bytes) {
+void Tier::PublishFree(uint64_t pages, uint64_t bytes, bool lent) {
   CountChunkPages(ring_.tail, pages, +1);
   ring_.tail += pages;
   AccountFree(pages, bytes);
+  if (lent) pages_lent_.fetch_sub(pages, std::memory_order_relaxed);
+}
+
+uint64_t Tier::PeerReserve() const {
+  const uint64_t lent = pages_lent_.load(std::memory_order_relaxed);
+  const uint64_t used = pages_used_.load(std::memory_order_relaxed);
+  return PeerReservePages(pages_, used > lent ? used - lent : 0,
+                          own_pages_high_water_.load(std::memory_order_relaxed));
 }
 
 std::vector<uint64_t> Tier::WhollyFreeChunks() {
@@ -154,12 +164,22 @@ void Tier::ReturnChunk(uint64_t chunk) {
   pages_used_.fetch_sub(pages, std::memory_order_relaxed);
 }
 
-void Tier::AddUsed(uint64_t pages) {
-  const uint64_t used = pages_used_.fetch_add(pages, std::memory_order_relaxed) + pages;
-  uint64_t high = pages_high_water_.load(std::memory_order_relaxed);
-  while (used > high &&
-         !pages_high_water_.compare_exchange_weak(high, used, std::memory_order_relaxed)) {
+namespace {
+void RaiseTo(std::atomic<uint64_t>& high_water, uint64_t value) {
+  uint64_t high = high_water.load(std::memory_order_relaxed);
+  while (value > high &&
+         !high_water.compare_exchange_weak(high, value, std::memory_order_relaxed)) {
   }
+}
+}  // namespace
+
+void Tier::AddUsed(uint64_t pages, bool lent) {
+  // Lent pages first, so the own count never reads a lent stash as the pool's own.
+  const uint64_t lent_now = lent ? pages_lent_.fetch_add(pages, std::memory_order_relaxed) + pages
+                                 : pages_lent_.load(std::memory_order_relaxed);
+  const uint64_t used = pages_used_.fetch_add(pages, std::memory_order_relaxed) + pages;
+  RaiseTo(pages_high_water_, used);
+  if (!lent) RaiseTo(own_pages_high_water_, used > lent_now ? used - lent_now : 0);
 }
 
 void Tier::AccountAlloc(uint64_t pages, uint64_t bytes) {
@@ -206,6 +226,7 @@ TierSnapshot Tier::Snapshot() const {
   s.pages_high_water = pages_high_water_.load(std::memory_order_relaxed);
   s.bytes_stashed = bytes_stashed_.load(std::memory_order_relaxed);
   s.stashes_live = stashes_live_.load(std::memory_order_relaxed);
+  s.pages_lent = pages_lent_.load(std::memory_order_relaxed);
   return s;
 }
 

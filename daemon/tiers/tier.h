@@ -30,7 +30,31 @@ struct TierSnapshot {
   uint64_t pages_high_water = 0;
   uint64_t bytes_stashed = 0;
   uint64_t stashes_live = 0;
+  // Device pools: pages holding other pools' daemon-copy stashes (the peer tier); in pages_used.
+  uint64_t pages_lent = 0;
 };
+
+// Daemon-copy's peer tier: how many free pages a device pool keeps for its own sessions when
+// another pool's session asks it for pages (docs/design.md, "Daemon-copy's peer tier"). A device
+// keeps what its own ranks are using, and room for them to grow back to the most they ever held
+// at once (`own_high_water`: ranks of a training job stash about the same every step, so what
+// they held once they will want again); and never less than 1/8 of the pool, so ranks that have
+// not stashed yet (a job starting on an idle device) find room for their first stashes while the
+// lent pages come back at their owners' reloads. Pages held by mapped sessions' leases count as
+// the pool's own. `own_in_use` and `own_high_water` exclude lent pages.
+inline uint64_t PeerReservePages(uint64_t pool_pages, uint64_t own_in_use,
+                                 uint64_t own_high_water) {
+  const uint64_t floor = (pool_pages + 7) / 8;
+  const uint64_t regrow = own_high_water > own_in_use ? own_high_water - own_in_use : 0;
+  return floor > regrow ? floor : regrow;
+}
+
+// Whether a pool with `free_pages` free and `reserve` reserved (PeerReservePages) lends a stash of
+// `pages` pages to another pool's session: only while its free pages stay at or above the reserve
+// after the stash.
+inline bool PeerLends(uint64_t free_pages, uint64_t pages, uint64_t reserve) {
+  return free_pages >= pages && free_pages - pages >= reserve;
+}
 
 // A host-backend tier owns its memory (allocated once: addresses never move) and its page ring;
 // ring operations and the copies that read the ring happen under `mu`, and it lends its chunks
@@ -93,9 +117,27 @@ class Tier {
   kernels::PageRing& ring() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ring_; }
 
   // Publishes a ring change made under mu(): head advanced by `pages` for a stash of `bytes`.
-  void PublishAlloc(uint64_t pages, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Publishes tail advanced by `pages` for a stash of `bytes` that left the tier.
-  void PublishFree(uint64_t pages, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `lent`: the stash is another pool's session's (the peer tier; it counts in pages_lent and not
+  // in the own sessions' high water).
+  void PublishAlloc(uint64_t pages, uint64_t bytes, bool lent = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes tail advanced by `pages` for a stash of `bytes` that left the tier (`lent` as it was
+  // published with).
+  void PublishFree(uint64_t pages, uint64_t bytes, bool lent = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Daemon-copy's peer tier. Free pages now, without the lock (to order the peers a stash tries;
+  // Lends decides under the lock).
+  uint64_t pages_free_estimate() const {
+    const uint64_t used = pages_used_.load(std::memory_order_relaxed);
+    return used < pages_ ? pages_ - used : 0;
+  }
+  // Pages the pool keeps for its own sessions now (PeerReservePages).
+  uint64_t PeerReserve() const;
+  // Whether the pool lends `pages` pages to another pool's stash now (PeerLends).
+  bool Lends(uint64_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return PeerLends(kernels::RingFree(ring_), pages, PeerReserve());
+  }
 
   // Accounting only (a ring that lives elsewhere): a stash of `pages` pages and `bytes` bytes
   // arrived, or left.
@@ -128,7 +170,8 @@ class Tier {
   friend class HostChunkLender;  // its twin of the cuda lender, over this tier's ring and memory
   Tier(std::string name, int pool, uint64_t page_bytes, uint64_t pages, uint64_t chunk_pages,
        std::unique_ptr<ChunkMemory> memory);
-  void AddUsed(uint64_t pages);
+  // `lent`: pages of another pool's stash (they do not raise the own sessions' high water).
+  void AddUsed(uint64_t pages, bool lent = false);
   // Page ids of slots [first, first + n) left (`delta` = -1) or entered (+1) the ring.
   void CountChunkPages(uint64_t first, uint64_t n, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -155,6 +198,8 @@ class Tier {
 
   std::atomic<uint64_t> pages_used_{0};
   std::atomic<uint64_t> pages_high_water_{0};
+  std::atomic<uint64_t> pages_lent_{0};            // in pages_used_: other pools' stashes
+  std::atomic<uint64_t> own_pages_high_water_{0};  // of pages_used_ - pages_lent_
   std::atomic<uint64_t> bytes_stashed_{0};
   std::atomic<uint64_t> stashes_live_{0};
 };

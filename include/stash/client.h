@@ -188,7 +188,7 @@ struct Completion {
 
 struct StepFlags {
   bool overflow = false;  // a stash of this step overflowed (its source stayed with the caller)
-  bool spilled = false;   // a stash of this step went to the host tier
+  bool spilled = false;   // a stash of this step went outside its own pool (host tier or a peer's)
   // Daemon-copy: the session broke (the daemon died, restarted or stopped) while it held stashes
   // of this step or before: their reloads fail UNAVAILABLE, so rerun the step (the next
   // BeginStep reconnects). Mapped mode never loses a stash this way (the rank holds its chunks).

@@ -55,6 +55,7 @@ const Knob kKnobs[] = {
     {"chunk_bytes", "--chunk-bytes", "STASHD_CHUNK_BYTES", "0", "1MiB", "2MiB"},
     {"max_lease_bytes", "--max-lease-bytes", "STASHD_MAX_LEASE_BYTES", "0", "64MiB", "128MiB"},
     {"peer_tier", "--peer-tier", "STASHD_PEER_TIER", "false", "true", "1"},
+    {"copy_peer_tier", "--copy-peer-tier", "STASHD_COPY_PEER_TIER", "true", "false", "0"},
     {"lock_memory", "--lock-memory", "STASHD_LOCK_MEMORY", "false", "true", "1"},
     {"warm_memory", "--warm-memory", "STASHD_WARM_MEMORY", "true", "false", "0"},
     {"huge_pages", "--huge-pages", "STASHD_HUGE_PAGES", "auto", "off", "off"},

@@ -478,6 +478,139 @@ TEST_P(DatapathModes, SessionsOnDifferentDevicesUseTheirOwnPools) {
   EXPECT_NE(refused.status().message().find("out of range"), std::string::npos);
 }
 
+// Daemon-copy's peer tier (--copy-peer-tier, on by default): a stash its own device's pool cannot
+// hold goes to another device's pool, which lends only beyond a reserve for its own sessions
+// (1/8 of the pool here: its sessions never held more), before the host tier.
+TEST_F(Datapath, AFullPoolStashesInAnotherDevicesPoolBeforeTheHostTier) {
+  // 16 pages of 64 KiB per pool; gpu1 keeps 2 for its own sessions.
+  StartDaemon({"--devices=2", "--pool-bytes=1MiB", "--host-tier-bytes=4MiB"});
+  auto c0 = Connect(*daemon_, true, 0);
+  auto c1 = Connect(*daemon_, true, 1);
+  auto a = Buffer(1 << 20);
+  auto b = Buffer(512 << 10);
+  auto c = Buffer(384 << 10);
+  auto d = Buffer(64 << 10);
+  FillRandom(*a, 31);
+  FillRandom(*b, 32);
+  FillRandom(*c, 33);
+  FillRandom(*d, 34);
+  auto ta = c0->Stash(Args(*a, 1024, 1024, 1024));  // fills gpu0
+  ASSERT_EQ(c0->Wait(*ta)->tier, Tier::kDevice);
+  EXPECT_FALSE(c0->CurrentStepFlags().spilled);
+  auto tb = c0->Stash(Args(*b, 1024, 512, 512));  // 8 pages: gpu1 lends them
+  auto db = c0->Wait(*tb);
+  ASSERT_TRUE(db.ok());
+  EXPECT_EQ(db->tier, Tier::kPeer);
+  EXPECT_EQ(db->pages, 8u);
+  EXPECT_TRUE(c0->CurrentStepFlags().spilled);    // outside the own pool counts as a spill
+  auto tc = c0->Stash(Args(*c, 1024, 384, 384));  // 6 more: gpu1 keeps its 2
+  ASSERT_EQ(c0->Wait(*tc)->tier, Tier::kPeer);
+  auto td = c0->Stash(Args(*d, 1024, 64, 64));  // one more page: past gpu1's reserve
+  ASSERT_EQ(c0->Wait(*td)->tier, Tier::kHost);
+
+  auto stats = DaemonStats(*daemon_);
+  ASSERT_EQ(stats.tiers_size(), 3);
+  EXPECT_EQ(stats.tiers(0).pages_used(), 16u);
+  EXPECT_EQ(stats.tiers(0).pages_lent(), 0u);
+  EXPECT_EQ(stats.tiers(1).name(), "gpu1");
+  EXPECT_EQ(stats.tiers(1).pages_used(), 14u);
+  EXPECT_EQ(stats.tiers(1).pages_lent(), 14u);
+  EXPECT_EQ(stats.tiers(2).pages_used(), 1u);
+  EXPECT_EQ(stats.daemon().spills(), 3u);
+  ASSERT_EQ(stats.sessions_size(), 2);
+  for (const auto& session : stats.sessions()) {
+    if (session.pool() != 0) continue;
+    EXPECT_EQ(session.spills(), 3u);
+    EXPECT_EQ(session.pages_live(), 16u + 14u + 1u);
+  }
+
+  // gpu1's own session still gets its reserve: its stashes do not spill because of lending.
+  auto own = Buffer(128 << 10);
+  auto town = c1->Stash(Args(*own, 1024, 128, 128));
+  ASSERT_EQ(c1->Wait(*town)->tier, Tier::kDevice);
+  EXPECT_FALSE(c1->CurrentStepFlags().spilled);
+
+  // Reloads find each stash where it is, byte for byte, and say so.
+  auto out = Buffer(1 << 20);
+  auto rb = c0->Wait(*c0->Reload({*tb, out.get(), 0, false, {}, {}}));
+  ASSERT_TRUE(rb.ok()) << rb.status().ToString();
+  EXPECT_EQ(rb->tier, Tier::kPeer);
+  EXPECT_EQ(std::memcmp(out->data(), b->data(), b->size()), 0);
+  ASSERT_EQ(c0->Wait(*c0->Reload({*td, out.get(), 0, false, {}, {}}))->tier, Tier::kHost);
+  EXPECT_EQ(std::memcmp(out->data(), d->data(), d->size()), 0);
+  ASSERT_EQ(c0->Wait(*c0->Reload({*ta, out.get(), 0, false, {}, {}}))->tier, Tier::kDevice);
+  EXPECT_EQ(std::memcmp(out->data(), a->data(), a->size()), 0);
+  // Release frees the peer's pages.
+  ASSERT_TRUE(c0->Wait(*c0->Release(*tc)).ok());
+  stats = DaemonStats(*daemon_);
+  EXPECT_EQ(stats.tiers(1).pages_used(), 2u);  // c1's own
+  EXPECT_EQ(stats.tiers(1).pages_lent(), 0u);
+  EXPECT_EQ(stats.tiers(0).pages_used(), 0u);
+
+  // The session's end frees what it holds in the peer pool too.
+  ASSERT_TRUE(c0->Wait(*c0->Stash(Args(*a, 1024, 1024, 1024))).ok());
+  auto te = c0->Stash(Args(*b, 1024, 512, 512));
+  ASSERT_EQ(c0->Wait(*te)->tier, Tier::kPeer);
+  c0.reset();
+  c1.reset();
+  EXPECT_TRUE(PagesReturnWithin(*daemon_, milliseconds(1000 * TimeScale())));
+}
+
+TEST_F(Datapath, WithTheCopyPeerTierOffAFullPoolSpillsToTheHostTier) {
+  StartDaemon(
+      {"--devices=2", "--pool-bytes=1MiB", "--host-tier-bytes=4MiB", "--copy-peer-tier=false"});
+  auto c0 = Connect(*daemon_, true, 0);
+  auto a = Buffer(1 << 20);
+  auto b = Buffer(512 << 10);
+  FillRandom(*b, 35);
+  ASSERT_EQ(c0->Wait(*c0->Stash(Args(*a, 1024, 1024, 1024)))->tier, Tier::kDevice);
+  auto tb = c0->Stash(Args(*b, 1024, 512, 512));
+  ASSERT_EQ(c0->Wait(*tb)->tier, Tier::kHost);
+  const auto stats = DaemonStats(*daemon_);
+  EXPECT_EQ(stats.tiers(1).pages_used(), 0u);
+  EXPECT_EQ(stats.tiers(2).pages_used(), 8u);
+  auto out = Buffer(512 << 10);
+  ASSERT_EQ(c0->Wait(*c0->Reload({*tb, out.get(), 0, false, {}, {}}))->tier, Tier::kHost);
+  EXPECT_EQ(std::memcmp(out->data(), b->data(), b->size()), 0);
+}
+
+// A client SIGKILLed while it holds stashes in another device's pool: that pool has its pages back
+// within a second, as its own pool does.
+TEST_F(Datapath, PeerPagesReturnWithinOneSecondWhenAClientIsKilled) {
+  StartDaemon({"--devices=2", "--pool-bytes=1MiB", "--host-tier-bytes=0"});
+  auto survivor = Connect(*daemon_, true, 0);
+  auto src = Buffer(1 << 20);
+  FillRandom(*src, 36);
+  auto kept = survivor->Stash(Args(*src, 1024, 1024, 1024));  // fills gpu0
+  ASSERT_EQ(survivor->Wait(*kept)->tier, Tier::kDevice);
+  Process victim;  // on device 0: its stash goes to gpu1
+  ASSERT_TRUE(victim.Start({BinDir() + "/tests/integration/stash-test-client", daemon_->socket(),
+                            "hold", std::to_string(512 << 10)},
+                           daemon_->dir() + "/victim-peer"));
+  const auto deadline = std::chrono::steady_clock::now() + seconds(10 * TimeScale());
+  while (victim.Stdout().empty() && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(victim.running()) << victim.Stderr();
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_NE(victim.Stdout().find("stashed 8"), std::string::npos) << victim.Stdout();
+  auto stats = DaemonStats(*daemon_);
+  EXPECT_EQ(stats.tiers(1).pages_used(), 8u);
+  EXPECT_EQ(stats.tiers(1).pages_lent(), 8u);
+  victim.StopWith(SIGKILL, seconds(5));
+  const auto limit = std::chrono::steady_clock::now() + milliseconds(1000 * TimeScale());
+  do {
+    stats = DaemonStats(*daemon_);
+    if (stats.tiers(1).pages_used() == 0) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  } while (std::chrono::steady_clock::now() < limit);
+  EXPECT_EQ(stats.tiers(1).pages_used(), 0u);
+  EXPECT_EQ(stats.tiers(1).pages_lent(), 0u);
+  EXPECT_EQ(stats.tiers(0).pages_used(), 16u);  // the survivor's own
+  auto dst = Buffer(1 << 20);
+  ASSERT_TRUE(survivor->Wait(*survivor->Reload({*kept, dst.get(), 0, false, {}, {}})).ok());
+  EXPECT_EQ(std::memcmp(dst->data(), src->data(), src->size()), 0);
+}
+
 TEST_P(DatapathModes, StatsAddUp) {
   StartDaemon({"--pool-bytes=4MiB", "--host-tier-bytes=0"});
   auto client = Connect(*daemon_);

@@ -30,7 +30,8 @@ class Tier(enum.IntEnum):
     DEVICE = 1    # the rank's own pool
     HOST = 2      # the daemon's host tier (spilled)
     OVERFLOW = 3  # nothing was taken: the caller keeps its data
-    PEER = 4      # mapped mode: another device's spare chunks (stashd --peer-tier)
+    PEER = 4      # another device's pool: spare chunks it lent (mapped, stashd --peer-tier), or
+                  # a daemon-copy stash the own pool could not hold (stashd --copy-peer-tier)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Completion:
 @dataclasses.dataclass(frozen=True)
 class StepFlags:
     overflow: bool  # a stash of this step overflowed (its source stayed with the caller)
-    spilled: bool   # a stash of this step went to the host tier
+    spilled: bool   # a stash of this step went outside its own pool (host tier or a peer's)
     # the session broke holding this step's stashes (daemon-copy: lost, rerun the step), or
     # stashd.torch could not reach the daemon in this step and kept tensors in-process
     unavailable: bool = False
