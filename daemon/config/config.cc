@@ -38,6 +38,7 @@ ABSL_FLAG(std::string, chunk_bytes, "0", "mapped mode: chunk bytes");
 ABSL_FLAG(std::string, max_lease_bytes, "0", "mapped mode: lease quota per session");
 ABSL_FLAG(std::string, peer_tier, "false", "mapped mode: lend other pools' spare chunks");
 ABSL_FLAG(std::string, copy_peer_tier, "true", "daemon-copy: stash in other pools' spare pages");
+ABSL_FLAG(std::string, group_peer_tier, "true", "groups: claim other devices' free group pages");
 ABSL_FLAG(std::string, lock_memory, "false", "populate and lock the tiers at start");
 ABSL_FLAG(std::string, warm_memory, "true", "populate the tiers in the background");
 ABSL_FLAG(std::string, huge_pages, "auto", "transparent huge pages for the tiers");
@@ -271,6 +272,12 @@ const Knob kKnobs[] = {
      "what they hold now, and at least 1/8 of the pool. Host backend with --devices > 1; the "
      "cuda backend does not lend (it says so at start)",
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->copy_peer_tier); }},
+    {"group_peer_tier", "true|false",
+     "Groups of mapped sessions (Hello.group): a member whose own device's group pages are "
+     "taken claims free pages of the group's chunks on other devices (TIER_PEER) before the "
+     "host tier, and a dry group grows into other devices' spare chunks. Host backend with "
+     "--devices > 1",
+     [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->group_peer_tier); }},
     {"lock_memory", "true|false",
      "Host backend: populate and lock (mlock) every tier at start, with progress in the log, so "
      "the memory is the daemon's for as long as it runs; needs the locked-memory limit "

@@ -45,6 +45,9 @@ struct DaemonConfig {
   // Daemon-copy: a stash its own pool cannot hold goes to another pool's spare pages (the peer
   // tier, beyond each pool's reserve for its own sessions) before the host tier.
   bool copy_peer_tier = true;
+  // Groups: members claim free pages of the group's chunks on other devices (docs/design.md,
+  // "Groups").
+  bool group_peer_tier = true;
   // Host backend: populate and lock (mlock) every tier at start, so the memory is the daemon's
   // for good; without it the kernel hands pages out as they are first touched.
   bool lock_memory = false;

@@ -262,6 +262,7 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     lease.chunk_bytes = core->chunk_bytes_;
     lease.max_lease_bytes = core->max_lease_bytes_;
     lease.peer_tier = config.peer_tier;
+    lease.group_peer = config.group_peer_tier;
     lease.first_share_divisor = 16;
     // The host tier: one all pools share (host backend), or each GPU's own share (cuda).
     std::vector<Tier*> hosts;

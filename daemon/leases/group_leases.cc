@@ -352,9 +352,8 @@ void Leases::ScrubGroups() {
   for (auto& [id, group] : groups_) {
     Group& g = *group;
     const std::vector<uint32_t>& live = g.live_tags;
-    const uint64_t freed = g.block->Reclaim([&live](uint32_t tag) {
-      return std::find(live.begin(), live.end(), tag) == live.end();
-    });
+    const uint64_t freed = g.block->Reclaim(
+        [&live](uint32_t tag) { return std::find(live.begin(), live.end(), tag) == live.end(); });
     uint64_t held_back = 0;
     if (freed > 0 && garbage_log_.Allow(RateLimiter::Clock::now(), &held_back)) {
       Log("pool")->warn(

@@ -56,6 +56,7 @@ const Knob kKnobs[] = {
     {"max_lease_bytes", "--max-lease-bytes", "STASHD_MAX_LEASE_BYTES", "0", "64MiB", "128MiB"},
     {"peer_tier", "--peer-tier", "STASHD_PEER_TIER", "false", "true", "1"},
     {"copy_peer_tier", "--copy-peer-tier", "STASHD_COPY_PEER_TIER", "true", "false", "0"},
+    {"group_peer_tier", "--group-peer-tier", "STASHD_GROUP_PEER_TIER", "true", "false", "0"},
     {"lock_memory", "--lock-memory", "STASHD_LOCK_MEMORY", "false", "true", "1"},
     {"warm_memory", "--warm-memory", "STASHD_WARM_MEMORY", "true", "false", "0"},
     {"huge_pages", "--huge-pages", "STASHD_HUGE_PAGES", "auto", "off", "off"},

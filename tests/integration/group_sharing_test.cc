@@ -234,6 +234,28 @@ TEST_F(Groups, AStashPastTheOwnDeviceGoesToAnotherDevicesFreePages) {
   if (s3->tier != Tier::kOverflow) ReloadExact(*b, *s3, *other);
 }
 
+// --group-peer-tier=false: a member claims its own device's pages only (and the host tier's);
+// past them its stash overflows with no host tier, while the other device's pages stay free.
+TEST_F(Groups, WithTheGroupPeerTierOffAStashPastTheOwnDeviceDoesNotGoToAnother) {
+  Start({"--devices=2", "--pool-bytes=1MiB", "--chunk-bytes=256KiB", "--host-tier-bytes=0",
+         "--group-peer-tier=false"});
+  auto a = Member(daemon_->socket(), "no-peers", false, 0);
+  auto b = Member(daemon_->socket(), "no-peers", false, 1);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto own = Buffer(12 * kPage, 41);
+  auto past = Buffer(8 * kPage, 42);
+  ASSERT_TRUE(b->Wait(*b->BeginStep(0), 10000).ok());
+  ASSERT_TRUE(a->Wait(*a->BeginStep(0), 10000).ok());
+  auto s1 = StashPages(*a, *own, 12);
+  auto s2 = StashPages(*a, *past, 8);
+  auto s3 = StashPages(*b, *own, 12);
+  ASSERT_TRUE(s1.ok() && s2.ok() && s3.ok());
+  EXPECT_EQ(s1->tier, Tier::kDevice);
+  EXPECT_EQ(s2->tier, Tier::kOverflow);
+  EXPECT_EQ(s3->tier, Tier::kDevice);
+}
+
 // Members of the group churn (stashes, reloads, releases) in other processes and are SIGKILLed
 // at random points, each one mid-claim or mid-release at some kill: after each kill, within a
 // second, this member stashes the whole pool again (every page the dead one owned is back), and
