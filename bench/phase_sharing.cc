@@ -380,11 +380,11 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
   Progress("sharing: stashd, one shared pool, mapped ranks in one group, chunks of " +
            SizeName(fine) + ", " + where);
   STASH_ASSIGN_OR_RETURN(const RankRun grouped_fine, run(fine_flags, "mapped-group", false));
-  rows.push_back({kSection,
-                  "  (b) mapped, the 8 ranks in one group, chunks of pool/256 (" + SizeName(fine) +
-                      ")",
-                  Counts(grouped_fine, steps), "per-rank pools " + Counts(own, steps),
-                  MissRatio(grouped_fine, own), "", Verdict::kNoTarget});
+  rows.push_back(
+      {kSection,
+       "  (b) mapped, the 8 ranks in one group, chunks of pool/256 (" + SizeName(fine) + ")",
+       Counts(grouped_fine, steps), "per-rank pools " + Counts(own, steps),
+       MissRatio(grouped_fine, own), "", Verdict::kNoTarget});
   const auto [fine_mean, fine_over] = aims(std::max<uint64_t>(1, total / 256));
   rows.push_back({kSection,
                   "  (b) why: the leases' aims with chunks of pool/256 exceed the pool in " +
