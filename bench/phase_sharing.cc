@@ -164,6 +164,7 @@ void SensitivityRow(const Scenario& scenario, const std::string& what, const Dri
 
 struct RankRun {
   uint64_t stashes = 0, overflows = 0, spills = 0;
+  uint64_t peers = 0;            // placed in another device's pool (shared, not spilled)
   uint64_t pool_high_water = 0;  // shared pool: its high water; own pools: their sum
   uint64_t leftover = 0;         // pages still live at the end (must be 0)
   uint64_t used_at_step = 0;     // most pool pages in use right after a counted BeginStep
@@ -248,6 +249,7 @@ StatusOr<RankRun> DriveRanks(Env& env, const NodeTrace& trace, const std::string
     out.stashes += static_cast<uint64_t>(f["stashes"]);
     out.overflows += static_cast<uint64_t>(f["overflows"]);
     out.spills += static_cast<uint64_t>(f["spills"]);
+    out.peers += static_cast<uint64_t>(f["peers"]);
     out.leftover += static_cast<uint64_t>(f["pages_leftover"]);
     out.used_at_step =
         std::max(out.used_at_step, static_cast<uint64_t>(f["pool_used_at_step_max"]));
@@ -313,6 +315,9 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
   std::vector<std::string> flags = common;
   flags.emplace_back("--devices=8");
   flags.push_back("--pool-bytes=" + Str(rank_pages * page));
+  const std::vector<std::string> gpu_shaped = flags;  // peer placement on: the defaults
+  // Pools per rank: no pool lends to another.
+  flags.emplace_back("--copy-peer-tier=false");
   Progress("sharing: stashd, 8 pools of Megatron's size, 8 rank processes, " + where);
   STASH_ASSIGN_OR_RETURN(const RankRun own, run(flags, "daemon-copy", true));
   rows.push_back({kSection,
@@ -321,6 +326,26 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
                       "avg-based peak (" +
                       SizeName(rank_pages * page) + " each), host tier " + SizeName(host * page),
                   Counts(own, steps), "model " + Counts(model_rank), "", "", Verdict::kNoTarget});
+
+  // GPU-shaped: the same 8 pools, one per device, with the daemon's defaults: a daemon-copy
+  // stash its own pool cannot hold goes to another device's spare pages (the peer tier), and
+  // mapped ranks in one group claim free pages of the group's chunks on any device.
+  auto peer_counts = [&](const RankRun& r) {
+    return Counts(r, steps) + " (" + PerThousand(r.peers, steps) + " on another device)";
+  };
+  Progress("sharing: stashd, GPU-shaped, 8 devices, daemon-copy with the peer tier, " + where);
+  STASH_ASSIGN_OR_RETURN(const RankRun gpu_copy, run(gpu_shaped, "daemon-copy", true));
+  rows.push_back({kSection,
+                  "  GPU-shaped, 8 devices (the same 8 pools, each rank on its own): daemon-copy, "
+                  "peer tier on (the default)",
+                  peer_counts(gpu_copy), "per-rank pools " + Counts(own, steps),
+                  MissRatio(gpu_copy, own), "", Verdict::kNoTarget});
+  Progress("sharing: stashd, GPU-shaped, 8 devices, mapped ranks in one group, " + where);
+  STASH_ASSIGN_OR_RETURN(const RankRun gpu_group, run(gpu_shaped, "mapped-group", true));
+  rows.push_back({kSection,
+                  "  GPU-shaped, 8 devices: mapped, the 8 ranks in one group (default chunks)",
+                  peer_counts(gpu_group), "per-rank pools " + Counts(own, steps),
+                  MissRatio(gpu_group, own), "", Verdict::kNoTarget});
 
   flags = common;
   flags.push_back("--pool-bytes=" + Str(total * page));
@@ -429,7 +454,7 @@ Status DaemonRows(Env& env, const Scenario& scenario, const DriftConfig& routing
   Progress("sharing: stashd, one unbounded shared pool (high water), " + where);
   STASH_ASSIGN_OR_RETURN(const RankRun shared_big, run(flags, "daemon-copy", false));
   flags = {"--page-bytes=" + Str(page), "--host-tier-bytes=0", "--devices=8",
-           "--pool-bytes=" + Str(big / kNodeGpus * page)};
+           "--pool-bytes=" + Str(big / kNodeGpus * page), "--copy-peer-tier=false"};
   Progress("sharing: stashd, 8 unbounded pools (high water), " + where);
   STASH_ASSIGN_OR_RETURN(const RankRun own_big, run(flags, "daemon-copy", true));
   rows.push_back({kSection,

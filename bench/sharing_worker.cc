@@ -29,6 +29,7 @@ void Say(const std::string& line) {
 
 struct Counts {
   uint64_t stashes = 0, overflows = 0, spills = 0;
+  uint64_t peers = 0;  // placed in another device's pool (TIER_PEER): shared, not spilled
 };
 
 class Rank {
@@ -110,6 +111,7 @@ class Rank {
         continue;
       }
       if (done.tier == Tier::kHost && counted) ++counts_.spills;
+      if (done.tier == Tier::kPeer && counted) ++counts_.peers;
       tickets_[p.slot] = {done.ticket, p.rows};
     }
     return Status::Ok();
@@ -119,7 +121,8 @@ class Rank {
     STASH_ASSIGN_OR_RETURN(const SessionStats stats, client_->Stats());
     std::ostringstream out;
     out << "result stashes=" << counts_.stashes << " overflows=" << counts_.overflows
-        << " spills=" << counts_.spills << " pool_high_water=" << stats.pool_pages_high_water
+        << " spills=" << counts_.spills << " peers=" << counts_.peers
+        << " pool_high_water=" << stats.pool_pages_high_water
         << " host_high_water=" << stats.host_pages_high_water
         << " pool_used_at_step_max=" << pool_used_max_ << " pages_leftover=" << stats.pages_live
         << " stashes_left=" << tickets_.size();

@@ -268,8 +268,8 @@ const Knob kKnobs[] = {
     {"copy_peer_tier", "true|false",
      "Daemon-copy: a stash that does not fit its own device's pool goes to another device's pool "
      "(TIER_PEER; the one with the most free pages first) before the host tier. A pool lends "
-     "only pages beyond a reserve for its own sessions: the most pages they held at once minus "
-     "what they hold now, and at least 1/8 of the pool. Host backend with --devices > 1; the "
+     "only pages beyond a reserve for its own sessions' next stashes: 1/32 of the pool, at least "
+     "a page. Host backend with --devices > 1; the "
      "cuda backend does not lend (it says so at start)",
      [](std::string_view v, DaemonConfig* c) { return ParseBool(v, &c->copy_peer_tier); }},
     {"group_peer_tier", "true|false",

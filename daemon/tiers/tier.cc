@@ -103,12 +103,7 @@ void Tier::PublishFree(uint64_t pages, uint64_t bytes, bool lent) {
   if (lent) pages_lent_.fetch_sub(pages, std::memory_order_relaxed);
 }
 
-uint64_t Tier::PeerReserve() const {
-  const uint64_t lent = pages_lent_.load(std::memory_order_relaxed);
-  const uint64_t used = pages_used_.load(std::memory_order_relaxed);
-  return PeerReservePages(pages_, used > lent ? used - lent : 0,
-                          own_pages_high_water_.load(std::memory_order_relaxed));
-}
+uint64_t Tier::PeerReserve() const { return PeerReservePages(pages_); }
 
 std::vector<uint64_t> Tier::WhollyFreeChunks() {
   std::vector<uint64_t> out;
@@ -174,12 +169,9 @@ void RaiseTo(std::atomic<uint64_t>& high_water, uint64_t value) {
 }  // namespace
 
 void Tier::AddUsed(uint64_t pages, bool lent) {
-  // Lent pages first, so the own count never reads a lent stash as the pool's own.
-  const uint64_t lent_now = lent ? pages_lent_.fetch_add(pages, std::memory_order_relaxed) + pages
-                                 : pages_lent_.load(std::memory_order_relaxed);
+  if (lent) pages_lent_.fetch_add(pages, std::memory_order_relaxed);
   const uint64_t used = pages_used_.fetch_add(pages, std::memory_order_relaxed) + pages;
   RaiseTo(pages_high_water_, used);
-  if (!lent) RaiseTo(own_pages_high_water_, used > lent_now ? used - lent_now : 0);
 }
 
 void Tier::AccountAlloc(uint64_t pages, uint64_t bytes) {

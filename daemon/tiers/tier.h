@@ -36,18 +36,13 @@ struct TierSnapshot {
 
 // Daemon-copy's peer tier: how many free pages a device pool keeps for its own sessions when
 // another pool's session asks it for pages (docs/design.md, "Daemon-copy's peer tier"). A device
-// keeps what its own ranks are using, and room for them to grow back to the most they ever held
-// at once (`own_high_water`: ranks of a training job stash about the same every step, so what
-// they held once they will want again); and never less than 1/8 of the pool, so ranks that have
-// not stashed yet (a job starting on an idle device) find room for their first stashes while the
-// lent pages come back at their owners' reloads. Pages held by mapped sessions' leases count as
-// the pool's own. `own_in_use` and `own_high_water` exclude lent pages.
-inline uint64_t PeerReservePages(uint64_t pool_pages, uint64_t own_in_use,
-                                 uint64_t own_high_water) {
-  const uint64_t floor = (pool_pages + 7) / 8;
-  const uint64_t regrow = own_high_water > own_in_use ? own_high_water - own_in_use : 0;
-  return floor > regrow ? floor : regrow;
-}
+// keeps what its own ranks are using now, and lends what they are not, less 1/32 of the pool
+// (at least a page) so that its own ranks' next stash finds room at once. Not room for the most
+// they ever held: the ranks of a job stash in lock step and peak at the same instant, so a
+// device whose ranks are below their peak now is exactly the one that can lend then, and its
+// own ranks, should they need more later, borrow from peers in turn (the node's total is what
+// bounds them, as in one shared pool). Pages held by mapped sessions' leases count as in use.
+inline uint64_t PeerReservePages(uint64_t pool_pages) { return (pool_pages + 31) / 32; }
 
 // Whether a pool with `free_pages` free and `reserve` reserved (PeerReservePages) lends a stash of
 // `pages` pages to another pool's session: only while its free pages stay at or above the reserve
@@ -198,8 +193,7 @@ class Tier {
 
   std::atomic<uint64_t> pages_used_{0};
   std::atomic<uint64_t> pages_high_water_{0};
-  std::atomic<uint64_t> pages_lent_{0};            // in pages_used_: other pools' stashes
-  std::atomic<uint64_t> own_pages_high_water_{0};  // of pages_used_ - pages_lent_
+  std::atomic<uint64_t> pages_lent_{0};  // in pages_used_: other pools' stashes
   std::atomic<uint64_t> bytes_stashed_{0};
   std::atomic<uint64_t> stashes_live_{0};
 };

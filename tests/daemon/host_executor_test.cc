@@ -21,17 +21,10 @@ using kernels::Placement;
 
 constexpr uint64_t kPage = 4096;
 
-TEST(PeerReserve, IsAnEighthOfThePoolWhenItsOwnSessionsNeverHeldMore) {
-  EXPECT_EQ(PeerReservePages(64, 0, 0), 8u);
-  EXPECT_EQ(PeerReservePages(65, 0, 0), 9u);  // rounded up
-  EXPECT_EQ(PeerReservePages(64, 5, 5), 8u);  // at their high water: room to grow by 1/8
-  EXPECT_EQ(PeerReservePages(1, 0, 0), 1u);
-}
-
-TEST(PeerReserve, KeepsRoomForItsOwnSessionsToGrowBackToTheirHighWater) {
-  EXPECT_EQ(PeerReservePages(64, 0, 40), 40u);   // they held 40 once, hold none now
-  EXPECT_EQ(PeerReservePages(64, 30, 40), 10u);  // 10 more to their high water
-  EXPECT_EQ(PeerReservePages(64, 36, 40), 8u);   // less than the floor: the floor
+TEST(PeerReserve, IsAThirtySecondOfThePoolAtLeastAPage) {
+  EXPECT_EQ(PeerReservePages(64), 2u);
+  EXPECT_EQ(PeerReservePages(65), 3u);  // rounded up
+  EXPECT_EQ(PeerReservePages(1), 1u);
 }
 
 TEST(PeerReserve, LendsOnlyWhileFreePagesStayAtOrAboveTheReserve) {
@@ -47,20 +40,16 @@ std::unique_ptr<Tier> MakeTier(const std::string& name, int pool, uint64_t pages
   return std::move(tier).value();
 }
 
-TEST(PeerReserve, LentPagesDoNotRaiseTheOwnHighWater) {
+TEST(PeerReserve, APoolLendsWhatItsOwnSessionsDoNotUseNow) {
   auto tier = MakeTier("gpu1", 1, 64);
   MutexLock lock(&tier->mu());
-  tier->PublishAlloc(40, 40 * kPage, /*lent=*/true);
-  EXPECT_EQ(tier->Snapshot().pages_lent, 40u);
-  EXPECT_EQ(tier->PeerReserve(), 8u);  // own sessions hold nothing and never did
-  tier->PublishAlloc(10, 10 * kPage);  // its own
-  tier->PublishFree(10, 10 * kPage);
-  EXPECT_EQ(tier->PeerReserve(), 10u);  // room to take their 10 again
-  EXPECT_TRUE(tier->Lends(14));         // 24 free: 10 stay
-  EXPECT_FALSE(tier->Lends(15));
-  tier->PublishFree(40, 40 * kPage, /*lent=*/true);
-  EXPECT_EQ(tier->Snapshot().pages_lent, 0u);
-  EXPECT_EQ(tier->Snapshot().pages_used, 0u);
+  tier->PublishAlloc(40, 40 * kPage);  // its own
+  tier->PublishFree(40, 40 * kPage);
+  EXPECT_EQ(tier->PeerReserve(), 2u);  // not what they once held: they borrow in turn
+  tier->PublishAlloc(30, 30 * kPage, /*lent=*/true);
+  EXPECT_EQ(tier->Snapshot().pages_lent, 30u);
+  EXPECT_TRUE(tier->Lends(32));  // 34 free: 2 stay
+  EXPECT_FALSE(tier->Lends(33));
 }
 
 // Two (or three) device pools and a host tier, an executor per pool that lends to the others.
@@ -154,24 +143,23 @@ TEST_F(HostExecutorPeerTest, AFullPoolStashesInAPeerPoolAndReloadsItByteExact) {
 }
 
 TEST_F(HostExecutorPeerTest, APeerLendsOnlyBeyondItsReserveThenTheHostTierTakesTheStash) {
-  Build(16, 16);
-  Stash(0, 16, 1);
-  // gpu1 keeps 2 of its 16 pages (1/8): 14 lent, a 15th page goes to the host tier.
-  EXPECT_EQ(Stash(0, 14, 2).plan.placement, Placement::kPeer);
+  Build(64, 16);
+  Stash(0, 64, 1);
+  // gpu1 keeps 2 of its 64 pages (1/32): 62 lent, a 63rd page goes to the host tier.
+  EXPECT_EQ(Stash(0, 62, 2).plan.placement, Placement::kPeer);
   EXPECT_EQ(Stash(0, 1, 3).plan.placement, Placement::kHost);
   // gpu1's own session still has its reserve.
   EXPECT_EQ(Stash(1, 2, 4).plan.placement, Placement::kDevice);
 }
 
-TEST_F(HostExecutorPeerTest, APeerKeepsRoomForItsOwnSessionsHighWater) {
-  Build(16, 16);
-  StashRecord& peer_own = Stash(1, 10, 1);  // gpu1's sessions once held 10 pages
+TEST_F(HostExecutorPeerTest, APeerLendsWhatItsOwnSessionsReleased) {
+  Build(64, 16);
+  StashRecord& peer_own = Stash(1, 40, 1);  // gpu1's sessions once held 40 pages
   Release(1, peer_own);
-  Stash(0, 16, 2);
-  EXPECT_EQ(Stash(0, 7, 3).plan.placement, Placement::kHost);  // 16 - 7 < 10
-  EXPECT_EQ(Stash(0, 6, 4).plan.placement, Placement::kPeer);
-  // gpu1's sessions get their 10 pages again: its own stashes never go elsewhere for lending.
-  EXPECT_EQ(Stash(1, 10, 5).plan.placement, Placement::kDevice);
+  Stash(0, 64, 2);
+  EXPECT_EQ(Stash(0, 62, 3).plan.placement, Placement::kPeer);
+  // gpu1's own session, its pool lent out, still has the reserve.
+  EXPECT_EQ(Stash(1, 2, 4).plan.placement, Placement::kDevice);
 }
 
 TEST_F(HostExecutorPeerTest, ThePeerWithTheMostFreePagesIsTriedFirst) {
