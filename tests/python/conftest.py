@@ -167,6 +167,8 @@ def wait_until(predicate, timeout_s: float, what: str):
 TORCH_MODES = {
     "daemon-copy": {},
     "mapped": {"mode": "mapped"},
+    # One job's sessions as a group: pages shared through the group's depot (docs/design.md).
+    "mapped-group": {"mode": "mapped", "group": "pytest-job", "group_secret": b"p" * 32},
 }
 
 

@@ -40,8 +40,10 @@ def main() -> int:
     expected = [t.grad.clone() for t in params]
     zero_grad()
 
-    client = stashd.connect(socket, rank=rank, label=f"guard-rank{rank}",
-                            **json.loads(connect_kwargs))
+    kwargs = json.loads(connect_kwargs)
+    if "group_secret" in kwargs:  # bytes travel as hex in JSON
+        kwargs["group_secret"] = bytes.fromhex(kwargs["group_secret"])
+    client = stashd.connect(socket, rank=rank, label=f"guard-rank{rank}", **kwargs)
     attempts = []
 
     def step():

@@ -27,7 +27,8 @@ def run_ranks(sockets, tmp_path, mode, seed=11):
         [os.path.join(os.path.dirname(WORKER), os.pardir, os.pardir, "client", "python"),
          env.get("PYTHONPATH", "")])
     procs = [subprocess.Popen([sys.executable, WORKER, str(rank), str(len(sockets)), init_file,
-                               socket, str(seed), json.dumps(TORCH_MODES[mode])],
+                               socket, str(seed), json.dumps({k: v.hex() if isinstance(v, bytes) else v
+                                           for k, v in TORCH_MODES[mode].items()})],
                               stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env)
              for rank, socket in enumerate(sockets)]
