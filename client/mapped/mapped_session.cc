@@ -78,16 +78,23 @@ Status MappedSession::Lease(LeaseTable& table, DescriptorChannel& channel,
                             const v1::Welcome& welcome, bool fixed) {
   std::vector<std::pair<int, uint64_t>> want;
   if (fixed) want = FixedLeaseWant(options_, welcome);
-  STASH_ASSIGN_OR_RETURN(LeaseAnswer answer, channel.Lease(!fixed, want));
-  AllocateChunkPages(answer);
-  Status first = Status::Ok();
-  std::vector<uint64_t> give_back = Apply(table, answer, &first);
-  if (!give_back.empty()) {
-    StatusOr<uint64_t> returned = channel.Return(give_back);
-    if (!returned.ok() && first.ok()) first = returned.status();
+  // A group's member is sent the group's chunks a bounded number per answer: it asks again
+  // while some are left and the last answer brought any.
+  for (int round = 0;; ++round) {
+    STASH_ASSIGN_OR_RETURN(LeaseAnswer answer, channel.Lease(!fixed, want));
+    AllocateChunkPages(answer);
+    const bool brought = !answer.chunks.empty();
+    Status first = Status::Ok();
+    std::vector<uint64_t> give_back = Apply(table, answer, &first);
+    if (!give_back.empty()) {
+      StatusOr<uint64_t> returned = channel.Return(give_back);
+      if (!returned.ok() && first.ok()) first = returned.status();
+    }
+    if (!answer.status.ok()) return answer.status;
+    if (!first.ok() || answer.chunks_not_sent == 0 || !brought || round >= kMaxLeaseRounds) {
+      return first;
+    }
   }
-  if (!answer.status.ok()) return answer.status;
-  return first;
 }
 
 std::vector<uint64_t> MappedSession::Apply(LeaseTable& table, LeaseAnswer& answer, Status* first) {
@@ -188,6 +195,12 @@ void MappedSession::OnOutgrown() {
 }
 
 void MappedSession::ResizeLease(const std::shared_ptr<SessionStream>& current) {
+  for (int round = 0; round <= kMaxLeaseRounds; ++round) {
+    if (!ResizeLeaseOnce(current)) return;
+  }
+}
+
+bool MappedSession::ResizeLeaseOnce(const std::shared_ptr<SessionStream>& current) {
   StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
   if (answer.ok()) AllocateChunkPages(*answer);
   if (!answer.ok() || !answer->status.ok()) {
@@ -198,8 +211,11 @@ void MappedSession::ResizeLease(const std::shared_ptr<SessionStream>& current) {
           "held",
           st.ToString());
     }
-    if (!answer.ok()) return;
+    if (!answer.ok()) return false;
   }
+  // A group's member asks again while chunks of its group were not sent and this answer brought
+  // some (each answer carries a bounded number).
+  const bool again = answer->status.ok() && answer->chunks_not_sent > 0 && !answer->chunks.empty();
   // Applied by the copier between two operations, to the table of the session it came from.
   auto came = std::make_shared<LeaseAnswer>(std::move(answer).value());
   copier_->Post([this, came, current](std::unique_ptr<LeaseTable>& table, bool) {
@@ -214,6 +230,7 @@ void MappedSession::ResizeLease(const std::shared_ptr<SessionStream>& current) {
     }
     return true;
   });
+  return again;
 }
 
 void MappedSession::ReconnectFrom(const std::shared_ptr<SessionStream>& current) {

@@ -108,8 +108,12 @@ class MappedSession final : public ModeSession, private LeaseThreadTwin {
   bool ReconnectNeeded(const SessionStream& /*current*/) const override { return true; }
   bool EndedDrained() const override { return ended_drained_; }
   void RoundDone() override { growing_ = false; }
-  // One automatic lease, then its answer posted to the copier.
+  // One automatic lease, then its answer posted to the copier (a group's member: again while its
+  // group's chunks were not all sent, at most kMaxLeaseRounds more).
   void ResizeLease(const std::shared_ptr<SessionStream>& current) override;
+  // One round of it; true when another should follow.
+  bool ResizeLeaseOnce(const std::shared_ptr<SessionStream>& current);
+  static constexpr int kMaxLeaseRounds = 256;
   // A new session (attempts back off while no daemon takes one), posted to the copier to
   // replace the old once no stash is live; the old table's chunks go back through it.
   void ReconnectFrom(const std::shared_ptr<SessionStream>& current) override;

@@ -215,6 +215,7 @@ StatusOr<LeaseAnswer> DescriptorChannel::Lease(bool automatic,
     for (const v1::TierLease& t : r.lease()) {
       out.lease.push_back({t.tier(), t.chunks(), t.pages(), t.pages_target()});
     }
+    out.chunks_not_sent = r.chunks_not_sent();
     return out;
   }
 }

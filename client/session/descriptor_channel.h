@@ -44,6 +44,8 @@ struct LeaseAnswer {
     uint64_t chunks = 0, pages = 0, pages_target = 0;
   };
   std::vector<Held> lease;  // per tier, after this request
+  // A group's member: chunks of the group it was not sent yet (it asks again).
+  uint64_t chunks_not_sent = 0;
 };
 
 // Thread-safe: one request at a time goes out and is answered.

@@ -196,8 +196,11 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
     reply.parts.push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), depot), std::move(fd)});
     h.depot_sent = true;
   }
-  // Every chunk of the group this member has not mapped yet, as many as the answer may carry.
-  const uint64_t limit = max_chunks + (send_control ? 1 : 0);
+  // Every chunk of the group this member has not mapped yet, as many as the answer may carry and
+  // at most kGroupChunksPerAnswer (the member asks again for the rest: chunks_not_sent), so the
+  // members of a job that start together share the user's descriptors in flight.
+  const uint64_t limit = std::min(max_chunks, kGroupChunksPerAnswer) + reply.parts.size();
+  uint64_t not_sent = 0;
   std::array<uint64_t, k::kLeaseTiers> chunks{};
   std::array<uint64_t, k::kLeaseTiers> pages{};
   for (uint64_t id : g.chunks) {
@@ -209,7 +212,10 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
     if (lease_tier == k::kLeasePeer && !peer_ok) continue;
     const bool sent = std::find(h.sent.begin(), h.sent.end(), id) != h.sent.end();
     if (!sent) {
-      if (reply.parts.size() >= limit) continue;
+      if (reply.parts.size() >= limit) {
+        ++not_sent;
+        continue;
+      }
       ChunkLender* lender = tiers_[tier]->lender();
       auto fd = lender->Export(chunk);
       if (!fd.ok()) {
@@ -242,6 +248,7 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
     lease->set_pages(pages[t]);
     lease->set_pages_target(pages[t]);  // a group never asks a member to give back
   }
+  reply.last.set_chunks_not_sent(not_sent);
   return reply;
 }
 

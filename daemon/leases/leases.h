@@ -259,6 +259,8 @@ class Leases {
     std::vector<uint64_t> leaving;  // chunk ids taken back, waiting for members to unmap them
   };
   static std::string GroupKey(uint64_t id) { return "group:" + std::to_string(id); }
+  // The most group chunks one lease answer carries (the member asks again for the rest).
+  static constexpr uint64_t kGroupChunksPerAnswer = 16;
   class BusyHolder;
 
   // `wanting` could not grow `lease_tier` to its aim: every automatic session of the same
