@@ -19,12 +19,6 @@ namespace {
 namespace v1 = stash::v1;
 namespace k = stash::kernels;
 
-v1::Tier ProtoTierOf(uint32_t lease_tier) {
-  return lease_tier == k::kLeaseDevice ? v1::TIER_DEVICE
-         : lease_tier == k::kLeasePeer ? v1::TIER_PEER
-                                       : v1::TIER_HOST;
-}
-
 }  // namespace
 
 uint32_t Leases::LeaseTierFor(size_t tier, int pool) const {
@@ -122,15 +116,14 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
   Status status;
   Group* joined = JoinGroup(h, who, &status);
   if (joined == nullptr) return status;
-  const uint64_t group_id = joined->id;
   const bool host_ok =
       has_host_ && h.allow_host_spill && tiers_[HostSource(h.pool)]->lender() != nullptr;
   const bool peer_ok = config_.group_peer && pools_ > 1;
   const auto own = static_cast<size_t>(h.pool);
 
   // Grow: the member's device has none of the group's chunks yet, or the depot ran dry.
+  Group& g = *joined;  // lives while this busy member is in it, whatever GrowGroup unlocks
   {
-    Group& g = *joined;
     const GroupBlock::Counters counters = g.block->Read(g.block->pages());
     const bool dry = counters.dry != g.dry_seen;
     const uint64_t missed = counters.dry_pages - std::min(counters.dry_pages, g.dry_pages_seen);
@@ -154,7 +147,6 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
         grown += GrowGroup(g, own, (want - held + chunk_pages_ - 1) / chunk_pages_);
       }
     }
-    // GrowGroup released mu_ meanwhile: the group lives on (this busy member keeps it).
     if (dry && grown == 0) {
       // The own device has no free chunk: what the depot missed, from the other devices (their
       // spare chunks: while each keeps more than half its chunks free for its own ranks) and then
@@ -166,12 +158,11 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
         const uint64_t spare = tiers_[p]->chunks_free() > tiers_[p]->chunks() / 2
                                    ? tiers_[p]->chunks_free() - tiers_[p]->chunks() / 2
                                    : 0;
-        got += GrowGroup(*groups_.at(group_id), p, std::min(spare, need - got));
+        got += GrowGroup(g, p, std::min(spare, need - got));
       }
-      if (host_ok && got < need) GrowGroup(*groups_.at(group_id), HostSource(h.pool), need - got);
+      if (host_ok && got < need) GrowGroup(g, HostSource(h.pool), need - got);
     }
   }
-  Group& g = *groups_.at(group_id);
   SizeGroup(g);
 
   DescriptorReply reply;
@@ -227,7 +218,7 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
       packet.set_more(true);
       v1::LeasedChunk* leased = packet.mutable_chunk();
       leased->set_chunk_id(id);
-      leased->set_tier(ProtoTierOf(lease_tier));
+      leased->set_tier(ProtoTier(lease_tier));
       leased->set_pool(tiers_[tier]->pool());
       leased->set_bytes(lender->ChunkBytes(chunk));
       leased->set_gpu_uuid(lender->gpu_uuid());
@@ -243,7 +234,7 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
   for (uint32_t t = 0; t < k::kLeaseTiers; ++t) {
     if (!allowed[t]) continue;
     v1::TierLease* lease = reply.last.add_lease();
-    lease->set_tier(ProtoTierOf(t));
+    lease->set_tier(ProtoTier(t));
     lease->set_chunks(chunks[t]);
     lease->set_pages(pages[t]);
     lease->set_pages_target(pages[t]);  // a group never asks a member to give back

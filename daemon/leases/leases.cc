@@ -24,7 +24,9 @@ constexpr uint32_t kDevice = k::kLeaseDevice;
 constexpr uint32_t kPeer = k::kLeasePeer;
 constexpr uint32_t kHost = k::kLeaseHost;
 
-v1::Tier ProtoTier(uint32_t lease_tier) {
+}  // namespace
+
+v1::Tier Leases::ProtoTier(uint32_t lease_tier) {
   switch (lease_tier) {
     case kDevice:
       return v1::TIER_DEVICE;
@@ -35,8 +37,10 @@ v1::Tier ProtoTier(uint32_t lease_tier) {
   }
 }
 
+namespace {
+
 const std::string& ProtoTierName(uint32_t lease_tier) {
-  return v1::Tier_Name(ProtoTier(lease_tier));
+  return v1::Tier_Name(Leases::ProtoTier(lease_tier));
 }
 
 uint32_t LeaseTierOf(v1::Tier tier) {

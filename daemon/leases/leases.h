@@ -190,6 +190,8 @@ class Leases {
   static uint64_t ChunkId(uint64_t tier, uint64_t chunk) { return (tier << 32) | chunk; }
   static uint64_t TierOfId(uint64_t id) { return id >> 32; }
   static uint64_t ChunkOfId(uint64_t id) { return id & 0xffffffffu; }
+  // The wire's tier of a lease tier (kernels::LeaseTier).
+  static stash::v1::Tier ProtoTier(uint32_t lease_tier);
 
  private:
   // kKept: returned by a live holder whose process may still hold its memory (GPU chunks:
