@@ -319,7 +319,10 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
   const uint64_t page_bytes = table_->page_bytes();
   // A group's member claims the pages a stash needs from the depot, tier by tier in the order the
   // plan tries them, and gives back at once what fell short (its cache mark is 0).
-  const bool dry = table_->grouped() && Refill(op, count, page_bytes);
+  const bool dry = table_->grouped() &&
+                   table_->RefillForStash(kernels::StashPagesNeeded(count, op.divisor, op.max_rows,
+                                                                    op.row_bytes, page_bytes),
+                                          allow_host_);
   const kernels::TierChoice tiers[kernels::kLeaseTiers] = {
       {table_->ring(kernels::kLeaseDevice), Placement::kDevice},
       {table_->ring(kernels::kLeasePeer), Placement::kPeer},
@@ -391,28 +394,6 @@ void Copier::DoStash(const CopyOp& op, Result& result) {
       table_->live().Add(op.id, op.layer, op.microbatch, op.name, plan.bytes, plan.pages);
   stashes_.emplace(op.id, std::move(record));
   done.latency_us = MicrosSince(op.submitted);
-}
-
-bool Copier::Refill(const CopyOp& op, int64_t count, uint64_t page_bytes) {
-  if (count < 0) return false;
-  const uint32_t divisor = op.divisor == 0 ? 1 : op.divisor;
-  const uint64_t rows = (static_cast<uint64_t>(count) + divisor - 1) / divisor;
-  if (rows > op.max_rows) return false;  // overflows whatever the depot has
-  const uint64_t pages = kernels::PagesFor(rows * op.row_bytes, page_bytes);
-  bool dry = false;
-  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
-    if (t == kernels::kLeaseHost && !allow_host_) break;
-    const uint64_t free = kernels::RingFree(*table_->ring(t));
-    if (free >= pages) return dry;
-    const uint64_t got = table_->Refill(t, pages - free);
-    if (free + got >= pages) return dry;
-    table_->Flush(t);  // not enough here: what it claimed goes back for the others
-    if (t == kernels::kLeaseDevice) {
-      table_->CountDry(pages - free - got);
-      dry = true;
-    }
-  }
-  return dry;
 }
 
 void Copier::Outgrown(uint64_t demand) {

@@ -136,9 +136,6 @@ class Copier {
   // Returns `record`'s pages to its ring and updates the control block's live counts.
   void ReturnStashPages(const StashRecord& record);
   void SetFlag(uint64_t epoch, bool overflow, bool spilled);
-  // A group's member: claims from the depot what stash `op` of `count` rows needs, in the first
-  // tier (in plan order) that has it. True when the own device's depot ran dry.
-  bool Refill(const CopyOp& op, int64_t count, uint64_t page_bytes);
   // The lease is short with the step's demand at `demand` pages: tells outgrown_hook_, once
   // per eighth of growth in demand within a step (kernels::ReportOutgrown).
   void Outgrown(uint64_t demand);

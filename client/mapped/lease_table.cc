@@ -188,37 +188,40 @@ Status LeaseTable::SetGroupBlock(UniqueFd fd, uint64_t bytes, uint32_t tag, uint
   return Status::Ok();
 }
 
-uint64_t LeaseTable::Refill(uint32_t tier, uint64_t want) {
-  TierRange& t = tiers_[tier];
-  std::vector<kernels::GroupChunkRef>& refs = group_refs_[tier];
-  if (!grouped() || refs.empty() || want == 0) return 0;
-  want = std::min(want, t.ring.capacity - kernels::RingFree(t.ring));
-  claimed_.resize(want);
-  const uint64_t got = kernels::ClaimPages(depot_, refs.data(), refs.size(), &cursor_[tier], tag_,
-                                           want, claimed_.data());
-  for (uint64_t i = 0; i < got; ++i) kernels::RingReturnAt(t.ring, t.ring.tail, i, claimed_[i]);
-  t.ring.tail += got;
-  t.pages_leased += got;
-  PublishTier(tier);
-  return got;
+kernels::GroupCacheTier LeaseTable::CacheTier(uint32_t tier) {
+  const std::vector<kernels::GroupChunkRef>& refs = group_refs_[tier];
+  // One range over the whole address space: ring ids are group pages.
+  return kernels::GroupCacheTier{grouped() ? &depot_ : nullptr,
+                                 refs.data(),
+                                 refs.size(),
+                                 &cursor_[tier],
+                                 &tiers_[tier].ring,
+                                 0};
+}
+
+bool LeaseTable::RefillForStash(uint64_t pages, bool allow_host) {
+  if (!grouped()) return false;
+  kernels::GroupCacheTier tiers[kernels::kLeaseTiers];
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) tiers[t] = CacheTier(t);
+  const kernels::GroupRefill r =
+      kernels::RefillForStash(tiers, tag_, pages, allow_host, chunk_bytes_ / page_bytes_);
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    if (r.claimed[t] == 0 && r.flushed[t] == 0) continue;
+    uint64_t& leased = tiers_[t].pages_leased;
+    leased += r.claimed[t];
+    leased -= std::min(leased, r.flushed[t]);
+    PublishTier(t);
+  }
+  return r.device_missed > 0;
 }
 
 void LeaseTable::Flush(uint32_t tier) {
+  if (!grouped()) return;
+  const uint64_t n = kernels::FlushRing(CacheTier(tier), tag_, chunk_bytes_ / page_bytes_);
+  if (n == 0) return;
   TierRange& t = tiers_[tier];
-  const uint64_t n = kernels::RingFree(t.ring);
-  if (!grouped() || n == 0) return;
-  claimed_.resize(n);
-  for (uint64_t i = 0; i < n; ++i) claimed_[i] = kernels::RingPageAt(t.ring, t.ring.head, i);
-  kernels::ReleasePages(depot_, claimed_.data(), n, tag_, chunk_bytes_ / page_bytes_);
-  t.ring.head = t.ring.tail;
   t.pages_leased -= std::min(t.pages_leased, n);
   PublishTier(tier);
-}
-
-void LeaseTable::CountDry(uint64_t missed) {
-  if (!grouped()) return;
-  kernels::CounterAdd(depot_.header->dry, 1);
-  kernels::CounterAdd(depot_.header->dry_pages, missed);
 }
 
 std::vector<uint64_t> LeaseTable::DropLeaving() {

@@ -23,7 +23,7 @@
 
 #include "client/mapped/live_table.h"
 #include "common/unique_fd.h"
-#include "stash/kernels/group_depot.h"
+#include "stash/kernels/group_cache.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/kernels/paging.h"
 #include "stash/status.h"
@@ -64,12 +64,12 @@ class LeaseTable {
   // group pages of one range, which replaces the tiers' own (they must hold no chunk yet).
   Status SetGroupBlock(UniqueFd fd, uint64_t bytes, uint32_t tag, uint64_t pages, uint64_t chunks);
   bool grouped() const { return group_map_ != nullptr; }
-  // Claims up to `want` pages of `tier`'s group chunks into its ring; returns how many came.
-  uint64_t Refill(uint32_t tier, uint64_t want);
+  // A stash of `pages` pages is about to be planned: tops up the tiers it would try from the
+  // depot (kernels::RefillForStash; the host tier only when `allow_host`). True when the own
+  // device's depot ran dry.
+  bool RefillForStash(uint64_t pages, bool allow_host);
   // Releases every free page of `tier`'s ring back to the group (the cache mark is 0).
   void Flush(uint32_t tier);
-  // A refill of the own device came `missed` pages short: counted in the depot for the daemon.
-  void CountDry(uint64_t missed);
   // Unmaps the group chunks the daemon took back (kGroupChunkLeaving: none of their pages is
   // anyone's) and returns their ids, for ReturnChunks.
   std::vector<uint64_t> DropLeaving();
@@ -107,6 +107,8 @@ class LeaseTable {
   // Unmaps slot `slot` of `t` (its range goes back to PROT_NONE).
   void UnmapSlot(TierRange& t, uint64_t slot);
   void PublishTier(uint32_t tier);
+  // `tier` as the group cache rule sees it (kernels::GroupCacheTier).
+  kernels::GroupCacheTier CacheTier(uint32_t tier);
 
   const uint64_t page_bytes_;
   const uint64_t chunk_bytes_;
@@ -123,7 +125,6 @@ class LeaseTable {
   std::vector<uint64_t> group_ref_ids_[kernels::kLeaseTiers];  // the chunk id of each ref
   uint64_t cursor_[kernels::kLeaseTiers] = {};
   std::vector<uint64_t> group_chunk_ids_;
-  std::vector<uint64_t> claimed_;          // scratch for Refill and Flush
   kernels::SessionControl own_control_{};  // before the daemon's block arrives
   kernels::SessionControl* control_ = &own_control_;
   uint8_t* control_map_ = nullptr;

@@ -1,6 +1,7 @@
 // The group depot's tags (stash/kernels/group_depot.h): claims and releases by compare-and-swap,
 // the daemon's joins, take-backs and reclaims, and eight members claiming at once (run under
-// TSan by the tsan preset).
+// TSan by the tsan preset); a member's cache over it (group_cache.h) and the GPU member's board
+// (mapped_group.h), as the host twins run them.
 #include "stash/kernels/group_depot.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,9 @@
 #include <set>
 #include <thread>
 #include <vector>
+
+#include "stash/kernels/group_cache.h"
+#include "stash/kernels/mapped_group.h"
 
 namespace stash::kernels {
 namespace {
@@ -167,6 +171,151 @@ TEST(GroupDepot, EightMembersNeverShareAPage) {
   EXPECT_EQ(d.view().header->claimed, 0u);
   EXPECT_EQ(d.view().header->claims, d.view().header->releases);
   for (uint64_t c = 0; c < kChunks; ++c) EXPECT_EQ(d.view().chunk_free[c], kChunkPages);
+}
+
+// A member's rings over the depot: a device tier over chunks 0-1 and a host tier over chunk 2,
+// whose range starts at group page 2 * chunk_pages (ring id 0 there).
+class Member {
+ public:
+  Member(Depot& d, uint32_t tag) : d_(d), tag_(tag) {
+    for (uint32_t t = 0; t < kLeaseTiers; ++t) {
+      ids_[t].assign(2 * d.chunk_pages(), ~uint64_t{0});
+      rings_[t] = PageRing{ids_[t].data(), ids_[t].size(), 0, 0};
+    }
+  }
+  GroupCacheTier Tier(uint32_t t) {
+    GroupCacheTier tier{};
+    tier.ring = &rings_[t];
+    if (t == kLeasePeer) return tier;
+    tier.depot = &d_.view();
+    tier.refs = d_.refs().data() + (t == kLeaseDevice ? 0 : 2);
+    tier.refs_count = t == kLeaseDevice ? 2 : 1;
+    tier.cursor = &cursor_[t];
+    tier.first_page = t == kLeaseDevice ? 0 : 2 * d_.chunk_pages();
+    return tier;
+  }
+  GroupRefill Refill(uint64_t pages, bool allow_host = true) {
+    GroupCacheTier tiers[kLeaseTiers] = {Tier(0), Tier(1), Tier(2)};
+    return RefillForStash(tiers, tag_, pages, allow_host, d_.chunk_pages());
+  }
+  uint64_t Flush(uint32_t t) { return FlushRing(Tier(t), tag_, d_.chunk_pages()); }
+  PageRing& ring(uint32_t t) { return rings_[t]; }
+
+ private:
+  Depot& d_;
+  uint32_t tag_;
+  std::vector<uint64_t> ids_[kLeaseTiers];
+  PageRing rings_[kLeaseTiers];
+  uint64_t cursor_[kLeaseTiers] = {};
+};
+
+TEST(GroupCache, AStashTakesItsPagesFromTheFirstTierThatHasThemAndTheRestGoesBack) {
+  Depot d(3, 8);
+  for (uint64_t c = 0; c < 3; ++c) JoinChunk(d.view(), d.chunk_pages(), c, 8);
+  Member a(d, 2), b(d, 3);
+  // 5 pages: the device tier has them.
+  GroupRefill r = a.Refill(5);
+  EXPECT_EQ(r.claimed[kLeaseDevice], 5u);
+  EXPECT_EQ(r.device_missed, 0u);
+  EXPECT_EQ(RingFree(a.ring(kLeaseDevice)), 5u);
+  EXPECT_EQ(d.Owned(2), 5u);
+  // B wants 12: the device depot has 11 left, so B claims them, gives them back, counts the
+  // depot dry, and takes 8 of the host tier's... not enough either: all back.
+  r = b.Refill(12);
+  EXPECT_EQ(r.claimed[kLeaseDevice], 11u);
+  EXPECT_EQ(r.flushed[kLeaseDevice], 11u);
+  EXPECT_EQ(r.device_missed, 1u);
+  EXPECT_EQ(r.claimed[kLeaseHost], 8u);
+  EXPECT_EQ(r.flushed[kLeaseHost], 8u);
+  EXPECT_EQ(d.Owned(3), 0u);
+  EXPECT_EQ(d.view().header->dry, 1u);
+  EXPECT_EQ(d.view().header->dry_pages, 1u);
+  // 6 pages: the device has 11 free, it takes them there.
+  r = b.Refill(6);
+  EXPECT_EQ(r.claimed[kLeaseDevice], 6u);
+  // A flushes its cache: its pages are free again, B can take the rest of the device depot.
+  EXPECT_EQ(a.Flush(kLeaseDevice), 5u);
+  EXPECT_EQ(d.Owned(2), 0u);
+  EXPECT_EQ(RingFree(a.ring(kLeaseDevice)), 0u);
+  r = b.Refill(16);
+  EXPECT_EQ(r.claimed[kLeaseDevice], 10u);
+  EXPECT_EQ(d.Owned(3), 16u);
+}
+
+TEST(GroupCache, AHostTierRingHoldsIdsFromItsRangesFirstPage) {
+  Depot d(3, 8);
+  for (uint64_t c = 0; c < 3; ++c) JoinChunk(d.view(), d.chunk_pages(), c, 8);
+  Member a(d, 2), b(d, 3);
+  ASSERT_EQ(a.Refill(16).claimed[kLeaseDevice], 16u);  // the device depot is A's
+  const GroupRefill r = b.Refill(4);
+  EXPECT_EQ(r.device_missed, 4u);
+  EXPECT_EQ(r.claimed[kLeaseHost], 4u);
+  for (uint64_t i = 0; i < 4; ++i) {
+    const uint64_t id = RingPageAt(b.ring(kLeaseHost), b.ring(kLeaseHost).head, i);
+    EXPECT_LT(id, 8u) << "ring ids are relative to the host range";
+    EXPECT_EQ(d.view().tags[16 + id], 3u);
+  }
+  EXPECT_EQ(b.Flush(kLeaseHost), 4u);
+  EXPECT_EQ(d.Owned(3), 0u);
+  // No host tier allowed: nothing is claimed there.
+  EXPECT_EQ(b.Refill(4, /*allow_host=*/false).claimed[kLeaseHost], 0u);
+  EXPECT_EQ(d.Owned(3), 0u);
+}
+
+TEST(GroupCache, ACountNoTierTakesClaimsNothing) {
+  EXPECT_EQ(StashPagesNeeded(-1, 1, 10, 4096, 4096), UINT64_MAX);
+  EXPECT_EQ(StashPagesNeeded(11, 1, 10, 4096, 4096), UINT64_MAX);
+  EXPECT_EQ(StashPagesNeeded(40, 32, 10, 4096, 4096), 2u) << "ceil(40 / 32) rows";
+  EXPECT_EQ(StashPagesNeeded(0, 1, 10, 4096, 4096), 0u);
+  Depot d(3, 8);
+  JoinChunk(d.view(), d.chunk_pages(), 0, 8);
+  Member a(d, 2);
+  const GroupRefill r = a.Refill(UINT64_MAX);
+  EXPECT_EQ(r.claimed[kLeaseDevice] + r.claimed[kLeaseHost] + r.device_missed, 0u);
+  EXPECT_EQ(d.Owned(2), 0u);
+}
+
+// A GPU member's board (host-written) and cache (the kernels'), in host memory here.
+struct Board {
+  explicit Board(uint64_t capacity)
+      : words(GroupBoardBytes(capacity) / 8, 0),
+        header(reinterpret_cast<MappedGroupHeader*>(words.data())) {
+    header->refs_capacity = capacity;
+  }
+  std::vector<uint64_t> words;
+  MappedGroupHeader* header;
+};
+
+TEST(MappedGroup, TheCacheCopiesAWholeBoardOnlyAndClampsItsRefs) {
+  Board board(4), cache(2);
+  EXPECT_FALSE(SyncMappedGroup(board.header, cache.header)) << "generation 0: no group";
+  board.header->tag = 7;
+  board.header->chunk_pages = 8;
+  board.header->refs_first[kLeaseHost] = 1;
+  board.header->refs_count[kLeaseDevice] = 1;
+  board.header->refs_count[kLeaseHost] = 3;  // past the cache's room: clamped
+  board.header->first_page[kLeaseHost] = 64;
+  GroupRefs(board.header)[0] = GroupChunkRef{0, 0, 8};
+  GroupRefs(board.header)[1] = GroupChunkRef{8, 64, 8};
+  board.header->generation = 3;  // odd: the host is writing
+  EXPECT_FALSE(SyncMappedGroup(board.header, cache.header));
+  EXPECT_EQ(cache.header->tag, 0u);
+  board.header->generation = 4;
+  ASSERT_TRUE(SyncMappedGroup(board.header, cache.header));
+  EXPECT_EQ(cache.header->generation, 4u);
+  EXPECT_EQ(cache.header->tag, 7u);
+  EXPECT_EQ(cache.header->refs_capacity, 2u) << "the cache keeps its own room";
+  EXPECT_EQ(cache.header->refs_count[kLeaseDevice], 1u);
+  EXPECT_EQ(cache.header->refs_count[kLeaseHost], 1u);
+  EXPECT_EQ(GroupRefs(cache.header)[1].first_page, 64u);
+  EXPECT_EQ(cache.header->first_page[kLeaseHost], 64u);
+  // The cursors are the cache's: a new board leaves them.
+  cache.header->cursor[kLeaseDevice] = 5;
+  board.header->tag = 9;
+  board.header->generation = 6;
+  ASSERT_TRUE(SyncMappedGroup(board.header, cache.header));
+  EXPECT_EQ(cache.header->tag, 9u);
+  EXPECT_EQ(cache.header->cursor[kLeaseDevice], 5u);
 }
 
 }  // namespace

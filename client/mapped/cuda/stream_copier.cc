@@ -136,6 +136,9 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
     ids_at[t] = offset;
     offset = AlignUp(offset + g.tier_slots[t] * pages_per_chunk * sizeof(uint64_t), 64);
   }
+  const uint64_t refs_capacity = g.tier_slots[0] + g.tier_slots[1] + g.tier_slots[2];
+  const uint64_t group_at = offset;
+  offset = AlignUp(offset + kernels::GroupBoardBytes(refs_capacity), 64);
   const uint64_t plans_at = offset;
   offset = AlignUp(offset + uint64_t{g.max_stashes} * sizeof(StashPlan), 64);
   const uint64_t records_at = offset;
@@ -165,6 +168,10 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
     }
     std::memcpy(bytes + rings_at + t * sizeof(PageRing), &ring, sizeof(ring));
   }
+  // The group cache: no group yet, room for a ref per chunk slot.
+  kernels::MappedGroupHeader cache{};
+  cache.refs_capacity = refs_capacity;
+  std::memcpy(bytes + group_at, &cache, sizeof(cache));
   const StashPlan consumed = kernels::ConsumedPlan();
   for (uint32_t i = 0; i < g.max_stashes; ++i) {
     std::memcpy(bytes + plans_at + i * sizeof(StashPlan), &consumed, sizeof(consumed));
@@ -184,6 +191,23 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   std::memset(c->host_block_, 0, sizeof(HostBlock));
   STASH_CU_RETURN_IF_ERROR(driver,
                            MemHostGetDevicePointer(&c->host_block_device_, c->host_block_, 0));
+  // The group board (no group: generation 0) and the states the step kernel reports.
+  const uint64_t board_bytes = kernels::GroupBoardBytes(refs_capacity);
+  const uint64_t group_host_bytes = board_bytes + kernels::GroupStatesBytes(refs_capacity);
+  STASH_CU_RETURN_IF_ERROR(driver,
+                           MemHostAlloc(&c->group_host_, group_host_bytes,
+                                        CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+  std::memset(c->group_host_, 0, group_host_bytes);
+  c->group_refs_capacity_ = refs_capacity;
+  c->board_shadow_.assign(board_bytes, 0);
+  auto* board = reinterpret_cast<kernels::MappedGroupHeader*>(c->board_shadow_.data());
+  board->refs_capacity = refs_capacity;
+  for (uint32_t t = 1; t < kernels::kLeaseTiers; ++t) {
+    board->refs_first[t] = board->refs_first[t - 1] + g.tier_slots[t - 1];
+  }
+  std::memcpy(c->group_host_, board, sizeof(*board));
+  STASH_CU_RETURN_IF_ERROR(driver,
+                           MemHostGetDevicePointer(&c->group_host_device_, c->group_host_, 0));
 
   // What every kernel's arguments carry: fixed for the copier's life.
   kernels::MappedSessionView& v = c->view_;
@@ -199,6 +223,9 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   v.d_lease_short = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, lease_short));
   v.d_step_flags = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, current_step));
   v.d_live = At<kernels::LiveTable* const>(c->host_block_device_ + offsetof(HostBlock, live));
+  v.d_group = At<kernels::MappedGroupHeader>(c->block_ + group_at);
+  v.d_group_board = At<const kernels::MappedGroupHeader>(c->group_host_device_);
+  v.d_group_states = At<kernels::MappedGroupStates>(c->group_host_device_ + board_bytes);
 
   for (uint32_t i = 0; i < g.max_stashes; ++i) c->free_plans_.insert(c->free_plans_.end(), i);
   for (uint32_t i = kMaxRemovals; i > 0; --i) c->free_answers_.push_back(i - 1);
@@ -212,6 +239,7 @@ StreamCopier::~StreamCopier() {
   if (attach_event_ != nullptr) (void)driver_->EventDestroy(attach_event_);
   if (block_ != 0) (void)driver_->MemFree(block_);
   if (host_block_ != nullptr) (void)driver_->MemFreeHost(host_block_);
+  if (group_host_ != nullptr) (void)driver_->MemFreeHost(group_host_);
   if (module_ != nullptr) (void)driver_->ModuleUnload(module_);
 }
 
@@ -575,6 +603,133 @@ std::optional<bool> StreamCopier::RemovalDone(uint32_t tier, uint64_t slot) {
   removals_.erase(it);
   slots_[tier][slot] = value == 1 ? SlotState::kAbsent : SlotState::kInRing;
   return value == 1;
+}
+
+template <typename Change>
+void StreamCopier::RewriteBoard(Change change) {
+  auto* shadow = reinterpret_cast<kernels::MappedGroupHeader*>(board_shadow_.data());
+  change(*shadow);
+  // The board under its generation: odd while written (an acquire exchange, which no later store
+  // passes), every word (relaxed: a reader that saw a word of this rewrite sees the generation
+  // moved), then even again (a release store, which no earlier store passes).
+  auto* board = static_cast<uint64_t*>(group_host_);
+  const uint64_t gen = shadow->generation;
+  __atomic_exchange_n(&board[0], gen + 1, __ATOMIC_ACQ_REL);
+  const auto* words = reinterpret_cast<const uint64_t*>(board_shadow_.data());
+  for (size_t i = 1; i < board_shadow_.size() / sizeof(uint64_t); ++i) {
+    __atomic_store_n(&board[i], words[i], __ATOMIC_RELAXED);
+  }
+  shadow->generation = gen + 2;
+  __atomic_store_n(&board[0], gen + 2, __ATOMIC_RELEASE);
+}
+
+bool StreamCopier::grouped() const {
+  MutexLock lock(&group_mu_);
+  return reinterpret_cast<const kernels::MappedGroupHeader*>(board_shadow_.data())->generation != 0;
+}
+
+Status StreamCopier::JoinGroup(uint32_t tag, uint64_t chunk_pages,
+                               const std::array<GroupTier, kernels::kLeaseTiers>& tiers) {
+  if (tag < kernels::kFirstMemberTag) {
+    return InvalidArgumentError("member tag " + std::to_string(tag) + " is not a member's");
+  }
+  if (chunk_pages != geometry_.chunk_bytes / geometry_.page_bytes) {
+    return InvalidArgumentError("the group's chunks are " + std::to_string(chunk_pages) +
+                                " pages, this session's " +
+                                std::to_string(geometry_.chunk_bytes / geometry_.page_bytes));
+  }
+  MutexLock lock(&group_mu_);
+  if (reinterpret_cast<const kernels::MappedGroupHeader*>(board_shadow_.data())->generation != 0) {
+    return FailedPreconditionError("this session joined its group already");
+  }
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    for (SlotState slot : slots_[t]) {
+      if (slot != SlotState::kAbsent) {
+        return FailedPreconditionError(
+            "lease tier " + std::to_string(t) +
+            " holds a chunk of its own: a session joins its group before it leases alone");
+      }
+    }
+  }
+  RewriteBoard([&](kernels::MappedGroupHeader& b) {
+    b.tag = tag;
+    b.chunk_pages = chunk_pages;
+    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+      if (geometry_.tier_slots[t] == 0) continue;  // no range: the tier takes nothing
+      b.depot[t] = tiers[t].depot;
+      b.first_page[t] = tiers[t].first_page;
+    }
+  });
+  return Status::Ok();
+}
+
+Status StreamCopier::AddGroupChunk(uint32_t tier, const kernels::GroupChunkRef& ref) {
+  if (tier >= kernels::kLeaseTiers)
+    return InvalidArgumentError("no lease tier " + std::to_string(tier));
+  const uint64_t chunk_pages = geometry_.chunk_bytes / geometry_.page_bytes;
+  MutexLock lock(&group_mu_);
+  auto& b = *reinterpret_cast<kernels::MappedGroupHeader*>(board_shadow_.data());
+  if (b.generation == 0) return FailedPreconditionError("this session is in no group yet");
+  const uint64_t range_pages = geometry_.tier_slots[tier] * chunk_pages;
+  if (b.depot[tier].tags == nullptr || ref.pages == 0 || ref.pages > chunk_pages ||
+      ref.first_page < b.first_page[tier] ||
+      ref.first_page - b.first_page[tier] > range_pages - std::min(range_pages, ref.pages) ||
+      ref.first_page != ref.chunk * chunk_pages) {
+    return InvalidArgumentError(
+        "group chunk " + std::to_string(ref.chunk) + " (pages " + std::to_string(ref.first_page) +
+        ".." + std::to_string(ref.first_page + ref.pages) +
+        ") is not a whole chunk inside lease tier " + std::to_string(tier) + "'s range");
+  }
+  kernels::GroupChunkRef* refs = kernels::GroupRefs(&b) + b.refs_first[tier];
+  for (uint64_t i = 0; i < b.refs_count[tier]; ++i) {
+    if (refs[i].chunk == ref.chunk) {
+      return AlreadyExistsError("group chunk " + std::to_string(ref.chunk) + " is on the board");
+    }
+  }
+  if (b.refs_count[tier] >= geometry_.tier_slots[tier]) {
+    return ResourceExhaustedError("lease tier " + std::to_string(tier) + "'s board is full");
+  }
+  RewriteBoard([&](kernels::MappedGroupHeader& h) {
+    kernels::GroupRefs(&h)[h.refs_first[tier] + h.refs_count[tier]] = ref;
+    ++h.refs_count[tier];
+  });
+  return Status::Ok();
+}
+
+std::vector<std::pair<uint32_t, kernels::GroupChunkRef>> StreamCopier::TakeLeavingGroupChunks() {
+  std::vector<std::pair<uint32_t, kernels::GroupChunkRef>> leaving;
+  MutexLock lock(&group_mu_);
+  auto& b = *reinterpret_cast<kernels::MappedGroupHeader*>(board_shadow_.data());
+  auto* states = reinterpret_cast<kernels::MappedGroupStates*>(static_cast<uint8_t*>(group_host_) +
+                                                               board_shadow_.size());
+  if (b.generation == 0 || __atomic_load_n(&states->generation, __ATOMIC_ACQUIRE) != b.generation) {
+    return leaving;
+  }
+  const uint32_t* state = kernels::GroupStates(states);
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    const kernels::GroupChunkRef* refs = kernels::GroupRefs(&b) + b.refs_first[t];
+    for (uint64_t i = 0; i < b.refs_count[t]; ++i) {
+      if (__atomic_load_n(&state[b.refs_first[t] + i], __ATOMIC_RELAXED) ==
+          kernels::kGroupChunkLeaving) {
+        leaving.emplace_back(t, refs[i]);
+      }
+    }
+  }
+  if (leaving.empty()) return leaving;
+  RewriteBoard([&](kernels::MappedGroupHeader& h) {
+    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+      kernels::GroupChunkRef* refs = kernels::GroupRefs(&h) + h.refs_first[t];
+      uint64_t kept = 0;
+      for (uint64_t i = 0; i < h.refs_count[t]; ++i) {
+        const bool gone = std::any_of(leaving.begin(), leaving.end(), [&](const auto& l) {
+          return l.first == t && l.second.chunk == refs[i].chunk;
+        });
+        if (!gone) refs[kept++] = refs[i];
+      }
+      h.refs_count[t] = kept;
+    }
+  });
+  return leaving;
 }
 
 }  // namespace stash::client

@@ -49,10 +49,12 @@
 #include <set>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "client/mapped/live_table.h"
 #include "common/cuda_driver.h"
+#include "common/mutex.h"
 #include "common/range_allocator.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/kernels/mapped_paging.h"
@@ -170,6 +172,34 @@ class StreamCopier {
   // slot may then be unmapped after the stream's work; false: a stash holds its pages).
   std::optional<bool> RemovalDone(uint32_t tier, uint64_t slot);
 
+  // Groups (docs/design.md, "Groups on GPUs"). The session joins its group's depot: from then
+  // on each stash's plan kernel claims the pages it needs from the depots, tier by tier, and each
+  // reload or release gives them back (kernels/group_cache.h), graphs captured before included.
+  // `tiers[t].depot` holds device addresses this GPU reaches with native atomics (tags null: the
+  // tier takes nothing from a depot); `tiers[t].first_page` is the group page of the tier's range
+  // start (Geometry.tier_base: group page P of the tier is at tier_base + (P - first_page) *
+  // page_bytes). Once per copier (FAILED_PRECONDITION after), before any chunk is added to a
+  // tier's ring the old way; at any time else, also while a stream captures. AddGroupChunk may
+  // be called from any thread (the lease thread maps chunks mid-step); the others as the rest.
+  struct GroupTier {
+    kernels::GroupView depot{};
+    uint64_t first_page = 0;
+  };
+  Status JoinGroup(uint32_t tag, uint64_t chunk_pages,
+                   const std::array<GroupTier, kernels::kLeaseTiers>& tiers);
+  bool grouped() const;
+  // A chunk of the group is mapped at its place of `tier`'s range (its memory stays mapped until
+  // TakeLeavingGroupChunks named it and the stream's work before that completed): the kernels
+  // may claim its pages from their next stash on. INVALID_ARGUMENT when it lies outside the range
+  // or is not whole pages of a chunk; ALREADY_EXISTS when it is on the board; RESOURCE_EXHAUSTED
+  // when the tier's board is full.
+  Status AddGroupChunk(uint32_t tier, const kernels::GroupChunkRef& ref);
+  // The chunks the last step kernel found leaving the group (the daemon took all their pages
+  // back), taken off the board: no kernel enqueued from now on names them. Unmap each behind the
+  // work enqueued so far, then give it back. Empty when the step kernel has not reported the
+  // board as it is now.
+  std::vector<std::pair<uint32_t, kernels::GroupChunkRef>> TakeLeavingGroupChunks();
+
   // The caller destroyed every graph captured so far: the plan slots and page-record ranges of
   // their stashes that were reloaded or released go back to the free lists.
   // FAILED_PRECONDITION while a stash taken during a capture is still live (a graph may replay
@@ -228,6 +258,17 @@ class StreamCopier {
   std::unordered_map<uint64_t, uint64_t> removals_;  // (tier << 48 | slot) -> answer index
   std::vector<uint32_t> free_answers_;
   LiveTagWriter live_tags_;  // entry i: the stash in plan slot i
+  // Groups: the board the host writes and the states the step kernel reports, pinned and
+  // device-mapped (one allocation), and the kernels' cache in block_. The board is written under
+  // group_mu_ (the lease thread adds chunks while the trainer's thread enqueues).
+  void* group_host_ = nullptr;
+  CUdeviceptr group_host_device_ = 0;
+  uint64_t group_refs_capacity_ = 0;
+  mutable Mutex group_mu_;
+  std::vector<uint8_t> board_shadow_;  // what the board says (its generation: the last whole one)
+  // Rewrites the board: `change` runs between the odd and the even generation.
+  template <typename Change>
+  void RewriteBoard(Change change);
 };
 
 }  // namespace stash::client

@@ -180,10 +180,11 @@ struct GroupChunkRef {
 
 // Claims up to `want` free pages of the chunks `refs[0..n)` for `me`, starting at chunk
 // `*cursor` (moved on to where it stopped, so members spread out and a member does not rescan
-// full chunks), writing their group page ids to `out`. Returns how many it claimed. Chunks the
-// hint says are full are skipped; the tags decide.
-STASH_HOST_DEVICE uint64_t ClaimPages(GroupView& g, const GroupChunkRef* refs, uint64_t n,
-                                      uint64_t* cursor, uint32_t me, uint64_t want, uint64_t* out) {
+// full chunks), handing each one's group page id to `out(i, page)` for i = 0, 1, ... Returns how
+// many it claimed. Chunks the hint says are full are skipped; the tags decide.
+template <typename Out>
+STASH_HOST_DEVICE uint64_t ClaimPagesTo(GroupView& g, const GroupChunkRef* refs, uint64_t n,
+                                        uint64_t* cursor, uint32_t me, uint64_t want, Out out) {
   uint64_t got = 0;
   if (n == 0 || want == 0) return 0;
   uint64_t start = *cursor % n;
@@ -199,7 +200,7 @@ STASH_HOST_DEVICE uint64_t ClaimPages(GroupView& g, const GroupChunkRef* refs, u
       if (TagLoad(g.tags[page]) != kTagFree) continue;
       if (!TagSwap(g.tags[page], kTagFree, me)) continue;
       HintAdd(hint, -1);
-      out[got++] = page;
+      out(got++, page);
     }
     *cursor = r;  // where the next claim starts: this chunk may have more
   }
@@ -210,13 +211,25 @@ STASH_HOST_DEVICE uint64_t ClaimPages(GroupView& g, const GroupChunkRef* refs, u
   return got;
 }
 
-// Releases pages `ids[0..n)` that `me` owns back to the group. A page whose tag is not `me`
-// (never ours, or garbage a member wrote) is left alone: the return value is the pages released.
-STASH_HOST_DEVICE uint64_t ReleasePages(GroupView& g, const uint64_t* ids, uint64_t n, uint32_t me,
-                                        uint64_t chunk_pages) {
+// ClaimPagesTo into `out[0..)`.
+struct PageIdsOut {
+  uint64_t* ids;
+  STASH_HOST_DEVICE void operator()(uint64_t i, uint64_t page) const { ids[i] = page; }
+};
+STASH_HOST_DEVICE uint64_t ClaimPages(GroupView& g, const GroupChunkRef* refs, uint64_t n,
+                                      uint64_t* cursor, uint32_t me, uint64_t want, uint64_t* out) {
+  return ClaimPagesTo(g, refs, n, cursor, me, want, PageIdsOut{out});
+}
+
+// Releases the pages `id(0) .. id(n - 1)` that `me` owns back to the group. A page whose tag is
+// not `me` (never ours, or garbage a member wrote) is left alone: the return value is the pages
+// released.
+template <typename Id>
+STASH_HOST_DEVICE uint64_t ReleasePagesFrom(GroupView& g, uint64_t n, uint32_t me,
+                                            uint64_t chunk_pages, Id id) {
   uint64_t released = 0;
   for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t page = ids[i];
+    const uint64_t page = id(i);
     if (page >= g.pages || !TagSwap(g.tags[page], me, kTagFree)) continue;
     // The hint after the tag: a claimer that sees the hint grow finds the page free.
     HintAdd(g.chunk_free[page / chunk_pages], 1);
@@ -227,6 +240,16 @@ STASH_HOST_DEVICE uint64_t ReleasePages(GroupView& g, const uint64_t* ids, uint6
     CounterAdd(g.header->releases, released);
   }
   return released;
+}
+
+// ReleasePagesFrom `ids[0..n)`.
+struct PageIdsIn {
+  const uint64_t* ids;
+  STASH_HOST_DEVICE uint64_t operator()(uint64_t i) const { return ids[i]; }
+};
+STASH_HOST_DEVICE uint64_t ReleasePages(GroupView& g, const uint64_t* ids, uint64_t n, uint32_t me,
+                                        uint64_t chunk_pages) {
+  return ReleasePagesFrom(g, n, me, chunk_pages, PageIdsIn{ids});
 }
 
 // The daemon's side. The pages of depot chunk `c` in the group's address space.

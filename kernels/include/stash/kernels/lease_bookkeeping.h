@@ -32,8 +32,12 @@ struct alignas(16) CopierState {
   // acts when it moves (the host copier calls its hook; on a GPU the publish kernel writes it
   // to host memory, MappedSessionView.d_lease_short).
   uint64_t outgrown;
+  // A group member's stash being planned found its own device's depot dry (the plan kernel sets
+  // it, the publish kernel reads it).
+  uint64_t group_dry;
+  uint64_t reserved;
 };
-static_assert(sizeof(CopierState) == 32, "CopierState is shared with device code");
+static_assert(sizeof(CopierState) == 48, "CopierState is shared with device code");
 
 STASH_HOST_DEVICE uint64_t MaxU64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 STASH_HOST_DEVICE uint64_t MinU64(uint64_t a, uint64_t b) { return a < b ? a : b; }

@@ -27,6 +27,7 @@
 #include "stash/kernels/lease_bookkeeping.h"
 #include "stash/kernels/lease_control.h"
 #include "stash/kernels/lease_live_table.h"
+#include "stash/kernels/mapped_group.h"
 #include "stash/kernels/paging.h"
 
 namespace stash::kernels {
@@ -86,6 +87,12 @@ struct alignas(16) MappedSessionView {
   // by the host when a new session's block arrives (so graphs captured before it write into the
   // new one); null, or *d_live null = no table.
   LiveTable* const* d_live;
+  // Groups (mapped_group.h), all null for a session in no group: the kernels' cache (device
+  // memory), the board the host rewrites (host-visible) and the chunk states the step kernel
+  // reports there (host-visible).
+  MappedGroupHeader* d_group;
+  const MappedGroupHeader* d_group_board;
+  MappedGroupStates* d_group_states;
 };
 
 struct alignas(16) MappedStashArgs {
@@ -189,6 +196,54 @@ STASH_HOST_DEVICE LeaseTierView PlacedLeaseTier(const MappedSessionView& s, cons
   return TierAt(s, p.tier);
 }
 
+// The session's group as its cache has it (the plan kernel synced it): true when it is in one.
+STASH_HOST_DEVICE bool InMappedGroup(const MappedSessionView& s) {
+  return s.d_group != nullptr && s.d_group->generation != 0;
+}
+
+// Keeps a tier's books after the group cache moved its ring: pages claimed into it, pages
+// flushed out, and the ring's ends as published.
+STASH_HOST_DEVICE void AccountGroupPages(const MappedSessionView& s, uint32_t tier,
+                                         uint64_t claimed, uint64_t flushed) {
+  const PageRing* ring = TierAt(s, tier).d_ring;
+  if (ring == nullptr || (claimed == 0 && flushed == 0)) return;
+  TierControl& t = s.d_control->tiers[tier];
+  uint64_t leased = ControlLoad(t.pages_leased) + claimed;
+  leased -= MinU64(leased, flushed);
+  ControlStore(t.pages_leased, leased);
+  ControlStore(t.ring_head, ring->head);
+  ControlStore(t.ring_tail, ring->tail);
+}
+
+// A group member gives its ring's free pages of `tier` back to the depot (cache mark 0).
+STASH_HOST_DEVICE void FlushMappedTier(const MappedSessionView& s, uint32_t tier) {
+  if (!InMappedGroup(s)) return;
+  PageRing* ring = TierAt(s, tier).d_ring;
+  if (ring == nullptr) return;
+  const uint64_t n =
+      FlushRing(GroupTierOf(s.d_group, tier, ring), s.d_group->tag, s.d_group->chunk_pages);
+  AccountGroupPages(s, tier, 0, n);
+}
+
+// Before a member's stash is planned: the board's news into the cache, then the tiers the plan
+// would try topped up from the depot (group_cache.h's rule). The own device's depot running dry
+// is left in the state for the publish kernel (the host asks the daemon to grow the group).
+STASH_HOST_DEVICE void RefillMappedGroup(const MappedStashArgs& a) {
+  const MappedSessionView& s = a.session;
+  s.d_state->group_dry = 0;
+  if (!SyncMappedGroup(s.d_group_board, s.d_group)) return;
+  if (Draining(*s.d_control) && a.keep_source != 0) return;  // nothing is tried
+  const int64_t count = a.d_count != nullptr ? *a.d_count : a.count;
+  const uint64_t pages = StashPagesNeeded(count, a.divisor, a.max_rows, a.row_bytes, s.page_bytes);
+  GroupCacheTier tiers[kLeaseTiers];
+  for (uint32_t t = 0; t < kLeaseTiers; ++t)
+    tiers[t] = GroupTierOf(s.d_group, t, TierAt(s, t).d_ring);
+  const GroupRefill r =
+      RefillForStash(tiers, s.d_group->tag, pages, s.allow_host != 0, s.d_group->chunk_pages);
+  for (uint32_t t = 0; t < kLeaseTiers; ++t) AccountGroupPages(s, t, r.claimed[t], r.flushed[t]);
+  s.d_state->group_dry = r.device_missed > 0 ? 1 : 0;
+}
+
 // The plan kernel: the slot's previous stash, if it still holds pages (a stash replayed again
 // before its reload ran: its activation is gone, so the step is flagged and the pages come
 // back instead of leaking), then the new plan.
@@ -202,8 +257,15 @@ STASH_HOST_DEVICE void PlanMappedStashSlot(const MappedStashArgs& a) {
     RecordReturned(c, old.tier, held.d_ring->tail, old.pages, old.bytes);
     RecordRejected(c);
     RaiseStepFlags(c, *a.session.d_state, kStepOverflow);
+    FlushMappedTier(a.session, old.tier);
   }
-  *a.d_plan = PlanMappedStash(a);
+  RefillMappedGroup(a);
+  const StashPlan plan = PlanMappedStash(a);
+  *a.d_plan = plan;
+  if (PlacedLeaseTier(a.session, plan).d_ring == nullptr) {
+    // Placed nowhere: what the refill claimed goes back for the others.
+    for (uint32_t t = 0; t < kLeaseTiers; ++t) FlushMappedTier(a.session, t);
+  }
 }
 
 // The numbers of live-stash table entry `entry` (MappedSessionView.d_live): the stash's ticket,
@@ -274,8 +336,12 @@ STASH_HOST_DEVICE void PublishMappedStashBooks(const MappedStashArgs& a) {
   const PageRing* device = s.tiers[kLeaseDevice].d_ring;
   const uint64_t device_free = device != nullptr ? RingFree(*device) : 0;
   const uint64_t device_leased = ControlLoad(c.tiers[kLeaseDevice].pages_leased);
-  if (LeaseShort(plan.tier != kLeaseDevice, device_free, device_leased) &&
-      ReportOutgrown(state, demand) && s.d_lease_short != nullptr) {
+  // A group member's lease is short when its own device's depot ran dry (the daemon grows the
+  // group); a private lease's, by LeaseShort's rule.
+  const bool short_now = InMappedGroup(s)
+                             ? state.group_dry != 0
+                             : LeaseShort(plan.tier != kLeaseDevice, device_free, device_leased);
+  if (short_now && ReportOutgrown(state, demand) && s.d_lease_short != nullptr) {
     ControlStore(*s.d_lease_short, state.outgrown);
   }
 }
@@ -312,6 +378,7 @@ STASH_HOST_DEVICE void PublishMappedReloadBooks(const MappedReloadArgs& a) {
   if (tier.d_ring == nullptr) return;
   tier.d_ring->tail += plan.pages;
   RecordReturned(c, plan.tier, tier.d_ring->tail, plan.pages, plan.bytes);
+  FlushMappedTier(s, plan.tier);  // a group's member keeps no free page: the others may need it
   if (a.d_dst != nullptr) {
     RecordReloaded(c, plan.bytes);
   } else {
@@ -401,6 +468,9 @@ STASH_HOST_DEVICE void MappedStep(const MappedStepArgs& a) {
   }
   const uint64_t ended = RecordBeginStep(c, *a.session.d_state, a.step);
   ReportStepFlags(a.session);
+  if (SyncMappedGroup(a.session.d_group_board, a.session.d_group)) {
+    ReportGroupChunkStates(a.session.d_group, a.session.d_group_states);
+  }
   if (shared != nullptr) PublishControl(c, *shared);
   if (a.d_report != nullptr) ControlStore(a.d_report->step_and_flags, a.step << 2 | ended);
 }
