@@ -1,8 +1,17 @@
 // The daemon's side of one group's depot (stash/kernels/group_depot.h; docs/design.md,
-// "Groups"): the memfd every member maps, the layout the daemon wrote in it (kept here, never
-// read back from the block), the daemon's joins and take-backs of chunks, and reclaiming the
-// pages of members that are gone. What members write here is untrusted: tags are only compared,
-// counters are clamped.
+// "Groups"): the layout the daemon chose (kept here, never read back from the depot), the
+// daemon's joins and take-backs of chunks, and reclaiming the pages of members that are gone.
+// What members write in a depot is untrusted: tags are only compared, counters are clamped.
+//
+// One interface, a twin per backend:
+//   HostGroupBlock (daemon/leases/host_group_block.h)  one memfd every member maps; the daemon
+//                                                      reads and swaps tags with host atomics.
+//   CudaGroupBlock (daemon/cuda/cuda_group_block.h)    one depot per GPU, in that GPU's memory
+//                                                      (the members' plan kernels claim there):
+//                                                      a pool's tags live in its GPU's depot, a
+//                                                      host chunk's in the depot of the GPU whose
+//                                                      members it joined for; the daemon changes
+//                                                      tags with kernels and copies.
 //
 // Thread-compatible: Leases calls it under its lock.
 #ifndef STASH_DAEMON_GROUP_BLOCK_H_
@@ -11,9 +20,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
-#include "common/shm.h"
+#include "common/unique_fd.h"
 #include "stash/kernels/group_depot.h"
 #include "stash/status.h"
 
@@ -28,47 +38,66 @@ class GroupBlock {
     uint64_t pages = 0;
     uint64_t chunks = 0;
   };
-  static StatusOr<std::unique_ptr<GroupBlock>> Create(uint64_t page_bytes, uint64_t chunk_pages,
-                                                      const std::vector<TierShape>& tiers);
+  // Makes the depot of a new group (Leases' config: the host memfd when unset).
+  using Factory = std::function<StatusOr<std::unique_ptr<GroupBlock>>(
+      uint64_t page_bytes, uint64_t chunk_pages, const std::vector<TierShape>& tiers)>;
+
   GroupBlock(const GroupBlock&) = delete;
   GroupBlock& operator=(const GroupBlock&) = delete;
+  virtual ~GroupBlock() = default;
 
-  int fd() const { return memory_->fd(); }
+  // The depot's size and address space (the same layout in every depot of a group).
   uint64_t bytes() const { return layout_.block_bytes; }
-  uint64_t pages() const { return view_.pages; }
-  uint64_t chunks() const { return view_.chunks; }
+  uint64_t pages() const { return pages_; }
+  uint64_t chunks() const { return chunks_; }
+  const kernels::GroupLayout& layout() const { return layout_; }
   // Group page of page 0 of `chunk` of daemon tier `tier`.
   uint64_t FirstPage(size_t tier, uint64_t chunk) const {
     return (first_chunk_[tier] + chunk) * chunk_pages_;
   }
-  // Chunk `chunk` of `tier` (`pages` pages) joins the group: free for members to claim.
-  void Join(size_t tier, uint64_t chunk, uint64_t pages);
-  // Takes it back when every page is free (all or none): it is then leaving.
-  bool Take(size_t tier, uint64_t chunk, uint64_t pages);
-  // No longer the group's (every member unmapped it or is gone): its tags are the daemon's.
-  void Out(size_t tier, uint64_t chunk);
-  // Frees every page whose tag `is_dead` says is no live member's; returns how many.
-  uint64_t Reclaim(const std::function<bool(uint32_t)>& is_dead);
-  // Calls `owned(tag)` for every page of chunk `chunk` of `tier` a member owns now.
-  void ForEachOwned(size_t tier, uint64_t chunk, const std::function<void(uint32_t)>& owned) const;
 
-  // The members' counters, each at most `max` (they are untrusted).
+  // A new descriptor of the depot a member whose device is pool `pool` maps, for its lease
+  // answer; `gpu_uuid` the 16 raw bytes of the GPU it lives on (empty: host memory).
+  virtual StatusOr<UniqueFd> Export(int pool) = 0;
+  virtual std::string gpu_uuid(int /*pool*/) const { return {}; }
+  // Chunk `chunk` of `tier` (`pages` pages) joins the group: free for members to claim. `pool`:
+  // the device of the members it joins for (whose depot holds a host chunk's tags on GPUs).
+  virtual void Join(size_t tier, uint64_t chunk, uint64_t pages, int pool) = 0;
+  // Takes it back when every page is free (all or none): it is then leaving.
+  virtual bool Take(size_t tier, uint64_t chunk, uint64_t pages) = 0;
+  // No longer the group's (every member unmapped it or is gone): its tags are the daemon's.
+  virtual void Out(size_t tier, uint64_t chunk) = 0;
+  // Frees every page a member tag owns that is not in `live` (a member that is gone, or garbage
+  // a member wrote); returns how many.
+  virtual uint64_t Reclaim(const std::vector<uint32_t>& live) = 0;
+  // Calls `owned(tag)` for every page of chunk `chunk` of `tier` a member owns now.
+  virtual void ForEachOwned(size_t tier, uint64_t chunk,
+                            const std::function<void(uint32_t)>& owned) const = 0;
+
+  // The members' counters, each at most `max` (they are untrusted): of the depot of pool
+  // `pool`'s members, or of all depots summed (pool -1).
   struct Counters {
     uint64_t claimed = 0, high_water = 0, dry = 0, dry_pages = 0;
   };
-  Counters Read(uint64_t max) const;
+  virtual Counters Read(uint64_t max, int pool) const = 0;
   // Starts a new high-water window at what is claimed now.
-  void ResetHighWater();
+  virtual void ResetHighWater() = 0;
 
- private:
-  GroupBlock(std::unique_ptr<SharedMemory> memory, kernels::GroupLayout layout,
-             uint64_t chunk_pages, uint64_t chunks, std::vector<uint64_t> first_chunk);
+ protected:
+  // The layout of `tiers` in `chunk_pages`-page chunks: FAILED_PRECONDITION past
+  // kernels::kMaxGroupTiers tiers.
+  static Status CheckTiers(const std::vector<TierShape>& tiers);
+  GroupBlock(uint64_t chunk_pages, const std::vector<TierShape>& tiers);
+  // The header the daemon writes once, before any member maps the depot.
+  kernels::GroupHeader HeaderFor(uint64_t page_bytes, const std::vector<TierShape>& tiers) const;
+  // The depot chunk of `chunk` of `tier`.
+  uint64_t DepotChunk(size_t tier, uint64_t chunk) const { return first_chunk_[tier] + chunk; }
 
-  const std::unique_ptr<SharedMemory> memory_;
-  const kernels::GroupLayout layout_;
   const uint64_t chunk_pages_;
-  const std::vector<uint64_t> first_chunk_;  // per daemon tier
-  kernels::GroupView view_{};
+  std::vector<uint64_t> first_chunk_;  // per daemon tier
+  uint64_t chunks_ = 0;
+  uint64_t pages_ = 0;
+  kernels::GroupLayout layout_{};
 };
 
 }  // namespace stash::daemon

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/macros.h"
 #include "common/sys.h"
+#include "daemon/leases/host_group_block.h"
 #include "daemon/leases/leases.h"
 
 namespace stash::daemon {
@@ -34,7 +35,9 @@ Leases::Group* Leases::JoinGroup(Holder& h, const LeaseHolder& who, Status* stat
       shapes.push_back(
           {t < pools_ ? static_cast<int64_t>(t) : -1, tiers_[t]->pages(), tiers_[t]->chunks()});
     }
-    auto block = GroupBlock::Create(config_.page_bytes, chunk_pages_, shapes);
+    auto block = config_.group_blocks
+                     ? config_.group_blocks(config_.page_bytes, chunk_pages_, shapes)
+                     : HostGroupBlock::Create(config_.page_bytes, chunk_pages_, shapes);
     if (!block.ok()) {
       *status = block.status();
       return nullptr;
@@ -44,6 +47,8 @@ Leases::Group* Leases::JoinGroup(Holder& h, const LeaseHolder& who, Status* stat
     g->uid = who.uid;
     g->name = who.group;
     g->block = std::move(block).value();
+    g->dry_seen.assign(pools_, 0);
+    g->dry_pages_seen.assign(pools_, 0);
     it = groups_.emplace(who.group_id, std::move(g)).first;
     Log("pool")->info("group {} ({}): formed by session {}", who.group, who.group_id,
                       who.session_id);
@@ -68,7 +73,7 @@ Leases::Group* Leases::JoinGroup(Holder& h, const LeaseHolder& who, Status* stat
   return &g;
 }
 
-uint64_t Leases::GrowGroup(Group& g, size_t source, uint64_t max_chunks) {
+uint64_t Leases::GrowGroup(Group& g, size_t source, uint64_t max_chunks, int pool) {
   Tier* tier = tiers_[source];
   ChunkLender* lender = tier->lender();
   if (lender == nullptr || max_chunks == 0) return 0;
@@ -98,7 +103,7 @@ uint64_t Leases::GrowGroup(Group& g, size_t source, uint64_t max_chunks) {
     Chunk& c = chunks_[source][p.chunk];
     c.state = State::kLeased;
     c.holder = GroupKey(g.id);
-    g.block->Join(source, p.chunk, tier->ChunkPages(p.chunk));
+    g.block->Join(source, p.chunk, tier->ChunkPages(p.chunk), pool);
     g.chunks.push_back(ChunkId(source, p.chunk));
     ++joined;
   }
@@ -118,21 +123,24 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
   if (joined == nullptr) return status;
   const bool host_ok =
       has_host_ && h.allow_host_spill && tiers_[HostSource(h.pool)]->lender() != nullptr;
-  const bool peer_ok = config_.group_peer && pools_ > 1;
+  const bool peer_ok = config_.group_peer && config_.group_peer_depots && pools_ > 1;
   const auto own = static_cast<size_t>(h.pool);
 
   // Grow: the member's device has none of the group's chunks yet, or the depot ran dry.
   Group& g = *joined;  // lives while this busy member is in it, whatever GrowGroup unlocks
   {
-    const GroupBlock::Counters counters = g.block->Read(g.block->pages());
-    const bool dry = counters.dry != g.dry_seen;
-    const uint64_t missed = counters.dry_pages - std::min(counters.dry_pages, g.dry_pages_seen);
-    g.dry_seen = counters.dry;
-    g.dry_pages_seen = counters.dry_pages;
+    // The member's own depot's counters (one depot for all on the host backend, its GPU's on
+    // the cuda backend).
+    const GroupBlock::Counters counters = g.block->Read(g.block->pages(), h.pool);
+    const bool dry = counters.dry != g.dry_seen[own];
+    const uint64_t missed =
+        counters.dry_pages - std::min(counters.dry_pages, g.dry_pages_seen[own]);
+    g.dry_seen[own] = counters.dry;
+    g.dry_pages_seen[own] = counters.dry_pages;
     const bool has_own = std::any_of(g.chunks.begin(), g.chunks.end(),
                                      [&](uint64_t id) { return TierOfId(id) == own; });
     uint64_t grown = 0;
-    if (!has_own || dry) grown += GrowGroup(g, own, tiers_[own]->chunks());
+    if (!has_own || dry) grown += GrowGroup(g, own, tiers_[own]->chunks(), h.pool);
     // A fixed lease (Options.lease.automatic false) is a floor: the group holds at least that
     // much of the member's device (the group sizes itself from there; nothing is the member's
     // alone).
@@ -144,7 +152,7 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
       uint64_t held = 0;
       for (uint64_t id : g.chunks) held += TierOfId(id) == own ? PagesOf(id) : 0;
       if (want > held) {
-        grown += GrowGroup(g, own, (want - held + chunk_pages_ - 1) / chunk_pages_);
+        grown += GrowGroup(g, own, (want - held + chunk_pages_ - 1) / chunk_pages_, h.pool);
       }
     }
     if (dry && grown == 0) {
@@ -158,9 +166,9 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
         const uint64_t spare = tiers_[p]->chunks_free() > tiers_[p]->chunks() / 2
                                    ? tiers_[p]->chunks_free() - tiers_[p]->chunks() / 2
                                    : 0;
-        got += GrowGroup(g, p, std::min(spare, need - got));
+        got += GrowGroup(g, p, std::min(spare, need - got), h.pool);
       }
-      if (host_ok && got < need) GrowGroup(g, HostSource(h.pool), need - got);
+      if (host_ok && got < need) GrowGroup(g, HostSource(h.pool), need - got, h.pool);
     }
   }
   SizeGroup(g);
@@ -182,8 +190,14 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
     b->set_member_tag(h.tag);
     b->set_pages(g.block->pages());
     b->set_chunks(g.block->chunks());
-    UniqueFd fd(fcntl(g.block->fd(), F_DUPFD_CLOEXEC, 0));
-    if (!fd.valid()) return ErrnoStatus("dup of the group depot");
+    b->set_gpu_uuid(g.block->gpu_uuid(h.pool));
+    // Where each lease tier's pages start in the group's address space: the own pool's and the
+    // member's host tier's first pages (a GPU member's ranges start there), 0 for the peer tier
+    // (it spans every pool).
+    b->add_tier_first_page(g.block->FirstPage(own, 0));
+    b->add_tier_first_page(0);
+    b->add_tier_first_page(has_host_ ? g.block->FirstPage(HostSource(h.pool), 0) : 0);
+    STASH_ASSIGN_OR_RETURN(UniqueFd fd, g.block->Export(h.pool));
     reply.parts.push_back(DescriptorPart{DescriptorAnswer(Status::Ok(), depot), std::move(fd)});
     h.depot_sent = true;
   }
@@ -258,9 +272,11 @@ DescriptorReply Leases::ReturnGroupChunks(Holder& h, const v1::ReturnChunks& req
   auto it = groups_.find(h.group);
   if (it != groups_.end()) {
     if (h.sent.empty()) {
-      // It maps none of the group's memory any more: what its tag still owns is free.
-      const uint32_t tag = h.tag;
-      it->second->block->Reclaim([tag](uint32_t t) { return t == tag; });
+      // It maps none of the group's memory any more: what its tag still owns is free (and any
+      // tag no live member has).
+      std::vector<uint32_t> live = it->second->live_tags;
+      live.erase(std::remove(live.begin(), live.end(), h.tag), live.end());
+      it->second->block->Reclaim(live);
     }
     SettleLeaving(*it->second, renew);
   }
@@ -280,9 +296,7 @@ void Leases::LeaveGroup(Holder& h, Renewals* renew) {
   g.live_tags.erase(std::remove(g.live_tags.begin(), g.live_tags.end(), h.tag), g.live_tags.end());
   // Exactly the pages its tag owns (its cache, its live stashes, a claim it died in), and any tag
   // no live member has (garbage a member wrote): compared, never followed.
-  const std::vector<uint32_t>& live = g.live_tags;
-  const uint64_t freed = g.block->Reclaim(
-      [&live](uint32_t tag) { return std::find(live.begin(), live.end(), tag) == live.end(); });
+  const uint64_t freed = g.block->Reclaim(g.live_tags);
   Log("pool")->info("group {}: session {} left; {} pages it owned are free again", g.name,
                     h.session_id, freed);
   if (!g.members.empty()) {
@@ -311,7 +325,7 @@ void Leases::SizeGroup(Group& g) {
   for (uint64_t id : g.chunks) {
     if (std::find(g.leaving.begin(), g.leaving.end(), id) == g.leaving.end()) held += PagesOf(id);
   }
-  const GroupBlock::Counters counters = g.block->Read(held);
+  const GroupBlock::Counters counters = g.block->Read(held, -1);
   g.block->ResetHighWater();
   g.high_water = std::max(g.high_water, counters.high_water);
   g.windows.push_back(counters.high_water);
@@ -349,9 +363,7 @@ void Leases::SizeGroup(Group& g) {
 void Leases::ScrubGroups() {
   for (auto& [id, group] : groups_) {
     Group& g = *group;
-    const std::vector<uint32_t>& live = g.live_tags;
-    const uint64_t freed = g.block->Reclaim(
-        [&live](uint32_t tag) { return std::find(live.begin(), live.end(), tag) == live.end(); });
+    const uint64_t freed = g.block->Reclaim(g.live_tags);
     uint64_t held_back = 0;
     if (freed > 0 && garbage_log_.Allow(RateLimiter::Clock::now(), &held_back)) {
       Log("pool")->warn(
@@ -420,7 +432,7 @@ void Leases::DescribeGroupsLocked(std::vector<v1::GroupStats>* rows, size_t max_
     for (v1::GroupTierStats& ts : tiers) {
       if (ts.chunks() > 0) *row.add_tiers() = std::move(ts);
     }
-    const GroupBlock::Counters counters = g.block->Read(held);
+    const GroupBlock::Counters counters = g.block->Read(held, -1);
     row.set_pages_claimed(claimed);
     row.set_pages_claimed_high_water(std::max(g.high_water, counters.high_water));
     row.set_depot_misses(counters.dry);

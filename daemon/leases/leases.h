@@ -83,6 +83,13 @@ struct LeaseConfig {
   // Each tier keeps tier chunks / first_share_divisor (at least one) for another user's first
   // session (daemon/limits/fair_share.h); 0 = no such share (every chunk to whoever asks first).
   uint64_t first_share_divisor = 0;
+  // Makes each group's depot (daemon/leases/group_block.h): unset = the host backend's memfd
+  // (HostGroupBlock); the cuda backend's puts one in each GPU's memory (CudaGroupBlock).
+  GroupBlock::Factory group_blocks;
+  // Whether a group's members may claim pages of other devices' pools (TIER_PEER): on the cuda
+  // backend a member's plan kernel claims only in its own GPU's depot, so the daemon sends no
+  // other GPU's chunks.
+  bool group_peer_depots = true;
 };
 
 // The mapped session a request comes from, as checked by DaemonCore.
@@ -248,10 +255,11 @@ class Leases {
     std::string name;
     std::unique_ptr<GroupBlock> block;
     uint32_t next_tag = kernels::kFirstMemberTag;
-    std::vector<uint64_t> chunks;               // chunk ids it holds
-    std::vector<std::string> members;           // holders' session ids
-    std::vector<uint32_t> live_tags;            // the members' tags
-    uint64_t dry_seen = 0, dry_pages_seen = 0;  // the depot's dry counters at the last lease
+    std::vector<uint64_t> chunks;      // chunk ids it holds
+    std::vector<std::string> members;  // holders' session ids
+    std::vector<uint32_t> live_tags;   // the members' tags
+    // Per pool: the dry counters of its members' depot at the last lease of one of them.
+    std::vector<uint64_t> dry_seen, dry_pages_seen;
     // Sizing: the group's step (its members' most BeginSteps), the claimed high water of its
     // last steps, and how many steps in a row it held more than they call for.
     uint64_t step = 0;
@@ -347,8 +355,8 @@ class Leases {
   Group* JoinGroup(Holder& h, const LeaseHolder& who, Status* status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes up to `max_chunks` free chunks of tier `source` for `g`, within its user's share (mu_
-  // released meanwhile; `h` busy). Returns how many.
-  uint64_t GrowGroup(Group& g, size_t source, uint64_t max_chunks)
+  // released meanwhile; `h` busy), for the members of pool `pool`. Returns how many.
+  uint64_t GrowGroup(Group& g, size_t source, uint64_t max_chunks, int pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member returns group chunks it unmapped (ReturnChunks): once it maps none, its pages are
   // freed.
