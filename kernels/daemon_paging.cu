@@ -4,9 +4,11 @@
 // the same launches on a machine without a GPU (as host twins). kernels/paging.cu launches the
 // same bodies through the runtime for the GPU tests and benchmarks.
 #include "stash/kernels/daemon_paging.h"
+#include "stash/kernels/group_kernels.h"
 #include "stash/kernels/paging_blocks.cuh"
 
 using stash::kernels::CudaTier;
+using stash::kernels::GroupDepotLaunch;
 using stash::kernels::Placement;
 using stash::kernels::ReloadLaunch;
 using stash::kernels::StashLaunch;
@@ -59,4 +61,52 @@ extern "C" __global__ void stash_daemon_take_chunks(stash::kernels::ChunkRingLau
 // One thread: a chunk's ids back at the ring's tail (a lease returned).
 extern "C" __global__ void stash_daemon_return_chunk(stash::kernels::ChunkRingLaunch a) {
   stash::kernels::ReturnChunkLaunch(a);
+}
+
+// A group's depot in this GPU's memory (stash/kernels/group_kernels.h), where members' plan kernels
+// claim at the same time. One thread: a chunk joins the group.
+extern "C" __global__ void stash_daemon_group_join(GroupDepotLaunch a) {
+  stash::kernels::GroupJoinLaunch(a);
+}
+
+// One thread: a chunk taken back when every page is free, all or none; the answer to the host.
+extern "C" __global__ void stash_daemon_group_take(GroupDepotLaunch a) {
+  stash::kernels::GroupTakeLaunch(a);
+}
+
+// One thread: a chunk no longer the group's, its tags the daemon's.
+extern "C" __global__ void stash_daemon_group_out(GroupDepotLaunch a) {
+  stash::kernels::GroupOutLaunch(a);
+}
+
+// One thread: a new high-water window.
+extern "C" __global__ void stash_daemon_group_reset_high_water(GroupDepotLaunch a) {
+  stash::kernels::GroupResetHighWaterLaunch(a);
+}
+
+// A thread per page (grid-stride): pages whose member tag is not live go back to free. Each block
+// copies the live tags to shared memory when they fit, and adds what it freed to the header's
+// claimed count and to the host's answer once.
+extern "C" __global__ void stash_daemon_group_reclaim(GroupDepotLaunch a) {
+  namespace k = stash::kernels;
+  __shared__ uint32_t live[k::kGroupLiveShared];
+  __shared__ unsigned long long freed;  // NOLINT(google-runtime-int): atomicAdd's type
+  const bool in_shared = a.live <= k::kGroupLiveShared;
+  if (threadIdx.x == 0) freed = 0;
+  if (in_shared) {
+    for (uint64_t i = threadIdx.x; i < a.live; i += blockDim.x) live[i] = a.d_live[i];
+  }
+  __syncthreads();
+  const uint32_t* sorted = in_shared ? live : a.d_live;
+  unsigned long long mine = 0;  // NOLINT(google-runtime-int)
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t p = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < a.depot.pages;
+       p += stride) {
+    if (k::GroupReclaimPage(a, p, sorted)) ++mine;
+  }
+  if (mine > 0) atomicAdd(&freed, mine);
+  __syncthreads();
+  if (threadIdx.x != 0 || freed == 0) return;
+  k::AccountClaimed(*a.depot.header, ~static_cast<uint64_t>(freed) + 1);
+  k::CounterAdd(*a.d_answer, freed);
 }

@@ -141,6 +141,17 @@ class CudaExecutor final : public CopyExecutor {
 
   // The GPU's 16-byte UUID (cuDeviceGetUuid), as RegisterMemory.device_uuid carries it.
   const CUuuid& raw_uuid() const { return raw_uuid_; }
+  // What the groups' depots borrow (CudaGpuOf).
+  CudaGpu gpu() const {
+    CudaGpu g;
+    g.device = device_;
+    g.driver = driver_;
+    g.context = context_.get();
+    g.stream = stream_;
+    g.kernels = kernels_.get();
+    g.uuid.assign(reinterpret_cast<const char*>(raw_uuid_.bytes), 16);
+    return g;
+  }
 
  private:
   CudaExecutor(int device, const CudaDriver* driver, PrimaryContext context, std::string uuid)
@@ -681,6 +692,12 @@ void DeviceLost(int device, const std::string& what) {
       device, what, kExitDeviceLost);
   spdlog::shutdown();  // flushes every sink
   std::_Exit(kExitDeviceLost);
+}
+
+std::optional<CudaGpu> CudaGpuOf(const CopyExecutor& executor) {
+  const auto* cuda = dynamic_cast<const CudaExecutor*>(&executor);
+  if (cuda == nullptr) return std::nullopt;
+  return cuda->gpu();
 }
 
 StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(

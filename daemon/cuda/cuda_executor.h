@@ -21,6 +21,7 @@
 #define STASH_DAEMON_CUDA_EXECUTOR_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,13 @@
 #include "daemon/config/config.h"
 #include "daemon/copy/executor.h"
 
+namespace stash {
+class PrimaryContext;
+}  // namespace stash
+
 namespace stash::daemon {
+
+class PagingKernels;
 
 // One executor per visible GPU, in device order; `uuids` gets each GPU's 16-byte UUID. `driver`:
 // the driver table to use (nullptr: CudaDriver::Get(), the node's libcuda; tests pass the
@@ -44,6 +51,19 @@ namespace stash::daemon {
 
 StatusOr<std::vector<std::unique_ptr<CopyExecutor>>> CreateCudaExecutors(
     const DaemonConfig& config, const CudaDriver* driver, std::vector<std::string>* uuids);
+
+// What the cuda backend's other parts (the groups' depots: daemon/cuda/cuda_group_block.h)
+// borrow from one GPU's executor. Every pointer is valid while the executor lives.
+struct CudaGpu {
+  int device = 0;  // stashd's ordinal of the GPU, its pool's index
+  const CudaDriver* driver = nullptr;
+  const PrimaryContext* context = nullptr;  // the GPU's primary context
+  CUstream stream = nullptr;                // the copy stream, shared with the pool worker
+  const PagingKernels* kernels = nullptr;   // every launch on `stream` goes through it (its lock)
+  std::string uuid;                         // the GPU's 16 raw UUID bytes (cuDeviceGetUuid)
+};
+// The GPU of `executor`; nullopt when it is not one of CreateCudaExecutors' executors.
+std::optional<CudaGpu> CudaGpuOf(const CopyExecutor& executor);
 
 }  // namespace stash::daemon
 

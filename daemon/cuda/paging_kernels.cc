@@ -1,10 +1,53 @@
 #include "daemon/cuda/paging_kernels.h"
 
 #include <cstdio>
+#include <string>
 
 #include "stash/kernels/daemon_paging.h"
 
 namespace stash::daemon {
+namespace {
+
+kernels::LaunchResult Refuse(kernels::LaunchStatus status, const std::string& why) {
+  kernels::LaunchResult result;
+  result.status = status;
+  std::snprintf(result.message, sizeof(result.message), "%s", why.c_str());
+  return result;
+}
+
+// The host-side checks of a group depot launch (CUTLASS's can_implement): what the kernels index
+// with comes from the daemon's own layout, so a bad one is the caller's bug, refused here.
+kernels::LaunchResult CanImplementGroup(PagingKernels::GroupOp op,
+                                        const kernels::GroupDepotLaunch& a) {
+  using kernels::LaunchStatus;
+  using Op = PagingKernels::GroupOp;
+  const kernels::GroupView& d = a.depot;
+  if (d.header == nullptr || d.chunk_free == nullptr || d.chunk_state == nullptr ||
+      d.tags == nullptr) {
+    return Refuse(LaunchStatus::kNullPointer, "a part of the group depot is null");
+  }
+  if (a.chunk_pages == 0) return Refuse(LaunchStatus::kTooLarge, "chunk_pages is 0");
+  if ((op == Op::kTake || op == Op::kReclaim) && a.d_answer == nullptr) {
+    return Refuse(LaunchStatus::kNullPointer, "d_answer is null");
+  }
+  if (op == Op::kReclaim && a.live > 0 && a.d_live == nullptr) {
+    return Refuse(LaunchStatus::kNullPointer, "d_live is null");
+  }
+  if (op == Op::kJoin || op == Op::kTake || op == Op::kOut) {
+    if (a.chunk >= d.chunks) {
+      return Refuse(
+          LaunchStatus::kTooLarge,
+          "chunk " + std::to_string(a.chunk) + " is past the depot's " + std::to_string(d.chunks));
+    }
+    if (a.pages > a.chunk_pages) {
+      return Refuse(LaunchStatus::kTooLarge, std::to_string(a.pages) + " pages in a chunk of " +
+                                                 std::to_string(a.chunk_pages));
+    }
+  }
+  return kernels::LaunchResult{};
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<PagingKernels>> PagingKernels::Load(const CudaDriver* driver,
                                                              const void* fatbin) {
@@ -14,7 +57,9 @@ StatusOr<std::unique_ptr<PagingKernels>> PagingKernels::Load(const CudaDriver* d
       kernels::kDaemonStashPlanKernel,     kernels::kDaemonStashCopyKernel,
       kernels::kDaemonStashPublishKernel,  kernels::kDaemonReloadPopKernel,
       kernels::kDaemonReloadPublishKernel, kernels::kDaemonTakeChunksKernel,
-      kernels::kDaemonReturnChunkKernel};
+      kernels::kDaemonReturnChunkKernel,   kernels::kDaemonGroupJoinKernel,
+      kernels::kDaemonGroupTakeKernel,     kernels::kDaemonGroupOutKernel,
+      kernels::kDaemonGroupReclaimKernel,  kernels::kDaemonGroupResetHighWaterKernel};
   for (int f = 0; f < kFunctions; ++f) {
     const Status found = driver->Check(
         driver->ModuleGetFunction(&k->functions_[f], k->module_, names[f]), "cuModuleGetFunction");
@@ -85,6 +130,28 @@ kernels::LaunchResult PagingKernels::ReturnChunk(const kernels::ChunkRingLaunch&
                                                  CUstream stream) const {
   MutexLock lock(&launch_mu_);
   return Launch(kReturn, 1, 1, stream, &args, "cuLaunchKernel(return chunk)");
+}
+
+kernels::LaunchResult PagingKernels::Group(GroupOp op, const kernels::GroupDepotLaunch& args,
+                                           CUstream stream) const {
+  kernels::LaunchResult result = CanImplementGroup(op, args);
+  if (!result.ok()) return result;
+  MutexLock lock(&launch_mu_);
+  switch (op) {
+    case GroupOp::kJoin:
+      return Launch(kGroupJoin, 1, 1, stream, &args, "cuLaunchKernel(group join)");
+    case GroupOp::kTake:
+      return Launch(kGroupTake, 1, 1, stream, &args, "cuLaunchKernel(group take)");
+    case GroupOp::kOut:
+      return Launch(kGroupOut, 1, 1, stream, &args, "cuLaunchKernel(group out)");
+    case GroupOp::kResetHighWater:
+      return Launch(kGroupResetHighWater, 1, 1, stream, &args,
+                    "cuLaunchKernel(group reset high water)");
+    case GroupOp::kReclaim:
+      return Launch(kGroupReclaim, kernels::GroupReclaimBlocks(args.depot.pages),
+                    kernels::kGroupReclaimThreads, stream, &args, "cuLaunchKernel(group reclaim)");
+  }
+  return Refuse(kernels::LaunchStatus::kNullPointer, "unknown group operation");
 }
 
 }  // namespace stash::daemon

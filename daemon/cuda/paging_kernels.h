@@ -13,6 +13,7 @@
 #include "common/cuda_driver.h"
 #include "common/mutex.h"
 #include "stash/kernels/daemon_paging.h"
+#include "stash/kernels/group_kernels.h"
 #include "stash/kernels/paging_cuda.h"
 #include "stash/status.h"
 
@@ -25,7 +26,8 @@ namespace stash::daemon {
 // them (the plan's pages are still in [head, tail) until the publish moves the head; a pop's
 // returned ids sit past the tail until its publish). The pool worker launches stashes and
 // reloads while Leases' thread launches TakeChunks and ReturnChunk on the same stream
-// (daemon/cuda/cuda_chunk_lender.h), so every call holds one lock while it enqueues.
+// (daemon/cuda/cuda_chunk_lender.h), and the group depots' changes
+// (daemon/cuda/cuda_group_block.h), so every call holds one lock while it enqueues.
 class PagingKernels {
  public:
   // Loads the kernels from `fatbin` (stash_daemon_paging_fatbin, or a test's image) into the
@@ -45,11 +47,33 @@ class PagingKernels {
   kernels::LaunchResult TakeChunks(const kernels::ChunkRingLaunch& args, CUstream stream) const;
   kernels::LaunchResult ReturnChunk(const kernels::ChunkRingLaunch& args, CUstream stream) const;
 
+  // A change to a group depot in this GPU's memory (group_kernels.h's GroupDepotLaunch), on
+  // `stream`: one thread each, the reclaim a thread per page. kNullPointer when a depot part, the
+  // answer (take, reclaim) or the live tags (reclaim, when any) is missing; kTooLarge when the
+  // chunk is past the depot's or its pages past chunk_pages (nothing enqueued then).
+  enum class GroupOp { kJoin, kTake, kOut, kReclaim, kResetHighWater };
+  kernels::LaunchResult Group(GroupOp op, const kernels::GroupDepotLaunch& args,
+                              CUstream stream) const;
+
  private:
-  enum Function { kPlan, kCopy, kPublish, kPop, kReloadPublish, kTake, kReturn, kFunctions };
+  enum Function {
+    kPlan,
+    kCopy,
+    kPublish,
+    kPop,
+    kReloadPublish,
+    kTake,
+    kReturn,
+    kGroupJoin,
+    kGroupTake,
+    kGroupOut,
+    kGroupReclaim,
+    kGroupResetHighWater,
+    kFunctions
+  };
   explicit PagingKernels(const CudaDriver* driver) : driver_(driver) {}
-  // One launch of `function` with `args` (a StashLaunch, ReloadLaunch or ChunkRingLaunch) as its
-  // one parameter.
+  // One launch of `function` with `args` (a StashLaunch, ReloadLaunch, ChunkRingLaunch or
+  // GroupDepotLaunch) as its one parameter.
   kernels::LaunchResult Launch(Function function, unsigned blocks, unsigned threads,
                                CUstream stream, const void* args, const char* what) const;
 

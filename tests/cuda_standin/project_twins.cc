@@ -2,18 +2,20 @@
 // registered when the stand-in is loaded, as a GPU driver finds the kernels in the fatbin image
 // a process loads: mapped mode's (kernels/mapped_paging.cu, bodies in
 // stash/kernels/mapped_paging.h), which the client library launches, and daemon-copy's
-// (kernels/daemon_paging.cu, bodies in stash/kernels/daemon_paging.h), which stashd's cuda
-// backend launches. So any process that loads the stand-in (a test, or stashd itself started
-// with the stand-in as its libcuda.so.1) runs them.
+// (kernels/daemon_paging.cu, bodies in stash/kernels/daemon_paging.h and, for the group depots,
+// stash/kernels/group_kernels.h), which stashd's cuda backend launches. So any process that loads
+// the stand-in (a test, or stashd itself started with the stand-in as its libcuda.so.1) runs them.
 #include <cstddef>
 
 #include "standin.h"
 #include "stash/kernels/daemon_paging.h"
+#include "stash/kernels/group_kernels.h"
 #include "stash/kernels/mapped_paging.h"
 
 namespace {
 
 using stash::kernels::ChunkRingLaunch;
+using stash::kernels::GroupDepotLaunch;
 using stash::kernels::MappedReloadArgs;
 using stash::kernels::MappedRingArgs;
 using stash::kernels::MappedStashArgs;
@@ -52,6 +54,11 @@ struct RegisterProjectTwins {
     Register<ReloadLaunch, k::PublishReloadLaunch>(k::kDaemonReloadPublishKernel);
     Register<ChunkRingLaunch, k::TakeChunksLaunch>(k::kDaemonTakeChunksKernel);
     Register<ChunkRingLaunch, k::ReturnChunkLaunch>(k::kDaemonReturnChunkKernel);
+    Register<GroupDepotLaunch, k::GroupJoinLaunch>(k::kDaemonGroupJoinKernel);
+    Register<GroupDepotLaunch, k::GroupTakeLaunch>(k::kDaemonGroupTakeKernel);
+    Register<GroupDepotLaunch, k::GroupOutLaunch>(k::kDaemonGroupOutKernel);
+    Register<GroupDepotLaunch, k::GroupReclaimSerial>(k::kDaemonGroupReclaimKernel);
+    Register<GroupDepotLaunch, k::GroupResetHighWaterLaunch>(k::kDaemonGroupResetHighWaterKernel);
   }
 };
 

@@ -123,6 +123,17 @@ STASH_HOST_DEVICE uint32_t TagLoad(const uint32_t& tag) {
 #endif
 }
 
+// A release store of a word members read with TagLoad (a tag, a hint, a chunk's state): whoever
+// sees it also sees every write made before it. The daemon's joins, take-backs and leavings.
+STASH_HOST_DEVICE void TagStore(uint32_t& word, uint32_t value) {
+#if defined(__CUDA_ARCH__)
+  __threadfence_system();
+  *reinterpret_cast<volatile uint32_t*>(&word) = value;
+#else
+  __atomic_store_n(&word, value, __ATOMIC_RELEASE);
+#endif
+}
+
 // Compare-and-swap of one tag: true when it was `from` and is now `to`. Acquire-release: a
 // claim sees every write the previous owner made before its release.
 STASH_HOST_DEVICE bool TagSwap(uint32_t& tag, uint32_t from, uint32_t to) {
@@ -259,20 +270,18 @@ STASH_HOST_DEVICE uint64_t ChunkFirstPage(uint64_t c, uint64_t chunk_pages) {
 
 // Chunk `c` (its first `pages` pages real) joins the group: its tags go from the daemon's to
 // free, then its hint, then its state (a member claims only chunks it mapped, which it was sent
-// after this).
-inline void JoinChunk(GroupView& g, uint64_t chunk_pages, uint64_t c, uint64_t pages) {
+// after this). Host and device (the cuda backend's depots: stash/kernels/group_kernels.h).
+STASH_HOST_DEVICE void JoinChunk(GroupView& g, uint64_t chunk_pages, uint64_t c, uint64_t pages) {
   const uint64_t first = ChunkFirstPage(c, chunk_pages);
-  for (uint64_t p = first; p < first + pages && p < g.pages; ++p) {
-    __atomic_store_n(&g.tags[p], kTagFree, __ATOMIC_RELEASE);
-  }
-  __atomic_store_n(&g.chunk_free[c], static_cast<uint32_t>(pages), __ATOMIC_RELEASE);
-  __atomic_store_n(&g.chunk_state[c], kGroupChunkIn, __ATOMIC_RELEASE);
+  for (uint64_t p = first; p < first + pages && p < g.pages; ++p) TagStore(g.tags[p], kTagFree);
+  TagStore(g.chunk_free[c], static_cast<uint32_t>(pages));
+  TagStore(g.chunk_state[c], kGroupChunkIn);
 }
 
 // Takes chunk `c` back from the group when every one of its pages is free: each tag free ->
 // daemon, all or none (the pages already taken go back to free when one is owned). True when
-// the daemon now holds every page; the chunk is then kGroupChunkLeaving.
-inline bool TakeChunk(GroupView& g, uint64_t chunk_pages, uint64_t c, uint64_t pages) {
+// the daemon now holds every page; the chunk is then kGroupChunkLeaving. Host and device.
+STASH_HOST_DEVICE bool TakeChunk(GroupView& g, uint64_t chunk_pages, uint64_t c, uint64_t pages) {
   const uint64_t first = ChunkFirstPage(c, chunk_pages);
   uint64_t taken = 0;
   for (; taken < pages && first + taken < g.pages; ++taken) {
@@ -282,8 +291,21 @@ inline bool TakeChunk(GroupView& g, uint64_t chunk_pages, uint64_t c, uint64_t p
     for (uint64_t p = 0; p < taken; ++p) TagSwap(g.tags[first + p], kTagDaemon, kTagFree);
     return false;
   }
-  __atomic_store_n(&g.chunk_free[c], 0u, __ATOMIC_RELEASE);
-  __atomic_store_n(&g.chunk_state[c], kGroupChunkLeaving, __ATOMIC_RELEASE);
+  TagStore(g.chunk_free[c], 0u);
+  TagStore(g.chunk_state[c], kGroupChunkLeaving);
+  return true;
+}
+
+// Page `p` of chunk `c` (a chunk of the group's) back to free when its tag is a member's and
+// `is_dead(tag)` says no live member has it; true when this call freed it. The hint after the
+// tag, as a release does. Host and device (the cuda backend's reclaim kernel runs a thread per
+// page); the caller accounts the pages freed in the header.
+template <typename IsDead>
+STASH_HOST_DEVICE bool ReclaimPage(GroupView& g, uint64_t c, uint64_t p, IsDead is_dead) {
+  const uint32_t tag = TagLoad(g.tags[p]);
+  if (tag < kFirstMemberTag || !is_dead(tag)) return false;
+  if (!TagSwap(g.tags[p], tag, kTagFree)) return false;
+  HintAdd(g.chunk_free[c], 1);
   return true;
 }
 
@@ -294,15 +316,10 @@ template <typename IsDead>
 uint64_t ReclaimTags(GroupView& g, uint64_t chunk_pages, IsDead is_dead) {
   uint64_t freed = 0;
   for (uint64_t c = 0; c < g.chunks; ++c) {
-    if (__atomic_load_n(&g.chunk_state[c], __ATOMIC_ACQUIRE) != kGroupChunkIn) continue;
+    if (TagLoad(g.chunk_state[c]) != kGroupChunkIn) continue;
     const uint64_t first = ChunkFirstPage(c, chunk_pages);
     for (uint64_t p = first; p < first + chunk_pages && p < g.pages; ++p) {
-      const uint32_t tag = TagLoad(g.tags[p]);
-      if (tag < kFirstMemberTag || !is_dead(tag)) continue;
-      if (TagSwap(g.tags[p], tag, kTagFree)) {
-        HintAdd(g.chunk_free[c], 1);
-        ++freed;
-      }
+      if (ReclaimPage(g, c, p, is_dead)) ++freed;
     }
   }
   if (freed > 0) AccountClaimed(*g.header, ~freed + 1);
