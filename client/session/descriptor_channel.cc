@@ -198,6 +198,9 @@ StatusOr<LeaseAnswer> DescriptorChannel::Lease(bool automatic,
         out.member_tag = r.group_block().member_tag();
         out.group_pages = r.group_block().pages();
         out.group_chunks = r.group_block().chunks();
+        out.group_gpu_uuid = r.group_block().gpu_uuid();
+        out.group_tier_first_page.assign(r.group_block().tier_first_page().begin(),
+                                         r.group_block().tier_first_page().end());
       } else {
         LeaseAnswer::Chunk c;
         c.id = r.chunk().chunk_id();

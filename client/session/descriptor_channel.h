@@ -27,6 +27,8 @@ struct LeaseAnswer {
   uint64_t group_block_bytes = 0;
   uint32_t member_tag = 0;
   uint64_t group_pages = 0, group_chunks = 0;
+  std::string group_gpu_uuid;  // 16 raw bytes: the GPU whose memory holds it; empty: a memfd
+  std::vector<uint64_t> group_tier_first_page;  // per lease tier, as GroupBlock.tier_first_page
   struct Chunk {
     uint64_t id = 0;
     int tier = 0;  // stash.v1.Tier

@@ -12,6 +12,7 @@
 #include "daemon/copy/host_executor.h"
 #if defined(STASH_HAVE_CUDA)
 #include "daemon/cuda/cuda_executor.h"
+#include "daemon/cuda/cuda_group_block.h"
 #endif
 
 #include <sys/resource.h>
@@ -144,10 +145,14 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
   const uint64_t page = config.page_bytes;
   const uint64_t chunk_pages = ChunkPages(config);
   std::vector<std::unique_ptr<CopyExecutor>> executors;
+  GroupBlock::Factory group_blocks;  // unset: the host backend's memfd depots
   if (backend == v1::BACKEND_CUDA) {
 #if defined(STASH_HAVE_CUDA)
     STASH_RETURN_IF_ERROR(CheckChunkDescriptors(config, chunk_pages, /*pools_are_memfds=*/false));
     STASH_ASSIGN_OR_RETURN(executors, CreateCudaExecutors(config, nullptr, &core->pool_uuids_));
+    // Groups' depots in GPU memory, one per GPU (the executors outlive Leases: pools_ is
+    // destroyed after leases_).
+    STASH_ASSIGN_OR_RETURN(group_blocks, CudaGroupBlockFactory(executors));
     if (config.copy_peer_tier && executors.size() > 1) {
       // The cuda executor plans each stash on its GPU's copy stream, against rings that live on
       // that GPU; another GPU's ring is changed by that GPU's own stream with nothing ordering
@@ -264,6 +269,17 @@ StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const DaemonConfig& con
     lease.peer_tier = config.peer_tier;
     lease.group_peer = config.group_peer_tier;
     lease.first_share_divisor = 16;
+    lease.group_blocks = group_blocks;
+    if (backend == v1::BACKEND_CUDA) {
+      // A GPU member's plan kernels claim in its own GPU's depot only: no other GPU's chunks.
+      lease.group_peer_depots = false;
+      if (config.group_peer_tier && core->pools_.size() > 1) {
+        Log("pool")->info(
+            "groups on the cuda backend share each GPU's pool and its share of the host tier "
+            "among the group's ranks on that GPU; another GPU's pool is not claimed across "
+            "(--group-peer-tier has no effect here yet)");
+      }
+    }
     // The host tier: one all pools share (host backend), or each GPU's own share (cuda).
     std::vector<Tier*> hosts;
     for (const auto& pool : core->pools_) {
@@ -479,12 +495,8 @@ DescriptorReply DaemonCore::HandleDescriptors(const v1::DescriptorRequest& reque
   who.rank = session->info().rank;
   who.hello_pid = session->info().pid;
   who.label = session->info().label;
-  // Groups share pages on the host backend only: the cuda twin (tags in device memory, claims
-  // in the plan kernel) is not built, so a cuda session in a group leases on its own.
-  if (backend_ != v1::BACKEND_CUDA) {
-    who.group_id = session->info().group_id;
-    who.group = session->info().group;
-  }
+  who.group_id = session->info().group_id;
+  who.group = session->info().group;
   switch (request.kind_case()) {
     case v1::DescriptorRequest::kDepositMemory: {
       if (session->info().mapped) {

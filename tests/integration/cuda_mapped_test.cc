@@ -6,149 +6,15 @@
 // checked is the whole orchestration, byte for byte. Built again as cuda_mapped_gpu_test (label
 // gpu, STASH_MAPPED_ON_GPU) against the real driver for tests/gpu/check.sh, where it skips without
 // a device: there the kernels are the GPU's own.
+#include "tests/integration/cuda_mapped_fixture.h"
+
 #include <signal.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
-
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <memory>
-#include <string>
-#include <thread>
-#include <vector>
-
-#include "common/cuda_driver.h"
-#include "common/cuda_vmm.h"
-#include "stash/client.h"
-#include "tests/cuda_device.h"
-#include "tests/integration/daemon_stats.h"
-#include "tests/integration/harness.h"
 
 namespace stash::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr uint64_t kChunk = 2 << 20;  // the stand-in's allocation granularity
-constexpr uint64_t kRow = 4096;
-
-class CudaMapped : public ::testing::Test {
- protected:
-  void SetUp() override {
-#if defined(STASH_MAPPED_ON_GPU)
-    std::string why;
-    d_ = DriverWithADevice(&why);
-    if (d_ == nullptr) GTEST_SKIP() << why;
-#else
-    setenv("STASH_STANDIN_REGISTRY", registry_.path().c_str(), 1);
-    ASSERT_NE(std::getenv("LD_LIBRARY_PATH"), nullptr) << "run it through ctest";
-    auto driver = CudaDriver::Get();
-    ASSERT_TRUE(driver.ok()) << driver.status().ToString();
-    d_ = *driver;
-#endif
-    auto context = PrimaryContext::Retain(d_, 0);
-    ASSERT_TRUE(context.ok()) << context.status().ToString();
-    context_ = std::make_unique<PrimaryContext>(std::move(context).value());
-    ASSERT_EQ(d_->CtxSetCurrent(context_->get()), CUDA_SUCCESS);
-    ASSERT_EQ(d_->StreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  }
-  void TearDown() override {
-    client_.reset();
-    for (CUdeviceptr p : allocations_) (void)d_->MemFree(p);
-    if (stream_ != nullptr) (void)d_->StreamDestroy(stream_);
-  }
-  // A pool of 8 MiB on the GPU: 4 chunks of 32 pages.
-  void StartDaemon(const std::vector<std::string>& more = {}) {
-    std::vector<std::string> flags = {"--backend=cuda", "--page-bytes=64KiB", "--pool-bytes=8MiB",
-                                      "--chunk-bytes=2MiB", "--host-tier-bytes=0"};
-    flags.insert(flags.end(), more.begin(), more.end());
-    daemon_ = std::make_unique<DaemonProcess>(flags);
-    ASSERT_TRUE(daemon_->Ready()) << daemon_->process().Stderr();
-  }
-  Options MappedOptions(uint64_t device_bytes) {
-    Options o;
-    o.socket = daemon_->socket();
-    o.backend = Backend::kCuda;
-    o.mode = Mode::kMapped;
-    o.allow_host_spill = false;
-    if (device_bytes > 0) {
-      o.lease.automatic = false;
-      o.lease.device_bytes = device_bytes;
-    }
-    return o;
-  }
-  void Open(const Options& o) {
-    auto opened = Client::Open(o);
-    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-    client_ = std::move(opened).value();
-  }
-  v1::TierStats Gpu() { return TierNamed("gpu0"); }
-  v1::TierStats HostShare() { return TierNamed("host0"); }  // the GPU's share of the host tier
-  v1::TierStats TierNamed(const std::string& name) {
-    const v1::GetStatsResponse stats = DaemonStats(daemon_->socket());
-    for (const v1::TierStats& t : stats.tiers()) {
-      if (t.name() == name) return t;
-    }
-    return {};
-  }
-  // Device memory holding `bytes` from the host before anything queued later runs (cuMemcpyHtoD
-  // from pageable memory may return before its bytes land, on the legacy stream, which stream_
-  // does not wait for: Driver API, "API synchronization behavior").
-  CUdeviceptr Device(const std::vector<uint8_t>& bytes) {
-    CUdeviceptr p = 0;
-    EXPECT_EQ(d_->MemAlloc(&p, bytes.size()), CUDA_SUCCESS);
-    EXPECT_EQ(d_->MemcpyHtoD(p, bytes.data(), bytes.size()), CUDA_SUCCESS);
-    EXPECT_EQ(d_->StreamSynchronize(CU_STREAM_LEGACY), CUDA_SUCCESS);
-    allocations_.push_back(p);
-    return p;
-  }
-  std::vector<uint8_t> Host(CUdeviceptr p, uint64_t bytes) {
-    std::vector<uint8_t> out(bytes);
-    EXPECT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
-    EXPECT_EQ(d_->MemcpyDtoH(out.data(), p, bytes), CUDA_SUCCESS);
-    return out;
-  }
-  static std::vector<uint8_t> Pattern(uint64_t bytes, uint8_t seed) {
-    std::vector<uint8_t> out(bytes);
-    for (uint64_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(seed + i * 7 + i / 4096);
-    return out;
-  }
-  StashArgs Args(CUdeviceptr src, uint64_t rows, uint64_t max_rows) {
-    StashArgs a;
-    a.device_source = reinterpret_cast<const void*>(src);  // NOLINT(performance-no-int-to-ptr)
-    a.row_bytes = kRow;
-    a.max_rows = max_rows;
-    a.count.value = rows;
-    a.stream = stream_;
-    return a;
-  }
-  ReloadArgs Into(uint64_t ticket, CUdeviceptr dst, bool zero_tail = true) {
-    ReloadArgs r;
-    r.ticket = ticket;
-    r.device_destination = reinterpret_cast<void*>(dst);  // NOLINT(performance-no-int-to-ptr)
-    r.zero_tail = zero_tail;
-    r.stream = stream_;
-    return r;
-  }
-  // The current step's flags once the stream ran everything enqueued (synchronized here), then
-  // a step boundary at `step`.
-  StepFlags FlagsThenStep(uint64_t step) {
-    EXPECT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
-    const StepFlags flags = client_->CurrentStepFlags();
-    EXPECT_TRUE(client_->BeginStep(step, stream_).ok());
-    return flags;
-  }
-
-  TempDir registry_;
-  const CudaDriver* d_ = nullptr;
-  std::unique_ptr<PrimaryContext> context_;
-  CUstream stream_ = nullptr;
-  std::vector<CUdeviceptr> allocations_;
-  std::unique_ptr<DaemonProcess> daemon_;
-  std::unique_ptr<Client> client_;
-};
 
 // Stashes of device buffers go into the leased chunks and come back byte for byte, rows past
 // the count zeroed; the daemon sees the chunks leased while the session lives and back after.
@@ -186,28 +52,6 @@ TEST_F(CudaMapped, DeviceBuffersRoundTripThroughLeasedChunksOnTheCallersStream) 
   EXPECT_FALSE(FlagsThenStep(1).overflow);
   client_.reset();
   EXPECT_EQ(Gpu().chunks_leased(), 0u) << "closing gives every chunk back";
-}
-
-// Groups share pages on the host backend only for now: a cuda session naming a group is a member
-// (the daemon shows it) but leases chunks of its own, and its stashes round-trip as before.
-TEST_F(CudaMapped, ASessionInAGroupLeasesOnItsOwnOnTheCudaBackend) {
-  StartDaemon();
-  Options o = MappedOptions(kChunk);
-  o.group = "cuda-job";
-  o.group_secret = std::string(32, 'g');
-  Open(o);
-  EXPECT_EQ(Gpu().chunks_leased(), 1u);
-  const v1::GetStatsResponse stats = DaemonStats(daemon_->socket());
-  ASSERT_EQ(stats.sessions_size(), 1);
-  EXPECT_EQ(stats.sessions(0).group(), "cuda-job");
-  EXPECT_EQ(stats.groups_size(), 0) << "no group memory on the cuda backend";
-  const std::vector<uint8_t> source = Pattern(256 * kRow, 9);
-  auto ticket = client_->Stash(Args(Device(source), 256, 256));
-  ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
-  ASSERT_TRUE(client_->Wait(*ticket).ok());
-  const CUdeviceptr dst = Device(std::vector<uint8_t>(256 * kRow, 0x55));
-  ASSERT_TRUE(client_->Reload(Into(*ticket, dst)).ok());
-  EXPECT_EQ(Host(dst, 256 * kRow), source);
 }
 
 // With allow_host_spill, a session leases chunks of its GPU's share of the host tier too: a

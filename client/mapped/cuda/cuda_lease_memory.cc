@@ -149,6 +149,11 @@ CudaLeaseMemory::~CudaLeaseMemory() {
     }
   }
   for (CUevent event : spare_events_) driver_->EventDestroy(event);
+  if (depot_.base != nullptr) {
+    const auto at = reinterpret_cast<CUdeviceptr>(depot_.base);
+    driver_->MemUnmap(at, depot_.bytes);
+    driver_->MemAddressFree(at, depot_.bytes);
+  }
   for (uint32_t tier = 0; tier < kernels::kLeaseTiers; ++tier) {
     const Range& r = ranges_[tier];
     if (r.base == nullptr) continue;
@@ -275,6 +280,46 @@ Status CudaLeaseMemory::MapDevice(uint32_t tier, uint64_t slot, int fd, uint64_t
     return Annotate(step, "releasing the imported handle of a " + what);
   }
   return Status::Ok();
+}
+
+StatusOr<CUdeviceptr> CudaLeaseMemory::MapDepot(UniqueFd fd, uint64_t bytes) {
+  const PrimaryContext::Scope scope(context_);
+  STASH_RETURN_IF_ERROR(scope.status());
+  MutexLock lock(&mu_);
+  if (depot_.base != nullptr) {
+    return FailedPreconditionError("this session mapped its group's depot already");
+  }
+  if (bytes == 0 || granularity_ == 0) {
+    return InvalidArgumentError("a group depot of " + std::to_string(bytes) + " bytes");
+  }
+  const uint64_t size = (bytes + granularity_ - 1) / granularity_ * granularity_;
+  CUmemGenericAllocationHandle handle = 0;
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): the driver's calling convention for fds
+  void* const os_handle = reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get()));
+  STASH_RETURN_IF_ERROR(
+      Annotate(driver_->Check(driver_->MemImportFromShareableHandle(
+                                  &handle, os_handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                              "cuMemImportFromShareableHandle"),
+               "importing the group's depot"));
+  CUdeviceptr at = 0;
+  Status step = driver_->Check(driver_->MemAddressReserve(&at, size, granularity_, 0, 0),
+                               "cuMemAddressReserve");
+  if (step.ok()) {
+    step = driver_->Check(driver_->MemMap(at, size, 0, handle, 0), "cuMemMap");
+    if (step.ok()) {
+      const CUmemAccessDesc access = ReadWriteAccess(device_);
+      step = driver_->Check(driver_->MemSetAccess(at, size, &access, 1), "cuMemSetAccess");
+      if (!step.ok()) driver_->MemUnmap(at, size);
+    }
+    if (!step.ok()) driver_->MemAddressFree(at, size);
+  }
+  // The mapping keeps the memory alive (also past the daemon's death).
+  driver_->MemRelease(handle);
+  if (!step.ok())
+    return Annotate(step, "mapping the group's depot on GPU " + std::to_string(device_));
+  depot_.base = reinterpret_cast<uint8_t*>(at);  // NOLINT(performance-no-int-to-ptr)
+  depot_.bytes = size;
+  return at;
 }
 
 Status CudaLeaseMemory::MapHost(uint64_t slot, int fd, uint64_t bytes) {

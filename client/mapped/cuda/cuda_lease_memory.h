@@ -118,6 +118,12 @@ class CudaLeaseMemory {
   };
   Reaped Reap();
 
+  // Groups: maps the group's depot on this GPU (`fd`, a VMM allocation of this GPU, `bytes`
+  // long, rounded up to the allocation granularity) at an address of its own, read-write for
+  // this GPU, until the object is destroyed (after every kernel that claims in it: the owner
+  // synchronized its streams). Once: FAILED_PRECONDITION after. Returns its device address.
+  StatusOr<CUdeviceptr> MapDepot(UniqueFd fd, uint64_t bytes);
+
   enum class SlotState { kFree, kMapping, kMapped, kUnmapping };
   SlotState slot_state(uint32_t tier, uint64_t slot) const;
   // Slots waiting for their work (or a capture) to end.
@@ -170,6 +176,7 @@ class CudaLeaseMemory {
   const uint64_t chunk_bytes_;
   uint64_t granularity_ = 0;  // this GPU's minimum granularity for chunk allocations
   std::array<Range, kernels::kLeaseTiers> ranges_{};  // reserved in Create, freed at the end
+  Range depot_ ABSL_GUARDED_BY(mu_);                  // MapDepot's: mapped until the end
 
   mutable Mutex mu_;
   std::array<std::vector<Slot>, kernels::kLeaseTiers> slots_ ABSL_GUARDED_BY(mu_);

@@ -36,8 +36,16 @@ std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, const Sessio
     Status st = SetControlBlock(std::move(answer.control_block), answer.control_block_bytes);
     if (!st.ok()) fail(st);
   }
+  if (answer.group_block.valid()) {
+    Status st = JoinGroup(answer);
+    if (!st.ok()) fail(st);
+  }
   for (LeaseAnswer::Chunk& c : answer.chunks) {
     const uint32_t tier = LeaseTierOf(c.tier);
+    if (c.group_page.has_value()) {
+      if (!MapGroupChunk(tier, c, first)) give_back.push_back(c.id);
+      continue;
+    }
     int owner = -1;
     if (tier != kernels::kLeaseHost) {
       CUuuid uuid{};
@@ -94,6 +102,105 @@ std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, const Sessio
         held.pages_target < held.pages ? held.pages_target : kNoTarget;
   }
   return give_back;
+}
+
+Status CudaMappedSession::JoinGroup(LeaseAnswer& answer) {
+  {
+    MutexLock lock(&mu_);
+    if (group_joined_) return Status::Ok();  // sent again: the first one stays
+  }
+  CUuuid uuid{};
+  if (answer.group_gpu_uuid.size() != sizeof(uuid.bytes) ||
+      answer.group_tier_first_page.size() != kernels::kLeaseTiers) {
+    return FailedPreconditionError(
+        "stashd sent this GPU session a group depot in host memory (or without its tiers' "
+        "first pages): use a stashd of the same release as this client library");
+  }
+  std::memcpy(uuid.bytes, answer.group_gpu_uuid.data(), sizeof(uuid.bytes));
+  STASH_ASSIGN_OR_RETURN(int ordinal, GpuOrdinalOfUuid(driver_, FormatGpuUuid(uuid)));
+  if (ordinal != memory_->device()) {
+    return FailedPreconditionError("stashd sent the group depot of GPU " + std::to_string(ordinal) +
+                                   " to a session on GPU " + std::to_string(memory_->device()));
+  }
+  const kernels::GroupLayout layout =
+      kernels::GroupLayoutFor(answer.group_pages, answer.group_chunks);
+  if (layout.block_bytes > answer.group_block_bytes) {
+    return InvalidArgumentError("the group depot is " + std::to_string(answer.group_block_bytes) +
+                                " bytes, its layout needs " + std::to_string(layout.block_bytes));
+  }
+  STASH_ASSIGN_OR_RETURN(
+      CUdeviceptr at, memory_->MapDepot(std::move(answer.group_block), answer.group_block_bytes));
+  kernels::GroupView view{};
+  // NOLINTBEGIN(performance-no-int-to-ptr): device addresses, read only by the kernels
+  view.header = reinterpret_cast<kernels::GroupHeader*>(at);
+  view.chunk_free = reinterpret_cast<uint32_t*>(at + layout.chunk_free_offset);
+  view.chunk_state = reinterpret_cast<uint32_t*>(at + layout.chunk_state_offset);
+  view.tags = reinterpret_cast<uint32_t*>(at + layout.tags_offset);
+  // NOLINTEND(performance-no-int-to-ptr)
+  view.pages = answer.group_pages;
+  view.chunks = answer.group_chunks;
+  // The own device's pages and this GPU's host chunks: both are in this GPU's depot. Other
+  // GPUs' pools are not claimed here (each GPU's plan kernels claim in its own depot).
+  std::array<StreamCopier::GroupTier, kernels::kLeaseTiers> tiers{};
+  tiers[kernels::kLeaseDevice] = {view, answer.group_tier_first_page[kernels::kLeaseDevice]};
+  if (options_.allow_host_spill) {
+    tiers[kernels::kLeaseHost] = {view, answer.group_tier_first_page[kernels::kLeaseHost]};
+  }
+  MutexLock lock(&mu_);
+  PrimaryContext::Scope scope(*context_);
+  STASH_RETURN_IF_ERROR(scope.status());
+  STASH_RETURN_IF_ERROR(
+      copier_->JoinGroup(answer.member_tag, memory_->chunk_bytes() / page_bytes_, tiers));
+  for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+    group_first_page_[t] = answer.group_tier_first_page[t];
+  }
+  group_joined_ = true;
+  return Status::Ok();
+}
+
+bool CudaMappedSession::MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c, Status* first) {
+  auto fail = [first](const Status& st) {
+    if (first->ok()) *first = st;
+    return false;
+  };
+  const uint64_t chunk_pages = memory_->chunk_bytes() / page_bytes_;
+  const uint64_t page = *c.group_page;
+  uint64_t slot = 0;
+  {
+    MutexLock lock(&mu_);
+    if (!group_joined_) {
+      return fail(FailedPreconditionError("stashd sent a group chunk before the group's depot"));
+    }
+    const uint64_t from = group_first_page_[tier];
+    slot = page >= from ? (page - from) / chunk_pages : UINT64_MAX;
+    if (page < from || (page - from) % chunk_pages != 0 || slot >= slots_[tier].size() ||
+        slots_[tier][slot].state != Slot::kFree) {
+      return fail(InvalidArgumentError("group chunk " + std::to_string(c.id) + " at group page " +
+                                       std::to_string(page) +
+                                       " has no free place in this session's range of its tier"));
+    }
+    slots_[tier][slot] = SlotInfo{Slot::kMapping, c.id, c.bytes, false, true};
+  }
+  const Status mapped = memory_->Map(tier, slot, std::move(c.fd), c.bytes, memory_->device());
+  MutexLock lock(&mu_);
+  Status added = mapped;
+  if (added.ok()) {
+    added = copier_->AddGroupChunk(
+        tier, kernels::GroupChunkRef{page / chunk_pages, page, c.bytes / page_bytes_});
+  }
+  if (!added.ok()) {
+    if (mapped.ok()) {
+      // Mapped but on no board: nothing names it, it goes at once.
+      (void)memory_->Unmap(tier, slot, nullptr);
+      slots_[tier][slot].state = Slot::kUnmapping;
+      slots_[tier][slot].old = false;
+      return fail(added);
+    }
+    slots_[tier][slot] = SlotInfo{};
+    return fail(added);
+  }
+  slots_[tier][slot].state = Slot::kInRing;  // on the board: the kernels claim its pages
+  return true;
 }
 
 Status CudaMappedSession::SetControlBlock(UniqueFd fd, uint64_t bytes) {
@@ -153,6 +260,17 @@ void CudaMappedSession::ChangeLease(void* gpu_stream) {
       const Status unmapping = memory_->Unmap(t, s, stream);
       slots[s].state = unmapping.ok() ? Slot::kUnmapping : Slot::kMapped;
     }
+  }
+  // Group chunks the daemon took back: off the board now, unmapped once the work enqueued so
+  // far (which may still name them) completed, then given back.
+  const uint64_t chunk_pages = memory_->chunk_bytes() / page_bytes_;
+  for (const auto& [t, ref] : copier_->TakeLeavingGroupChunks()) {
+    const uint64_t from = group_first_page_[t];
+    const uint64_t s = ref.first_page >= from ? (ref.first_page - from) / chunk_pages : UINT64_MAX;
+    if (s >= slots_[t].size() || !slots_[t][s].group || slots_[t][s].state != Slot::kInRing) {
+      continue;
+    }
+    if (memory_->Unmap(t, s, stream).ok()) slots_[t][s].state = Slot::kUnmapping;
   }
   CudaLeaseMemory::Reaped reaped = memory_->Reap();
   LeaseWork orphans;

@@ -28,6 +28,8 @@ constexpr size_t kAnswersKept = 4096;
 // Stashes live at once, and page-record entries per page the tiers can hold.
 constexpr uint32_t kMaxStashes = 16384;
 constexpr uint64_t kRecordsPerPage = 2;
+// Lease answers a group's member asks for at once while chunks of its group were not sent.
+constexpr int kMaxGroupLeaseRounds = 64;
 
 Status Refuse(const std::string& what) {
   return InvalidArgumentError(what +
@@ -65,8 +67,15 @@ StatusOr<std::unique_ptr<ModeSession>> CudaMappedSession::Open(const Options& op
   const v1::Welcome& w = stream->welcome;
   STASH_RETURN_IF_ERROR(CheckLeasesChunks(w, stream->socket));
   s->page_bytes_ = w.page_bytes();
-  STASH_ASSIGN_OR_RETURN(s->memory_, CudaLeaseMemory::Create(s->driver_, options.device,
-                                                             w.chunk_bytes(), LeaseTierBytes(w)));
+  std::array<uint64_t, kernels::kLeaseTiers> tier_bytes = LeaseTierBytes(w);
+  if (!options.group.empty()) {
+    // A group's member maps the group's chunks at their places of its pool and of its GPU's
+    // host tier: ranges as large as those (addresses only; the group decides what is mapped).
+    tier_bytes = {w.pool_pages() * w.page_bytes(), w.chunk_bytes(),
+                  w.host_tier_pages() * w.page_bytes()};
+  }
+  STASH_ASSIGN_OR_RETURN(
+      s->memory_, CudaLeaseMemory::Create(s->driver_, options.device, w.chunk_bytes(), tier_bytes));
   StreamCopier::Geometry g;
   g.page_bytes = w.page_bytes();
   g.chunk_bytes = w.chunk_bytes();
@@ -93,13 +102,19 @@ StatusOr<std::unique_ptr<ModeSession>> CudaMappedSession::Open(const Options& op
   // waited for here (later lease changes are ordered on the caller's stream at BeginStep).
   std::vector<std::pair<int, uint64_t>> want;
   if (!options.lease.automatic) want = FixedLeaseWant(options, w);
-  STASH_ASSIGN_OR_RETURN(LeaseAnswer answer,
-                         stream->descriptors->Lease(options.lease.automatic, want));
-  Status first = Status::Ok();
-  std::vector<uint64_t> unmapped = s->Apply(answer, stream.get(), &first);
-  if (!unmapped.empty()) (void)stream->descriptors->Return(unmapped);
-  STASH_RETURN_IF_ERROR(answer.status);
-  STASH_RETURN_IF_ERROR(first);
+  // A group's member is sent the group's chunks a bounded number per answer: it asks again
+  // while some are left and the last answer brought any.
+  for (int round = 0;; ++round) {
+    STASH_ASSIGN_OR_RETURN(LeaseAnswer answer,
+                           stream->descriptors->Lease(options.lease.automatic, want));
+    const bool brought = !answer.chunks.empty();
+    Status first = Status::Ok();
+    std::vector<uint64_t> unmapped = s->Apply(answer, stream.get(), &first);
+    if (!unmapped.empty()) (void)stream->descriptors->Return(unmapped);
+    STASH_RETURN_IF_ERROR(answer.status);
+    STASH_RETURN_IF_ERROR(first);
+    if (answer.chunks_not_sent == 0 || !brought || round >= kMaxGroupLeaseRounds) break;
+  }
   CUstream own = nullptr;
   STASH_CU_RETURN_IF_ERROR(s->driver_, StreamCreate(&own, CU_STREAM_NON_BLOCKING));
   {
@@ -372,13 +387,18 @@ StatusOr<SessionStats> CudaMappedSession::Stats() {
 }
 
 void CudaMappedSession::ResizeLease(const std::shared_ptr<SessionStream>& current) {
-  StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
-  Status st = answer.ok() ? answer->status : answer.status();
-  if (answer.ok()) {
+  Status st = Status::Ok();
+  // A group's member asks again while its group's chunks were not all sent (as at Open).
+  for (int round = 0; st.ok() && round <= kMaxGroupLeaseRounds; ++round) {
+    StatusOr<LeaseAnswer> answer = current->descriptors->Lease(/*automatic=*/true, {});
+    st = answer.ok() ? answer->status : answer.status();
+    if (!answer.ok()) break;
+    const bool brought = !answer->chunks.empty();
     Status first = Status::Ok();
     std::vector<uint64_t> unmapped = Apply(*answer, current.get(), &first);
     if (!unmapped.empty()) (void)current->descriptors->Return(unmapped);
     if (st.ok()) st = first;
+    if (answer->chunks_not_sent == 0 || !brought) break;
   }
   if (!st.ok() && !unavailable_logged_.exchange(true)) {
     Log("client")->warn(

@@ -140,6 +140,9 @@ class CudaMappedSession final : public ModeSession, private LeaseThreadTwin {
     uint64_t chunk_id = 0;
     uint64_t bytes = 0;
     bool old = false;  // a chunk of a session before a reconnect: never given back to this one
+    // A chunk of the session's group: on the copier's board (StreamCopier::AddGroupChunk), not
+    // in a ring; its slot is its place in the group's address space.
+    bool group = false;
   };
   // A new session with the daemon and its first lease, waiting for a boundary with no stash
   // live (SwitchSession).
@@ -183,6 +186,11 @@ class CudaMappedSession final : public ModeSession, private LeaseThreadTwin {
   // when `from` is no longer the session's stream: a reconnect replaced it).
   std::vector<uint64_t> Apply(LeaseAnswer& answer, const SessionStream* from, Status* first);
   Status SetControlBlock(UniqueFd fd, uint64_t bytes);
+  // Groups: maps the group's depot (its GPU must be this rank's) and joins the copier to it.
+  Status JoinGroup(LeaseAnswer& answer);
+  // A group chunk of `answer` into its place of `tier`'s range and onto the copier's board
+  // (lease thread or Open's, mu_ not held). False when it could not: give it back.
+  bool MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c, Status* first);
   // The boundary's lease changes on `stream` (not capturing), mu_ held: removal answers read,
   // unmaps reaped, chunks asked back taken out, mapped chunks added. Ids freed go to the lease
   // thread.
@@ -242,6 +250,10 @@ class CudaMappedSession final : public ModeSession, private LeaseThreadTwin {
   // Chunks unmapped after EndDrained ended their session: given back as its orphans through the
   // next session (SwitchSession).
   std::vector<uint64_t> ended_orphans_ ABSL_GUARDED_BY(mu_);
+  // The group's address space as this session maps it (JoinGroup): each lease tier's first
+  // group page; group chunks arrive only after.
+  bool group_joined_ ABSL_GUARDED_BY(mu_) = false;
+  std::array<uint64_t, kernels::kLeaseTiers> group_first_page_ ABSL_GUARDED_BY(mu_){};
   std::atomic<bool> growing_{false};  // a mid-step lease is asked, not answered
   // Drained: the chunks went back and the session ended (EndDrained); until a reconnect.
   std::atomic<bool> ended_drained_{false};

@@ -103,6 +103,7 @@ STASH_HOST_DEVICE GroupRefill RefillForStash(const GroupCacheTier* tiers, uint32
                                              uint64_t chunk_pages) {
   GroupRefill r{};
   if (pages == UINT64_MAX) return r;
+  STASH_UNROLL
   for (uint32_t t = 0; t < kLeaseTiers; ++t) {
     if (t == kLeaseHost && !allow_host) break;
     const GroupCacheTier& tier = tiers[t];

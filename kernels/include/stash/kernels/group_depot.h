@@ -139,7 +139,8 @@ STASH_HOST_DEVICE void TagStore(uint32_t& word, uint32_t value) {
 STASH_HOST_DEVICE bool TagSwap(uint32_t& tag, uint32_t from, uint32_t to) {
 #if defined(__CUDA_ARCH__)
   __threadfence_system();
-  const bool ok = atomicCAS(&tag, from, to) == from;
+  // System scope: other processes' kernels (other programs) claim in the same depot.
+  const bool ok = atomicCAS_system(&tag, from, to) == from;
   __threadfence_system();
   return ok;
 #else
@@ -149,7 +150,7 @@ STASH_HOST_DEVICE bool TagSwap(uint32_t& tag, uint32_t from, uint32_t to) {
 
 STASH_HOST_DEVICE void HintAdd(uint32_t& hint, int32_t delta) {
 #if defined(__CUDA_ARCH__)
-  atomicAdd(&hint, static_cast<uint32_t>(delta));
+  atomicAdd_system(&hint, static_cast<uint32_t>(delta));
 #else
   __atomic_fetch_add(&hint, static_cast<uint32_t>(delta), __ATOMIC_RELAXED);
 #endif
@@ -157,8 +158,8 @@ STASH_HOST_DEVICE void HintAdd(uint32_t& hint, int32_t delta) {
 
 STASH_HOST_DEVICE void CounterAdd(uint64_t& counter, uint64_t delta) {
 #if defined(__CUDA_ARCH__)
-  atomicAdd(reinterpret_cast<unsigned long long*>(&counter),  // NOLINT(google-runtime-int)
-            static_cast<unsigned long long>(delta));          // NOLINT(google-runtime-int)
+  atomicAdd_system(reinterpret_cast<unsigned long long*>(&counter),  // NOLINT(google-runtime-int)
+                   static_cast<unsigned long long>(delta));          // NOLINT(google-runtime-int)
 #else
   __atomic_fetch_add(&counter, delta, __ATOMIC_RELAXED);
 #endif
@@ -167,11 +168,12 @@ STASH_HOST_DEVICE void CounterAdd(uint64_t& counter, uint64_t delta) {
 // claimed += delta (delta may be "negative" in two's complement), and the high water follows.
 STASH_HOST_DEVICE void AccountClaimed(GroupHeader& h, uint64_t delta) {
 #if defined(__CUDA_ARCH__)
-  const uint64_t now = atomicAdd(reinterpret_cast<unsigned long long*>(&h.claimed),  // NOLINT
-                                 static_cast<unsigned long long>(delta)) +           // NOLINT
-                       delta;
-  atomicMax(reinterpret_cast<unsigned long long*>(&h.claimed_high_water),  // NOLINT
-            static_cast<unsigned long long>(now));                         // NOLINT
+  const uint64_t now =
+      atomicAdd_system(reinterpret_cast<unsigned long long*>(&h.claimed),  // NOLINT
+                       static_cast<unsigned long long>(delta)) +           // NOLINT
+      delta;
+  atomicMax_system(reinterpret_cast<unsigned long long*>(&h.claimed_high_water),  // NOLINT
+                   static_cast<unsigned long long>(now));                         // NOLINT
 #else
   const uint64_t now = __atomic_add_fetch(&h.claimed, delta, __ATOMIC_RELAXED);
   uint64_t seen = __atomic_load_n(&h.claimed_high_water, __ATOMIC_RELAXED);

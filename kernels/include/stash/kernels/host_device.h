@@ -9,4 +9,12 @@
 #define STASH_HOST_DEVICE inline
 #endif
 
+// Before a loop over a small fixed count (the lease tiers) whose body indexes a local array: nvcc
+// unrolls it, so the array stays in registers instead of local memory. Nothing on the host.
+#if defined(__CUDA_ARCH__)
+#define STASH_UNROLL _Pragma("unroll")
+#else
+#define STASH_UNROLL
+#endif
+
 #endif  // STASH_KERNELS_HOST_DEVICE_H_

@@ -236,10 +236,13 @@ STASH_HOST_DEVICE void RefillMappedGroup(const MappedStashArgs& a) {
   const int64_t count = a.d_count != nullptr ? *a.d_count : a.count;
   const uint64_t pages = StashPagesNeeded(count, a.divisor, a.max_rows, a.row_bytes, s.page_bytes);
   GroupCacheTier tiers[kLeaseTiers];
-  for (uint32_t t = 0; t < kLeaseTiers; ++t)
+  STASH_UNROLL
+  for (uint32_t t = 0; t < kLeaseTiers; ++t) {
     tiers[t] = GroupTierOf(s.d_group, t, TierAt(s, t).d_ring);
+  }
   const GroupRefill r =
       RefillForStash(tiers, s.d_group->tag, pages, s.allow_host != 0, s.d_group->chunk_pages);
+  STASH_UNROLL
   for (uint32_t t = 0; t < kLeaseTiers; ++t) AccountGroupPages(s, t, r.claimed[t], r.flushed[t]);
   s.d_state->group_dry = r.device_missed > 0 ? 1 : 0;
 }
