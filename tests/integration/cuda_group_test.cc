@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -154,6 +155,85 @@ TEST_F(CudaGroups, ADryDepotGrowsIntoTheHostTierAndAGraphCapturedBeforeUsesIt) {
   EXPECT_EQ(Host(kept_dst, rows * kRow), kept_data);
   EXPECT_EQ(d_->GraphExecDestroy(exec), CUDA_SUCCESS);
   EXPECT_EQ(d_->GraphDestroy(graph), CUDA_SUCCESS);
+}
+
+// Eight ranks of one job on one GPU, their forward stashes and backward reloads captured as
+// graphs (one each) and replayed step after step, with the hot rank (10x the others' rows)
+// moving every step: the sum of a step's stashes fits the group's memory, no rank's peak fits a
+// private eighth of it. No replay overflows, every reload is byte-exact, and the daemon shows
+// the one group of eight.
+TEST_F(CudaGroups, EightRanksReplayGraphsWithAHotRankThatMovesAndNeverOverflow) {
+  StartDaemon({"--pool-bytes=16MiB"});  // 8 chunks: the group takes 7 (224 pages)
+  constexpr int kRanks = 8;
+  // Rows (16 a page): 12 pages a cold rank, 120 the hot one; 204 of the group's 224 in all, where
+  // a private eighth would be 28.
+  constexpr uint64_t kCold = 12 * 16, kHot = 10 * kCold;
+  struct Rank {
+    std::unique_ptr<Client> client;
+    CUdeviceptr src = 0, dst = 0, count = 0;
+    CUgraphExec stash = nullptr, reload = nullptr;
+    std::vector<CUgraph> graphs;
+  };
+  std::vector<Rank> ranks(kRanks);
+  auto capture = [&](const std::function<void()>& enqueue, Rank& r) {
+    CUgraph graph = nullptr;
+    EXPECT_EQ(d_->StreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    enqueue();
+    EXPECT_EQ(d_->StreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+    CUgraphExec exec = nullptr;
+    EXPECT_EQ(d_->GraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+    r.graphs.push_back(graph);
+    return exec;
+  };
+  for (int i = 0; i < kRanks; ++i) {
+    Rank& r = ranks[i];
+    r.client = OpenOther(Member());
+    ASSERT_NE(r.client, nullptr);
+    r.src = Device(std::vector<uint8_t>(kHot * kRow, 0));
+    r.dst = Device(std::vector<uint8_t>(kHot * kRow, 0));
+    r.count = Device(std::vector<uint8_t>(sizeof(int64_t), 0));
+    uint64_t ticket = 0;
+    r.stash = capture(
+        [&] {
+          StashArgs a = Args(r.src, 0, kHot);
+          a.count.device_count = reinterpret_cast<const void*>(r.count);  // NOLINT
+          auto t = r.client->Stash(a);
+          ASSERT_TRUE(t.ok()) << t.status().ToString();
+          ticket = *t;
+        },
+        r);
+    r.reload = capture([&] { ASSERT_TRUE(r.client->Reload(Into(ticket, r.dst)).ok()); }, r);
+  }
+  EXPECT_EQ(Group().members(), static_cast<uint32_t>(kRanks));
+  EXPECT_EQ(Gpu().chunks_leased(), 7u);
+  for (int step = 0; step < 16; ++step) {
+    const int hot = step % kRanks;
+    std::vector<std::vector<uint8_t>> data(kRanks);
+    for (int i = 0; i < kRanks; ++i) {
+      const int64_t rows = static_cast<int64_t>(i == hot ? kHot : kCold);
+      data[i] = Pattern(static_cast<uint64_t>(rows) * kRow, static_cast<uint8_t>(step * 8 + i));
+      ASSERT_EQ(d_->MemcpyHtoD(ranks[i].src, data[i].data(), data[i].size()), CUDA_SUCCESS);
+      ASSERT_EQ(d_->MemcpyHtoD(ranks[i].count, &rows, sizeof(rows)), CUDA_SUCCESS);
+    }
+    ASSERT_EQ(d_->StreamSynchronize(CU_STREAM_LEGACY), CUDA_SUCCESS);
+    for (Rank& r : ranks) ASSERT_EQ(d_->GraphLaunch(r.stash, stream_), CUDA_SUCCESS);
+    // Every rank's activation is in the group's pages now: the sources change.
+    ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+    for (Rank& r : ranks) ASSERT_EQ(d_->MemsetD8Async(r.src, 0xee, kHot * kRow, stream_), 0);
+    for (int i = kRanks; i-- > 0;) ASSERT_EQ(d_->GraphLaunch(ranks[i].reload, stream_), 0);
+    for (int i = 0; i < kRanks; ++i) {
+      EXPECT_FALSE(Flags(*ranks[i].client).overflow) << "rank " << i << ", step " << step;
+      const std::vector<uint8_t> got = Host(ranks[i].dst, data[i].size());
+      EXPECT_EQ(got, data[i]) << "rank " << i << ", step " << step;
+      ASSERT_TRUE(ranks[i].client->BeginStep(step + 1, stream_).ok());
+    }
+  }
+  EXPECT_GE(Group().pages_claimed_high_water(), kHot / 16 + 7 * kCold / 16);
+  for (Rank& r : ranks) {
+    EXPECT_EQ(d_->GraphExecDestroy(r.stash), CUDA_SUCCESS);
+    EXPECT_EQ(d_->GraphExecDestroy(r.reload), CUDA_SUCCESS);
+    for (CUgraph g : r.graphs) EXPECT_EQ(d_->GraphDestroy(g), CUDA_SUCCESS);
+  }
 }
 
 // A rank in another process churns (stashes, reloads, a release each step) and is SIGKILLed at
