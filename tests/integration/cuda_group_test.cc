@@ -106,8 +106,9 @@ TEST_F(CudaGroups, RanksOnOneGpuStashIntoPagesTheOtherReleasedWithinAStep) {
 }
 
 // A stash past what is left of the GPU's pool finds the depot dry: the daemon grows the group with
-// chunks of the GPU's share of the host tier, and a graph captured before replays into them.
-TEST_F(CudaGroups, ADryDepotGrowsIntoTheHostTierAndAGraphCapturedBeforeUsesIt) {
+// chunks of the GPU's share of the host tier, and a graph captured before replays into them. Once
+// the steps stash little, the group gives them back: off the board, unmapped, home.
+TEST_F(CudaGroups, ADryDepotGrowsIntoTheHostTierAGraphCapturedBeforeUsesItAndItShrinksBack) {
   StartDaemon({"--host-tier-bytes=16MiB"});  // 4 host chunks for each of the stand-in's 2 GPUs
   Open(Member(/*host=*/true));
   EXPECT_EQ(Gpu().chunks_leased(), 3u);
@@ -155,6 +156,30 @@ TEST_F(CudaGroups, ADryDepotGrowsIntoTheHostTierAndAGraphCapturedBeforeUsesIt) {
   EXPECT_EQ(Host(kept_dst, rows * kRow), kept_data);
   EXPECT_EQ(d_->GraphExecDestroy(exec), CUDA_SUCCESS);
   EXPECT_EQ(d_->GraphDestroy(graph), CUDA_SUCCESS);
+  ASSERT_TRUE(client_->GraphsDestroyed().ok());
+
+  // Steps that stash a page: after three of them the group gives back what it does not use,
+  // the host tier's chunks first; the rank unmaps them at a step boundary and they go home.
+  const CUdeviceptr one = Device(Pattern(16 * kRow, 1));
+  uint64_t step = 1000;
+  for (int i = 0; i < 60 && (HostShare().chunks_leased() > 0 || Gpu().chunks_leased() > 2); ++i) {
+    ASSERT_TRUE(client_->BeginStep(++step, stream_).ok());
+    auto t = client_->Stash(Args(one, 16, 16));
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(client_->Reload(Into(*t, dst)).ok());
+    ASSERT_EQ(d_->StreamSynchronize(stream_), CUDA_SUCCESS);
+  }
+  EXPECT_EQ(HostShare().chunks_leased(), 0u) << "the group kept host chunks it stopped using";
+  EXPECT_EQ(Gpu().chunks_leased(), 2u)
+      << "and GPU chunks past its need (a page + a chunk's margin)";
+  EXPECT_EQ(Group().chunks_leaving(), 0u) << "every chunk taken back was unmapped and returned";
+  // Stashes still come back exact from what is left.
+  const std::vector<uint8_t> again = Pattern(kRowsPerChunk * kRow, 9);
+  auto t = client_->Stash(Args(Device(again), kRowsPerChunk, kRowsPerChunk));
+  ASSERT_TRUE(t.ok());
+  const CUdeviceptr again_dst = Device(std::vector<uint8_t>(again.size(), 0));
+  ASSERT_TRUE(client_->Reload(Into(*t, again_dst)).ok());
+  EXPECT_EQ(Host(again_dst, again.size()), again);
 }
 
 // Eight ranks of one job on one GPU, their forward stashes and backward reloads captured as
