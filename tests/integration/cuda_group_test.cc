@@ -261,6 +261,58 @@ TEST_F(CudaGroups, EightRanksReplayGraphsWithAHotRankThatMovesAndNeverOverflow) 
   }
 }
 
+// The daemon dies mid-step: the ranks go on with the group's chunks and depot they map (a stash
+// made before reloads); at the first boundary with nothing live each moves to the restarted
+// daemon's group (the old chunks off the board, unmapped, the new depot joined), and the two
+// share again there.
+TEST_F(CudaGroups, AfterADaemonRestartTheRanksShareTheNewDaemonsGroup) {
+  const std::string socket = "--socket=" + registry_.path() + "/stashd.sock";
+  StartDaemon({socket});
+  Open(Member());
+  b_ = OpenOther(Member());
+  ASSERT_NE(b_, nullptr);
+  const std::string a_first = client_->session_id(), b_first = b_->session_id();
+  const uint64_t rows = 3 * kRowsPerChunk;
+  const std::vector<uint8_t> data = Pattern(rows * kRow, 21);
+  const CUdeviceptr src = Device(data);
+  const CUdeviceptr dst = Device(std::vector<uint8_t>(rows * kRow, 0));
+  auto held = client_->Stash(Args(src, rows, rows));
+  ASSERT_TRUE(held.ok());
+  ASSERT_FALSE(Flags(*client_).overflow);
+  ASSERT_EQ(kill(daemon_->process().pid(), SIGKILL), 0);
+  daemon_->process().Wait(std::chrono::seconds(10));
+  daemon_.reset();
+  StartDaemon({socket});
+  ASSERT_TRUE(client_->BeginStep(1, stream_).ok());
+  ASSERT_TRUE(client_->Reload(Into(*held, dst)).ok());
+  EXPECT_EQ(Host(dst, rows * kRow), data) << "a stash made before the restart";
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  for (uint64_t step = 2;
+       (client_->session_id() == a_first || b_->session_id() == b_first) && Clock::now() < deadline;
+       ++step) {
+    ASSERT_TRUE(client_->BeginStep(step, stream_).ok());
+    ASSERT_TRUE(b_->BeginStep(step, stream_).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_NE(client_->session_id(), a_first) << "no new session within 10 s";
+  ASSERT_NE(b_->session_id(), b_first) << "no new session within 10 s";
+  ASSERT_TRUE(client_->BeginStep(100, stream_).ok());
+  ASSERT_TRUE(b_->BeginStep(100, stream_).ok());
+  EXPECT_EQ(Group().members(), 2u);
+  EXPECT_EQ(Gpu().chunks_leased(), 3u);
+  // The whole new group's memory to one rank, then to the other once it reloaded.
+  for (Client* c : {client_.get(), b_.get()}) {
+    ASSERT_EQ(d_->MemcpyHtoD(src, data.data(), data.size()), CUDA_SUCCESS);
+    ASSERT_EQ(d_->StreamSynchronize(CU_STREAM_LEGACY), CUDA_SUCCESS);
+    auto t = c->Stash(Args(src, rows, rows));
+    ASSERT_TRUE(t.ok());
+    EXPECT_FALSE(Flags(*c).overflow) << "the new group's pages";
+    ASSERT_EQ(d_->MemsetD8Async(src, 0xee, rows * kRow, stream_), CUDA_SUCCESS);
+    ASSERT_TRUE(c->Reload(Into(*t, dst)).ok());
+    EXPECT_EQ(Host(dst, rows * kRow), data);
+  }
+}
+
 // A rank in another process churns (stashes, reloads, a release each step) and is SIGKILLed at
 // random points, mid-claim or mid-release in its kernels at some kill: within a second of each
 // kill this rank stashes the whole group's memory (every page the dead rank's tag owned is back,

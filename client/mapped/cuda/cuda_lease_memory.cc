@@ -149,11 +149,7 @@ CudaLeaseMemory::~CudaLeaseMemory() {
     }
   }
   for (CUevent event : spare_events_) driver_->EventDestroy(event);
-  if (depot_.base != nullptr) {
-    const auto at = reinterpret_cast<CUdeviceptr>(depot_.base);
-    driver_->MemUnmap(at, depot_.bytes);
-    driver_->MemAddressFree(at, depot_.bytes);
-  }
+  UnmapDepotLocked();
   for (uint32_t tier = 0; tier < kernels::kLeaseTiers; ++tier) {
     const Range& r = ranges_[tier];
     if (r.base == nullptr) continue;
@@ -280,6 +276,20 @@ Status CudaLeaseMemory::MapDevice(uint32_t tier, uint64_t slot, int fd, uint64_t
     return Annotate(step, "releasing the imported handle of a " + what);
   }
   return Status::Ok();
+}
+
+void CudaLeaseMemory::UnmapDepotLocked() {
+  if (depot_.base == nullptr) return;
+  const auto at = reinterpret_cast<CUdeviceptr>(depot_.base);
+  driver_->MemUnmap(at, depot_.bytes);
+  driver_->MemAddressFree(at, depot_.bytes);
+  depot_ = Range{};
+}
+
+void CudaLeaseMemory::UnmapDepot() {
+  const PrimaryContext::Scope scope(context_);
+  MutexLock lock(&mu_);
+  UnmapDepotLocked();
 }
 
 StatusOr<CUdeviceptr> CudaLeaseMemory::MapDepot(UniqueFd fd, uint64_t bytes) {

@@ -121,8 +121,12 @@ class CudaLeaseMemory {
   // Groups: maps the group's depot on this GPU (`fd`, a VMM allocation of this GPU, `bytes`
   // long, rounded up to the allocation granularity) at an address of its own, read-write for
   // this GPU, until the object is destroyed (after every kernel that claims in it: the owner
-  // synchronized its streams). Once: FAILED_PRECONDITION after. Returns its device address.
+  // synchronized its streams). One at a time: FAILED_PRECONDITION until UnmapDepot. Returns its
+  // device address.
   StatusOr<CUdeviceptr> MapDepot(UniqueFd fd, uint64_t bytes);
+  // Unmaps it (the session left its group: no queued work names it any more); MapDepot may map
+  // another after.
+  void UnmapDepot();
 
   enum class SlotState { kFree, kMapping, kMapped, kUnmapping };
   SlotState slot_state(uint32_t tier, uint64_t slot) const;
@@ -162,6 +166,7 @@ class CudaLeaseMemory {
     return reinterpret_cast<CUdeviceptr>(ranges_[tier].base + slot * chunk_bytes_);
   }
   Status CheckSlot(uint32_t tier, uint64_t slot) const;
+  void UnmapDepotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // context current
   StatusOr<CUevent> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GiveEvent(CUevent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An event recorded on `stream` behind all its work so far; null when the stream captures,

@@ -355,12 +355,20 @@ StatusOr<std::vector<uint64_t>> CudaMappedSession::RetireChunks(void* gpu_stream
     MutexLock lock(&mu_);
     PrimaryContext::Scope scope(*context_);
     STASH_RETURN_IF_ERROR(scope.status());
+    // A group's chunks come off the board first (with its depot: the next session joins its own
+    // daemon's group), then are unmapped behind the work that may name them, as the others.
+    (void)copier_->LeaveGroup();
+    group_joined_ = false;
     for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
       targets_[t] = kNoTarget;
       std::vector<SlotInfo>& slots = slots_[t];
       for (uint64_t s = 0; s < slots.size(); ++s) {
         if (slots[s].state == Slot::kFree) continue;
         slots[s].old = true;
+        if (slots[s].group && slots[s].state == Slot::kInRing) {
+          if (memory_->Unmap(t, s, stream).ok()) slots[s].state = Slot::kUnmapping;
+          continue;
+        }
         if (slots[s].state == Slot::kInRing &&
             copier_->RemoveChunk(stream, t, s, slots[s].bytes).ok()) {
           slots[s].state = Slot::kRemoving;
@@ -390,6 +398,7 @@ StatusOr<std::vector<uint64_t>> CudaMappedSession::RetireChunks(void* gpu_stream
   MutexLock lock(&mu_);
   PrimaryContext::Scope scope(*context_);
   STASH_RETURN_IF_ERROR(scope.status());
+  memory_->UnmapDepot();  // no kernel claims there any more: the stream ran past LeaveGroup
   CudaLeaseMemory::Reaped reaped = memory_->Reap();
   for (const CudaLeaseMemory::SlotRef& r : reaped.freed) {
     ids.push_back(slots_[r.tier][r.slot].chunk_id);

@@ -37,6 +37,15 @@ Status Refuse(const std::string& what) {
                               "order (StashArgs.device_source, device_count, stream)");
 }
 
+// The bytes of each lease tier's address range: the lease quota's; a group's member maps the
+// group's chunks at their places of its pool and of its GPU's host tier share, so ranges as
+// large as those (addresses only: the group decides what is mapped), and no peer tier.
+std::array<uint64_t, kernels::kLeaseTiers> RangeBytes(const Options& options,
+                                                      const v1::Welcome& w) {
+  if (options.group.empty()) return LeaseTierBytes(w);
+  return {w.pool_pages() * w.page_bytes(), w.chunk_bytes(), w.host_tier_pages() * w.page_bytes()};
+}
+
 bool Capturing(const CudaDriver* driver, CUstream stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   // An error counts as capturing: the lease changes wait for a later boundary.
@@ -67,15 +76,9 @@ StatusOr<std::unique_ptr<ModeSession>> CudaMappedSession::Open(const Options& op
   const v1::Welcome& w = stream->welcome;
   STASH_RETURN_IF_ERROR(CheckLeasesChunks(w, stream->socket));
   s->page_bytes_ = w.page_bytes();
-  std::array<uint64_t, kernels::kLeaseTiers> tier_bytes = LeaseTierBytes(w);
-  if (!options.group.empty()) {
-    // A group's member maps the group's chunks at their places of its pool and of its GPU's
-    // host tier: ranges as large as those (addresses only; the group decides what is mapped).
-    tier_bytes = {w.pool_pages() * w.page_bytes(), w.chunk_bytes(),
-                  w.host_tier_pages() * w.page_bytes()};
-  }
   STASH_ASSIGN_OR_RETURN(
-      s->memory_, CudaLeaseMemory::Create(s->driver_, options.device, w.chunk_bytes(), tier_bytes));
+      s->memory_,
+      CudaLeaseMemory::Create(s->driver_, options.device, w.chunk_bytes(), RangeBytes(options, w)));
   StreamCopier::Geometry g;
   g.page_bytes = w.page_bytes();
   g.chunk_bytes = w.chunk_bytes();
@@ -437,7 +440,7 @@ Status CudaMappedSession::OpenFresh(Fresh* fresh) {
   STASH_ASSIGN_OR_RETURN(fresh->stream, SessionStream::Open(options_, v1::MODE_MAPPED, cuda_));
   const v1::Welcome& w = fresh->stream->welcome;
   Status st = CheckLeasesChunks(w, fresh->stream->socket);
-  const std::array<uint64_t, kernels::kLeaseTiers> tiers = LeaseTierBytes(w);
+  const std::array<uint64_t, kernels::kLeaseTiers> tiers = RangeBytes(options_, w);
   for (uint32_t t = 0; st.ok() && t < kernels::kLeaseTiers; ++t) {
     if (w.page_bytes() != page_bytes_ || w.chunk_bytes() != memory_->chunk_bytes() ||
         tiers[t] > memory_->slots(t) * memory_->chunk_bytes()) {

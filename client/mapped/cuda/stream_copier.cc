@@ -623,9 +623,33 @@ void StreamCopier::RewriteBoard(Change change) {
   __atomic_store_n(&board[0], gen + 2, __ATOMIC_RELEASE);
 }
 
+bool StreamCopier::InGroup() const {
+  const auto& b = *reinterpret_cast<const kernels::MappedGroupHeader*>(board_shadow_.data());
+  if (b.generation == 0) return false;
+  for (const kernels::GroupView& depot : b.depot) {
+    if (depot.tags != nullptr) return true;
+  }
+  return false;
+}
+
 bool StreamCopier::grouped() const {
   MutexLock lock(&group_mu_);
-  return reinterpret_cast<const kernels::MappedGroupHeader*>(board_shadow_.data())->generation != 0;
+  return InGroup();
+}
+
+std::vector<std::pair<uint32_t, kernels::GroupChunkRef>> StreamCopier::LeaveGroup() {
+  std::vector<std::pair<uint32_t, kernels::GroupChunkRef>> left;
+  MutexLock lock(&group_mu_);
+  if (!InGroup()) return left;
+  RewriteBoard([&](kernels::MappedGroupHeader& h) {
+    for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
+      const kernels::GroupChunkRef* refs = kernels::GroupRefs(&h) + h.refs_first[t];
+      for (uint64_t i = 0; i < h.refs_count[t]; ++i) left.emplace_back(t, refs[i]);
+      h.refs_count[t] = 0;
+      h.depot[t] = kernels::GroupView{};
+    }
+  });
+  return left;
 }
 
 Status StreamCopier::JoinGroup(uint32_t tag, uint64_t chunk_pages,
@@ -639,9 +663,7 @@ Status StreamCopier::JoinGroup(uint32_t tag, uint64_t chunk_pages,
                                 std::to_string(geometry_.chunk_bytes / geometry_.page_bytes));
   }
   MutexLock lock(&group_mu_);
-  if (reinterpret_cast<const kernels::MappedGroupHeader*>(board_shadow_.data())->generation != 0) {
-    return FailedPreconditionError("this session joined its group already");
-  }
+  if (InGroup()) return FailedPreconditionError("this session joined its group already");
   for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
     for (SlotState slot : slots_[t]) {
       if (slot != SlotState::kAbsent) {
@@ -669,7 +691,7 @@ Status StreamCopier::AddGroupChunk(uint32_t tier, const kernels::GroupChunkRef& 
   const uint64_t chunk_pages = geometry_.chunk_bytes / geometry_.page_bytes;
   MutexLock lock(&group_mu_);
   auto& b = *reinterpret_cast<kernels::MappedGroupHeader*>(board_shadow_.data());
-  if (b.generation == 0) return FailedPreconditionError("this session is in no group yet");
+  if (!InGroup()) return FailedPreconditionError("this session is in no group");
   const uint64_t range_pages = geometry_.tier_slots[tier] * chunk_pages;
   if (b.depot[tier].tags == nullptr || ref.pages == 0 || ref.pages > chunk_pages ||
       ref.first_page < b.first_page[tier] ||

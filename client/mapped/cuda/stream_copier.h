@@ -178,8 +178,8 @@ class StreamCopier {
   // `tiers[t].depot` holds device addresses this GPU reaches with native atomics (tags null: the
   // tier takes nothing from a depot); `tiers[t].first_page` is the group page of the tier's range
   // start (Geometry.tier_base: group page P of the tier is at tier_base + (P - first_page) *
-  // page_bytes). Once per copier (FAILED_PRECONDITION after), before any chunk is added to a
-  // tier's ring the old way; at any time else, also while a stream captures. AddGroupChunk may
+  // page_bytes). Once per group (FAILED_PRECONDITION until LeaveGroup), before any chunk is added
+  // to a tier's ring the old way; at any time else, also while a stream captures. AddGroupChunk may
   // be called from any thread (the lease thread maps chunks mid-step); the others as the rest.
   struct GroupTier {
     kernels::GroupView depot{};
@@ -194,6 +194,11 @@ class StreamCopier {
   // or is not whole pages of a chunk; ALREADY_EXISTS when it is on the board; RESOURCE_EXHAUSTED
   // when the tier's board is full.
   Status AddGroupChunk(uint32_t tier, const kernels::GroupChunkRef& ref);
+  // The session leaves its group (its daemon drained or died, no stash live): every chunk comes
+  // off the board and the depot with them, so no kernel enqueued from now on claims or names
+  // them; returns them, to unmap behind the work enqueued so far. JoinGroup may then join a new
+  // group (a new daemon's).
+  std::vector<std::pair<uint32_t, kernels::GroupChunkRef>> LeaveGroup();
   // The chunks the last step kernel found leaving the group (the daemon took all their pages
   // back), taken off the board: no kernel enqueued from now on names them. Unmap each behind the
   // work enqueued so far, then give it back. Empty when the step kernel has not reported the
@@ -266,6 +271,8 @@ class StreamCopier {
   uint64_t group_refs_capacity_ = 0;
   mutable Mutex group_mu_;
   std::vector<uint8_t> board_shadow_;  // what the board says (its generation: the last whole one)
+  // Whether the board names a depot (group_mu_ held).
+  bool InGroup() const;
   // Rewrites the board: `change` runs between the odd and the even generation.
   template <typename Change>
   void RewriteBoard(Change change);
