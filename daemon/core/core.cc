@@ -109,6 +109,18 @@ void AddConfigEntries(const DaemonConfig& config, v1::GetConfigResponse* out) {
   }
 }
 
+namespace {
+
+// On the cuda backend each group has a depot in every GPU's memory, outside the pools (4 bytes a
+// page of the node): a user's groups at once are fewer there (a job has one per node).
+GroupRegistry::Limits GroupLimitsFor(v1::Backend backend) {
+  GroupRegistry::Limits limits;
+  if (backend == v1::BACKEND_CUDA) limits.groups_per_uid = 16;
+  return limits;
+}
+
+}  // namespace
+
 DaemonCore::DaemonCore(const DaemonConfig& config, v1::Backend backend, std::string socket_path)
     : config_(config),
       backend_(backend),
@@ -116,7 +128,8 @@ DaemonCore::DaemonCore(const DaemonConfig& config, v1::Backend backend, std::str
       start_(std::chrono::steady_clock::now()),
       max_lease_bytes_(config.max_lease_bytes != 0
                            ? config.max_lease_bytes / config.page_bytes * config.page_bytes
-                           : config.pool_bytes / config.page_bytes * config.page_bytes) {
+                           : config.pool_bytes / config.page_bytes * config.page_bytes),
+      groups_(GroupLimitsFor(backend)) {
   limits_.backend = backend;
   limits_.max_inflight = config.max_inflight;
   // Registrations in all: half the mappings the kernel allows, the rest stays for the daemon's

@@ -72,6 +72,7 @@ class CudaGroupBlock final : public GroupBlock {
   StatusOr<UniqueFd> Export(int pool) override;
   // Pool `pool`'s GPU's 16 raw UUID bytes; empty for a pool with no depot.
   std::string gpu_uuid(int pool) const override;
+  size_t DepotOf(int pool) const override { return pool < 0 ? 0 : static_cast<size_t>(pool); }
   void Join(size_t tier, uint64_t chunk, uint64_t pages, int pool) override;
   bool Take(size_t tier, uint64_t chunk, uint64_t pages) override;
   void Out(size_t tier, uint64_t chunk) override;

@@ -60,6 +60,9 @@ class GroupBlock {
   // answer; `gpu_uuid` the 16 raw bytes of the GPU it lives on (empty: host memory).
   virtual StatusOr<UniqueFd> Export(int pool) = 0;
   virtual std::string gpu_uuid(int /*pool*/) const { return {}; }
+  // Which depot the members of pool `pool` claim in (0 .. depots() - 1): one for all on the host
+  // backend, their GPU's on the cuda backend.
+  virtual size_t DepotOf(int /*pool*/) const { return 0; }
   // Chunk `chunk` of `tier` (`pages` pages) joins the group: free for members to claim. `pool`:
   // the device of the members it joins for (whose depot holds a host chunk's tags on GPUs).
   virtual void Join(size_t tier, uint64_t chunk, uint64_t pages, int pool) = 0;

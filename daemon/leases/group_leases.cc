@@ -47,8 +47,8 @@ Leases::Group* Leases::JoinGroup(Holder& h, const LeaseHolder& who, Status* stat
     g->uid = who.uid;
     g->name = who.group;
     g->block = std::move(block).value();
-    g->dry_seen.assign(pools_, 0);
-    g->dry_pages_seen.assign(pools_, 0);
+    g->dry_seen.assign(std::max<size_t>(pools_, 1), 0);
+    g->dry_pages_seen.assign(std::max<size_t>(pools_, 1), 0);
     it = groups_.emplace(who.group_id, std::move(g)).first;
     Log("pool")->info("group {} ({}): formed by session {}", who.group, who.group_id,
                       who.session_id);
@@ -132,11 +132,12 @@ DescriptorReply Leases::LeaseGroup(Holder& h, const LeaseHolder& who,
     // The member's own depot's counters (one depot for all on the host backend, its GPU's on
     // the cuda backend).
     const GroupBlock::Counters counters = g.block->Read(g.block->pages(), h.pool);
-    const bool dry = counters.dry != g.dry_seen[own];
+    const size_t depot = std::min(g.block->DepotOf(h.pool), g.dry_seen.size() - 1);
+    const bool dry = counters.dry != g.dry_seen[depot];
     const uint64_t missed =
-        counters.dry_pages - std::min(counters.dry_pages, g.dry_pages_seen[own]);
-    g.dry_seen[own] = counters.dry;
-    g.dry_pages_seen[own] = counters.dry_pages;
+        counters.dry_pages - std::min(counters.dry_pages, g.dry_pages_seen[depot]);
+    g.dry_seen[depot] = counters.dry;
+    g.dry_pages_seen[depot] = counters.dry_pages;
     const bool has_own = std::any_of(g.chunks.begin(), g.chunks.end(),
                                      [&](uint64_t id) { return TierOfId(id) == own; });
     uint64_t grown = 0;

@@ -136,7 +136,7 @@ TEST_F(CudaGroups, ADryDepotGrowsIntoTheHostTierAGraphCapturedBeforeUsesItAndItS
   // Replays until the group grew (the first finds the depot dry and asks); each reloads the
   // kept source when it overflowed, so the bytes are right every time.
   bool placed = false;
-  for (int replay = 0; replay < 100 && !placed; ++replay) {
+  for (int replay = 0; replay < 100 * TimeScale() && !placed; ++replay) {
     ASSERT_EQ(d_->MemsetD8Async(dst, 0, rows * kRow, stream_), CUDA_SUCCESS);
     ASSERT_EQ(d_->GraphLaunch(exec, stream_), CUDA_SUCCESS);
     const StepFlags flags = Flags(*client_);
@@ -286,7 +286,7 @@ TEST_F(CudaGroups, AfterADaemonRestartTheRanksShareTheNewDaemonsGroup) {
   ASSERT_TRUE(client_->BeginStep(1, stream_).ok());
   ASSERT_TRUE(client_->Reload(Into(*held, dst)).ok());
   EXPECT_EQ(Host(dst, rows * kRow), data) << "a stash made before the restart";
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  const auto deadline = Clock::now() + std::chrono::seconds(10 * TimeScale());
   for (uint64_t step = 2;
        (client_->session_id() == a_first || b_->session_id() == b_first) && Clock::now() < deadline;
        ++step) {

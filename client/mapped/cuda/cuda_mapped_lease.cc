@@ -43,7 +43,7 @@ std::vector<uint64_t> CudaMappedSession::Apply(LeaseAnswer& answer, const Sessio
   for (LeaseAnswer::Chunk& c : answer.chunks) {
     const uint32_t tier = LeaseTierOf(c.tier);
     if (c.group_page.has_value()) {
-      if (!MapGroupChunk(tier, c, first)) give_back.push_back(c.id);
+      if (!MapGroupChunk(tier, c, from, first)) give_back.push_back(c.id);
       continue;
     }
     int owner = -1;
@@ -149,8 +149,12 @@ Status CudaMappedSession::JoinGroup(LeaseAnswer& answer) {
   MutexLock lock(&mu_);
   PrimaryContext::Scope scope(*context_);
   STASH_RETURN_IF_ERROR(scope.status());
-  STASH_RETURN_IF_ERROR(
-      copier_->JoinGroup(answer.member_tag, memory_->chunk_bytes() / page_bytes_, tiers));
+  const Status joined =
+      copier_->JoinGroup(answer.member_tag, memory_->chunk_bytes() / page_bytes_, tiers);
+  if (!joined.ok()) {
+    memory_->UnmapDepot();  // named by no board
+    return joined;
+  }
   for (uint32_t t = 0; t < kernels::kLeaseTiers; ++t) {
     group_first_page_[t] = answer.group_tier_first_page[t];
   }
@@ -158,7 +162,8 @@ Status CudaMappedSession::JoinGroup(LeaseAnswer& answer) {
   return Status::Ok();
 }
 
-bool CudaMappedSession::MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c, Status* first) {
+bool CudaMappedSession::MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c,
+                                      const SessionStream* from, Status* first) {
   auto fail = [first](const Status& st) {
     if (first->ok()) *first = st;
     return false;
@@ -168,13 +173,15 @@ bool CudaMappedSession::MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c, Stat
   uint64_t slot = 0;
   {
     MutexLock lock(&mu_);
+    // A reconnect came between (this answer is the old session's), or the session ended: back.
+    if (from != stream().get() || ended_drained_) return false;
     if (!group_joined_) {
       return fail(FailedPreconditionError("stashd sent a group chunk before the group's depot"));
     }
-    const uint64_t from = group_first_page_[tier];
-    slot = page >= from ? (page - from) / chunk_pages : UINT64_MAX;
-    if (page < from || (page - from) % chunk_pages != 0 || slot >= slots_[tier].size() ||
-        slots_[tier][slot].state != Slot::kFree) {
+    const uint64_t first_page = group_first_page_[tier];
+    slot = page >= first_page ? (page - first_page) / chunk_pages : UINT64_MAX;
+    if (page < first_page || (page - first_page) % chunk_pages != 0 ||
+        slot >= slots_[tier].size() || slots_[tier][slot].state != Slot::kFree) {
       return fail(InvalidArgumentError("group chunk " + std::to_string(c.id) + " at group page " +
                                        std::to_string(page) +
                                        " has no free place in this session's range of its tier"));
@@ -183,21 +190,25 @@ bool CudaMappedSession::MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c, Stat
   }
   const Status mapped = memory_->Map(tier, slot, std::move(c.fd), c.bytes, memory_->device());
   MutexLock lock(&mu_);
-  Status added = mapped;
-  if (added.ok()) {
-    added = copier_->AddGroupChunk(
-        tier, kernels::GroupChunkRef{page / chunk_pages, page, c.bytes / page_bytes_});
-  }
-  if (!added.ok()) {
-    if (mapped.ok()) {
-      // Mapped but on no board: nothing names it, it goes at once.
-      (void)memory_->Unmap(tier, slot, nullptr);
-      slots_[tier][slot].state = Slot::kUnmapping;
-      slots_[tier][slot].old = false;
-      return fail(added);
-    }
+  if (!mapped.ok()) {
     slots_[tier][slot] = SlotInfo{};
-    return fail(added);
+    return fail(mapped);
+  }
+  // The session changed while the chunk was mapped: it is the old session's.
+  const bool moved = from != stream().get() || ended_drained_ || !group_joined_;
+  const Status added =
+      moved ? Status::Ok()
+            : copier_->AddGroupChunk(
+                  tier, kernels::GroupChunkRef{page / chunk_pages, page, c.bytes / page_bytes_});
+  if (moved || !added.ok()) {
+    // Mapped but on no board: nothing names it. It goes back once it is unmapped (Reap at the
+    // next boundary; an old session's as its orphan), not now.
+    if (!added.ok() && first->ok()) *first = added;
+    slots_[tier][slot].old = moved;
+    slots_[tier][slot].state =
+        memory_->Unmap(tier, slot, nullptr).ok() ? Slot::kUnmapping : Slot::kMapped;
+    if (slots_[tier][slot].state == Slot::kMapped) slots_[tier][slot].old = true;  // retried
+    return true;
   }
   slots_[tier][slot].state = Slot::kInRing;  // on the board: the kernels claim its pages
   return true;

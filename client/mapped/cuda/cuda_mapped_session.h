@@ -188,9 +188,11 @@ class CudaMappedSession final : public ModeSession, private LeaseThreadTwin {
   Status SetControlBlock(UniqueFd fd, uint64_t bytes);
   // Groups: maps the group's depot (its GPU must be this rank's) and joins the copier to it.
   Status JoinGroup(LeaseAnswer& answer);
-  // A group chunk of `answer` into its place of `tier`'s range and onto the copier's board
-  // (lease thread or Open's, mu_ not held). False when it could not: give it back.
-  bool MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c, Status* first);
+  // A group chunk of an answer that came over `from` into its place of `tier`'s range and onto
+  // the copier's board (lease thread or Open's, mu_ not held). False when it is not held: give
+  // it back now; true when it is held, or will be given back once unmapped.
+  bool MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c, const SessionStream* from,
+                     Status* first);
   // The boundary's lease changes on `stream` (not capturing), mu_ held: removal answers read,
   // unmaps reaped, chunks asked back taken out, mapped chunks added. Ids freed go to the lease
   // thread.

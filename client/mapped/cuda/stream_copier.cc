@@ -610,14 +610,15 @@ void StreamCopier::RewriteBoard(Change change) {
   auto* shadow = reinterpret_cast<kernels::MappedGroupHeader*>(board_shadow_.data());
   change(*shadow);
   // The board under its generation: odd while written (an acquire exchange, which no later store
-  // passes), every word (relaxed: a reader that saw a word of this rewrite sees the generation
-  // moved), then even again (a release store, which no earlier store passes).
+  // passes), every word (release stores: a reader that acquires a word of this rewrite then sees
+  // the odd generation, or a later one), then even again (a release store, which no earlier
+  // store passes).
   auto* board = static_cast<uint64_t*>(group_host_);
   const uint64_t gen = shadow->generation;
   __atomic_exchange_n(&board[0], gen + 1, __ATOMIC_ACQ_REL);
   const auto* words = reinterpret_cast<const uint64_t*>(board_shadow_.data());
   for (size_t i = 1; i < board_shadow_.size() / sizeof(uint64_t); ++i) {
-    __atomic_store_n(&board[i], words[i], __ATOMIC_RELAXED);
+    __atomic_store_n(&board[i], words[i], __ATOMIC_RELEASE);
   }
   shadow->generation = gen + 2;
   __atomic_store_n(&board[0], gen + 2, __ATOMIC_RELEASE);

@@ -172,8 +172,11 @@ STASH_HOST_DEVICE void AccountClaimed(GroupHeader& h, uint64_t delta) {
       atomicAdd_system(reinterpret_cast<unsigned long long*>(&h.claimed),  // NOLINT
                        static_cast<unsigned long long>(delta)) +           // NOLINT
       delta;
-  atomicMax_system(reinterpret_cast<unsigned long long*>(&h.claimed_high_water),  // NOLINT
-                   static_cast<unsigned long long>(now));                         // NOLINT
+  // A count gone below zero (a member killed between its swap and this) is no high water.
+  if (now < (uint64_t{1} << 62)) {
+    atomicMax_system(reinterpret_cast<unsigned long long*>(&h.claimed_high_water),  // NOLINT
+                     static_cast<unsigned long long>(now));                         // NOLINT
+  }
 #else
   const uint64_t now = __atomic_add_fetch(&h.claimed, delta, __ATOMIC_RELAXED);
   uint64_t seen = __atomic_load_n(&h.claimed_high_water, __ATOMIC_RELAXED);

@@ -70,6 +70,10 @@ STASH_HOST_DEVICE uint64_t GroupStatesBytes(uint64_t refs_capacity) {
   return sizeof(MappedGroupStates) + (refs_capacity * sizeof(uint32_t) + 15) / 16 * 16;
 }
 
+// How many times SyncMappedGroup reads the board before it gives up (each try is a read of host
+// memory, about a microsecond from a GPU).
+inline constexpr uint64_t kBoardSyncTries = uint64_t{1} << 20;
+
 // Word loads of host-written memory: volatile on the device, acquire on the host (the driver
 // stand-in runs the kernels' host twins on threads of their own).
 STASH_HOST_DEVICE uint64_t BoardLoad(const uint64_t& word) {
@@ -81,14 +85,21 @@ STASH_HOST_DEVICE uint64_t BoardLoad(const uint64_t& word) {
 }
 
 // Copies the board into the cache when its generation moved and the host is not rewriting it;
-// tries a few times when a rewrite comes between. True when the cache then names a group.
+// tries again while a rewrite comes between. True when the cache then names a group.
 // The refs are bounded by both sides' capacity, whatever the board says.
 STASH_HOST_DEVICE bool SyncMappedGroup(const MappedGroupHeader* board, MappedGroupHeader* cache) {
   if (board == nullptr || cache == nullptr) return false;
-  for (int attempt = 0; attempt < 8; ++attempt) {
+  // The host rewrites the board in microseconds, on a thread of its own: a reader that finds it
+  // mid-rewrite tries again rather than run a stash outside the group (which would overflow it,
+  // and leave the pages of its reload in the ring). Only a host stuck for about a second mid-write
+  // ends this with no group for this stash.
+  for (uint64_t attempt = 0; attempt < kBoardSyncTries; ++attempt) {
     const uint64_t gen = BoardLoad(board->generation);
     if (gen == cache->generation) return gen != 0;
-    if ((gen & 1) != 0) continue;  // the host is writing: try again, else the cache as it is
+    if ((gen & 1) != 0) continue;  // the host is writing
+#if defined(__CUDA_ARCH__)
+    __threadfence_system();  // the words below are read after the even generation
+#endif
     cache->generation = 0;
     // The header's words but the generation, refs_capacity (the cache keeps its own) and the
     // cursors (the cache's own).

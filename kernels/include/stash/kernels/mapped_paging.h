@@ -198,7 +198,12 @@ STASH_HOST_DEVICE LeaseTierView PlacedLeaseTier(const MappedSessionView& s, cons
 
 // The session's group as its cache has it (the plan kernel synced it): true when it is in one.
 STASH_HOST_DEVICE bool InMappedGroup(const MappedSessionView& s) {
-  return s.d_group != nullptr && s.d_group->generation != 0;
+  if (s.d_group == nullptr || s.d_group->generation == 0) return false;
+  // A session that left its group (LeaveGroup) has a board with no depot.
+  for (uint32_t t = 0; t < kLeaseTiers; ++t) {
+    if (s.d_group->depot[t].tags != nullptr) return true;
+  }
+  return false;
 }
 
 // Keeps a tier's books after the group cache moved its ring: pages claimed into it, pages
