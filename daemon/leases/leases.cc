@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "common/logging.h"
 #include "common/macros.h"
@@ -58,7 +59,7 @@ UniqueFd Dup(int fd) { return UniqueFd(fcntl(fd, F_DUPFD_CLOEXEC, 0)); }
 }  // namespace
 
 Leases::Leases(std::vector<Tier*> pools, std::vector<Tier*> hosts, LeaseConfig config)
-    : config_(config),
+    : config_(std::move(config)),
       tiers_([&] {
         STASH_CHECK(hosts.size() <= 1 || hosts.size() == pools.size())
             << hosts.size() << " host tiers for " << pools.size() << " pools";
@@ -68,8 +69,8 @@ Leases::Leases(std::vector<Tier*> pools, std::vector<Tier*> hosts, LeaseConfig c
       }()),
       pools_(pools.size()),
       has_host_(!hosts.empty()),
-      chunk_pages_(std::max<uint64_t>(1, config.chunk_bytes / config.page_bytes)),
-      quota_pages_(config.max_lease_bytes / config.page_bytes),
+      chunk_pages_(std::max<uint64_t>(1, config_.chunk_bytes / config_.page_bytes)),
+      quota_pages_(config_.max_lease_bytes / config_.page_bytes),
       wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   STASH_CHECK(wake_.valid()) << "eventfd: " << std::strerror(errno);
   {
@@ -89,9 +90,9 @@ Leases::Leases(std::vector<Tier*> pools, std::vector<Tier*> hosts, LeaseConfig c
     FairShare::Spec spec;
     spec.what = "chunks of tier " + tier->name();
     spec.capacity = tier->chunks();
-    spec.first = config.first_share_divisor == 0
+    spec.first = config_.first_share_divisor == 0
                      ? 0
-                     : std::max<uint64_t>(1, tier->chunks() / config.first_share_divisor);
+                     : std::max<uint64_t>(1, tier->chunks() / config_.first_share_divisor);
     spec.advice =
         "the lease grows no further; chunks come back as other users' sessions return them or "
         "exit";

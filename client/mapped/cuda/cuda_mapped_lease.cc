@@ -149,7 +149,7 @@ Status CudaMappedSession::JoinGroup(LeaseAnswer& answer) {
   MutexLock lock(&mu_);
   PrimaryContext::Scope scope(*context_);
   STASH_RETURN_IF_ERROR(scope.status());
-  const Status joined =
+  Status joined =
       copier_->JoinGroup(answer.member_tag, memory_->chunk_bytes() / page_bytes_, tiers);
   if (!joined.ok()) {
     memory_->UnmapDepot();  // named by no board

@@ -200,8 +200,8 @@ STASH_HOST_DEVICE LeaseTierView PlacedLeaseTier(const MappedSessionView& s, cons
 STASH_HOST_DEVICE bool InMappedGroup(const MappedSessionView& s) {
   if (s.d_group == nullptr || s.d_group->generation == 0) return false;
   // A session that left its group (LeaveGroup) has a board with no depot.
-  for (uint32_t t = 0; t < kLeaseTiers; ++t) {
-    if (s.d_group->depot[t].tags != nullptr) return true;
+  for (const GroupView& depot : s.d_group->depot) {
+    if (depot.tags != nullptr) return true;
   }
   return false;
 }
