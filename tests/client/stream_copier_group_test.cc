@@ -103,6 +103,7 @@ class StreamCopierGroupTest : public StreamCopierTest {
     g.tier_base[kLeaseHost] = host_;
     g.max_stashes = 64;
     g.record_pages = 1024;
+    g.group = true;
     auto made = StreamCopier::Create(driver_, g, fatbin_);
     EXPECT_TRUE(made.ok()) << made.status().ToString();
     if (!made.ok()) return nullptr;

@@ -91,6 +91,7 @@ StatusOr<std::unique_ptr<ModeSession>> CudaMappedSession::Open(const Options& op
     s->targets_[t] = kNoTarget;
   }
   g.allow_host = options.allow_host_spill;
+  g.group = !options.group.empty();
   g.max_stashes = kMaxStashes;
   g.record_pages = std::max<uint64_t>(pages * kRecordsPerPage, uint64_t{1} << 16);
   PrimaryContext::Scope scope(*s->context_);

@@ -223,9 +223,11 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
   v.d_lease_short = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, lease_short));
   v.d_step_flags = At<uint64_t>(c->host_block_device_ + offsetof(HostBlock, current_step));
   v.d_live = At<kernels::LiveTable* const>(c->host_block_device_ + offsetof(HostBlock, live));
-  v.d_group = At<kernels::MappedGroupHeader>(c->block_ + group_at);
-  v.d_group_board = At<const kernels::MappedGroupHeader>(c->group_host_device_);
-  v.d_group_states = At<kernels::MappedGroupStates>(c->group_host_device_ + board_bytes);
+  if (g.group) {
+    v.d_group = At<kernels::MappedGroupHeader>(c->block_ + group_at);
+    v.d_group_board = At<const kernels::MappedGroupHeader>(c->group_host_device_);
+    v.d_group_states = At<kernels::MappedGroupStates>(c->group_host_device_ + board_bytes);
+  }
 
   for (uint32_t i = 0; i < g.max_stashes; ++i) c->free_plans_.insert(c->free_plans_.end(), i);
   for (uint32_t i = kMaxRemovals; i > 0; --i) c->free_answers_.push_back(i - 1);
@@ -662,6 +664,10 @@ Status StreamCopier::JoinGroup(uint32_t tag, uint64_t chunk_pages,
     return InvalidArgumentError("the group's chunks are " + std::to_string(chunk_pages) +
                                 " pages, this session's " +
                                 std::to_string(geometry_.chunk_bytes / geometry_.page_bytes));
+  }
+  if (!geometry_.group) {
+    return FailedPreconditionError(
+        "this copier was made for a session in no group (Geometry.group is false)");
   }
   MutexLock lock(&group_mu_);
   if (InGroup()) return FailedPreconditionError("this session joined its group already");

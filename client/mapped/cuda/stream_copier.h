@@ -71,7 +71,10 @@ class StreamCopier {
     // slot 0: CudaLeaseMemory::base) and how many chunk slots it has; 0 slots = no such tier.
     std::array<uint64_t, kernels::kLeaseTiers> tier_base{};
     std::array<uint64_t, kernels::kLeaseTiers> tier_slots{};
-    bool allow_host = true;            // stashes may spill to the host tier
+    bool allow_host = true;  // stashes may spill to the host tier
+    // The session may join a group (JoinGroup): only then do its plan kernels read the group's
+    // board (a read of host memory per stash); a session in no group pays nothing for groups.
+    bool group = false;
     uint32_t max_stashes = 4096;       // stashes live at once (plan slots)
     uint64_t record_pages = 1u << 20;  // page-record entries for all live stashes together, each
                                        // reserving PagesFor(max_rows * row_bytes)
