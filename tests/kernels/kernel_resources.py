@@ -6,7 +6,10 @@ Usage: kernel_resources.py NVCC INCLUDE_DIR FILE.cu [FILE.cu ...]
 Every kernel must use no stack frame and spill nothing (a spill goes through local memory, and
 the copy kernels must stream at memory bandwidth), and at most MAX_REGISTERS registers, so a
 256-thread block of the copy kernels leaves room for four blocks per SM (64K registers). The
-numbers of each kernel are printed, so a CI log shows them. No GPU is needed: only nvcc.
+kernels launched as one thread (ONE_THREAD: plans, publishes, steps, ring and depot changes)
+may use up to MAX_REGISTERS_ONE_THREAD: one thread's registers cost an SM nothing that matters,
+and a group member's plan kernel (its claims in the depot) needs more than 64. The numbers of
+each kernel are printed, so a CI log shows them. No GPU is needed: only nvcc.
 """
 import re
 import subprocess
@@ -14,6 +17,16 @@ import sys
 import tempfile
 
 MAX_REGISTERS = 64
+MAX_REGISTERS_ONE_THREAD = 128
+# Kernels their launchers start with one thread (client/mapped/cuda/stream_copier.cc's
+# one_thread launches, daemon/cuda/paging_kernels.cc's one-thread launches).
+ONE_THREAD = {
+    "stash_mapped_stash_plan", "stash_mapped_stash_publish", "stash_mapped_reload_publish",
+    "stash_mapped_step", "stash_mapped_add_pages", "stash_mapped_remove_chunk",
+    "stash_daemon_stash_plan", "stash_daemon_stash_publish", "stash_daemon_reload_publish",
+    "stash_daemon_take_chunks", "stash_daemon_return_chunk", "stash_daemon_group_join",
+    "stash_daemon_group_take", "stash_daemon_group_out", "stash_daemon_group_reset_high_water",
+}
 
 
 def resources(nvcc, include, source):
@@ -61,9 +74,9 @@ def main():
             if r["stack"] or r["spill_stores"] or r["spill_loads"]:
                 failures.append(f"{name} uses local memory (stack {r['stack']} B, spills "
                                 f"{r['spill_stores']}/{r['spill_loads']} B)")
-            if r["registers"] > MAX_REGISTERS:
-                failures.append(f"{name} uses {r['registers']} registers (at most "
-                                f"{MAX_REGISTERS})")
+            limit = MAX_REGISTERS_ONE_THREAD if name in ONE_THREAD else MAX_REGISTERS
+            if r["registers"] > limit:
+                failures.append(f"{name} uses {r['registers']} registers (at most {limit})")
     if checked == 0:
         failures.append("no kernel found in ptxas's report")
     for failure in failures:
