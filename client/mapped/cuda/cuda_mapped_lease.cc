@@ -162,6 +162,13 @@ Status CudaMappedSession::JoinGroup(LeaseAnswer& answer) {
   return Status::Ok();
 }
 
+uint64_t CudaMappedSession::GroupSlotOf(uint32_t tier, uint64_t page) const {
+  const uint64_t chunk_pages = memory_->chunk_bytes() / page_bytes_;
+  const uint64_t first_page = group_first_page_[tier];
+  if (page < first_page || (page - first_page) % chunk_pages != 0) return UINT64_MAX;
+  return (page - first_page) / chunk_pages;
+}
+
 bool CudaMappedSession::MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c,
                                       const SessionStream* from, Status* first) {
   auto fail = [first](const Status& st) {
@@ -178,10 +185,8 @@ bool CudaMappedSession::MapGroupChunk(uint32_t tier, LeaseAnswer::Chunk& c,
     if (!group_joined_) {
       return fail(FailedPreconditionError("stashd sent a group chunk before the group's depot"));
     }
-    const uint64_t first_page = group_first_page_[tier];
-    slot = page >= first_page ? (page - first_page) / chunk_pages : UINT64_MAX;
-    if (page < first_page || (page - first_page) % chunk_pages != 0 ||
-        slot >= slots_[tier].size() || slots_[tier][slot].state != Slot::kFree) {
+    slot = GroupSlotOf(tier, page);
+    if (slot >= slots_[tier].size() || slots_[tier][slot].state != Slot::kFree) {
       return fail(InvalidArgumentError("group chunk " + std::to_string(c.id) + " at group page " +
                                        std::to_string(page) +
                                        " has no free place in this session's range of its tier"));
@@ -274,10 +279,8 @@ void CudaMappedSession::ChangeLease(void* gpu_stream) {
   }
   // Group chunks the daemon took back: off the board now, unmapped once the work enqueued so
   // far (which may still name them) completed, then given back.
-  const uint64_t chunk_pages = memory_->chunk_bytes() / page_bytes_;
   for (const auto& [t, ref] : copier_->TakeLeavingGroupChunks()) {
-    const uint64_t from = group_first_page_[t];
-    const uint64_t s = ref.first_page >= from ? (ref.first_page - from) / chunk_pages : UINT64_MAX;
+    const uint64_t s = GroupSlotOf(t, ref.first_page);
     if (s >= slots_[t].size() || !slots_[t][s].group || slots_[t][s].state != Slot::kInRing) {
       continue;
     }

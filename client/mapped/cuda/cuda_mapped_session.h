@@ -188,6 +188,9 @@ class CudaMappedSession final : public ModeSession, private LeaseThreadTwin {
   Status SetControlBlock(UniqueFd fd, uint64_t bytes);
   // Groups: maps the group's depot (its GPU must be this rank's) and joins the copier to it.
   Status JoinGroup(LeaseAnswer& answer);
+  // The slot of `tier`'s range where the group chunk starting at group page `page` goes;
+  // UINT64_MAX when no chunk starts there.
+  uint64_t GroupSlotOf(uint32_t tier, uint64_t page) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A group chunk of an answer that came over `from` into its place of `tier`'s range and onto
   // the copier's board (lease thread or Open's, mu_ not held). False when it is not held: give
   // it back now; true when it is held, or will be given back once unmapped.

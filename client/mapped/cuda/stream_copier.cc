@@ -198,7 +198,6 @@ StatusOr<std::unique_ptr<StreamCopier>> StreamCopier::Create(const CudaDriver* d
                            MemHostAlloc(&c->group_host_, group_host_bytes,
                                         CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
   std::memset(c->group_host_, 0, group_host_bytes);
-  c->group_refs_capacity_ = refs_capacity;
   c->board_shadow_.assign(board_bytes, 0);
   auto* board = reinterpret_cast<kernels::MappedGroupHeader*>(c->board_shadow_.data());
   board->refs_capacity = refs_capacity;

@@ -271,7 +271,6 @@ class StreamCopier {
   // group_mu_ (the lease thread adds chunks while the trainer's thread enqueues).
   void* group_host_ = nullptr;
   CUdeviceptr group_host_device_ = 0;
-  uint64_t group_refs_capacity_ = 0;
   mutable Mutex group_mu_;
   std::vector<uint8_t> board_shadow_;  // what the board says (its generation: the last whole one)
   // Whether the board names a depot (group_mu_ held).
